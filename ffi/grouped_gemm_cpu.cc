@@ -1,0 +1,148 @@
+// CPU handler of the grouped NVFP4 GEMM (same contract as the CUDA handler; see
+// jax_nvfp4/reference.py for the semantics). Straight loops, one 16-wide block at a time: each
+// block's partial sum is exact-ish in float32 and then scaled, which keeps the float32 rounding
+// small. Not fast; it makes the custom-call path testable and usable without a GPU.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+// Aliases: template commas cannot appear inside the XLA_FFI_DEFINE_HANDLER_SYMBOL macro.
+using U8Buffer3 = ffi::Buffer<ffi::U8, 3>;
+using F32Buffer1 = ffi::Buffer<ffi::F32, 1>;
+using S32Buffer1 = ffi::Buffer<ffi::S32, 1>;
+using U8Buffer1 = ffi::Buffer<ffi::U8, 1>;
+
+constexpr float kE2m1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
+                             -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+
+// float8_e4m3fn bits -> float (bias 7, no infinities, S.1111.111 is NaN).
+float E4m3ToFloat(uint8_t b) {
+  const int sign = b >> 7, exp = (b >> 3) & 0xF, man = b & 7;
+  float v;
+  if (exp == 0xF && man == 7) return NAN;
+  if (exp == 0) v = std::ldexp(static_cast<float>(man), -9);  // subnormal: man/8 * 2^-6
+  else v = std::ldexp(1.f + man / 8.f, exp - 7);
+  return sign ? -v : v;
+}
+
+float Bf16ToFloat(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t FloatToBf16(float f) {  // round to nearest even; NaN stays NaN
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if (std::isnan(f)) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7FFF + ((u >> 16) & 1);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales,
+                          U8Buffer3 rhs_data, ffi::AnyBuffer rhs_scales, F32Buffer1 alpha,
+                          S32Buffer1 group_sizes, ffi::Result<ffi::AnyBuffer> out,
+                          ffi::Result<U8Buffer1>) {
+  const auto rd = rhs_data.dimensions();
+  const int64_t G = rd[0], N = rd[1], K = rd[2] * 2;
+  const auto od = out->dimensions();
+  if (od.size() != 2 || od[1] != N)
+    return ffi::Error::InvalidArgument("out: expected [M, N] with N = rhs N");
+  const int64_t M = od[0];
+  const bool w4a4 = lhs.element_type() == ffi::U8;
+  if (!w4a4 && lhs.element_type() != ffi::BF16)
+    return ffi::Error::InvalidArgument("lhs: expected bf16 [M, K] or uint8 [M, K/2]");
+  const auto ld = lhs.dimensions();
+  if (ld.size() != 2 || ld[0] != M || ld[1] != (w4a4 ? K / 2 : K))
+    return ffi::Error::InvalidArgument("lhs: shape does not match out [M, N] and rhs K");
+  if (rhs_scales.element_type() != ffi::F8E4M3FN || rhs_scales.dimensions().size() != 3 ||
+      rhs_scales.dimensions()[0] != G || rhs_scales.dimensions()[1] != N ||
+      rhs_scales.dimensions()[2] != K / 16)
+    return ffi::Error::InvalidArgument("rhs_scales: expected float8_e4m3fn [G, N, K/16]");
+  if (w4a4 && (lhs_scales.element_type() != ffi::F8E4M3FN ||
+               lhs_scales.dimensions().size() != 2 || lhs_scales.dimensions()[0] != M ||
+               lhs_scales.dimensions()[1] != K / 16))
+    return ffi::Error::InvalidArgument("lhs_scales: expected float8_e4m3fn [M, K/16]");
+  if (alpha.dimensions()[0] != G || group_sizes.dimensions()[0] != G)
+    return ffi::Error::InvalidArgument("alpha, group_sizes: expected [G]");
+  if (K % 32 != 0) return ffi::Error::InvalidArgument("K must be a multiple of 32");
+  const bool out_f32 = out->element_type() == ffi::F32;
+  if (!out_f32 && out->element_type() != ffi::BF16)
+    return ffi::Error::InvalidArgument("out: expected bf16 or float32");
+
+  float e4m3[256];
+  for (int i = 0; i < 256; ++i) e4m3[i] = E4m3ToFloat(static_cast<uint8_t>(i));
+  const uint8_t* w = rhs_data.typed_data();
+  const uint8_t* ws = static_cast<const uint8_t*>(rhs_scales.untyped_data());
+  const uint8_t* a8 = static_cast<const uint8_t*>(lhs.untyped_data());
+  const uint16_t* a16 = static_cast<const uint16_t*>(lhs.untyped_data());
+  const uint8_t* as = static_cast<const uint8_t*>(lhs_scales.untyped_data());
+  const float* al = alpha.typed_data();
+  const int32_t* gs = group_sizes.typed_data();
+  float* of = static_cast<float*>(out->untyped_data());
+  uint16_t* ob = static_cast<uint16_t*>(out->untyped_data());
+  const int64_t KB = K / 16;
+
+  int64_t start = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t end = std::min<int64_t>(start + std::max<int32_t>(gs[g], 0), M);
+    for (int64_t r = start; r < end; ++r) {
+      for (int64_t n = 0; n < N; ++n) {
+        const uint8_t* wrow = w + (g * N + n) * (K / 2);
+        const uint8_t* wsrow = ws + (g * N + n) * KB;
+        float acc = 0.f;
+        for (int64_t b = 0; b < KB; ++b) {
+          float part = 0.f;
+          float lhs_scale = w4a4 ? e4m3[as[r * KB + b]] : 1.f;
+          for (int j = 0; j < 16; j += 2) {
+            const int64_t k = b * 16 + j;
+            const uint8_t wb = wrow[k / 2];
+            float x0, x1;
+            if (w4a4) {
+              const uint8_t ab = a8[r * (K / 2) + k / 2];
+              x0 = kE2m1[ab & 0xF];
+              x1 = kE2m1[ab >> 4];
+            } else {
+              x0 = Bf16ToFloat(a16[r * K + k]);
+              x1 = Bf16ToFloat(a16[r * K + k + 1]);
+            }
+            part += x0 * kE2m1[wb & 0xF] + x1 * kE2m1[wb >> 4];
+          }
+          acc += part * (lhs_scale * e4m3[wsrow[b]]);
+        }
+        const float v = acc * al[g];
+        if (out_f32) of[r * N + n] = v;
+        else ob[r * N + n] = FloatToBf16(v);
+      }
+    }
+    start = end;
+  }
+  for (int64_t r = start; r < M; ++r)  // rows past the groups are 0
+    for (int64_t n = 0; n < N; ++n) {
+      if (out_f32) of[r * N + n] = 0.f;
+      else ob[r * N + n] = 0;
+    }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4GroupedGemmCpu, GroupedGemmCpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()            // lhs
+                                  .Arg<ffi::AnyBuffer>()            // lhs_scales
+                                  .Arg<U8Buffer3>()   // rhs_data
+                                  .Arg<ffi::AnyBuffer>()            // rhs_scales
+                                  .Arg<F32Buffer1>()  // alpha
+                                  .Arg<S32Buffer1>()  // group_sizes
+                                  .Ret<ffi::AnyBuffer>()            // out
+                                  .Ret<U8Buffer1>()); // workspace (unused on CPU)

@@ -1,0 +1,18 @@
+"""jax_nvfp4: NVFP4 grouped GEMM and Mixture-of-Experts for JAX.
+
+See :mod:`jax_nvfp4.formats` for the storage convention.
+"""
+
+from . import reference
+from .formats import NVFP4Tensor, scales_from_bytes
+from .gemm import grouped_gemm
+from .moe_params import MoEConfig, MoEWeights
+from .quantization import dequantize, quantize, stage_activation
+from .swizzle import swizzle_scales, unswizzle_scales
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "NVFP4Tensor", "MoEConfig", "MoEWeights", "dequantize", "grouped_gemm", "quantize",
+    "reference", "scales_from_bytes", "stage_activation", "swizzle_scales", "unswizzle_scales",
+]

@@ -1,0 +1,759 @@
+"""Loading NVFP4 Mixture-of-Experts checkpoints (ModelOpt and Quark) into :class:`MoEWeights`.
+
+Checkpoint formats
+==================
+
+Both NVIDIA ModelOpt (``hf_quant_config.json``: ``quant_algo NVFP4``, ``group_size 16``) and AMD
+Quark NVFP4 store each linear layer ``y = x @ W.T`` (``W`` of shape ``[N, K]``) as:
+
+========================  ==========================  ==============================================
+tensor                    dtype / shape               meaning
+========================  ==========================  ==============================================
+``weight``                U8 ``[N, K/2]`` (or I8)     E2M1 codes, element 2j in the low nibble of
+                                                      byte j
+``weight_scale``          F8_E4M3 ``[N, K/16]``       per-16-block scale ``amax_blk / (6 * ws2)``
+                                                      rounded to e4m3 (so its maximum is ~448);
+                                                      loaded by a *bitcast* of the bytes
+``weight_scale_2``        F32 or BF16 scalar          ``ws2 = amax(W) / (6 * 448) = amax / 2688``,
+                                                      a dequantization multiplier
+``input_scale``           F32 scalar (ModelOpt)       static calibrated ``amax(x) / 2688``
+``input_scale_2``         F32 scalar (Quark)          the same thing as ModelOpt ``input_scale``
+                                                      (Quark's per-16 activation scales are
+                                                      dynamic, so only the global one is stored)
+========================  ==========================  ==============================================
+
+So ``W ~= e2m1(weight) * float32(weight_scale) * weight_scale_2``: exactly this package's
+:class:`~jax_nvfp4.formats.NVFP4Tensor` convention (``global_scale = weight_scale_2``). Scalars
+may be stored with shape ``[]`` or ``[1]``. Weight-only (W4A16) checkpoints have no input scale.
+
+The *static activation scale* is the checkpoint's input scale: a calibration constant, the
+dequantization multiplier ``amax_calib / 2688`` of the GEMM input. A kernel quantizing with it
+uses ``1 / input_scale`` as the quantization-side multiplier; real activations larger than the
+calibration amax saturate (to 6 * 448 * input_scale). The GEMM epilogue factor is
+``alpha = input_scale * weight_scale_2``.
+
+Compressed-tensors (llm-compressor) checkpoints store the *inverse*, ``*_global_scale =
+2688 / amax``; those are not this format. :func:`load_moe` warns when a checkpoint looks like
+that (a weight_scale_2 above 1 means amax(W) > 2688, which real weights never have) or when the
+block scales do not reach ~448 (the per-block scale convention is not ``amax_blk / (6 * ws2)``).
+
+Tensor names (Hugging Face DeepSeek style, ``{prefix}`` e.g. ``model.layers.3.mlp``)
+===================================================================================
+
+* ``{prefix}.gate.weight`` ``[E, H]``, router (any float dtype; loaded as float32);
+* ``{prefix}.gate.e_score_correction_bias`` ``[E]`` (optional; original DeepSeek: ``gate.bias``);
+* ``{prefix}.gate.tid2eid`` ``[vocab, top_k]`` (optional; hash-routed layers: expert ids per
+  input token id);
+* ``{prefix}.experts.{e}.{gate_proj|up_proj|down_proj}.{weight|weight_scale|weight_scale_2|
+  input_scale|input_scale_2}``, or with the original DeepSeek names ``w1`` (gate), ``w3`` (up),
+  ``w2`` (down);
+* ``{prefix}.shared_experts.{gate_proj|up_proj|down_proj|w1|w3|w2}.*`` (present iff
+  ``config.n_shared_experts > 0``; width ``I * n_shared_experts``).
+
+Safetensors
+===========
+
+The ``safetensors`` package's numpy/flax readers cannot return F8_E4M3 tensors, so this module
+has its own reader and writer (:func:`read_safetensors`, :func:`save_safetensors`). The file is an
+8-byte little-endian header length ``n``, ``n`` bytes of JSON ``{name: {"dtype", "shape",
+"data_offsets": [begin, end]}, "__metadata__": {...}}``, then the raw little-endian bytes (offsets
+relative to the end of the header).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import warnings
+from collections.abc import Mapping
+from typing import Any, Iterable, Optional, Sequence, Union
+
+import ml_dtypes
+import numpy as np
+
+from .formats import BLOCK_SIZE, E2M1_VALUES, E4M3_MAX, E2M1_MAX, K_MULTIPLE, NVFP4Tensor
+from .moe_params import MoEConfig, MoEWeights
+
+__all__ = [
+    "load_moe", "save_moe", "read_safetensors", "save_safetensors", "SafetensorsReader",
+    "detect_format", "FORMATS",
+]
+
+FORMATS = ("modelopt", "quark")
+"""Checkpoint formats :func:`load_moe` understands (``"auto"`` picks one from the names)."""
+
+# ------------------------------------------------------------------------------------------------
+# safetensors reader / writer
+# ------------------------------------------------------------------------------------------------
+
+_ST_TO_NP: dict[str, np.dtype] = {
+    "F64": np.dtype("<f8"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
+    "U8": np.dtype("u1"),
+    "I8": np.dtype("i1"),
+    "U16": np.dtype("<u2"),
+    "I16": np.dtype("<i2"),
+    "U32": np.dtype("<u4"),
+    "I32": np.dtype("<i4"),
+    "U64": np.dtype("<u8"),
+    "I64": np.dtype("<i8"),
+    "BOOL": np.dtype("?"),
+}
+_NP_TO_ST: dict[np.dtype, str] = {v.newbyteorder("=") if v.byteorder in "<>" else v: k
+                                 for k, v in _ST_TO_NP.items()}
+_MAX_HEADER = 100 * 1024 * 1024
+
+
+def _st_dtype_of(arr: np.ndarray, name: str) -> str:
+    dt = arr.dtype
+    key = dt.newbyteorder("=") if dt.byteorder in "<>" else dt
+    try:
+        return _NP_TO_ST[key]
+    except KeyError:
+        raise ValueError(f"{name}: dtype {dt} has no safetensors equivalent (supported: "
+                         f"{sorted(str(d) for d in _NP_TO_ST)})") from None
+
+
+def save_safetensors(path: Union[str, os.PathLike], tensors: Mapping[str, Any],
+                     metadata: Optional[Mapping[str, str]] = None) -> None:
+    """Write ``tensors`` (name -> numpy/jax array) to a safetensors file at ``path``.
+
+    Dtypes: float64/32/16, bfloat16, float8_e4m3fn (F8_E4M3), float8_e5m2, float8_e8m0fnu,
+    uint8/int8/int16/uint16/int32/uint32/int64/uint64, bool. Shapes are kept as given (a 0-d array
+    is stored with shape ``[]``). ``metadata`` is an optional str->str dict (``__metadata__``).
+    The file is readable by the ``safetensors`` package for the dtypes that package supports.
+    """
+    header: dict[str, Any] = {}
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    arrays = []
+    offset = 0
+    for name in tensors:
+        arr = np.asarray(tensors[name])
+        st = _st_dtype_of(arr, name)
+        arr = np.ascontiguousarray(arr.astype(_ST_TO_NP[st], copy=False))  # little-endian
+        header[name] = {"dtype": st, "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + arr.nbytes]}
+        arrays.append(arr)
+        offset += arr.nbytes
+    hbytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    hbytes += b" " * (-len(hbytes) % 8)  # pad so the data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hbytes)))
+        f.write(hbytes)
+        for arr in arrays:
+            f.write(arr.tobytes(order="C"))
+
+
+def _read_header(path: str) -> tuple[dict, int, int]:
+    """Return (header dict, data start offset, file size) of one safetensors file."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise ValueError(f"{path}: not a safetensors file (shorter than 8 bytes)")
+        (n,) = struct.unpack("<Q", raw)
+        if n > _MAX_HEADER or 8 + n > size:
+            raise ValueError(f"{path}: not a safetensors file (header length {n}, file size {size})")
+        hraw = f.read(n)
+    try:
+        header = json.loads(hraw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: unreadable safetensors JSON header: {e}") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: safetensors header is not a JSON object")
+    return header, 8 + n, size
+
+
+class SafetensorsReader(Mapping):
+    """A lazy read-only mapping name -> numpy array over one or more safetensors files.
+
+    Only the JSON headers are read up front; each tensor is a view into a read-only ``np.memmap``
+    of its file (pages are read when touched). Tensors keep their stored dtype: F8_E4M3 arrives
+    as ``ml_dtypes.float8_e4m3fn``, BF16 as ``ml_dtypes.bfloat16``. A name stored in two files
+    raises ValueError.
+    """
+
+    def __init__(self, paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]):
+        if isinstance(paths, (str, os.PathLike)):
+            paths = [paths]
+        self._entries: dict[str, tuple[int, str, tuple[int, ...], int, int]] = {}
+        self._paths: list[str] = [os.fspath(p) for p in paths]
+        self._maps: dict[int, np.ndarray] = {}
+        self._starts: dict[int, int] = {}
+        self.metadata: dict[str, dict] = {}
+        for i, path in enumerate(self._paths):
+            header, start, size = _read_header(path)
+            meta = header.pop("__metadata__", None)
+            if meta is not None:
+                self.metadata[path] = meta
+            self._starts[i] = start
+            for name, info in header.items():
+                try:
+                    st = info["dtype"]
+                    shape = tuple(int(s) for s in info["shape"])
+                    b, e = (int(x) for x in info["data_offsets"])
+                except (KeyError, TypeError, ValueError):
+                    raise ValueError(f"{path}: malformed header entry for {name!r}: {info!r}") from None
+                if st not in _ST_TO_NP:
+                    raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {st!r} "
+                                     f"(supported: {sorted(_ST_TO_NP)})")
+                nbytes = int(np.prod(shape, dtype=np.int64)) * _ST_TO_NP[st].itemsize
+                if e - b != nbytes or b < 0 or start + e > size:
+                    raise ValueError(f"{path}: tensor {name!r} ({st} {list(shape)}) has data_offsets "
+                                     f"[{b}, {e}] inconsistent with its shape or the file size")
+                if name in self._entries:
+                    other = self._paths[self._entries[name][0]]
+                    raise ValueError(f"tensor {name!r} is stored in both {other} and {path}")
+                self._entries[name] = (i, st, shape, b, e)
+
+    def _map(self, i: int) -> np.ndarray:
+        if i not in self._maps:
+            path = self._paths[i]
+            if os.path.getsize(path) == 0:
+                self._maps[i] = np.zeros(0, np.uint8)
+            else:
+                self._maps[i] = np.memmap(path, dtype=np.uint8, mode="r")
+        return self._maps[i]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        i, st, shape, b, e = self._entries[name]
+        dt = _ST_TO_NP[st]
+        start = self._starts[i]
+        if e == b:
+            return np.zeros(shape, dt)
+        buf = self._map(i)[start + b:start + e]
+        return buf.view(dt).reshape(shape)
+
+    def __iter__(self):
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def dtype_of(self, name: str) -> str:
+        """The safetensors dtype string (e.g. ``"F8_E4M3"``) of tensor ``name``."""
+        return self._entries[name][1]
+
+    def file_of(self, name: str) -> str:
+        """The path of the file holding tensor ``name``."""
+        return self._paths[self._entries[name][0]]
+
+
+def read_safetensors(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], *,
+                     copy: bool = False) -> dict[str, np.ndarray]:
+    """Read every tensor of one or more safetensors files into a dict name -> numpy array.
+
+    Dtypes keep their stored meaning: F8_E4M3 -> ``ml_dtypes.float8_e4m3fn`` (the bytes, not a
+    value conversion), BF16 -> ``ml_dtypes.bfloat16``, F32 -> float32, U8 -> uint8, I32 -> int32,
+    etc. With ``copy=False`` (default) the arrays are read-only views of memory-mapped files; with
+    ``copy=True`` they are independent in-memory copies. For a lazy mapping that reads only the
+    headers up front, use :class:`SafetensorsReader`.
+    """
+    reader = SafetensorsReader(paths)
+    if copy:
+        return {k: np.array(reader[k]) for k in reader}
+    return {k: reader[k] for k in reader}
+
+
+# ------------------------------------------------------------------------------------------------
+# names and format detection
+# ------------------------------------------------------------------------------------------------
+
+_PROJ_NAMES = {  # role -> (HF name, original DeepSeek name)
+    "gate": ("gate_proj", "w1"),
+    "up": ("up_proj", "w3"),
+    "down": ("down_proj", "w2"),
+}
+_INPUT_SCALE = {"modelopt": "input_scale", "quark": "input_scale_2"}
+
+
+def detect_format(names: Iterable[str], prefix: str = "") -> Optional[str]:
+    """Return ``"modelopt"`` (tensors named ``*.input_scale``), ``"quark"`` (``*.input_scale_2``)
+    or None (weight-only: neither) from the tensor names under ``prefix``.
+
+    Raises ValueError when both kinds appear under the prefix.
+    """
+    pre = prefix + "." if prefix else ""
+    has_mo = has_qk = False
+    for n in names:
+        if not n.startswith(pre):
+            continue
+        if n.endswith(".input_scale"):
+            has_mo = True
+        elif n.endswith(".input_scale_2"):
+            has_qk = True
+    if has_mo and has_qk:
+        raise ValueError(f"{prefix}: both ModelOpt '*.input_scale' and Quark '*.input_scale_2' "
+                         "tensors are present; pass format='modelopt' or format='quark'")
+    return "modelopt" if has_mo else "quark" if has_qk else None
+
+
+def _as_source(source) -> Mapping:
+    if isinstance(source, (str, os.PathLike)):
+        return SafetensorsReader([source])
+    if isinstance(source, Mapping):
+        return source
+    if isinstance(source, (list, tuple)) and all(isinstance(p, (str, os.PathLike)) for p in source):
+        return SafetensorsReader(source)
+    raise TypeError("source: expected a mapping name -> array, a safetensors path or a list of "
+                    f"paths, got {type(source).__name__}")
+
+
+def _resolve_proj(src: Mapping, base: str) -> dict[str, str]:
+    """Map role -> name prefix (``{base}.gate_proj`` or ``{base}.w1``) by what the source holds."""
+    out = {}
+    for role, (hf, ds) in _PROJ_NAMES.items():
+        a, b = f"{base}.{hf}", f"{base}.{ds}"
+        if f"{a}.weight" in src:
+            out[role] = a
+        elif f"{b}.weight" in src:
+            out[role] = b
+        else:
+            raise KeyError(f"missing tensor {a}.weight (or, with original DeepSeek names, "
+                           f"{b}.weight)")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# per-tensor loaders (numpy, host)
+# ------------------------------------------------------------------------------------------------
+
+def _get(src: Mapping, name: str) -> np.ndarray:
+    try:
+        v = src[name]
+    except KeyError:
+        raise KeyError(f"missing tensor {name}") from None
+    return np.asarray(v)
+
+
+def _packed(src: Mapping, name: str, rows: int, k: int, what: str) -> np.ndarray:
+    """uint8 [rows, k/2] packed E2M1 codes (int8 is bit-viewed)."""
+    a = _get(src, name)
+    if a.dtype == np.int8:
+        a = a.view(np.uint8)
+    if a.dtype != np.uint8:
+        raise ValueError(f"{name}: expected packed NVFP4 codes as uint8 (or int8) [{what}], got "
+                         f"dtype {a.dtype} (an unquantized or differently quantized checkpoint?)")
+    if a.shape != (rows, k // 2):
+        raise ValueError(f"{name}: expected shape {(rows, k // 2)} (uint8 [{what}]), found "
+                         f"{tuple(a.shape)}")
+    return a
+
+
+def _block_scales(src: Mapping, name: str, rows: int, k: int, what: str) -> np.ndarray:
+    """float8_e4m3fn [rows, k/16]: raw bytes are bitcast, never value-converted."""
+    a = _get(src, name)
+    if a.dtype in (np.uint8, np.int8):
+        a = a.view(ml_dtypes.float8_e4m3fn)
+    if a.dtype != np.dtype(ml_dtypes.float8_e4m3fn):
+        raise ValueError(f"{name}: expected e4m3 block scales (F8_E4M3, or their uint8 bytes) "
+                         f"[{what}], got dtype {a.dtype}; refusing to value-convert block scales")
+    if a.shape != (rows, k // BLOCK_SIZE):
+        raise ValueError(f"{name}: expected shape {(rows, k // BLOCK_SIZE)} (float8_e4m3fn "
+                         f"[{what}]), found {tuple(a.shape)}")
+    return a
+
+
+def _scalar(src: Mapping, name: str) -> np.float32:
+    """A float scalar stored as [] or [1] (f32/bf16/f16/f64) -> np.float32."""
+    a = _get(src, name)
+    if a.size != 1 or a.ndim > 1:
+        raise ValueError(f"{name}: expected a scalar (shape [] or [1]), found shape {tuple(a.shape)}")
+    if not (np.issubdtype(a.dtype, np.floating) or a.dtype == np.dtype(ml_dtypes.bfloat16)):
+        raise ValueError(f"{name}: expected a float scalar (F32/BF16), got dtype {a.dtype}")
+    return np.float32(a.reshape(()).astype(np.float32))
+
+
+def _scalar_opt(src: Mapping, name: str) -> Optional[np.float32]:
+    return _scalar(src, name) if name in src else None
+
+
+class _Linear:
+    """One loaded NVFP4 linear: data u8 [N, K/2], scales e4m3 [N, K/16], ws2, optional input scale."""
+
+    __slots__ = ("data", "scales", "ws2", "inp")
+
+    def __init__(self, data, scales, ws2, inp):
+        self.data, self.scales, self.ws2, self.inp = data, scales, ws2, inp
+
+
+def _load_linear(src: Mapping, base: str, rows: int, k: int, dims: tuple[str, str], sizes: str,
+                 in_name: Optional[str]) -> _Linear:
+    """Load ``{base}.weight/weight_scale/weight_scale_2[/in_name]`` of a [rows, k] NVFP4 linear."""
+    if k % K_MULTIPLE:
+        raise ValueError(f"{base}.weight: K = {k} is not a multiple of {K_MULTIPLE}")
+    data = _packed(src, f"{base}.weight", rows, k, f"{dims[0]}, {dims[1]}/2 {sizes}")
+    scales = _block_scales(src, f"{base}.weight_scale", rows, k, f"{dims[0]}, {dims[1]}/16 {sizes}")
+    ws2 = _scalar(src, f"{base}.weight_scale_2")
+    inp = _scalar_opt(src, f"{base}.{in_name}") if in_name else None
+    return _Linear(data, scales, ws2, inp)
+
+
+# ------------------------------------------------------------------------------------------------
+# convention checks (cheap, vectorized)
+# ------------------------------------------------------------------------------------------------
+
+_E2M1_ABS = np.abs(E2M1_VALUES)
+
+
+def _max_scale(scales_u8: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """Largest |e4m3| value over ``axes`` from raw bytes (|e4m3| is monotonic in byte & 0x7F)."""
+    m = np.max(scales_u8 & np.uint8(0x7F), axis=axes)
+    return m.view(ml_dtypes.float8_e4m3fn).astype(np.float32)  # 0x7F -> NaN
+
+
+def _deq_amax_over_gs(data: np.ndarray, scales: np.ndarray) -> float:
+    """max |e2m1 * scale| of one [N, K] NVFP4 tensor (without the global scale)."""
+    n = data.shape[0]
+    codes = np.maximum(_E2M1_ABS[data & 0x0F], _E2M1_ABS[data >> 4])  # [N, K/2]
+    blk = codes.reshape(n, -1, BLOCK_SIZE // 2).max(axis=-1)              # [N, K/16]
+    return float(np.max(blk * np.abs(scales.astype(np.float32))))
+
+
+def _check_conventions(name: str, groups: list[tuple[str, np.ndarray, np.ndarray]],
+                       ws2: dict[str, np.ndarray], inputs: dict[str, np.ndarray],
+                       sample: dict[str, tuple[np.ndarray, np.ndarray, float]]) -> None:
+    """Warn (once per layer) when the scales do not look like the ModelOpt convention.
+
+    groups: (label, scale bytes [E, ...] of tensors sharing one weight_scale_2, labels per expert)
+    ws2/inputs: label -> float32 [E] values; sample: label -> (data, scales, ws2) of one tensor.
+    """
+    problems: list[str] = []
+    lo, hi = E4M3_MAX / 4, E4M3_MAX
+    for label, s_u8, tensor_names in groups:
+        m = _max_scale(s_u8, tuple(range(1, s_u8.ndim)))
+        bad = np.flatnonzero(~((m >= lo) & (m <= hi)))  # NaN counts as bad
+        if bad.size:
+            ex = ", ".join(f"{tensor_names[i]} (max {m[i]:g})" for i in bad[:3])
+            problems.append(
+                f"{bad.size} {label} block-scale tensor(s) have a largest e4m3 block scale outside "
+                f"[{lo:g}, {hi:g}] (ModelOpt: weight_scale = amax_blk / (6 * weight_scale_2), "
+                f"whose maximum is ~448), e.g. {ex}")
+    for label, v in ws2.items():
+        bad = np.flatnonzero(~(v > 0) | ~np.isfinite(v) | (v > 1.0))
+        if bad.size:
+            problems.append(
+                f"{bad.size} {label} weight_scale_2 value(s) are not in (0, 1] (e.g. {v[bad[0]]:g}): "
+                "expected the dequantization multiplier amax(W)/2688; a value above 1 looks like "
+                "the inverse 2688/amax (compressed-tensors convention)")
+    for label, v in inputs.items():
+        bad = np.flatnonzero(~(v > 0) | ~np.isfinite(v) | (v > 1.0))
+        if bad.size:
+            problems.append(
+                f"{bad.size} {label} input scale(s) are not in (0, 1] (e.g. {v[bad[0]]:g}): "
+                "expected the dequantization multiplier amax(x)/2688; a value above 1 (activation "
+                "amax above 2688) looks like the inverse 2688/amax")
+    for label, (data, scales, g) in sample.items():
+        r = _deq_amax_over_gs(data, scales) / (E2M1_MAX * E4M3_MAX)
+        if not 0.25 <= r <= 1.125:
+            problems.append(
+                f"{label}: amax(dequantized weight) / 2688 = {r * g:g} but weight_scale_2 = {g:g} "
+                f"(ratio {r:g}); expected weight_scale_2 = amax(W)/2688")
+    if problems:
+        warnings.warn(f"{name}: the NVFP4 scales do not look like the ModelOpt/Quark convention "
+                      "(x = e2m1 * weight_scale * weight_scale_2):\n  " + "\n  ".join(problems),
+                      stacklevel=3)
+
+
+# ------------------------------------------------------------------------------------------------
+# load_moe
+# ------------------------------------------------------------------------------------------------
+
+def _load_mlp(src, bases: dict[str, str], inter: int, hidden: int, in_name: Optional[str]):
+    """Load gate [inter, hidden], up [inter, hidden] and down [hidden, inter] of one MLP."""
+    gu = f"with I={inter}, H={hidden}"
+    g = _load_linear(src, bases["gate"], inter, hidden, ("I", "H"), gu, in_name)
+    u = _load_linear(src, bases["up"], inter, hidden, ("I", "H"), gu, in_name)
+    d = _load_linear(src, bases["down"], hidden, inter, ("H", "I"), gu, in_name)
+    return g, u, d
+
+
+def _input_scales(name: str, values: list[Optional[np.float32]], names: list[str]
+                  ) -> Optional[np.ndarray]:
+    present = [v is not None for v in values]
+    if not any(present):
+        return None
+    if not all(present):
+        missing = names[present.index(False)]
+        raise KeyError(f"missing tensor {missing} (other {name} input scales are present)")
+    return np.asarray(values, np.float32)
+
+
+def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
+             experts: Optional[Sequence[int]] = None, check: bool = True) -> MoEWeights:
+    """Load one NVFP4 MoE layer from a ModelOpt or Quark checkpoint into :class:`MoEWeights`.
+
+    Args:
+      source: a mapping name -> array (numpy or jax; block scales as float8_e4m3fn or their
+        uint8 bytes), a safetensors file path, or a list of paths (a sharded checkpoint).
+      prefix: the layer's name prefix, e.g. ``"model.layers.3.mlp"`` (no trailing dot).
+      config: the layer's :class:`MoEConfig` (E, H, I, top_k and n_shared_experts are checked).
+      format: ``"modelopt"`` (input scales ``*.input_scale``), ``"quark"`` (``*.input_scale_2``)
+        or ``"auto"`` (from the names; a weight-only checkpoint has neither and loads with input
+        scales None).
+      experts: optional expert ids to load (e.g. this rank's slice under expert parallelism);
+        the expert-stacked fields then have ``len(experts)`` rows in that order, while the router
+        weight, bias and hash table stay global (``[E, ...]``, ids in ``[0, E)``).
+      check: warn when the scales do not look like the ModelOpt/Quark convention (cheap,
+        vectorized over experts; see the module docstring).
+
+    Returns:
+      MoEWeights with (E = config.num_experts or len(experts), I = intermediate_size,
+      H = hidden_size, Is = I * n_shared_experts), all jax arrays:
+        router_weight float32 [E, H]; router_bias float32 [E] or None;
+        w13 NVFP4Tensor [E, 2I, H] (data uint8 [E, 2I, H/2] gate rows then up rows, scales
+        float8_e4m3fn [E, 2I, H/16], global_scale float32 [E], or [E, 2] (gate, up) when some
+        expert's gate and up weight_scale_2 differ); w2 NVFP4Tensor [E, H, I] (global_scale [E]);
+        w13_input_scale float32 [E] (max of gate and up) and w2_input_scale [E], or None;
+        shared_w13 [2Is, H] (global_scale [] or [2]), shared_w2 [H, Is], shared input scales
+        float32 [] (or None); hash_table int32 [vocab, top_k] or None.
+
+    Raises:
+      KeyError naming the full tensor name when a tensor is missing; ValueError naming the tensor,
+      the expected and the found shape (or dtype) on a mismatch.
+    """
+    import jax.numpy as jnp
+
+    src = _as_source(source)
+    prefix = prefix.rstrip(".")
+    E, H, I = config.num_experts, config.hidden_size, config.intermediate_size
+    for what, v in (("hidden_size", H), ("intermediate_size", I)):
+        if v % K_MULTIPLE:
+            raise ValueError(f"config.{what} = {v} is not a multiple of {K_MULTIPLE}")
+    ids = list(range(E)) if experts is None else [int(e) for e in experts]
+    if not ids or any(not 0 <= e < E for e in ids):
+        raise ValueError(f"experts: expected a non-empty list of ids in [0, {E}), got {ids[:8]}...")
+
+    if format == "auto":
+        fmt = detect_format(src.keys(), prefix)
+    elif format in FORMATS:
+        fmt = format
+    else:
+        raise ValueError(f"format: expected 'auto' or one of {FORMATS}, got {format!r}")
+    in_name = _INPUT_SCALE[fmt] if fmt else None
+
+    # --- router ------------------------------------------------------------------------------
+    rname = f"{prefix}.gate.weight"
+    router = _get(src, rname)
+    if router.shape != (E, H):
+        raise ValueError(f"{rname}: expected shape {(E, H)} ([E, H] with E={E}, H={H}), found "
+                         f"{tuple(router.shape)}")
+    router = router.astype(np.float32)
+    bias = None
+    for bname in (f"{prefix}.gate.e_score_correction_bias", f"{prefix}.gate.bias"):
+        if bname in src:
+            bias = _get(src, bname)
+            if bias.shape != (E,):
+                raise ValueError(f"{bname}: expected shape {(E,)}, found {tuple(bias.shape)}")
+            bias = bias.astype(np.float32)
+            break
+    hash_table = None
+    hname = f"{prefix}.gate.tid2eid"
+    if hname in src:
+        hash_table = _get(src, hname)
+        if hash_table.ndim != 2 or hash_table.shape[1] != config.top_k:
+            raise ValueError(f"{hname}: expected shape [vocab, top_k={config.top_k}], found "
+                             f"{tuple(hash_table.shape)}")
+        if not np.issubdtype(hash_table.dtype, np.integer):
+            raise ValueError(f"{hname}: expected integer expert ids, got dtype {hash_table.dtype}")
+        if hash_table.size and (hash_table.min() < 0 or hash_table.max() >= E):
+            raise ValueError(f"{hname}: expert ids must lie in [0, {E}), found "
+                             f"[{hash_table.min()}, {hash_table.max()}]")
+        hash_table = hash_table.astype(np.int32)
+
+    # --- routed experts ----------------------------------------------------------------------
+    n = len(ids)
+    w13_d = np.empty((n, 2 * I, H // 2), np.uint8)
+    w13_s = np.empty((n, 2 * I, H // BLOCK_SIZE), ml_dtypes.float8_e4m3fn)
+    w2_d = np.empty((n, H, I // 2), np.uint8)
+    w2_s = np.empty((n, H, I // BLOCK_SIZE), ml_dtypes.float8_e4m3fn)
+    gs13 = np.empty((n, 2), np.float32)
+    gs2 = np.empty((n,), np.float32)
+    in13: list[list] = [[], [], []]  # gate, up, down input scales
+    in_names: list[list[str]] = [[], [], []]
+    names_per_expert = []
+    for j, e in enumerate(ids):
+        bases = _resolve_proj(src, f"{prefix}.experts.{e}")
+        names_per_expert.append(bases)
+        g, u, d = _load_mlp(src, bases, I, H, in_name)
+        w13_d[j, :I], w13_d[j, I:] = g.data, u.data
+        w13_s[j, :I], w13_s[j, I:] = g.scales, u.scales
+        w2_d[j], w2_s[j] = d.data, d.scales
+        gs13[j] = (g.ws2, u.ws2)
+        gs2[j] = d.ws2
+        for r, (lin, role) in enumerate(((g, "gate"), (u, "up"), (d, "down"))):
+            in13[r].append(lin.inp)
+            in_names[r].append(f"{bases[role]}.{in_name}")
+    w13_in = w2_in = None
+    if in_name:
+        ig = _input_scales("routed gate", in13[0], in_names[0])
+        iu = _input_scales("routed up", in13[1], in_names[1])
+        w2_in = _input_scales("routed down", in13[2], in_names[2])
+        if (ig is None) != (iu is None) or (ig is None) != (w2_in is None):
+            some = [nm[0] for nm, v in zip(in_names, (ig, iu, w2_in)) if v is None]
+            raise KeyError(f"missing tensor {some[0]} (other routed input scales are present)")
+        w13_in = None if ig is None else np.maximum(ig, iu)
+    split = bool(np.any(gs13[:, 0] != gs13[:, 1]))
+
+    # --- shared experts ----------------------------------------------------------------------
+    sh = None
+    shared_present = any(k.startswith(f"{prefix}.shared_experts.") for k in src.keys())
+    if config.n_shared_experts > 0:
+        Is = I * config.n_shared_experts
+        sbases = _resolve_proj(src, f"{prefix}.shared_experts")
+        sg, su, sd = _load_mlp(src, sbases, Is, H, in_name)
+        sh_in = [lin.inp for lin in (sg, su, sd)]
+        if any(v is not None for v in sh_in) and not all(v is not None for v in sh_in):
+            role = ("gate", "up", "down")[[v is None for v in sh_in].index(True)]
+            raise KeyError(f"missing tensor {sbases[role]}.{in_name} (other shared-expert input "
+                           "scales are present)")
+        sh = (sbases, sg, su, sd)
+    elif shared_present:
+        raise ValueError(f"{prefix}.shared_experts.*: the checkpoint has shared-expert tensors but "
+                         "config.n_shared_experts == 0")
+
+    # --- convention checks -------------------------------------------------------------------
+    if check:
+        groups = []
+        if split:
+            groups.append(("gate", w13_s[:, :I].view(np.uint8), [b["gate"] for b in names_per_expert]))
+            groups.append(("up", w13_s[:, I:].view(np.uint8), [b["up"] for b in names_per_expert]))
+        else:
+            groups.append(("gate/up", w13_s.view(np.uint8), [b["gate"] + " + up" for b in names_per_expert]))
+        groups.append(("down", w2_s.view(np.uint8), [b["down"] for b in names_per_expert]))
+        ws2 = {"routed gate/up": gs13.reshape(-1), "routed down": gs2}
+        inputs = {}
+        if w13_in is not None:
+            inputs = {"routed gate/up": w13_in, "routed down": w2_in}
+        sample = {f"{names_per_expert[0]['down']}": (w2_d[0], w2_s[0], float(gs2[0]))}
+        if sh is not None:
+            sbases, sg, su, sd = sh
+            same = sg.ws2 == su.ws2
+            if same:
+                groups.append(("shared gate/up",
+                               np.concatenate([sg.scales, su.scales]).view(np.uint8)[None],
+                               [sbases["gate"] + " + up"]))
+            else:
+                groups.append(("shared gate", sg.scales.view(np.uint8)[None], [sbases["gate"]]))
+                groups.append(("shared up", su.scales.view(np.uint8)[None], [sbases["up"]]))
+            groups.append(("shared down", sd.scales.view(np.uint8)[None], [sbases["down"]]))
+            ws2["shared"] = np.asarray([sg.ws2, su.ws2, sd.ws2], np.float32)
+            if sg.inp is not None:
+                inputs["shared"] = np.asarray([sg.inp, su.inp, sd.inp], np.float32)
+        _check_conventions(prefix, groups, ws2, inputs, sample)
+
+    # --- assemble ----------------------------------------------------------------------------
+    j = jnp.asarray
+    w13 = NVFP4Tensor(j(w13_d), j(w13_s), j(gs13 if split else gs13[:, 0].copy()))
+    w2 = NVFP4Tensor(j(w2_d), j(w2_s), j(gs2))
+    fields: dict[str, Any] = dict(
+        router_weight=j(router), w13=w13, w2=w2,
+        router_bias=None if bias is None else j(bias),
+        w13_input_scale=None if w13_in is None else j(w13_in),
+        w2_input_scale=None if w2_in is None else j(w2_in),
+        hash_table=None if hash_table is None else j(hash_table),
+    )
+    if sh is not None:
+        _, sg, su, sd = sh
+        sgs = (np.float32(sg.ws2) if sg.ws2 == su.ws2
+               else np.asarray([sg.ws2, su.ws2], np.float32))
+        fields["shared_w13"] = NVFP4Tensor(j(np.concatenate([sg.data, su.data])),
+                                           j(np.concatenate([sg.scales, su.scales])),
+                                           j(np.asarray(sgs, np.float32)))
+        fields["shared_w2"] = NVFP4Tensor(j(np.ascontiguousarray(sd.data)),
+                                          j(np.ascontiguousarray(sd.scales)),
+                                          j(np.asarray(sd.ws2, np.float32)))
+        if sg.inp is not None:
+            fields["shared_w13_input_scale"] = j(np.asarray(max(sg.inp, su.inp), np.float32))
+            fields["shared_w2_input_scale"] = j(np.asarray(sd.inp, np.float32))
+    return MoEWeights(**fields)
+
+
+# ------------------------------------------------------------------------------------------------
+# save_moe (MoEWeights -> checkpoint names)
+# ------------------------------------------------------------------------------------------------
+
+def save_moe(weights: MoEWeights, config: MoEConfig, prefix: str, format: str = "modelopt", *,
+             names: str = "hf", scalar_shape: tuple[int, ...] = ()) -> dict[str, np.ndarray]:
+    """Produce checkpoint tensors (name -> numpy array) for one MoE layer, the inverse of
+    :func:`load_moe`.
+
+    Args:
+      weights: the layer (w13 global_scale ``[E]`` or ``[E, 2]``; shared ``[]`` or ``[2]``).
+      config: its :class:`MoEConfig`.
+      prefix: name prefix, e.g. ``"model.layers.3.mlp"``.
+      format: ``"modelopt"`` (input scales as ``*.input_scale``) or ``"quark"``
+        (``*.input_scale_2``). The gate and up input scales are both written as the stored
+        (max) ``w13_input_scale``.
+      names: ``"hf"`` (gate_proj/up_proj/down_proj) or ``"deepseek"`` (w1/w3/w2).
+      scalar_shape: ``()`` or ``(1,)``, the shape of the stored scalars.
+
+    Returns:
+      dict: weight uint8 ``[N, K/2]``, weight_scale float8_e4m3fn ``[N, K/16]``, weight_scale_2 /
+      input scales float32 of ``scalar_shape``, router float32 ``[E, H]``, bias float32 ``[E]``,
+      tid2eid int32 ``[vocab, top_k]``. Pass it to :func:`save_safetensors` to write a file.
+    """
+    if format not in FORMATS:
+        raise ValueError(f"format: expected one of {FORMATS}, got {format!r}")
+    if names not in ("hf", "deepseek"):
+        raise ValueError(f"names: expected 'hf' or 'deepseek', got {names!r}")
+    col = 0 if names == "hf" else 1
+    proj = {r: v[col] for r, v in _PROJ_NAMES.items()}
+    in_name = _INPUT_SCALE[format]
+    I = config.intermediate_size
+    out: dict[str, np.ndarray] = {}
+
+    def sc(v) -> np.ndarray:
+        return np.asarray(v, np.float32).reshape(scalar_shape)
+
+    def put(base, data, scales, ws2, inp):
+        out[f"{base}.weight"] = np.ascontiguousarray(data)
+        out[f"{base}.weight_scale"] = np.ascontiguousarray(scales)
+        out[f"{base}.weight_scale_2"] = sc(ws2)
+        if inp is not None:
+            out[f"{base}.{in_name}"] = sc(inp)
+
+    out[f"{prefix}.gate.weight"] = np.asarray(weights.router_weight, np.float32)
+    if weights.router_bias is not None:
+        out[f"{prefix}.gate.e_score_correction_bias"] = np.asarray(weights.router_bias, np.float32)
+    if weights.hash_table is not None:
+        out[f"{prefix}.gate.tid2eid"] = np.asarray(weights.hash_table, np.int32)
+
+    d13, s13 = np.asarray(weights.w13.data), np.asarray(weights.w13.scales)
+    g13 = np.asarray(weights.w13.global_scale, np.float32)
+    d2, s2 = np.asarray(weights.w2.data), np.asarray(weights.w2.scales)
+    g2 = np.asarray(weights.w2.global_scale, np.float32).reshape(-1)
+    E = d13.shape[0]
+    g13 = np.broadcast_to(g13.reshape(E, -1), (E, 2))
+    i13 = None if weights.w13_input_scale is None else np.asarray(weights.w13_input_scale, np.float32)
+    i2 = None if weights.w2_input_scale is None else np.asarray(weights.w2_input_scale, np.float32)
+    for e in range(E):
+        base = f"{prefix}.experts.{e}"
+        put(f"{base}.{proj['gate']}", d13[e, :I], s13[e, :I], g13[e, 0], None if i13 is None else i13[e])
+        put(f"{base}.{proj['up']}", d13[e, I:], s13[e, I:], g13[e, 1], None if i13 is None else i13[e])
+        put(f"{base}.{proj['down']}", d2[e], s2[e], g2[e], None if i2 is None else i2[e])
+
+    if weights.shared_w13 is not None:
+        Is = I * config.n_shared_experts
+        sd13, ss13 = np.asarray(weights.shared_w13.data), np.asarray(weights.shared_w13.scales)
+        sg13 = np.broadcast_to(np.asarray(weights.shared_w13.global_scale, np.float32).reshape(-1), (2,))
+        si13 = (None if weights.shared_w13_input_scale is None
+                else np.asarray(weights.shared_w13_input_scale, np.float32))
+        si2 = (None if weights.shared_w2_input_scale is None
+               else np.asarray(weights.shared_w2_input_scale, np.float32))
+        base = f"{prefix}.shared_experts"
+        put(f"{base}.{proj['gate']}", sd13[:Is], ss13[:Is], sg13[0], si13)
+        put(f"{base}.{proj['up']}", sd13[Is:], ss13[Is:], sg13[1], si13)
+        put(f"{base}.{proj['down']}", np.asarray(weights.shared_w2.data),
+            np.asarray(weights.shared_w2.scales), np.asarray(weights.shared_w2.global_scale), si2)
+    return out

@@ -1,0 +1,127 @@
+"""The NVFP4 storage format: E2M1 codes, e4m3 block scales, a float32 global scale.
+
+Convention (the one every module, kernel and test in this package uses):
+
+* E2M1 magnitudes are {0, 0.5, 1, 1.5, 2, 3, 4, 6}; bit 3 is the sign (sign-magnitude, so code 8
+  is -0). Element ``2j`` of a row is stored in the low nibble of byte ``j`` and element ``2j+1`` in
+  the high nibble. Packed data is uint8 ``[..., K/2]``.
+* One block scale per 16 consecutive elements along the last axis, float8_e4m3fn ``[..., K/16]``.
+  Raw scale bytes become e4m3 by a bitcast (:func:`scales_from_bytes`), never a value conversion.
+* The global scale is a float32 *dequantization multiplier*: ``global_scale = amax / (6 * 448)``,
+  and ``x ~= e2m1 * float(scale) * global_scale`` (the ModelOpt convention, and that of JAX's own
+  nvfp4 quantizer). A stack of G experts carries ``global_scale`` of shape ``[G]``.
+* K must be a multiple of 32: 16 values per scale, 2 per byte, and what the kernels tile by.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+BLOCK_SIZE = 16
+"""Values per e4m3 block scale."""
+E2M1_MAX = 6.0
+E4M3_MAX = 448.0
+K_MULTIPLE = 32
+E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                        -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=np.float32)
+"""Value of each 4-bit code 0..15."""
+
+
+def check_k(k: int, name: str = "x") -> None:
+    """Raise ValueError unless the contraction size ``k`` is a positive multiple of 32."""
+    if k <= 0 or k % K_MULTIPLE:
+        raise ValueError(
+            f"{name}: the last (K) axis has size {k}; NVFP4 needs K to be a positive multiple of "
+            f"{K_MULTIPLE} (16 values per block scale, 2 values per byte)")
+
+
+def pack_codes(codes: jax.Array) -> jax.Array:
+    """float4_e2m1fn ``[..., K]`` -> uint8 ``[..., K/2]`` (element 2j in the low nibble of byte j)."""
+    pairs = codes.reshape(codes.shape[:-1] + (codes.shape[-1] // 2, 2))
+    return jax.lax.bitcast_convert_type(pairs, jnp.uint8)
+
+
+def unpack_codes(data: jax.Array) -> jax.Array:
+    """uint8 ``[..., K/2]`` -> float4_e2m1fn ``[..., K]`` (the inverse of :func:`pack_codes`)."""
+    pairs = jax.lax.bitcast_convert_type(data, jnp.float4_e2m1fn)  # [..., K/2, 2], [...,0] = low
+    return pairs.reshape(data.shape[:-1] + (data.shape[-1] * 2,))
+
+
+def scales_from_bytes(raw: jax.Array) -> jax.Array:
+    """Reinterpret uint8/int8 scale bytes as float8_e4m3fn (a bitcast: byte 0x3F reads as 1.875)."""
+    raw = jnp.asarray(raw)
+    if raw.dtype == jnp.float8_e4m3fn:
+        return raw
+    if raw.dtype not in (jnp.uint8, jnp.int8):
+        raise ValueError(f"scales: expected uint8/int8 bytes or float8_e4m3fn, got {raw.dtype}")
+    return jax.lax.bitcast_convert_type(raw, jnp.float8_e4m3fn)
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True)
+class NVFP4Tensor:
+    """An NVFP4-quantized tensor of logical shape ``[..., K]``.
+
+    Attributes:
+      data: uint8 ``[..., K/2]``, two E2M1 codes per byte (low nibble first).
+      scales: float8_e4m3fn ``[..., K/16]``, one block scale per 16 values along K.
+      global_scale: float32, broadcastable over the leading axes of ``data`` without K: ``[]``
+        for one tensor, ``[G]`` for a stack of G experts ``[G, N, K]``.
+
+    Dequantized value: ``e2m1(data) * float32(scales) * global_scale``.
+    """
+
+    data: jax.Array
+    scales: jax.Array
+    global_scale: jax.Array
+
+    def tree_flatten(self):
+        return (self.data, self.scales, self.global_scale), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Logical shape ``[..., K]`` (K = 2 * data.shape[-1])."""
+        return tuple(self.data.shape[:-1]) + (2 * self.data.shape[-1],)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.data.shape)
+
+    def validate(self, name: str = "tensor") -> "NVFP4Tensor":
+        """Check dtypes and shapes; raise ValueError naming ``name`` and what was expected."""
+        d, s, g = self.data, self.scales, self.global_scale
+        if d.dtype != jnp.uint8:
+            raise ValueError(f"{name}.data: expected uint8 packed E2M1 codes, got {d.dtype}")
+        if s.dtype != jnp.float8_e4m3fn:
+            raise ValueError(f"{name}.scales: expected float8_e4m3fn, got {s.dtype} "
+                             "(raw bytes: use jax_nvfp4.scales_from_bytes, a bitcast)")
+        if jnp.dtype(g.dtype) != jnp.float32:
+            raise ValueError(f"{name}.global_scale: expected float32, got {g.dtype}")
+        check_k(2 * d.shape[-1], f"{name}.data")
+        k = 2 * d.shape[-1]
+        if tuple(s.shape) != tuple(d.shape[:-1]) + (k // BLOCK_SIZE,):
+            raise ValueError(f"{name}.scales: expected shape {tuple(d.shape[:-1]) + (k // 16,)} "
+                             f"for data {tuple(d.shape)}, got {tuple(s.shape)}")
+        lead = tuple(d.shape[:-1])
+        if g.ndim > len(lead) or any(a not in (1, b) for a, b in zip(g.shape, lead)):
+            raise ValueError(f"{name}.global_scale: shape {tuple(g.shape)} does not match the "
+                             f"leading axes {lead} (use [] for one tensor, [G] for [G, N, K])")
+        return self
+
+
+
+def expand_global_scale(global_scale: jax.Array, ndim: int) -> jax.Array:
+    """Reshape a ``[]``/``[G]`` global scale so it broadcasts against an array of rank ``ndim``.
+
+    The global scale is aligned with the *leading* axes (``[G]`` scales expert g of ``[G, N, K]``).
+    """
+    g = jnp.asarray(global_scale, jnp.float32)
+    return g.reshape(g.shape + (1,) * (ndim - g.ndim))

@@ -1,0 +1,121 @@
+"""The grouped NVFP4 GEMM as an XLA FFI custom call (CPU and CUDA handlers, one target name)."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import jax
+import jax.numpy as jnp
+
+from . import _extension, reference
+from .formats import NVFP4Tensor
+
+BACKENDS = ("auto", "ffi", "reference")
+
+
+def workspace_bytes(num_groups: int) -> int:
+    """Bytes of the workspace output the CUDA handler needs for ``num_groups`` groups."""
+    return 4096 + 16 * num_groups
+
+
+def _varying_type(args, shape, dtype):
+    """An ffi_call result type carrying the union of the inputs' varying manual axes.
+
+    Inside ``shard_map`` a bare ShapeDtypeStruct is typed invariant, and ``out_specs=P()`` would
+    then silently return one shard's values (jax_ffi notes, section 2). Summing one element of
+    each input gives a scalar whose type has the union of their axes; its type is updated to
+    the result's shape and dtype.
+    """
+    probe = sum(jnp.sum(a.reshape(-1)[:1].astype(jnp.float32)) for a in args)
+    aval = jax.typeof(probe)
+    base = jax.typeof(jnp.zeros((), jnp.float32)).update(shape=shape, dtype=jnp.dtype(dtype))
+    if hasattr(aval, "manual_axis_type"):          # jax >= 0.10
+        return base.update_manual_axis_type(aval.manual_axis_type)
+    return base.update(vma=aval.vma)               # older spelling
+
+
+def _ffi_grouped_gemm(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, out_dtype):
+    m, n, g = lhs.shape[0], rhs_data.shape[1], rhs_data.shape[0]
+    args = (lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes)
+    out_t = _varying_type(args, (m, n), out_dtype)
+    ws_t = _varying_type(args, (workspace_bytes(g),), jnp.uint8)
+    out, _ = jax.ffi.ffi_call(_extension.TARGET, (out_t, ws_t), vmap_method="sequential")(*args)
+    return out
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(6,))
+def _grouped_gemm_op(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, out_dtype):
+    return _ffi_grouped_gemm(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, out_dtype)
+
+
+@_grouped_gemm_op.defjvp
+def _grouped_gemm_jvp(out_dtype, primals, tangents):
+    raise NotImplementedError(
+        "jax_nvfp4.grouped_gemm (backend 'ffi') is forward-only: NVFP4 weights are inference "
+        "weights and the custom call has no derivative. Use backend='reference' to differentiate "
+        "with respect to the float lhs.")
+
+
+_warned_fallback = False
+
+
+def _resolve_backend(backend: str) -> str:
+    global _warned_fallback
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    if backend != "auto":
+        if backend == "ffi" and not _extension.available():
+            raise RuntimeError("backend='ffi': the jax_nvfp4 extension is not built "
+                               "(reinstall with a C++ compiler; see README)")
+        return backend
+    on_gpu = jax.default_backend() == "gpu"
+    if _extension.available() and (not on_gpu or _extension.has_cuda()):
+        return "ffi"
+    if not _warned_fallback:
+        _warned_fallback = True
+        what = "the CUDA handler" if _extension.available() else "the compiled extension"
+        warnings.warn(f"jax_nvfp4: {what} is not built; grouped_gemm falls back to the pure-jnp "
+                      "reference (slow)", RuntimeWarning, stacklevel=3)
+    return "reference"
+
+
+def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp.bfloat16,
+                 backend: str = "auto") -> jax.Array:
+    """Grouped NVFP4 GEMM: one GEMM per group (expert), group sizes on the device.
+
+    Same semantics as :func:`jax_nvfp4.reference.grouped_gemm`.
+
+    Args:
+      lhs: bfloat16 ``[M, K]`` (weights-only NVFP4, "W4A16") or an NVFP4Tensor ``[M, K]`` with a
+        scalar global scale, e.g. from :func:`jax_nvfp4.stage_activation` ("W4A4"). The reference
+        backend also takes float16/float32 lhs; the custom call takes bf16 only.
+      rhs: NVFP4Tensor ``[G, N, K]``: data uint8 ``[G, N, K/2]``, scales float8_e4m3fn
+        ``[G, N, K/16]``, global_scale float32 ``[G]``.
+      group_sizes: int32 ``[G]``; rows are grouped consecutively in group order. Negative sizes
+        count as 0 and the running sum is clamped to M.
+      out_dtype: bfloat16 or float32 (accumulation is always float32).
+      backend: "ffi" (the custom call for the platform the arrays live on), "reference", or
+        "auto" (ffi when the extension is built for this platform, else the reference with a
+        one-time warning).
+
+    Returns:
+      ``[M, N]`` out_dtype; row r of group g is ``alpha_g * lhs[r] @ W_g.T`` with ``alpha_g = lhs
+      global scale * rhs.global_scale[g]`` applied in the epilogue; rows past the groups are 0.
+    """
+    backend = _resolve_backend(backend)
+    if backend == "reference":
+        return reference.grouped_gemm(lhs, rhs, group_sizes, out_dtype=out_dtype)
+    m, k, g, n = reference.validate_gemm_args(lhs, rhs, group_sizes, out_dtype,
+                                              float_lhs_dtypes=(jnp.bfloat16,))
+    out_dtype = jnp.dtype(out_dtype)
+    rhs_gs = jnp.broadcast_to(rhs.global_scale.astype(jnp.float32), (g,))
+    if isinstance(lhs, NVFP4Tensor):
+        a, a_sf = lhs.data, lhs.scales
+        alpha = lhs.global_scale.astype(jnp.float32) * rhs_gs
+    else:
+        a, a_sf = jnp.asarray(lhs), jnp.zeros((0,), jnp.float8_e4m3fn)
+        alpha = rhs_gs
+    if m == 0:
+        return jnp.zeros((0, n), out_dtype)
+    return _grouped_gemm_op(a, a_sf, rhs.data, rhs.scales, alpha, group_sizes, out_dtype)

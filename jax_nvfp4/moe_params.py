@@ -1,0 +1,123 @@
+"""MoE layer configuration and weights: :class:`MoEConfig` and the :class:`MoEWeights` pytree."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import jax
+
+from .formats import NVFP4Tensor
+
+SCORING_FUNCS = ("sqrtsoftplus", "sigmoid", "softmax")
+ACTIVATIONS = ("w4a4", "w4a16")
+ACTIVATION_SCALES = ("dynamic", "static")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEConfig:
+    """Static description of one routed MoE layer (hashable: usable as a jit static argument).
+
+    Attributes:
+      num_experts: routed experts E.
+      top_k: experts per token.
+      hidden_size: H (model width; K of the gate/up GEMM, N of the down GEMM).
+      intermediate_size: I (expert width; gate and up each have I rows).
+      scoring_func: "sqrtsoftplus" (DeepSeek-V4), "sigmoid" (V3) or "softmax".
+      n_group, topk_group: grouped top-k (V3: 8 groups, keep 4); 1/1 disables grouping.
+      norm_topk_prob: renormalize the chosen experts' weights to sum to 1.
+      routed_scaling_factor: multiplies the routing weights.
+      swiglu_limit: None for plain SwiGLU, else silu(min(gate, L)) * clip(up, -L, L).
+      n_shared_experts: shared experts (an always-on MLP of width I * n_shared_experts).
+      activation: "w4a4" (activations re-quantized to NVFP4 before each GEMM) or "w4a16" (bf16).
+      activation_scale: "dynamic" (global scale from the data's amax) or "static" (the
+        checkpoint's calibrated input scale, per expert).
+    """
+
+    num_experts: int
+    top_k: int
+    hidden_size: int
+    intermediate_size: int
+    scoring_func: str = "sqrtsoftplus"
+    n_group: int = 1
+    topk_group: int = 1
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = 1.0
+    swiglu_limit: Optional[float] = None
+    n_shared_experts: int = 0
+    activation: str = "w4a4"
+    activation_scale: str = "dynamic"
+
+    def __post_init__(self):
+        if self.scoring_func not in SCORING_FUNCS:
+            raise ValueError(f"scoring_func: expected one of {SCORING_FUNCS}, got {self.scoring_func!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.activation_scale not in ACTIVATION_SCALES:
+            raise ValueError(f"activation_scale: expected one of {ACTIVATION_SCALES}, "
+                             f"got {self.activation_scale!r}")
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"top_k: expected 1 <= top_k <= num_experts={self.num_experts}, "
+                             f"got {self.top_k}")
+        if self.n_group < 1 or self.num_experts % self.n_group:
+            raise ValueError(f"n_group: must divide num_experts={self.num_experts}, got {self.n_group}")
+        if not 1 <= self.topk_group <= self.n_group:
+            raise ValueError(f"topk_group: expected 1 <= topk_group <= n_group={self.n_group}, "
+                             f"got {self.topk_group}")
+        if self.n_group > 1 and self.topk_group * (self.num_experts // self.n_group) < self.top_k:
+            raise ValueError("topk_group: the kept groups hold fewer experts than top_k")
+        for name in ("hidden_size", "intermediate_size"):
+            v = getattr(self, name)
+            if v <= 0 or v % 32:
+                raise ValueError(f"{name}: must be a positive multiple of 32 (NVFP4 K), got {v}")
+
+    @classmethod
+    def deepseek_v4_pro(cls, **overrides) -> "MoEConfig":
+        """DeepSeek-V4-Pro: H 7168, I 3072, 384 experts, top-6, sqrt(softplus), x2.5, SwiGLU limit 10."""
+        kw = dict(num_experts=384, top_k=6, hidden_size=7168, intermediate_size=3072,
+                  scoring_func="sqrtsoftplus", routed_scaling_factor=2.5, swiglu_limit=10.0,
+                  n_shared_experts=1)
+        kw.update(overrides)
+        return cls(**kw)
+
+    @classmethod
+    def deepseek_v3(cls, **overrides) -> "MoEConfig":
+        """DeepSeek-V3: H 7168, I 2048, 256 experts, top-8, sigmoid, 8 groups keep 4, x2.5."""
+        kw = dict(num_experts=256, top_k=8, hidden_size=7168, intermediate_size=2048,
+                  scoring_func="sigmoid", n_group=8, topk_group=4, routed_scaling_factor=2.5,
+                  n_shared_experts=1)
+        kw.update(overrides)
+        return cls(**kw)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MoEWeights:
+    """Weights of one MoE layer (a pytree; None fields are absent).
+
+    Attributes:
+      router_weight: float ``[E, H]``.
+      w13: NVFP4Tensor ``[E, 2I, H]`` (rows 0..I-1 gate, I..2I-1 up); global_scale ``[E]`` or
+        ``[E, 2]`` (gate, up) when the halves carry different weight_scale_2.
+      w2: NVFP4Tensor ``[E, H, I]``, global_scale ``[E]``.
+      router_bias: float32 ``[E]`` (e_score_correction_bias: changes selection, not weights).
+      w13_input_scale: float32 ``[E]``, static global scale of the gate/up GEMM input (ModelOpt
+        input_scale / Quark input_scale_2, max over gate and up).
+      w2_input_scale: float32 ``[E]``, static global scale of the down GEMM input.
+      shared_w13: NVFP4Tensor ``[2 * Is, H]`` (global_scale ``[]`` or ``[2]``), Is = I * n_shared.
+      shared_w2: NVFP4Tensor ``[H, Is]``.
+      shared_w13_input_scale, shared_w2_input_scale: float32 ``[]`` static input scales.
+      hash_table: int32 ``[vocab, top_k]`` expert ids per token id (hash-routed layers).
+    """
+
+    router_weight: jax.Array
+    w13: NVFP4Tensor
+    w2: NVFP4Tensor
+    router_bias: Optional[jax.Array] = None
+    w13_input_scale: Optional[jax.Array] = None
+    w2_input_scale: Optional[jax.Array] = None
+    shared_w13: Optional[NVFP4Tensor] = None
+    shared_w2: Optional[NVFP4Tensor] = None
+    shared_w13_input_scale: Optional[jax.Array] = None
+    shared_w2_input_scale: Optional[jax.Array] = None
+    hash_table: Optional[jax.Array] = None
