@@ -137,7 +137,7 @@ def save_safetensors(path: Union[str, os.PathLike], tensors: Mapping[str, Any],
     for name in tensors:
         arr = np.asarray(tensors[name])
         st = _st_dtype_of(arr, name)
-        arr = np.ascontiguousarray(arr.astype(_ST_TO_NP[st], copy=False))  # little-endian
+        arr = np.asarray(arr.astype(_ST_TO_NP[st], copy=False), order="C")  # little-endian, 0-d kept
         header[name] = {"dtype": st, "shape": list(arr.shape),
                         "data_offsets": [offset, offset + arr.nbytes]}
         arrays.append(arr)
@@ -228,8 +228,8 @@ class SafetensorsReader(Mapping):
         start = self._starts[i]
         if e == b:
             return np.zeros(shape, dt)
-        buf = self._map(i)[start + b:start + e]
-        return buf.view(dt).reshape(shape)
+        count = (e - b) // dt.itemsize
+        return np.frombuffer(self._map(i), dtype=dt, count=count, offset=start + b).reshape(shape)
 
     def __iter__(self):
         return iter(self._entries)
@@ -635,7 +635,13 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
         inputs = {}
         if w13_in is not None:
             inputs = {"routed gate/up": w13_in, "routed down": w2_in}
-        sample = {f"{names_per_expert[0]['down']}": (w2_d[0], w2_s[0], float(gs2[0]))}
+        b0 = names_per_expert[0]
+        sample = {b0["down"]: (w2_d[0], w2_s[0], float(gs2[0]))}  # exact check on expert ids[0]
+        if split:
+            sample[b0["gate"]] = (w13_d[0, :I], w13_s[0, :I], float(gs13[0, 0]))
+            sample[b0["up"]] = (w13_d[0, I:], w13_s[0, I:], float(gs13[0, 1]))
+        else:
+            sample[b0["gate"] + " + up"] = (w13_d[0], w13_s[0], float(gs13[0, 0]))
         if sh is not None:
             sbases, sg, su, sd = sh
             same = sg.ws2 == su.ws2

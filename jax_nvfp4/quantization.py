@@ -39,6 +39,8 @@ def dynamic_global_scale(x: jax.Array) -> jax.Array:
     """float32 ``[]``: ``amax(|x|) / (6 * 448)`` over the finite values of x, or 1.0 if that is 0."""
     a = jnp.abs(jnp.asarray(x).astype(jnp.float32))
     amax = jnp.max(jnp.where(jnp.isfinite(a), a, 0.0), initial=0.0)
+    # XLA may compute this as amax * (1/2688) (last bit can differ under vmap); harmless: the
+    # scale that is stored is the one every block was quantized with.
     return jnp.where(amax > 0, amax / (E2M1_MAX * E4M3_MAX), 1.0).astype(jnp.float32)
 
 

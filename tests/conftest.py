@@ -1,0 +1,37 @@
+"""Test setup: 8 CPU devices (set before JAX starts) and the GPU skip/require switch."""
+
+import os
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           " --xla_force_host_platform_device_count=8").strip()
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+try:
+    jax.config.update("jax_num_cpu_devices", 8)
+except (AttributeError, RuntimeError):  # older jax, or backends already up: XLA_FLAGS covers it
+    pass
+
+REQUIRE_GPU = os.environ.get("JAX_NVFP4_REQUIRE_GPU", "") not in ("", "0")
+
+
+def gpu_devices():
+    try:
+        return jax.devices("gpu")
+    except RuntimeError:
+        return []
+
+
+def skip_or_fail(reason: str):
+    """Skip, or fail when JAX_NVFP4_REQUIRE_GPU=1 (GPU machines must run every GPU test)."""
+    if REQUIRE_GPU:
+        pytest.fail(f"JAX_NVFP4_REQUIRE_GPU=1 but: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def rng(request):
+    """A numpy Generator seeded from the test's name: fresh, reproducible inputs per test."""
+    return np.random.default_rng(sum(request.node.name.encode()))

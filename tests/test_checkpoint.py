@@ -1,0 +1,552 @@
+"""Tests of jax_nvfp4.checkpoint: the safetensors reader/writer and the ModelOpt/Quark MoE loader.
+
+Small shapes (E=4, H=64, I=32, one shared expert), random non-zero data, CPU only.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import warnings
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from jax_nvfp4 import checkpoint as ckpt
+from jax_nvfp4.formats import NVFP4Tensor
+from jax_nvfp4.moe_params import MoEConfig, MoEWeights
+
+E, H, I, TOPK, VOCAB = 4, 64, 32, 2, 50
+PREFIX = "model.layers.1.mlp"
+F8 = np.dtype(ml_dtypes.float8_e4m3fn)
+PROJ = {"hf": ("gate_proj", "up_proj", "down_proj"), "deepseek": ("w1", "w3", "w2")}
+INPUT = {"modelopt": "input_scale", "quark": "input_scale_2"}
+
+
+def cfg(**kw) -> MoEConfig:
+    base = dict(num_experts=E, top_k=TOPK, hidden_size=H, intermediate_size=I, n_shared_experts=1)
+    base.update(kw)
+    return MoEConfig(**base)
+
+
+# ------------------------------------------------------------------------------------------------
+# reference data, built independently of save_moe
+# ------------------------------------------------------------------------------------------------
+
+def rand_linear(rng, n, k):
+    """Random NVFP4 linear: uint8 [n, k/2] (never all zero), e4m3 scales whose max is 448."""
+    data = rng.integers(1, 256, size=(n, k // 2), dtype=np.uint8)
+    sbytes = rng.integers(0x30, 0x7E, size=(n, k // 16), dtype=np.uint8)  # positive, finite
+    sbytes[rng.integers(n), rng.integers(k // 16)] = 0x7E  # 448: ModelOpt's per-tensor maximum
+    ws2 = np.float32(rng.uniform(1e-4, 1e-2))
+    inp = np.float32(rng.uniform(1e-3, 1e-1))
+    return dict(data=data, scales=sbytes.view(F8), ws2=ws2, inp=inp)
+
+
+def reference(seed=0, split_expert=1, shared_split=True, hash_table=False, bias=True):
+    """Per-projection reference tensors: {('expert', e, role) | ('shared', role): linear}."""
+    rng = np.random.default_rng(seed)
+    lin = {}
+    for e in range(E):
+        for role in ("gate", "up"):
+            lin[("expert", e, role)] = rand_linear(rng, I, H)
+        lin[("expert", e, "down")] = rand_linear(rng, H, I)
+        if e != split_expert:  # gate and up share weight_scale_2 except on split_expert
+            lin[("expert", e, "up")]["ws2"] = lin[("expert", e, "gate")]["ws2"]
+    for role in ("gate", "up"):
+        lin[("shared", role)] = rand_linear(rng, I, H)
+    lin[("shared", "down")] = rand_linear(rng, H, I)
+    if not shared_split:
+        lin[("shared", "up")]["ws2"] = lin[("shared", "gate")]["ws2"]
+    extra = {"router": rng.standard_normal((E, H)).astype(np.float32)}
+    if bias:
+        extra["bias"] = rng.standard_normal(E).astype(np.float32)
+    if hash_table:
+        extra["tid2eid"] = rng.integers(0, E, size=(VOCAB, TOPK)).astype(np.int64)
+    return lin, extra
+
+
+def tensors_from(lin, extra, fmt="modelopt", names="hf", inputs=True, prefix=PREFIX):
+    """Checkpoint tensor dict with the real names; scalars alternate between shape [] and [1]."""
+    out = {f"{prefix}.gate.weight": extra["router"].astype(ml_dtypes.bfloat16).astype(np.float32)}
+    if "bias" in extra:
+        out[f"{prefix}.gate.e_score_correction_bias"] = extra["bias"]
+    if "tid2eid" in extra:
+        out[f"{prefix}.gate.tid2eid"] = extra["tid2eid"]
+    roles = dict(zip(("gate", "up", "down"), PROJ[names]))
+    count = 0
+    for key, t in lin.items():
+        if key[0] == "expert":
+            base = f"{prefix}.experts.{key[1]}.{roles[key[2]]}"
+        else:
+            base = f"{prefix}.shared_experts.{roles[key[1]]}"
+        shape = () if count % 2 == 0 else (1,)
+        count += 1
+        out[f"{base}.weight"] = t["data"]
+        out[f"{base}.weight_scale"] = t["scales"]
+        out[f"{base}.weight_scale_2"] = np.asarray(t["ws2"], np.float32).reshape(shape)
+        if inputs:
+            out[f"{base}.{INPUT[fmt]}"] = np.asarray(t["inp"], np.float32).reshape(shape)
+    return out
+
+
+def check_loaded(w: MoEWeights, lin, extra, inputs=True, shared=True):
+    """Bit-exact comparison of a loaded MoEWeights with the reference tensors."""
+    a = np.asarray
+    for e in range(E):
+        g, u, d = (lin[("expert", e, r)] for r in ("gate", "up", "down"))
+        np.testing.assert_array_equal(a(w.w13.data)[e, :I], g["data"])
+        np.testing.assert_array_equal(a(w.w13.data)[e, I:], u["data"])
+        np.testing.assert_array_equal(a(w.w13.scales)[e, :I].view(np.uint8), g["scales"].view(np.uint8))
+        np.testing.assert_array_equal(a(w.w13.scales)[e, I:].view(np.uint8), u["scales"].view(np.uint8))
+        np.testing.assert_array_equal(a(w.w2.data)[e], d["data"])
+        np.testing.assert_array_equal(a(w.w2.scales)[e].view(np.uint8), d["scales"].view(np.uint8))
+        gs13 = a(w.w13.global_scale)
+        if gs13.ndim == 2:
+            assert gs13[e, 0] == g["ws2"] and gs13[e, 1] == u["ws2"]
+        else:
+            assert g["ws2"] == u["ws2"] and gs13[e] == g["ws2"]
+        assert a(w.w2.global_scale)[e] == d["ws2"]
+        if inputs:
+            assert a(w.w13_input_scale)[e] == max(g["inp"], u["inp"])
+            assert a(w.w2_input_scale)[e] == d["inp"]
+    assert w.w13.data.dtype == np.uint8 and w.w13.scales.dtype == F8
+    assert w.w13.global_scale.dtype == np.float32 and w.w2.global_scale.shape == (E,)
+    assert w.w13.data.shape == (E, 2 * I, H // 2) and w.w13.scales.shape == (E, 2 * I, H // 16)
+    assert w.w2.data.shape == (E, H, I // 2) and w.w2.scales.shape == (E, H, I // 16)
+    gs = np.asarray(w.w13.global_scale)  # NVFP4Tensor.validate accepts [E] only, not [E, 2]
+    NVFP4Tensor(w.w13.data, w.w13.scales, w.w13.global_scale[:, 0] if gs.ndim == 2
+                else w.w13.global_scale).validate("w13")
+    w.w2.validate("w2")
+    assert w.router_weight.dtype == np.float32 and w.router_weight.shape == (E, H)
+    np.testing.assert_array_equal(
+        a(w.router_weight), extra["router"].astype(ml_dtypes.bfloat16).astype(np.float32))
+    if "bias" in extra:
+        np.testing.assert_array_equal(a(w.router_bias), extra["bias"])
+    else:
+        assert w.router_bias is None
+    if "tid2eid" in extra:
+        assert w.hash_table.dtype == np.int32
+        np.testing.assert_array_equal(a(w.hash_table), extra["tid2eid"])
+    else:
+        assert w.hash_table is None
+    if not inputs:
+        assert w.w13_input_scale is None and w.w2_input_scale is None
+        assert w.shared_w13_input_scale is None and w.shared_w2_input_scale is None
+    if shared:
+        g, u, d = (lin[("shared", r)] for r in ("gate", "up", "down"))
+        np.testing.assert_array_equal(a(w.shared_w13.data), np.concatenate([g["data"], u["data"]]))
+        np.testing.assert_array_equal(a(w.shared_w13.scales).view(np.uint8),
+                                      np.concatenate([g["scales"], u["scales"]]).view(np.uint8))
+        np.testing.assert_array_equal(a(w.shared_w2.data), d["data"])
+        np.testing.assert_array_equal(a(w.shared_w2.scales).view(np.uint8), d["scales"].view(np.uint8))
+        sgs = a(w.shared_w13.global_scale)
+        if g["ws2"] == u["ws2"]:
+            assert sgs.shape == () and sgs == g["ws2"]
+        else:
+            assert sgs.shape == (2,) and list(sgs) == [g["ws2"], u["ws2"]]
+        assert a(w.shared_w2.global_scale).shape == () and a(w.shared_w2.global_scale) == d["ws2"]
+        if inputs:
+            assert a(w.shared_w13_input_scale).shape == ()
+            assert a(w.shared_w13_input_scale) == max(g["inp"], u["inp"])
+            assert a(w.shared_w2_input_scale) == d["inp"]
+        NVFP4Tensor(w.shared_w13.data, w.shared_w13.scales,
+                    w.shared_w13.global_scale.reshape(-1)[0]).validate("shared_w13")
+        w.shared_w2.validate("shared_w2")
+    else:
+        assert w.shared_w13 is None and w.shared_w2 is None
+
+
+def raw(a) -> np.ndarray:
+    """The bytes of an array (any rank, including 0-d), for bit-exact comparisons."""
+    return np.asarray(a).reshape(-1).view(np.uint8)
+
+
+def load_quiet(*args, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a well-formed checkpoint must load without warnings
+        return ckpt.load_moe(*args, **kw)
+
+
+# ------------------------------------------------------------------------------------------------
+# safetensors reader / writer
+# ------------------------------------------------------------------------------------------------
+
+ALL_DTYPES = [np.float32, np.float16, np.float64, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn,
+              ml_dtypes.float8_e5m2, np.uint8, np.int8, np.int16, np.uint16, np.int32,
+              np.uint32, np.int64, np.uint64, np.bool_]
+
+
+def _random(rng, dt, shape):
+    raw = rng.integers(0, 256, size=(int(np.prod(shape)) * np.dtype(dt).itemsize,), dtype=np.uint8)
+    if np.dtype(dt) == np.bool_:
+        return (raw % 2).astype(np.bool_).reshape(shape)
+    return raw.view(dt).reshape(shape)
+
+
+def test_safetensors_roundtrip_all_dtypes(tmp_path):
+    rng = np.random.default_rng(0)
+    tensors = {f"t.{np.dtype(dt).name}": _random(rng, dt, (3, 5)) for dt in ALL_DTYPES}
+    tensors["scalar0"] = np.array(2.5, np.float32)
+    tensors["scalar1"] = np.array([0.125], ml_dtypes.bfloat16)
+    tensors["empty"] = np.zeros((0, 4), np.uint8)
+    path = tmp_path / "a.safetensors"
+    ckpt.save_safetensors(path, tensors, metadata={"format": "pt"})
+    back = ckpt.read_safetensors(path)
+    assert set(back) == set(tensors)
+    for k, v in tensors.items():
+        assert back[k].dtype == v.dtype and back[k].shape == v.shape, k
+        np.testing.assert_array_equal(raw(back[k]), raw(v), err_msg=k)
+    reader = ckpt.SafetensorsReader([path])
+    assert reader.dtype_of("t.float8_e4m3fn") == "F8_E4M3" and reader.dtype_of("t.bfloat16") == "BF16"
+    assert reader.metadata[str(path)] == {"format": "pt"}
+    copied = ckpt.read_safetensors([path], copy=True)
+    assert copied["t.uint8"].flags.writeable
+
+
+def test_reader_against_safetensors_package(tmp_path):
+    """Independent oracle: files written by the safetensors package read back identically, and
+    our files are read identically by the package (for the dtypes its numpy reader supports)."""
+    sn = pytest.importorskip("safetensors.numpy")
+    rng = np.random.default_rng(1)
+    dts = [np.float32, np.float16, ml_dtypes.bfloat16, np.uint8, np.int8, np.int32, np.int64]
+    tensors = {f"x.{np.dtype(dt).name}": _random(rng, dt, (4, 6)) for dt in dts}
+    tensors["s0"] = np.array(3.0, np.float32)
+    tensors["s1"] = np.array([3.0], np.float32)
+    p1 = tmp_path / "theirs.safetensors"
+    sn.save_file(tensors, str(p1))
+    ours = ckpt.read_safetensors(p1)
+    for k, v in tensors.items():
+        assert ours[k].dtype == v.dtype and ours[k].shape == v.shape, k
+        np.testing.assert_array_equal(raw(ours[k]), raw(v), err_msg=k)
+    p2 = tmp_path / "ours.safetensors"
+    ckpt.save_safetensors(p2, tensors)
+    theirs = sn.load_file(str(p2))
+    for k, v in tensors.items():
+        assert theirs[k].dtype == v.dtype and theirs[k].shape == v.shape, k
+        np.testing.assert_array_equal(raw(theirs[k]), raw(v), err_msg=k)
+
+
+def test_f8_written_by_safetensors_package_is_bitcast(tmp_path):
+    """The package can *write* F8_E4M3 (it cannot read it back into numpy): we read the bytes."""
+    sn = pytest.importorskip("safetensors.numpy")
+    raw = np.array([[0x3F, 0x7E, 0x01, 0xBF]], np.uint8)
+    p = tmp_path / "f8.safetensors"
+    sn.save_file({"s": raw.view(F8)}, str(p))
+    header = json.loads(open(p, "rb").read()[8:8 + struct.unpack("<Q", open(p, "rb").read(8))[0]])
+    assert header["s"]["dtype"] == "F8_E4M3"
+    got = ckpt.read_safetensors(p)["s"]
+    assert got.dtype == F8
+    np.testing.assert_array_equal(got.view(np.uint8), raw)
+    np.testing.assert_array_equal(got.astype(np.float32), [[1.875, 448.0, 2.0 ** -9, -1.875]])
+
+
+def test_f8_hand_built_header(tmp_path):
+    """A file built byte by byte: F8_E4M3 byte 0x3F must load as 1.875 (not 63)."""
+    header = {"__metadata__": {"k": "v"},
+              "sc": {"dtype": "F8_E4M3", "shape": [2, 2], "data_offsets": [0, 4]},
+              "w": {"dtype": "U8", "shape": [2], "data_offsets": [4, 6]},
+              "f": {"dtype": "F32", "shape": [], "data_offsets": [6, 10]}}
+    h = json.dumps(header).encode()
+    body = bytes([0x3F, 0x38, 0x7E, 0x00, 0x3F, 0x12]) + struct.pack("<f", 0.25)
+    p = tmp_path / "hand.safetensors"
+    p.write_bytes(struct.pack("<Q", len(h)) + h + body)
+    t = ckpt.read_safetensors(p)
+    assert t["sc"].dtype == F8
+    np.testing.assert_array_equal(t["sc"].astype(np.float32), [[1.875, 1.0], [448.0, 0.0]])
+    np.testing.assert_array_equal(t["w"], [0x3F, 0x12])
+    assert t["w"].dtype == np.uint8 and t["f"].shape == () and t["f"] == 0.25
+
+
+def test_reader_rejects_bad_files(tmp_path):
+    p = tmp_path / "bad.safetensors"
+    h = json.dumps({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}).encode()
+    p.write_bytes(struct.pack("<Q", len(h)) + h + b"\0" * 8)
+    with pytest.raises(ValueError, match="'a'"):
+        ckpt.read_safetensors(p)
+    h = json.dumps({"a": {"dtype": "Q7", "shape": [1], "data_offsets": [0, 1]}}).encode()
+    p.write_bytes(struct.pack("<Q", len(h)) + h + b"\0")
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        ckpt.read_safetensors(p)
+    p.write_bytes(b"abc")
+    with pytest.raises(ValueError, match="not a safetensors file"):
+        ckpt.read_safetensors(p)
+    ckpt.save_safetensors(tmp_path / "x.safetensors", {"a": np.ones(2, np.float32)})
+    ckpt.save_safetensors(tmp_path / "y.safetensors", {"a": np.ones(2, np.float32)})
+    with pytest.raises(ValueError, match="both"):
+        ckpt.read_safetensors([tmp_path / "x.safetensors", tmp_path / "y.safetensors"])
+
+
+# ------------------------------------------------------------------------------------------------
+# load_moe: the three naming schemes, from files
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt,names", [("modelopt", "hf"), ("quark", "hf"),
+                                       ("modelopt", "deepseek"), ("quark", "deepseek")])
+def test_load_from_files_bit_exact(tmp_path, fmt, names):
+    lin, extra = reference(seed=2, hash_table=(names == "deepseek"), bias=(names == "hf"))
+    tensors = tensors_from(lin, extra, fmt=fmt, names=names)
+    # a sharded checkpoint: experts 0-1 + router in one file, the rest in another
+    first = {k: v for k, v in tensors.items()
+             if ".experts.0." in k or ".experts.1." in k or ".gate." in k}
+    rest = {k: v for k, v in tensors.items() if k not in first}
+    paths = [tmp_path / "model-00001.safetensors", tmp_path / "model-00002.safetensors"]
+    ckpt.save_safetensors(paths[0], first)
+    ckpt.save_safetensors(paths[1], rest)
+    assert ckpt.SafetensorsReader(paths).dtype_of(
+        f"{PREFIX}.experts.0.{PROJ[names][0]}.weight_scale") == "F8_E4M3"
+    assert ckpt.detect_format(tensors, PREFIX) == fmt
+    for f in ("auto", fmt):
+        w = load_quiet(paths, PREFIX, cfg(), format=f)
+        check_loaded(w, lin, extra)
+    assert np.asarray(w.w13.global_scale).shape == (E, 2)  # expert 1 has gate != up ws2
+    assert np.asarray(w.shared_w13.global_scale).shape == (2,)
+
+
+def test_load_single_path_and_equal_scales(tmp_path):
+    lin, extra = reference(seed=3, split_expert=-1, shared_split=False)
+    p = tmp_path / "one.safetensors"
+    ckpt.save_safetensors(p, tensors_from(lin, extra))
+    w = load_quiet(str(p), PREFIX, cfg())
+    check_loaded(w, lin, extra)
+    assert np.asarray(w.w13.global_scale).shape == (E,)
+    assert np.asarray(w.shared_w13.global_scale).shape == ()
+
+
+def test_load_from_mapping_of_raw_bytes_and_jax_arrays():
+    """A mapping source: block scales as uint8 bytes (bitcast), weights as int8, jax arrays,
+    bf16 weight_scale_2 (converted to float32)."""
+    import jax.numpy as jnp
+    lin, extra = reference(seed=4)
+    for t in lin.values():  # make ws2 exactly representable in bf16
+        t["ws2"] = np.float32(np.asarray(t["ws2"]).astype(ml_dtypes.bfloat16))
+    lin[("expert", 1, "up")]["ws2"] = np.float32(lin[("expert", 1, "gate")]["ws2"] * 2)
+    tensors = tensors_from(lin, extra, fmt="quark")
+    src = {}
+    for i, (k, v) in enumerate(tensors.items()):
+        if k.endswith(".weight_scale"):
+            v = v.view(np.uint8)
+        elif k.endswith(".weight") and ".gate." not in k and i % 3 == 0:
+            v = v.view(np.int8)
+        elif k.endswith(".weight_scale_2"):
+            v = v.astype(ml_dtypes.bfloat16)
+        src[k] = jnp.asarray(v) if i % 2 else v
+    w = load_quiet(src, PREFIX, cfg())
+    check_loaded(w, lin, extra)
+    assert w.w13.global_scale.dtype == np.float32
+    # the original DeepSeek bias name, and a bf16 router
+    src[f"{PREFIX}.gate.bias"] = src.pop(f"{PREFIX}.gate.e_score_correction_bias")
+    src[f"{PREFIX}.gate.weight"] = np.asarray(src[f"{PREFIX}.gate.weight"]).astype(ml_dtypes.bfloat16)
+    w = load_quiet(src, PREFIX, cfg())
+    check_loaded(w, lin, extra)
+
+
+def test_scale_bytes_bitcast_not_value_converted():
+    lin, extra = reference(seed=5)
+    lin[("expert", 0, "gate")]["scales"].view(np.uint8)[0, 0] = 0x3F
+    tensors = tensors_from(lin, extra)
+    tensors[f"{PREFIX}.experts.0.gate_proj.weight_scale"] = (
+        tensors[f"{PREFIX}.experts.0.gate_proj.weight_scale"].view(np.uint8))
+    w = load_quiet(tensors, PREFIX, cfg())
+    assert float(np.asarray(w.w13.scales)[0, 0, 0].astype(np.float32)) == 1.875
+
+
+def test_weight_only_checkpoint():
+    lin, extra = reference(seed=6)
+    tensors = tensors_from(lin, extra, inputs=False)
+    assert ckpt.detect_format(tensors, PREFIX) is None
+    for f in ("auto", "modelopt", "quark"):
+        w = load_quiet(tensors, PREFIX, cfg(), format=f)
+        check_loaded(w, lin, extra, inputs=False)
+
+
+def test_no_shared_experts_and_expert_subset():
+    lin, extra = reference(seed=7)
+    tensors = {k: v for k, v in tensors_from(lin, extra).items() if ".shared_experts." not in k}
+    w = load_quiet(tensors, PREFIX, cfg(n_shared_experts=0))
+    check_loaded(w, lin, extra, shared=False)
+    sub = load_quiet(tensors, PREFIX, cfg(n_shared_experts=0), experts=[3, 1])
+    np.testing.assert_array_equal(np.asarray(sub.w13.data), np.asarray(w.w13.data)[[3, 1]])
+    np.testing.assert_array_equal(np.asarray(sub.w2.scales).view(np.uint8),
+                                  np.asarray(w.w2.scales).view(np.uint8)[[3, 1]])
+    np.testing.assert_array_equal(np.asarray(sub.w13.global_scale), np.asarray(w.w13.global_scale)[[3, 1]])
+    np.testing.assert_array_equal(np.asarray(sub.w2_input_scale), np.asarray(w.w2_input_scale)[[3, 1]])
+    assert sub.router_weight.shape == (E, H)
+    with pytest.raises(ValueError, match="shared_experts"):
+        ckpt.load_moe(tensors_from(lin, extra), PREFIX, cfg(n_shared_experts=0))
+
+
+@pytest.mark.parametrize("fmt,names,scalar_shape", [("modelopt", "hf", ()), ("quark", "deepseek", (1,))])
+def test_save_moe_roundtrip(tmp_path, fmt, names, scalar_shape):
+    lin, extra = reference(seed=8, hash_table=True)
+    w = load_quiet(tensors_from(lin, extra), PREFIX, cfg())
+    out = ckpt.save_moe(w, cfg(), "layers.0.ffn", fmt, names=names, scalar_shape=scalar_shape)
+    assert out[f"layers.0.ffn.experts.2.{PROJ[names][2]}.weight_scale"].dtype == F8
+    assert out[f"layers.0.ffn.shared_experts.{PROJ[names][1]}.{INPUT[fmt]}"].shape == scalar_shape
+    p = tmp_path / "rt.safetensors"
+    ckpt.save_safetensors(p, out)
+    w2 = load_quiet(p, "layers.0.ffn", cfg())
+    import jax
+    for a, b in zip(jax.tree.leaves(w), jax.tree.leaves(w2)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(raw(a), raw(b))
+
+
+def test_quantized_weights_roundtrip():
+    """Real quantized weights (jax_nvfp4.quantization.quantize) load without warnings and
+    dequantize to the same values."""
+    q = pytest.importorskip("jax_nvfp4.quantization")
+    import jax.numpy as jnp
+    rng = np.random.default_rng(9)
+    tensors = {f"{PREFIX}.gate.weight": rng.standard_normal((E, H)).astype(np.float32)}
+    dense = {}
+    for e in range(E):
+        for proj, shape in (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))):
+            x = (rng.standard_normal(shape) * 0.02 * (e + 1)).astype(np.float32)
+            t = q.quantize(jnp.asarray(x))
+            base = f"{PREFIX}.experts.{e}.{proj}"
+            tensors[f"{base}.weight"] = np.asarray(t.data)
+            tensors[f"{base}.weight_scale"] = np.asarray(t.scales)
+            tensors[f"{base}.weight_scale_2"] = np.asarray(t.global_scale, np.float32).reshape(())
+            tensors[f"{base}.input_scale"] = np.array(3.0 / 2688, np.float32)
+            dense[(e, proj)] = np.asarray(q.dequantize(t, jnp.float32))
+    w = load_quiet(tensors, PREFIX, cfg(n_shared_experts=0))
+    gs = np.asarray(w.w13.global_scale)
+    assert gs.shape == (E, 2)  # gate and up of an expert have different amax
+    w13 = np.asarray(q.e2m1_scaled(w.w13, jnp.float32))
+    w2 = np.asarray(q.dequantize(w.w2, jnp.float32))
+    for e in range(E):
+        np.testing.assert_array_equal(w13[e, :I] * gs[e, 0], dense[(e, "gate_proj")])
+        np.testing.assert_array_equal(w13[e, I:] * gs[e, 1], dense[(e, "up_proj")])
+        np.testing.assert_array_equal(w2[e], dense[(e, "down_proj")])
+    np.testing.assert_array_equal(np.asarray(w.w13_input_scale), np.full(E, 3.0 / 2688, np.float32))
+
+
+# ------------------------------------------------------------------------------------------------
+# wrong files
+# ------------------------------------------------------------------------------------------------
+
+def test_missing_tensor_names_it(tmp_path):
+    lin, extra = reference(seed=10)
+    tensors = tensors_from(lin, extra)
+    for missing in (f"{PREFIX}.experts.2.up_proj.weight_scale",
+                    f"{PREFIX}.experts.3.down_proj.weight_scale_2",
+                    f"{PREFIX}.shared_experts.gate_proj.weight_scale",
+                    f"{PREFIX}.gate.weight",
+                    f"{PREFIX}.experts.1.down_proj.input_scale"):
+        t = dict(tensors)
+        del t[missing]
+        p = tmp_path / "m.safetensors"
+        ckpt.save_safetensors(p, t)
+        with pytest.raises(KeyError, match=missing.replace(".", r"\.")):
+            ckpt.load_moe([p], PREFIX, cfg())
+    t = {k: v for k, v in tensors.items() if not k.startswith(f"{PREFIX}.experts.3.down_proj.")}
+    with pytest.raises(KeyError, match=rf"{PREFIX}\.experts\.3\.down_proj\.weight.*w2\.weight"):
+        ckpt.load_moe(t, PREFIX, cfg())
+
+
+def test_wrong_shape_names_tensor_expected_and_found(tmp_path):
+    lin, extra = reference(seed=11)
+    tensors = tensors_from(lin, extra)
+    name = f"{PREFIX}.experts.2.down_proj.weight"
+    tensors[name] = tensors[name][:, :8].copy()
+    p = tmp_path / "s.safetensors"
+    ckpt.save_safetensors(p, tensors)
+    with pytest.raises(ValueError) as ei:
+        ckpt.load_moe(p, PREFIX, cfg())
+    msg = str(ei.value)
+    assert name in msg and str((H, I // 2)) in msg and str((H, 8)) in msg
+
+    tensors = tensors_from(lin, extra)
+    name = f"{PREFIX}.shared_experts.up_proj.weight_scale"
+    tensors[name] = tensors[name][:, :2].copy()
+    with pytest.raises(ValueError, match=rf"{name}.*{(I, H // 16)}.*{(I, 2)}".replace("(", r"\(")
+                       .replace(")", r"\)")):
+        ckpt.load_moe(tensors, PREFIX, cfg())
+
+    # a config that does not match the checkpoint (E, H, I)
+    with pytest.raises(ValueError, match=rf"{PREFIX}\.gate\.weight.*\(8, 64\).*\(4, 64\)"):
+        ckpt.load_moe(tensors_from(lin, extra), PREFIX, cfg(num_experts=8))
+    with pytest.raises(ValueError, match=r"experts\.0\.gate_proj\.weight.*\(64, 32\).*\(32, 32\)"):
+        ckpt.load_moe(tensors_from(lin, extra), PREFIX, cfg(intermediate_size=64))
+    with pytest.raises(ValueError, match=rf"{PREFIX}\.gate\.weight.*\(4, 128\).*\(4, 64\)"):
+        ckpt.load_moe(tensors_from(lin, extra), PREFIX, cfg(hidden_size=128))
+    t = tensors_from(lin, extra)
+    t[f"{PREFIX}.gate.weight"] = np.ones((E, 128), np.float32)
+    with pytest.raises(ValueError, match=r"experts\.0\.gate_proj\.weight.*\(32, 64\).*\(32, 32\)"):
+        ckpt.load_moe(t, PREFIX, cfg(hidden_size=128))
+
+    # scalars that are not scalars, unquantized weights, float block scales
+    tensors = tensors_from(lin, extra)
+    name = f"{PREFIX}.experts.0.gate_proj.weight_scale_2"
+    tensors[name] = np.ones(2, np.float32)
+    with pytest.raises(ValueError, match=rf"{name}.*scalar"):
+        ckpt.load_moe(tensors, PREFIX, cfg())
+    tensors = tensors_from(lin, extra)
+    name = f"{PREFIX}.experts.0.up_proj.weight"
+    tensors[name] = np.ones((I, H), ml_dtypes.bfloat16)
+    with pytest.raises(ValueError, match=rf"{name}.*uint8"):
+        ckpt.load_moe(tensors, PREFIX, cfg())
+    tensors = tensors_from(lin, extra)
+    name = f"{PREFIX}.experts.0.up_proj.weight_scale"
+    tensors[name] = tensors[name].astype(np.float32)
+    with pytest.raises(ValueError, match=rf"{name}.*value-convert"):
+        ckpt.load_moe(tensors, PREFIX, cfg())
+    tensors = tensors_from(lin, extra)
+    tensors[f"{PREFIX}.gate.tid2eid"] = np.full((VOCAB, TOPK), E, np.int32)
+    with pytest.raises(ValueError, match="tid2eid"):
+        ckpt.load_moe(tensors, PREFIX, cfg())
+
+
+def test_mixed_formats_and_bad_format():
+    lin, extra = reference(seed=12)
+    tensors = tensors_from(lin, extra)
+    tensors[f"{PREFIX}.experts.0.gate_proj.input_scale_2"] = np.float32(0.1).reshape(())
+    with pytest.raises(ValueError, match="format="):
+        ckpt.load_moe(tensors, PREFIX, cfg())
+    with pytest.raises(ValueError, match="format"):
+        ckpt.load_moe(tensors_from(lin, extra), PREFIX, cfg(), format="ct")
+    # format given explicitly but the names are the other one's: input scales missing -> None
+    w = load_quiet(tensors_from(lin, extra, fmt="quark"), PREFIX, cfg(), format="modelopt")
+    assert w.w13_input_scale is None
+
+
+def test_inverted_weight_scale_2_warns():
+    """compressed-tensors stores 2688/amax instead of amax/2688."""
+    lin, extra = reference(seed=13)
+    for t in lin.values():
+        t["ws2"] = np.float32(1.0 / t["ws2"])
+    with pytest.warns(UserWarning, match="inverse 2688/amax"):
+        w = ckpt.load_moe(tensors_from(lin, extra), PREFIX, cfg())
+    check_loaded(w, lin, extra)  # still loaded as stored
+    lin, extra = reference(seed=13)
+    for t in lin.values():
+        t["inp"] = np.float32(1.0 / t["inp"])
+    with pytest.warns(UserWarning, match="input scale"):
+        ckpt.load_moe(tensors_from(lin, extra), PREFIX, cfg())
+
+
+def test_block_scales_not_reaching_448_warn():
+    lin, extra = reference(seed=14)
+    s = lin[("expert", 2, "down")]["scales"]
+    lin[("expert", 2, "down")]["scales"] = (s.astype(np.float32) / 16).astype(F8)  # max 28
+    with pytest.warns(UserWarning, match=rf"{PREFIX}\.experts\.2\.down_proj.*max 28"):
+        ckpt.load_moe(tensors_from(lin, extra), PREFIX, cfg())
+    # the exact check on expert 0: amax(dequantized) / 2688 vs weight_scale_2
+    lin, extra = reference(seed=14)
+    lin[("expert", 0, "down")]["data"] &= 0x11  # codes 0 / 0.5 only: amax far below 6 * 448
+    with pytest.warns(UserWarning, match="amax"):
+        ckpt.load_moe(tensors_from(lin, extra), PREFIX, cfg())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ckpt.load_moe(tensors_from(lin, extra), PREFIX, cfg(), check=False)
+
+
+def test_gate_up_sharing_ws2_checked_together():
+    """A checkpoint whose gate and up share weight_scale_2 (the max): only the larger half
+    reaches 448; that is not a convention problem."""
+    lin, extra = reference(seed=15, split_expert=-1)
+    s = lin[("expert", 1, "up")]["scales"]
+    lin[("expert", 1, "up")]["scales"] = (s.astype(np.float32) / 16).astype(F8)
+    check_loaded(load_quiet(tensors_from(lin, extra), PREFIX, cfg()), lin, extra)
