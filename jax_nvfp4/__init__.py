@@ -6,13 +6,17 @@ See :mod:`jax_nvfp4.formats` for the storage convention.
 from . import reference
 from .formats import NVFP4Tensor, scales_from_bytes
 from .gemm import grouped_gemm
+from .moe import moe, quantize_moe
 from .moe_params import MoEConfig, MoEWeights
+from .routing import route
+from .sharding import moe_expert_parallel, shard_moe_weights
 from .quantization import dequantize, quantize, stage_activation
 from .swizzle import swizzle_scales, unswizzle_scales
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "NVFP4Tensor", "MoEConfig", "MoEWeights", "dequantize", "grouped_gemm", "quantize",
+    "NVFP4Tensor", "MoEConfig", "MoEWeights", "dequantize", "grouped_gemm", "moe", "quantize",
+    "moe_expert_parallel", "quantize_moe", "route", "shard_moe_weights",
     "reference", "scales_from_bytes", "stage_activation", "swizzle_scales", "unswizzle_scales",
 ]

@@ -1,0 +1,217 @@
+"""The NVFP4 MoE layer: route, dispatch, gate/up GEMM, SwiGLU, requantize, down GEMM, combine.
+
+Activation scales (W4A4). Neither kind depends on which other tokens share the batch or the
+device, so the answer is the same on 1 or 8 devices:
+
+* ``activation_scale="dynamic"``: each GEMM input row (one token for one expert) is quantized
+  with its own global scale ``amax(row) / 2688`` (finite values; 1.0 for a zero row), applied
+  to that output row in float32 after the GEMM.
+* ``activation_scale="static"``: the checkpoint's calibrated input scale of each expert
+  (ModelOpt ``input_scale``, Quark ``input_scale_2``; max over gate and up), folded into the
+  GEMM epilogue factor ``alpha_e = input_scale_e * weight_scale_2_e``. It is a calibration
+  constant: real activations can exceed it and then saturate at ``6 * 448 * input_scale`` (the
+  system this library descends from learned that the hard way; dynamic is the default).
+
+When gate and up carry different ``weight_scale_2`` (w13 global_scale ``[E, 2]``) each half is scaled by
+its own factor on the float32 GEMM output, never by re-rounding block scales.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .formats import NVFP4Tensor
+from .gemm import grouped_gemm
+from .moe_params import MoEConfig, MoEWeights
+from .quantization import dynamic_global_scale, quantize
+from .routing import route
+
+
+def swiglu(h: jax.Array, limit=None) -> jax.Array:
+    """``[R, 2I]`` (gate | up) -> ``[R, I]``: ``silu(min(gate, L)) * clip(up, -L, L)``."""
+    gate, up = jnp.split(h, 2, axis=-1)
+    if limit is not None:
+        gate = jnp.minimum(gate, limit)
+        up = jnp.clip(up, -limit, limit)
+    return jax.nn.silu(gate) * up
+
+
+def _row_global_scale(x: jax.Array) -> jax.Array:
+    """float32 ``[R]``: amax/2688 of each row of x over finite values (1.0 for a zero row)."""
+    return jax.vmap(dynamic_global_scale)(x)
+
+
+def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, config, backend):
+    """One grouped GEMM over rows sorted by (local) expert; float32 ``[R, N]`` out.
+
+    ``in_scale`` is the static per-expert activation scale float32 ``[G]`` (W4A4 static) or
+    None. Rows whose expert id is G (not local) lie past the groups and come out 0.
+    """
+    g = w.data.shape[0]
+    gs = w.global_scale.astype(jnp.float32)
+    per_half = gs.ndim == 2                            # [G, 2]: gate and up differ
+    alpha = jnp.ones((g,), jnp.float32) if per_half else gs
+    row_scale = None
+    if config.activation == "w4a4":
+        if in_scale is not None:                       # static: one scale per expert
+            q_scale = jnp.concatenate([in_scale, jnp.ones((1,), jnp.float32)])[row_expert]
+            alpha = in_scale * alpha                   # alpha_e = input scale * weight scale
+        else:                                          # dynamic: one scale per row
+            q_scale = row_scale = _row_global_scale(x_rows)
+        q = jax.vmap(quantize)(x_rows, q_scale)
+        lhs = NVFP4Tensor(q.data, q.scales, jnp.float32(1.0))
+    else:
+        lhs = x_rows.astype(jnp.bfloat16)
+    out = grouped_gemm(lhs, NVFP4Tensor(w.data, w.scales, alpha), group_sizes,
+                       out_dtype=jnp.float32, backend=backend)
+    if per_half:
+        e = jnp.minimum(row_expert, g - 1)
+        half = out.shape[1] // 2
+        out = out * jnp.concatenate([jnp.repeat(gs[e, :1], half, 1),
+                                     jnp.repeat(gs[e, 1:], half, 1)], axis=1)
+    if row_scale is not None:
+        out = out * row_scale[:, None]
+    return out
+
+
+def _static_scale(weights, name, config, shape=None):
+    if config.activation != "w4a4" or config.activation_scale != "static":
+        return None
+    v = getattr(weights, name)
+    if v is None:
+        raise ValueError(f"weights.{name}: required for activation_scale='static' (the "
+                         "checkpoint's input scale)")
+    v = jnp.asarray(v, jnp.float32)
+    return v if shape is None else v.reshape(shape)
+
+
+def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: MoEConfig, *,
+                   expert_offset=0, backend="auto"):
+    """Run the routed experts held in ``weights`` (experts ``expert_offset ..`` + local count).
+
+    Args:
+      x: ``[T, H]`` all tokens.
+      expert_ids: int32 ``[T, top_k]`` *global* expert ids; route_weights float32 ``[T, top_k]``.
+      weights: w13 ``[L, 2I, H]``, w2 ``[L, H, I]`` (L local experts) and their input scales.
+      expert_offset: global id of local expert 0 (a traced value inside shard_map is fine).
+
+    Returns:
+      float32 ``[T, H]``: the weighted sum over each token's chosen experts that are local
+      (the others contribute 0, so summing this over devices gives the full layer).
+    """
+    t, h = x.shape
+    k = expert_ids.shape[1]
+    num_local = weights.w13.data.shape[0]
+    local = expert_ids.reshape(-1) - expert_offset       # global -> local ids
+    is_local = (local >= 0) & (local < num_local)
+    key = jnp.where(is_local, local, num_local).astype(jnp.int32)   # non-local pairs sort last
+    order = jnp.argsort(key, stable=True)
+    row_expert = key[order]
+    token_of = (order // k).astype(jnp.int32)
+    group_sizes = jnp.bincount(key, length=num_local + 1)[:num_local].astype(jnp.int32)
+    xs = x[token_of]                                     # [T*k, H] dispatch
+    h1 = _expert_gemm(xs, row_expert, weights.w13, _static_scale(weights, "w13_input_scale", config),
+                      group_sizes, config, backend)
+    act = swiglu(h1, config.swiglu_limit)
+    y = _expert_gemm(act, row_expert, weights.w2, _static_scale(weights, "w2_input_scale", config),
+                     group_sizes, config, backend)
+    rw = jnp.where(is_local, route_weights.reshape(-1), 0.0)[order]
+    return jnp.zeros((t, h), jnp.float32).at[token_of].add(y * rw[:, None])
+
+
+def shared_expert(x, weights: MoEWeights, config: MoEConfig, *, backend="auto"):
+    """The shared expert (a plain SwiGLU MLP over all tokens), float32 ``[T, H]``."""
+    t = x.shape[0]
+    one = lambda w: NVFP4Tensor(w.data[None], w.scales[None], w.global_scale[None])  # noqa: E731
+    zeros = jnp.zeros((t,), jnp.int32)
+    sizes = jnp.full((1,), t, jnp.int32)
+    h1 = _expert_gemm(x, zeros, one(weights.shared_w13),
+                      _static_scale(weights, "shared_w13_input_scale", config, (1,)), sizes,
+                      config, backend)
+    act = swiglu(h1, config.swiglu_limit)
+    return _expert_gemm(act, zeros, one(weights.shared_w2),
+                        _static_scale(weights, "shared_w2_input_scale", config, (1,)), sizes,
+                        config, backend)
+
+
+def validate_moe(x, weights: MoEWeights, config: MoEConfig, num_experts=None):
+    """Check x and the weights against config; errors name the argument or field."""
+    if not isinstance(config, MoEConfig):
+        raise ValueError(f"config: expected a MoEConfig, got {type(config).__name__}")
+    x = jnp.asarray(x)
+    if x.ndim != 2 or x.shape[1] != config.hidden_size:
+        raise ValueError(f"x: expected [T, {config.hidden_size}], got {x.shape}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise ValueError(f"x: expected a float dtype, got {x.dtype}")
+    e = config.num_experts if num_experts is None else num_experts
+    h, i = config.hidden_size, config.intermediate_size
+    if weights.router_weight.shape != (config.num_experts, h):
+        raise ValueError(f"weights.router_weight: expected [{config.num_experts}, {h}], "
+                         f"got {weights.router_weight.shape}")
+    for name, w, shape in (("w13", weights.w13, (e, 2 * i, h)), ("w2", weights.w2, (e, h, i))):
+        if not isinstance(w, NVFP4Tensor):
+            raise ValueError(f"weights.{name}: expected an NVFP4Tensor, got {type(w).__name__}")
+        if w.shape != shape:
+            raise ValueError(f"weights.{name}: expected logical shape {list(shape)}, got "
+                             f"{list(w.shape)}")
+        ok = [(e,)] + ([(e, 2)] if name == "w13" else [])
+        if tuple(w.global_scale.shape) not in ok:
+            raise ValueError(f"weights.{name}.global_scale: expected one of {ok}, got "
+                             f"{tuple(w.global_scale.shape)}")
+    if config.n_shared_experts and (weights.shared_w13 is None or weights.shared_w2 is None):
+        raise ValueError("weights.shared_w13 / shared_w2: config.n_shared_experts > 0 but the "
+                         "shared expert weights are missing")
+    return x
+
+
+def moe(x, weights: MoEWeights, config: MoEConfig, *, token_ids=None, backend="auto"):
+    """The NVFP4 MoE layer on one device.
+
+    Args:
+      x: ``[T, H]`` float tokens (bf16 typical).
+      weights: :class:`MoEWeights` (w13 ``[E, 2I, H]``, w2 ``[E, H, I]`` NVFP4).
+      config: :class:`MoEConfig` (static).
+      token_ids: int ``[T]`` input token ids, for hash-routed layers.
+      backend: grouped GEMM backend, see :func:`jax_nvfp4.grouped_gemm`.
+
+    Returns:
+      ``[T, H]`` in x's dtype: ``sum_k w_k * expert_k(x) (+ shared expert(x))``, accumulated in
+      float32. No host synchronization: routing, dispatch and group sizes stay on the device.
+    """
+    x = validate_moe(x, weights, config)
+    ids, rw = route(x, weights, config, token_ids)
+    out = routed_experts(x, ids, rw, weights, config, backend=backend)
+    if weights.shared_w13 is not None:
+        out = out + shared_expert(x, weights, config, backend=backend)
+    return out.astype(x.dtype)
+
+
+def quantize_moe(router_weight, w13, w2, *, router_bias=None, shared_w13=None, shared_w2=None,
+                 hash_table=None, w13_input_scale=None, w2_input_scale=None,
+                 shared_w13_input_scale=None, shared_w2_input_scale=None) -> MoEWeights:
+    """Quantize a float MoE layer to NVFP4 (one global scale per expert and weight).
+
+    Args:
+      router_weight: float ``[E, H]`` (kept in float32).
+      w13: float ``[E, 2I, H]`` (gate rows, then up rows); w2: float ``[E, H, I]``.
+      router_bias: float ``[E]`` or None; hash_table: int ``[vocab, top_k]`` or None.
+      shared_w13: float ``[2Is, H]``, shared_w2: float ``[H, Is]`` or None.
+      *_input_scale: optional static activation scales (float32 ``[E]`` / ``[]``), e.g. from
+        calibration: ``amax(activation) / 2688``.
+
+    Returns:
+      :class:`MoEWeights` with ``w13``/``w2`` NVFP4Tensors (global_scale ``[E]``).
+    """
+    f32 = lambda v: None if v is None else jnp.asarray(v, jnp.float32)  # noqa: E731
+    return MoEWeights(
+        router_weight=jnp.asarray(router_weight, jnp.float32),
+        w13=jax.vmap(quantize)(jnp.asarray(w13)),
+        w2=jax.vmap(quantize)(jnp.asarray(w2)),
+        router_bias=f32(router_bias),
+        w13_input_scale=f32(w13_input_scale), w2_input_scale=f32(w2_input_scale),
+        shared_w13=None if shared_w13 is None else quantize(jnp.asarray(shared_w13)),
+        shared_w2=None if shared_w2 is None else quantize(jnp.asarray(shared_w2)),
+        shared_w13_input_scale=f32(shared_w13_input_scale),
+        shared_w2_input_scale=f32(shared_w2_input_scale),
+        hash_table=None if hash_table is None else jnp.asarray(hash_table, jnp.int32))

@@ -1,0 +1,112 @@
+"""Expert parallelism: experts sharded over a mesh axis, all tokens on every device, psum combine.
+
+Every device routes all tokens (the router is replicated, so every device makes the same
+choice), keeps the (token, expert) pairs whose expert it holds, maps global expert ids to local
+ones (``global - axis_index * experts_per_device``; local weights are never indexed with
+global ids), runs its experts, and the partial outputs are summed over the axis. The shared
+expert runs once in total: each device computes it for its own slice of the tokens and adds it
+into the sum. Activation scales are per row (dynamic) or per expert (static), so the answer
+does not depend on the number of devices (see :mod:`jax_nvfp4.moe`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from .moe import routed_experts, shared_expert, validate_moe
+from .moe_params import MoEConfig, MoEWeights
+from .routing import route
+
+COMBINES = ("psum", "psum_scatter")
+_EXPERT_FIELDS = ("w13", "w2", "w13_input_scale", "w2_input_scale")
+
+
+def weight_specs(weights: MoEWeights, axis_name: str = "ep") -> MoEWeights:
+    """PartitionSpecs for each field: routed experts split on axis 0, everything else replicated."""
+    specs = {}
+    for f in dataclasses.fields(weights):
+        v = getattr(weights, f.name)
+        spec = P(axis_name) if f.name in _EXPERT_FIELDS else P()
+        specs[f.name] = None if v is None else jax.tree.map(lambda _: spec, v)
+    return MoEWeights(**specs)
+
+
+def _ep_size(mesh, axis_name):
+    if axis_name not in mesh.shape:
+        raise ValueError(f"axis_name: {axis_name!r} is not an axis of the mesh "
+                         f"{dict(mesh.shape)}")
+    return mesh.shape[axis_name]
+
+
+def shard_moe_weights(weights: MoEWeights, mesh: jax.sharding.Mesh, axis_name: str = "ep"):
+    """Place the weights on the mesh: experts (w13, w2, their input scales) split along
+    ``axis_name`` on the expert axis, router, bias, hash table and shared expert replicated."""
+    ep = _ep_size(mesh, axis_name)
+    e = weights.w13.data.shape[0]
+    if e % ep:
+        raise ValueError(f"weights: {e} experts cannot be split evenly over {ep} devices "
+                         f"(mesh axis {axis_name!r})")
+    specs = weight_specs(weights, axis_name)
+    return jax.tree.map(lambda v, s: jax.device_put(v, NamedSharding(mesh, s)), weights, specs)
+
+
+def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sharding.Mesh, *,
+                        axis_name: str = "ep", combine: str = "psum", token_ids=None,
+                        backend: str = "auto"):
+    """The MoE layer with experts spread over ``mesh`` axis ``axis_name`` (``jax.shard_map``).
+
+    Args:
+      x: ``[T, H]`` tokens (replicated: every device sees all tokens).
+      weights: :class:`MoEWeights` for all E experts (ideally from :func:`shard_moe_weights`).
+      config: :class:`MoEConfig`; ``num_experts`` must be divisible by the axis size.
+      mesh: the device mesh; other axes are left alone (the layer is replicated over them).
+      combine: "psum" -> replicated ``[T, H]``; "psum_scatter" -> ``[T, H]`` sharded on tokens
+        along the axis (half the traffic; T must be divisible by the axis size).
+      token_ids: int ``[T]`` for hash-routed layers.
+
+    Returns:
+      ``[T, H]`` in x's dtype, equal to :func:`jax_nvfp4.moe` up to float32 summation order.
+    """
+    x = validate_moe(x, weights, config)
+    ep = _ep_size(mesh, axis_name)
+    if config.num_experts % ep:
+        raise ValueError(f"config.num_experts={config.num_experts} is not divisible by the "
+                         f"{ep} devices of mesh axis {axis_name!r}")
+    if combine not in COMBINES:
+        raise ValueError(f"combine: expected one of {COMBINES}, got {combine!r}")
+    t, h = x.shape
+    if combine == "psum_scatter" and t % ep:
+        raise ValueError(f"x: combine='psum_scatter' needs T={t} divisible by {ep}")
+    if weights.hash_table is not None and token_ids is None:
+        raise ValueError("token_ids: this layer is hash-routed (weights.hash_table is set)")
+    local_e = config.num_experts // ep
+    tslice = -(-t // ep)                                   # shared-expert tokens per device
+    has_shared = weights.shared_w13 is not None
+    tok = jnp.zeros((t,), jnp.int32) if token_ids is None else jnp.asarray(token_ids)
+
+    def body(x, w, tok):
+        idx = jax.lax.axis_index(axis_name)
+        ids, rw = route(x, w, config, tok if w.hash_table is not None else None)
+        out = routed_experts(x, ids, rw, w, config, expert_offset=idx * local_e, backend=backend)
+        if has_shared:                                     # once in total: a token slice each
+            xp = jnp.pad(x, ((0, tslice * ep - t), (0, 0)))
+            mine = jax.lax.dynamic_slice_in_dim(xp, idx * tslice, tslice)
+            part = shared_expert(mine, w, config, backend=backend)
+            full = jax.lax.dynamic_update_slice_in_dim(
+                jnp.zeros((tslice * ep, h), jnp.float32), part, idx * tslice, 0)
+            out = out + full[:t]
+        if combine == "psum":
+            out = jax.lax.psum(out, axis_name)
+        else:
+            out = jax.lax.psum_scatter(out, axis_name, scatter_dimension=0, tiled=True)
+        return out.astype(x.dtype)
+
+    f = jax.shard_map(body, mesh=mesh,
+                      in_specs=(P(), weight_specs(weights, axis_name), P()),
+                      out_specs=P() if combine == "psum" else P(axis_name))
+    return f(x, weights, tok)

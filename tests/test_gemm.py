@@ -1,0 +1,197 @@
+"""The grouped GEMM custom call: one test class run on the CPU handler and on the CUDA handler.
+
+The oracle is float64 numpy on the dequantized operands (tests/oracles.py), never our reference
+alone. Rows past the groups must be exactly 0. The API allocates its output, so it cannot be
+poisoned directly; instead a NaN-filled result of the same size is computed and freed just
+before each call, so a reused buffer shows unwritten rows (and the CUDA self-test in
+tools/gemm_selftest.cu poisons its output explicitly).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import jax_nvfp4 as jn
+from jax_nvfp4 import _extension
+from conftest import gpu_devices, skip_or_fail
+from oracles import dequant64, grouped_gemm64, rel_err
+
+
+def platform_device(platform):
+    if not _extension.available():
+        pytest.fail("the jax_nvfp4 extension is not built (pip install . builds it)")
+    if platform == "cpu":
+        return jax.devices("cpu")[0]
+    devs = gpu_devices()
+    if not devs:
+        skip_or_fail("no GPU: the CUDA handler is not exercised")
+    if not _extension.has_cuda():
+        skip_or_fail("the extension was built without the CUDA handler")
+    return devs[0]
+
+
+def make_problem(rng, m, n, k, sizes, w4a4):
+    g = len(sizes)
+    w = rng.standard_normal((g, n, k)).astype(np.float32) * rng.uniform(0.1, 10, (g, 1, 1))
+    rhs = jax.vmap(jn.quantize)(jnp.asarray(w))
+    x = (rng.standard_normal((m, k)) * rng.uniform(0.5, 2, (m, 1))).astype(np.float32)
+    if w4a4:
+        lhs = jn.quantize(jnp.asarray(x))
+        a64 = dequant64(lhs.data, lhs.scales, lhs.global_scale)
+    else:
+        lhs = jnp.asarray(x, jnp.bfloat16)
+        a64 = np.asarray(lhs, np.float64)
+    ref = grouped_gemm64(a64, dequant64(rhs.data, rhs.scales),
+                         np.asarray(rhs.global_scale, np.float64), sizes)
+    return lhs, rhs, jnp.asarray(sizes, jnp.int32), ref
+
+
+def poison(device, m, n, dtype):
+    """Leave a freed NaN buffer of the output's size on the device (see module docstring)."""
+    jax.device_put(jnp.full((m, n), jnp.nan, dtype), device).block_until_ready().delete()
+
+
+SHAPES = [  # (M, N, K, group sizes)
+    (1, 8, 32, [1]),
+    (37, 8, 96, [5, 0, 20]),                   # sum < M, empty group
+    (300, 200, 160, [7, 0, 150, 1, 99]),       # sizes not a multiple of any tile
+    (64, 136, 7168, [64, 0, 0, 0]),            # one group holds every row, K at the max
+    (129, 7168, 64, [60, 69]),                 # N at the max
+    (32768, 8, 32, [10000, 0, 22000, 700]),    # M at the max
+    (200, 24, 64, list(np.diff(np.linspace(0, 190, 65).astype(int)))),  # G = 64
+]
+
+
+@pytest.mark.parametrize("platform", ["cpu", "cuda"])
+class TestGroupedGemmHandler:
+    @pytest.mark.parametrize("m,n,k,sizes", SHAPES)
+    @pytest.mark.parametrize("w4a4", [False, True], ids=["w4a16", "w4a4"])
+    @pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+    def test_against_float64(self, rng, platform, m, n, k, sizes, w4a4, out_dtype):
+        dev = platform_device(platform)
+        if platform == "cpu" and m * n * k > 2e9:
+            pytest.skip("too slow for the scalar CPU handler")
+        lhs, rhs, gs, ref = make_problem(rng, m, n, k, sizes, w4a4)
+        lhs, rhs, gs = jax.device_put((lhs, rhs, gs), dev)
+        poison(dev, m, n, out_dtype)
+        f = jax.jit(lambda a, b, c: jn.grouped_gemm(a, b, c, out_dtype=out_dtype, backend="ffi"))
+        out = f(lhs, rhs, gs)
+        assert out.shape == (m, n) and out.dtype == out_dtype
+        out = np.asarray(out, np.float64)
+        total = min(sum(max(s, 0) for s in sizes), m)
+        assert np.all(out[total:] == 0), "rows past the groups must be 0"
+        tol = 1e-5 if out_dtype == jnp.float32 else 1e-2
+        assert rel_err(out, ref) <= tol
+
+    def test_empty_and_clamped_groups(self, rng, platform):
+        dev = platform_device(platform)
+        for sizes in ([0, 0, 0], [-5, 30, 100], [200, -1, 7]):   # negative -> 0, sum clamped to M
+            lhs, rhs, gs, ref = make_problem(rng, 50, 24, 64, sizes, False)
+            out = jn.grouped_gemm(*jax.device_put((lhs, rhs, gs), dev), out_dtype=jnp.float32,
+                                  backend="ffi")
+            assert rel_err(out, ref) <= 1e-5
+
+    def test_group_sizes_computed_in_jit_and_hlo_has_custom_call(self, rng, platform):
+        dev = platform_device(platform)
+        lhs, rhs, _, _ = make_problem(rng, 96, 40, 64, [0] * 6, False)
+        expert = jnp.asarray(np.sort(rng.integers(0, 6, 96)).astype(np.int32))
+
+        def f(a, b, e):
+            sizes = jnp.bincount(e, length=6).astype(jnp.int32)   # on the device, in the jit
+            return jn.grouped_gemm(a, b, sizes, out_dtype=jnp.float32, backend="ffi")
+
+        args = jax.device_put((lhs, rhs, expert), dev)
+        hlo = jax.jit(f).lower(*args).compile().as_text()
+        assert "jax_nvfp4_grouped_gemm" in hlo                    # the handler, not the reference
+        out = jax.jit(f)(*args)
+        sizes = np.bincount(np.asarray(expert), minlength=6)
+        ref = grouped_gemm64(np.asarray(lhs, np.float64), dequant64(rhs.data, rhs.scales),
+                             np.asarray(rhs.global_scale, np.float64), sizes)
+        assert rel_err(out, ref) <= 1e-5
+
+    def test_handlers_agree_with_reference(self, rng, platform):
+        dev = platform_device(platform)
+        lhs, rhs, gs, _ = make_problem(rng, 77, 48, 128, [10, 0, 50, 17], True)
+        args = jax.device_put((lhs, rhs, gs), dev)
+        ffi = jn.grouped_gemm(*args, out_dtype=jnp.float32, backend="ffi")
+        ref = jn.grouped_gemm(*args, out_dtype=jnp.float32, backend="reference")
+        assert rel_err(ffi, ref) <= 1e-6
+
+    def test_vmap_sequential_and_grad_error(self, rng, platform):
+        dev = platform_device(platform)
+        lhs, rhs, gs, _ = make_problem(rng, 16, 24, 64, [8, 8], False)
+        lhs, rhs, gs = jax.device_put((lhs, rhs, gs), dev)
+        stacked = jnp.stack([lhs, lhs * 2])
+        out = jax.vmap(lambda a: jn.grouped_gemm(a, rhs, gs, out_dtype=jnp.float32,
+                                                 backend="ffi"))(stacked)
+        np.testing.assert_allclose(np.asarray(out[1]), 2 * np.asarray(out[0]), rtol=1e-6)
+        with pytest.raises(NotImplementedError, match="forward-only"):
+            jax.grad(lambda a: jn.grouped_gemm(a, rhs, gs, out_dtype=jnp.float32,
+                                               backend="ffi").sum())(lhs)
+
+
+class TestShardMap:
+    def test_inside_shard_map_on_8_cpu_devices(self, rng):
+        if jax.device_count("cpu") < 8:
+            pytest.fail("tests/conftest.py should have made 8 CPU devices")
+        mesh = jax.make_mesh((8,), ("ep",), axis_types=(jax.sharding.AxisType.Auto,),
+                             devices=jax.devices("cpu")[:8])
+        sizes = [3, 0, 5, 2, 7, 1, 0, 4]                 # one group per device
+        lhs, rhs, gs, ref = make_problem(rng, 8 * 8, 16, 64, [0] * 8, False)
+        # Each device multiplies all 64 rows by its own expert: sizes[d] rows, the rest zero.
+        x = lhs
+
+        def local(a, b, s):
+            return jn.grouped_gemm(a, b, s, out_dtype=jnp.float32, backend="ffi")
+
+        f = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P("ep"), P("ep")),
+                                  out_specs=P("ep")))
+        out = np.asarray(f(x, rhs, jnp.asarray(sizes, jnp.int32))).reshape(8, 64, 16)
+        w64 = dequant64(rhs.data, rhs.scales)
+        a64 = np.asarray(x, np.float64)
+        for d in range(8):
+            exp = np.zeros((64, 16))
+            exp[:sizes[d]] = float(rhs.global_scale[d]) * a64[:sizes[d]] @ w64[d].T
+            assert rel_err(out[d], exp) <= 1e-5, f"device {d}"
+        # The psum of the per-device results must see every device's output (the output is
+        # typed varying; a bare ShapeDtypeStruct would silently give device 0's values).
+        g = jax.jit(jax.shard_map(lambda a, b, s: jax.lax.psum(local(a, b, s), "ep"), mesh=mesh,
+                                  in_specs=(P(), P("ep"), P("ep")), out_specs=P()))
+        np.testing.assert_allclose(np.asarray(g(x, rhs, jnp.asarray(sizes, jnp.int32))),
+                                   out.sum(0), rtol=1e-5, atol=1e-5)
+
+
+class TestBadInput:
+    def setup_method(self):
+        rng = np.random.default_rng(0)
+        self.lhs, self.rhs, self.gs, _ = make_problem(rng, 8, 16, 64, [4, 4], False)
+
+    def test_errors_name_the_argument(self):
+        lhs, rhs, gs = self.lhs, self.rhs, self.gs
+        with pytest.raises(ValueError, match="lhs: expected dtype"):
+            jn.grouped_gemm(lhs.astype(jnp.int32), rhs, gs, backend="ffi")
+        with pytest.raises(ValueError, match="lhs: expected dtype"):
+            jn.grouped_gemm(lhs.astype(jnp.float32), rhs, gs, backend="ffi")   # kernel takes bf16
+        with pytest.raises(ValueError, match=r"lhs: expected \[M, K\]"):
+            jn.grouped_gemm(lhs[None], rhs, gs, backend="ffi")
+        with pytest.raises(ValueError, match="lhs: K=32"):
+            jn.grouped_gemm(lhs[:, :32], rhs, gs, backend="ffi")
+        with pytest.raises(ValueError, match="group_sizes: expected shape"):
+            jn.grouped_gemm(lhs, rhs, gs[:1], backend="ffi")
+        with pytest.raises(ValueError, match="group_sizes: expected int32"):
+            jn.grouped_gemm(lhs, rhs, gs.astype(jnp.int64) if jax.config.x64_enabled
+                            else gs.astype(jnp.float32), backend="ffi")
+        with pytest.raises(ValueError, match="out_dtype"):
+            jn.grouped_gemm(lhs, rhs, gs, out_dtype=jnp.float16, backend="ffi")
+        with pytest.raises(ValueError, match="rhs: expected an NVFP4Tensor"):
+            jn.grouped_gemm(lhs, jnp.ones((2, 16, 64)), gs, backend="ffi")
+        bad = jn.NVFP4Tensor(rhs.data, rhs.scales, rhs.global_scale[:1])
+        with pytest.raises(ValueError, match="rhs.global_scale"):
+            jn.grouped_gemm(lhs, bad, gs, backend="ffi")
+        bad = jn.NVFP4Tensor(rhs.data[..., :24], rhs.scales[..., :3], rhs.global_scale)
+        with pytest.raises(ValueError, match="multiple of 32"):
+            jn.grouped_gemm(lhs[:, :48], bad, gs, backend="ffi")
+        with pytest.raises(ValueError, match="backend"):
+            jn.grouped_gemm(lhs, rhs, gs, backend="cutlass")
