@@ -1,0 +1,221 @@
+"""Benchmark of the grouped NVFP4 GEMM on DeepSeek-V4-Pro per-GPU shapes against JAX peers.
+
+    python -m jax_nvfp4.bench [--out docs] [--cases L1-192,L2-6144] [--impls w4a16,ragged_dot]
+
+Per case (48 experts, skewed random group sizes) it times: jax_nvfp4 W4A16 and W4A4 (the custom
+call), ``jax.lax.ragged_dot`` on bf16 weights, XLA dequantize + ragged_dot, and the Pallas
+Mosaic-GPU ragged_dot on bf16 weights (best of a few tile configs). It prints median ms,
+TFLOP/s, weight GB/s and % of the floor (max of weight bytes / 4.05 TB/s and FLOPs / 711
+TFLOP/s, the H200 ceilings measured in ../shared/h200-baseline.md), writes JSON and a PNG plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import gemm, quantization
+
+EXPERTS = 48
+LAYERS = {"L1": (7168, 6144), "L2": (3072, 7168)}          # (K, N) per expert
+ROWS = (192, 1536, 6144, 24576)
+HBM_BYTES_PER_S = 4.05e12
+BF16_FLOPS = 711e12
+IMPLS = ("w4a16", "w4a4", "ragged_dot", "dequant_ragged_dot", "pallas_mgpu")
+
+
+def skewed_group_sizes(rows, groups, seed):
+    """Random group sizes summing to ``rows``, skewed (log-normal weights), some possibly 0."""
+    rng = np.random.default_rng(seed)
+    p = np.exp(rng.normal(0.0, 1.0, groups))
+    return rng.multinomial(rows, p / p.sum()).astype(np.int32)
+
+
+def floor_ms(rows, k, n, groups=EXPERTS):
+    weight_bytes = groups * n * k * 0.5625
+    flops = 2.0 * rows * k * n
+    return max(weight_bytes / HBM_BYTES_PER_S, flops / BF16_FLOPS) * 1e3
+
+
+def time_ms(f, *args, target_s=0.25, repeats=5):
+    """Median ms per call: back-to-back calls, one block at the end, repeated."""
+    jax.block_until_ready(f(*args))                      # compile + warm up
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(*args))
+    one = time.perf_counter() - t0
+    n = int(min(50, max(3, target_s / max(one, 1e-6))))
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = None
+        for _ in range(n):
+            out = f(*args)
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - t0) / n * 1e3)
+    return statistics.median(samples)
+
+
+def make_case(rows, k, n, seed):
+    key = jax.random.key(seed)
+    k1, k2 = jax.random.split(key)
+    w = jax.random.normal(k1, (EXPERTS, n, k), jnp.bfloat16)
+    rhs = jax.jit(jax.vmap(quantization.quantize))(w)
+    del w
+    x = jax.random.normal(k2, (rows, k), jnp.bfloat16)
+    sizes = jnp.asarray(skewed_group_sizes(rows, EXPERTS, seed))
+    return x, rhs, sizes
+
+
+def impl_fns(x, rhs, sizes):
+    """name -> (fn, args) for each implementation on one case."""
+    fns = {}
+    fns["w4a16"] = (jax.jit(lambda a, w, s: gemm.grouped_gemm(a, w, s, backend="ffi")),
+                    (x, rhs, sizes))
+    xq = jax.jit(quantization.quantize)(x)
+    fns["w4a4"] = (jax.jit(lambda a, w, s: gemm.grouped_gemm(a, w, s, backend="ffi")),
+                   (xq, rhs, sizes))
+
+    def dequant_bf16(w):                                  # [G, N, K] -> [G, K, N] bf16
+        return jnp.swapaxes(quantization.dequantize(w, jnp.bfloat16), 1, 2)
+
+    wb = jax.jit(dequant_bf16)(rhs)
+    fns["ragged_dot"] = (jax.jit(lambda a, w, s: jax.lax.ragged_dot(
+        a, w, s, preferred_element_type=jnp.float32).astype(jnp.bfloat16)), (x, wb, sizes))
+    fns["dequant_ragged_dot"] = (jax.jit(lambda a, w, s: jax.lax.ragged_dot(
+        a, dequant_bf16(w), s, preferred_element_type=jnp.float32).astype(jnp.bfloat16)),
+        (x, rhs, sizes))
+    return fns, wb
+
+
+def pallas_best(x, wb, sizes, log):
+    """Best median ms of the Pallas Mosaic-GPU ragged_dot over a few tile configs (or None)."""
+    try:
+        from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
+    except Exception as e:  # noqa: BLE001
+        log(f"  pallas_mgpu unavailable: {e}")
+        return None, None
+    n = wb.shape[2]
+    best, best_cfg = None, None
+    for bm, bn, steps, gbn in [(64, 128, 4, 1), (128, 128, 4, 2), (64, 256, 4, 1),
+                               (128, 256, 3, 1), (192, 128, 4, 2)]:
+        if n % (bn * gbn):
+            continue
+        f = jax.jit(functools.partial(ragged_dot_mgpu.ragged_dot, block_m=bm, block_n=bn,
+                                      block_k=64, max_concurrent_steps=steps, grid_block_n=gbn))
+        try:
+            ms = time_ms(lambda a, w, s: f(a, w, group_sizes=s), x, wb, sizes)
+        except Exception as e:  # noqa: BLE001
+            log(f"  pallas_mgpu {bm}x{bn}x64 steps{steps} gbn{gbn}: {type(e).__name__}")
+            continue
+        if best is None or ms < best:
+            best, best_cfg = ms, f"{bm}x{bn}x64 steps{steps} gbn{gbn}"
+    return best, best_cfg
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="grouped NVFP4 GEMM benchmark (DeepSeek-V4 shapes)")
+    p.add_argument("--out", default="bench-out", help="folder for bench.json and bench.png")
+    p.add_argument("--cases", default="", help="comma list like L1-192,L2-6144 (default all)")
+    p.add_argument("--impls", default=",".join(IMPLS), help=f"comma list of {IMPLS}")
+    p.add_argument("--check", action="store_true", help="also check jax_nvfp4 vs ragged_dot")
+    args = p.parse_args(argv)
+    impls = [s for s in args.impls.split(",") if s]
+    cases = [(layer, rows) for layer in LAYERS for rows in ROWS]
+    if args.cases:
+        want = set(args.cases.split(","))
+        cases = [c for c in cases if f"{c[0]}-{c[1]}" in want]
+    os.makedirs(args.out, exist_ok=True)
+    dev = jax.devices()[0]
+    print(f"device: {dev.device_kind} ({dev.platform}), jax {jax.__version__}", flush=True)
+    results = []
+    for ci, (layer, rows) in enumerate(cases):
+        k, n = LAYERS[layer]
+        case = f"{layer} rows {rows}"
+        x, rhs, sizes = make_case(rows, k, n, seed=ci)
+        fns, wb = impl_fns(x, rhs, sizes)
+        if args.check:
+            got = fns["w4a16"][0](*fns["w4a16"][1]).astype(jnp.float32)
+            want = fns["ragged_dot"][0](*fns["ragged_dot"][1]).astype(jnp.float32)
+            rel = float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
+            print(f"  check {case}: rel err w4a16 vs ragged_dot {rel:.2e}", flush=True)
+        for impl in impls:
+            extra = None
+            if impl == "pallas_mgpu":
+                ms, extra = pallas_best(x, wb, sizes, print)
+                if ms is None:
+                    continue
+            else:
+                f, a = fns[impl]
+                ms = time_ms(f, *a)
+            flops = 2.0 * rows * k * n
+            wbytes = EXPERTS * n * k * (0.5625 if impl in ("w4a16", "w4a4",
+                                                           "dequant_ragged_dot") else 2.0)
+            r = {"case": case, "impl": impl, "ms": round(ms, 4),
+                 "tflops": round(flops / ms / 1e9, 1), "weight_gbs": round(wbytes / ms / 1e6, 1),
+                 "floor_ms": round(floor_ms(rows, k, n), 4),
+                 "pct_of_floor": round(100 * floor_ms(rows, k, n) / ms, 1)}
+            if extra:
+                r["config"] = extra
+            results.append(r)
+            print(f"  {case:16s} {impl:20s} {ms:9.3f} ms {r['tflops']:7.1f} TFLOP/s "
+                  f"{r['weight_gbs']:8.1f} GB/s {r['pct_of_floor']:6.1f}% of floor", flush=True)
+        del x, rhs, wb, fns
+    meta = {"gpu": dev.device_kind, "platform": dev.platform, "jax": jax.__version__,
+            "driver": _driver_version(), "experts": EXPERTS, "results": results}
+    with open(os.path.join(args.out, "bench.json"), "w") as fh:
+        json.dump(meta, fh, indent=1)
+    _plot(results, os.path.join(args.out, "bench.png"))
+    print(f"\n{'case':16s} " + " ".join(f"{i:>18s}" for i in impls))
+    for layer, rows in cases:
+        case = f"{layer} rows {rows}"
+        row = {r["impl"]: r["ms"] for r in results if r["case"] == case}
+        print(f"{case:16s} " + " ".join(f"{row.get(i, float('nan')):15.3f} ms" for i in impls))
+    return results
+
+
+def _driver_version():
+    try:
+        import subprocess
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20).stdout.strip()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _plot(results, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot")
+        return
+    cases = list(dict.fromkeys(r["case"] for r in results))
+    impls = list(dict.fromkeys(r["impl"] for r in results))
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    width = 0.8 / max(1, len(impls))
+    for j, impl in enumerate(impls):
+        ms = [next((r["ms"] for r in results if r["case"] == c and r["impl"] == impl), np.nan)
+              for c in cases]
+        ax.bar(np.arange(len(cases)) + j * width, ms, width, label=impl)
+    floors = [next(r["floor_ms"] for r in results if r["case"] == c) for c in cases]
+    ax.scatter(np.arange(len(cases)) + 0.4 - width / 2, floors, marker="_", s=400, c="k",
+               label="floor", zorder=3)
+    ax.set_yscale("log")
+    ax.set_xticks(np.arange(len(cases)) + 0.4 - width / 2, cases, rotation=20)
+    ax.set_ylabel("median ms (log)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
