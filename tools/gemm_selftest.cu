@@ -1,0 +1,505 @@
+// Standalone self-test and benchmark of the sm_90a grouped NVFP4 GEMM (csrc/grouped_gemm_sm90.cu).
+//
+// Build (on the GPU machine):
+//   nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Xcompiler -fopenmp \
+//        -I. -I<cutlass>/include tools/gemm_selftest.cu csrc/grouped_gemm_sm90.cu -o gemm_selftest
+// Usage: gemm_selftest [--small] [--no-bench] [--bench-only] [--seed S]
+//   --small: only small shapes (for compute-sanitizer).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "csrc/grouped_gemm_sm90.h"
+
+#define CK(x)                                                                                        \
+  do {                                                                                               \
+    cudaError_t e_ = (x);                                                                            \
+    if (e_ != cudaSuccess) {                                                                         \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, \
+                   cudaGetErrorString(e_));                                                          \
+      std::exit(2);                                                                                  \
+    }                                                                                                \
+  } while (0)
+
+using jax_nvfp4::GroupedGemmParams;
+
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 12345) {}
+  uint64_t next() {
+    s += 0x9E3779B97F4A7C15ull;
+    uint64_t z = s;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double uni() { return (next() >> 11) * (1.0 / 9007199254740992.0); }
+  int range(int lo, int hi) { return lo + static_cast<int>(next() % static_cast<uint64_t>(hi - lo + 1)); }
+  double normal() {
+    double u1 = uni() + 1e-300, u2 = uni();
+    return std::sqrt(-2 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
+};
+
+static float e2m1_lut[16];
+static float e4m3_lut[256];
+static void init_luts() {
+  const float mag[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+  for (int c = 0; c < 16; ++c) e2m1_lut[c] = (c & 8) ? -mag[c & 7] : mag[c & 7];
+  for (int b = 0; b < 256; ++b) {
+    int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+    float v;
+    if (e == 15 && m == 7) v = NAN;
+    else if (e == 0) v = std::ldexp(m / 8.0f, -6);
+    else v = std::ldexp(1.0f + m / 8.0f, e - 7);
+    e4m3_lut[b] = s ? -v : v;
+  }
+}
+static uint16_t f2bf(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffff) > 0x7f800000) return 0x7fc0;
+  u += 0x7fff + ((u >> 16) & 1);
+  return static_cast<uint16_t>(u >> 16);
+}
+static float bf2f(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Random e4m3 scale byte in a sane range (some subnormals, positive).
+static uint8_t rand_scale(Rng& r) {
+  if (r.uni() < 0.03) return static_cast<uint8_t>(r.range(1, 7));  // subnormal
+  int e = r.range(3, 11), m = r.range(0, 7);
+  return static_cast<uint8_t>((e << 3) | m);
+}
+
+enum GsMode { kSkewEmpty, kOneGroupAll, kNegative, kOversized, kExact };
+
+static std::vector<int32_t> make_group_sizes(Rng& r, int64_t M, int64_t G, GsMode mode) {
+  std::vector<int32_t> gs(G, 0);
+  if (mode == kOneGroupAll) {
+    gs[r.range(0, static_cast<int>(G - 1))] = static_cast<int32_t>(M);
+    return gs;
+  }
+  int64_t target = mode == kExact ? M : (mode == kOversized ? M + M / 3 + 5 : M - std::max<int64_t>(1, M / 7));
+  if (target < 0) target = 0;
+  std::vector<double> w(G);
+  double sw = 0;
+  for (auto& x : w) {
+    double u = r.uni();
+    x = (r.uni() < 0.2) ? 0.0 : u * u * u + 0.01;  // skewed, ~20% empty
+    sw += x;
+  }
+  if (sw == 0) { w[0] = 1; sw = 1; }
+  int64_t acc = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    gs[g] = static_cast<int32_t>(std::floor(target * w[g] / sw));
+    acc += gs[g];
+  }
+  int64_t rem = target - acc;
+  for (int64_t g = 0; rem > 0; g = (g + 1) % G)
+    if (w[g] > 0) { gs[g]++; rem--; }
+  if (mode == kNegative && G >= 2) {
+    int g = r.range(0, static_cast<int>(G - 1));
+    gs[g] = -static_cast<int32_t>(r.range(1, 1000));
+  }
+  if (mode == kOversized) gs[G - 1] += 1000000;  // far past M: clamped
+  return gs;
+}
+
+struct Case {
+  int64_t M, N, K, G;
+  GsMode mode;
+};
+
+static const char* mode_name(GsMode m) {
+  switch (m) {
+    case kSkewEmpty: return "skew+empty,sum<M";
+    case kOneGroupAll: return "one group all rows";
+    case kNegative: return "negative size";
+    case kOversized: return "oversized (clamped)";
+    case kExact: return "sum==M";
+  }
+  return "?";
+}
+
+static int g_fail = 0;
+
+static void run_case(const Case& cs, bool a_fp4, bool out_f32, uint64_t seed, int force_bt = 0) {
+  Rng r(seed);
+  const int64_t M = cs.M, N = cs.N, K = cs.K, G = cs.G;
+  const int64_t KH = K / 2, KS = K / 16;
+  std::vector<uint8_t> rhs(G * N * KH), rhs_s(G * N * KS);
+  for (auto& b : rhs) b = static_cast<uint8_t>(r.next());
+  for (auto& b : rhs_s) b = rand_scale(r);
+  std::vector<uint16_t> lhs_bf;
+  std::vector<uint8_t> lhs_q, lhs_s;
+  if (a_fp4) {
+    lhs_q.resize(M * KH);
+    lhs_s.resize(M * KS);
+    for (auto& b : lhs_q) b = static_cast<uint8_t>(r.next());
+    for (auto& b : lhs_s) b = rand_scale(r);
+  } else {
+    lhs_bf.resize(M * K);
+    for (auto& h : lhs_bf) h = f2bf(static_cast<float>(r.normal()));
+  }
+  std::vector<float> alpha(G);
+  for (auto& a : alpha) a = static_cast<float>(0.25 + r.uni());
+  std::vector<int32_t> gs = make_group_sizes(r, M, G, cs.mode);
+
+  // device
+  uint8_t *d_rhs, *d_rhs_s, *d_lhs, *d_lhs_s = nullptr, *d_ws;
+  float* d_alpha;
+  int32_t* d_gs;
+  void* d_out;
+  const size_t ws_bytes = jax_nvfp4::GroupedGemmWorkspaceBytes(G);
+  const size_t out_bytes = M * N * (out_f32 ? 4 : 2);
+  const size_t lhs_bytes = a_fp4 ? lhs_q.size() : lhs_bf.size() * 2;
+  CK(cudaMalloc(&d_rhs, std::max<size_t>(rhs.size(), 16)));
+  CK(cudaMalloc(&d_rhs_s, std::max<size_t>(rhs_s.size(), 16)));
+  CK(cudaMalloc(&d_lhs, std::max<size_t>(lhs_bytes, 16)));
+  if (a_fp4) CK(cudaMalloc(&d_lhs_s, std::max<size_t>(lhs_s.size(), 16)));
+  CK(cudaMalloc(&d_alpha, G * 4));
+  CK(cudaMalloc(&d_gs, G * 4));
+  CK(cudaMalloc(&d_ws, ws_bytes));
+  CK(cudaMalloc(&d_out, std::max<size_t>(out_bytes, 16)));
+  CK(cudaMemcpy(d_rhs, rhs.data(), rhs.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_rhs_s, rhs_s.data(), rhs_s.size(), cudaMemcpyHostToDevice));
+  if (a_fp4) {
+    CK(cudaMemcpy(d_lhs, lhs_q.data(), lhs_q.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_lhs_s, lhs_s.data(), lhs_s.size(), cudaMemcpyHostToDevice));
+  } else if (lhs_bytes) {
+    CK(cudaMemcpy(d_lhs, lhs_bf.data(), lhs_bytes, cudaMemcpyHostToDevice));
+  }
+  CK(cudaMemcpy(d_alpha, alpha.data(), G * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_gs, gs.data(), G * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemset(d_out, 0xFF, std::max<size_t>(out_bytes, 16)));  // NaN poison
+  CK(cudaMemset(d_ws, 0xAB, ws_bytes));
+
+  GroupedGemmParams p;
+  p.lhs = d_lhs;
+  p.lhs_scales = d_lhs_s;
+  p.rhs = d_rhs;
+  p.rhs_scales = d_rhs_s;
+  p.alpha = d_alpha;
+  p.group_sizes = d_gs;
+  p.out = d_out;
+  p.workspace = d_ws;
+  p.workspace_bytes = ws_bytes;
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.G = G;
+  p.a_fp4 = a_fp4;
+  p.out_f32 = out_f32;
+  p.force_token_tile = force_bt;
+  CK(jax_nvfp4::LaunchGroupedGemmSm90(p, 0));
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+
+  std::vector<uint8_t> out_raw(out_bytes);
+  if (out_bytes) CK(cudaMemcpy(out_raw.data(), d_out, out_bytes, cudaMemcpyDeviceToHost));
+  auto out_at = [&](int64_t rr, int64_t n) -> float {
+    if (out_f32) {
+      float f;
+      std::memcpy(&f, &out_raw[(rr * N + n) * 4], 4);
+      return f;
+    }
+    uint16_t h;
+    std::memcpy(&h, &out_raw[(rr * N + n) * 2], 2);
+    return bf2f(h);
+  };
+
+  // group bounds (host, same clamping rule)
+  std::vector<int64_t> st(G), en(G);
+  int64_t pre = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    st[g] = std::min(pre, M);
+    pre += std::max(gs[g], 0);
+    en[g] = std::min(pre, M);
+  }
+  const int64_t total = G ? en[G - 1] : 0;
+
+  // every element: finite in valid rows, exactly zero past the total
+  int64_t nonfinite = 0, tail_nonzero = 0;
+  for (int64_t rr = 0; rr < M; ++rr)
+    for (int64_t n = 0; n < N; ++n) {
+      float v = out_at(rr, n);
+      if (rr < total) nonfinite += !std::isfinite(v);
+      else tail_nonzero += (v != 0.0f);
+    }
+
+  // reference rows: all if small, else a sample (first/last row of every group + random)
+  std::vector<int64_t> rows;
+  const bool full = static_cast<double>(total) * N * K <= 3e8;
+  if (full) {
+    for (int64_t rr = 0; rr < total; ++rr) rows.push_back(rr);
+  } else {
+    for (int64_t g = 0; g < G; ++g)
+      if (en[g] > st[g]) { rows.push_back(st[g]); rows.push_back(en[g] - 1); }
+    for (int i = 0; i < 32 && total > 0; ++i) rows.push_back(static_cast<int64_t>(r.next() % total));
+    std::sort(rows.begin(), rows.end());
+    rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+    if (rows.size() > 160) {
+      std::vector<int64_t> keep;
+      for (size_t i = 0; i < rows.size(); i += rows.size() / 160 + 1) keep.push_back(rows[i]);
+      rows.swap(keep);
+    }
+  }
+  double num = 0, den = 0;
+  int64_t ref_nan = 0;
+#pragma omp parallel for reduction(+ : num, den, ref_nan) schedule(dynamic)
+  for (int64_t ii = 0; ii < static_cast<int64_t>(rows.size()); ++ii) {
+    const int64_t rr = rows[ii];
+    int64_t g = 0;
+    while (!(rr >= st[g] && rr < en[g])) ++g;
+    std::vector<double> a(K);
+    for (int64_t k = 0; k < K; ++k) {
+      if (a_fp4) {
+        uint8_t b = lhs_q[rr * KH + k / 2];
+        a[k] = static_cast<double>(e2m1_lut[(k & 1) ? (b >> 4) : (b & 15)]) * e4m3_lut[lhs_s[rr * KS + k / 16]];
+      } else {
+        a[k] = bf2f(lhs_bf[rr * K + k]);
+      }
+    }
+    for (int64_t n = 0; n < N; ++n) {
+      const uint8_t* wq = &rhs[(g * N + n) * KH];
+      const uint8_t* ws = &rhs_s[(g * N + n) * KS];
+      double s = 0;
+      for (int64_t kg = 0; kg < KS; ++kg) {
+        double part = 0;
+        for (int j = 0; j < 16; ++j) {
+          int64_t k = kg * 16 + j;
+          uint8_t b = wq[k / 2];
+          part += a[k] * e2m1_lut[(k & 1) ? (b >> 4) : (b & 15)];
+        }
+        s += part * e4m3_lut[ws[kg]];
+      }
+      double ref = s * alpha[g];
+      double got = out_at(rr, n);
+      if (std::isnan(got)) ref_nan++;
+      num += (got - ref) * (got - ref);
+      den += ref * ref;
+    }
+  }
+  const double rel = den > 0 ? std::sqrt(num / den) : (num > 0 ? INFINITY : 0.0);
+  const double tol = out_f32 ? 1e-5 : 1e-2;
+  const bool ok = nonfinite == 0 && tail_nonzero == 0 && ref_nan == 0 && rel <= tol && std::isfinite(rel);
+  if (!ok) g_fail++;
+  std::printf("%-5s %-4s M=%-6lld N=%-5lld K=%-5lld G=%-3lld BT=%-3d %-20s total=%-6lld rows_checked=%-6zu "
+              "relL2=%.3e nonfinite=%lld tail_nonzero=%lld  %s\n",
+              a_fp4 ? "W4A4" : "W4A16", out_f32 ? "f32" : "bf16", (long long)M, (long long)N, (long long)K,
+              (long long)G, jax_nvfp4::GroupedGemmTokenTile(p), mode_name(cs.mode), (long long)total, rows.size(), rel,
+              (long long)nonfinite, (long long)tail_nonzero, ok ? "PASS" : "FAIL");
+  std::fflush(stdout);
+  cudaFree(d_rhs);
+  cudaFree(d_rhs_s);
+  cudaFree(d_lhs);
+  if (d_lhs_s) cudaFree(d_lhs_s);
+  cudaFree(d_alpha);
+  cudaFree(d_gs);
+  cudaFree(d_ws);
+  cudaFree(d_out);
+}
+
+// ------------------------------------------------------------------------------------------
+struct BenchRow {
+  std::string name;
+  bool a_fp4;
+  int64_t rows, K, N;
+  int bt;
+  double ms, tflops, gbs;
+};
+
+static int g_sweep = 1;
+static std::vector<BenchRow> best_table;
+
+static void bench(std::vector<BenchRow>& table) {
+  const int64_t G = 48;
+  const int64_t shapes[2][2] = {{7168, 6144}, {3072, 7168}};  // (K, N) for L1, L2
+  const int64_t rows_list[4] = {192, 1536, 6144, 24576};
+  const int64_t maxKH = 7168 / 2, maxN = 7168;
+  size_t rhs_bytes = 0, rhs_s_bytes = 0;
+  for (auto& s : shapes) {
+    rhs_bytes = std::max<size_t>(rhs_bytes, G * s[1] * s[0] / 2);
+    rhs_s_bytes = std::max<size_t>(rhs_s_bytes, G * s[1] * s[0] / 16);
+  }
+  (void)maxKH;
+  const int64_t maxM = 24576;
+  uint8_t *d_rhs, *d_rhs_s, *d_lhs, *d_lhs_s, *d_ws;
+  float* d_alpha;
+  int32_t* d_gs;
+  void* d_out;
+  CK(cudaMalloc(&d_rhs, rhs_bytes));
+  CK(cudaMalloc(&d_rhs_s, rhs_s_bytes));
+  CK(cudaMalloc(&d_lhs, maxM * 7168 * 2));
+  CK(cudaMalloc(&d_lhs_s, maxM * 7168 / 16));
+  CK(cudaMalloc(&d_alpha, G * 4));
+  CK(cudaMalloc(&d_gs, G * 4));
+  CK(cudaMalloc(&d_ws, jax_nvfp4::GroupedGemmWorkspaceBytes(G)));
+  CK(cudaMalloc(&d_out, maxM * maxN * 2));
+  {  // random contents (host-generated once, reused)
+    Rng r(777);
+    std::vector<uint8_t> h(rhs_bytes);
+    for (auto& b : h) b = static_cast<uint8_t>(r.next());
+    CK(cudaMemcpy(d_rhs, h.data(), rhs_bytes, cudaMemcpyHostToDevice));
+    std::vector<uint8_t> hs(rhs_s_bytes);
+    for (auto& b : hs) b = rand_scale(r);
+    CK(cudaMemcpy(d_rhs_s, hs.data(), rhs_s_bytes, cudaMemcpyHostToDevice));
+    std::vector<uint16_t> a(maxM * 7168);
+    for (auto& x : a) x = f2bf(static_cast<float>(r.normal()));
+    CK(cudaMemcpy(d_lhs, a.data(), a.size() * 2, cudaMemcpyHostToDevice));
+    std::vector<uint8_t> as(maxM * 7168 / 16);
+    for (auto& b : as) b = rand_scale(r);
+    CK(cudaMemcpy(d_lhs_s, as.data(), as.size(), cudaMemcpyHostToDevice));
+    std::vector<float> al(G);
+    for (auto& x : al) x = static_cast<float>(0.5 + r.uni());
+    CK(cudaMemcpy(d_alpha, al.data(), G * 4, cudaMemcpyHostToDevice));
+  }
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  for (int li = 0; li < 2; ++li) {
+    const int64_t K = shapes[li][0], N = shapes[li][1];
+    for (int64_t rows : rows_list) {
+      Rng r(1000 + rows + li);
+      std::vector<int32_t> gs = make_group_sizes(r, rows, G, kExact);
+      CK(cudaMemcpy(d_gs, gs.data(), G * 4, cudaMemcpyHostToDevice));
+      for (int fp4 = 0; fp4 < 2; ++fp4) {
+        GroupedGemmParams p;
+        p.lhs = d_lhs;
+        p.lhs_scales = d_lhs_s;
+        p.rhs = d_rhs;
+        p.rhs_scales = d_rhs_s;
+        p.alpha = d_alpha;
+        p.group_sizes = d_gs;
+        p.out = d_out;
+        p.workspace = d_ws;
+        p.workspace_bytes = jax_nvfp4::GroupedGemmWorkspaceBytes(G);
+        p.M = rows;
+        p.N = N;
+        p.K = K;
+        p.G = G;
+        p.a_fp4 = fp4;
+        p.out_f32 = false;
+        const int auto_bt = jax_nvfp4::GroupedGemmTokenTile(p);
+        BenchRow best{}, chosen{};
+        best.ms = 1e30;
+        for (int bt : {16, 32, 64, 128}) {
+          if (g_sweep == 0 && bt != auto_bt) continue;
+          if (rows >= 6144 && bt == 16) continue;  // hopeless, saves time
+          p.force_token_tile = bt;
+          for (int i = 0; i < 3; ++i) CK(jax_nvfp4::LaunchGroupedGemmSm90(p, 0));
+          CK(cudaDeviceSynchronize());
+          std::vector<float> t;
+          for (int i = 0; i < 20; ++i) {
+            CK(cudaEventRecord(e0, 0));
+            CK(jax_nvfp4::LaunchGroupedGemmSm90(p, 0));
+            CK(cudaEventRecord(e1, 0));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            t.push_back(ms);
+          }
+          std::sort(t.begin(), t.end());
+          const double ms = t[t.size() / 2];
+          const double flops = 2.0 * rows * K * N;
+          const double wbytes = G * N * K * 0.5625;
+          BenchRow b{li == 0 ? "L1" : "L2", fp4 != 0, rows, K, N, bt, ms, flops / ms / 1e9, wbytes / ms / 1e6};
+          std::printf("bench %s %-5s rows=%-6lld K=%lld N=%lld BT=%-3d%s %.4f ms  %.1f TFLOP/s  %.0f GB/s(weights)  "
+                      "[min %.4f max %.4f]\n",
+                      b.name.c_str(), fp4 ? "W4A4" : "W4A16", (long long)rows, (long long)K, (long long)N, bt,
+                      bt == auto_bt ? "*" : " ", ms, b.tflops, b.gbs, t.front(), t.back());
+          std::fflush(stdout);
+          if (bt == auto_bt) chosen = b;
+          if (ms < best.ms) best = b;
+        }
+        table.push_back(chosen);
+        best_table.push_back(best);
+      }
+    }
+  }
+  cudaFree(d_rhs);
+  cudaFree(d_rhs_s);
+  cudaFree(d_lhs);
+  cudaFree(d_lhs_s);
+  cudaFree(d_alpha);
+  cudaFree(d_gs);
+  cudaFree(d_ws);
+  cudaFree(d_out);
+}
+
+int main(int argc, char** argv) {
+  bool small = false, do_bench = true, bench_only = false;
+  uint64_t seed = 42;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--small")) small = true;
+    else if (!std::strcmp(argv[i], "--no-bench")) do_bench = false;
+    else if (!std::strcmp(argv[i], "--bench-only")) bench_only = true;
+    else if (!std::strcmp(argv[i], "--no-sweep")) g_sweep = 0;
+    else if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
+  }
+  init_luts();
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+
+  if (!bench_only) {
+    std::vector<Case> cases = {
+        {0, 64, 64, 4, kSkewEmpty},       {1, 8, 32, 1, kExact},           {1, 8, 32, 1, kSkewEmpty},
+        {37, 8, 96, 3, kSkewEmpty},       {37, 8, 96, 3, kNegative},       {37, 8, 96, 3, kOversized},
+        {300, 200, 160, 5, kSkewEmpty},   {300, 200, 160, 5, kOneGroupAll}, {300, 200, 160, 5, kNegative},
+        {300, 200, 160, 5, kOversized},   {70, 130, 32, 2, kSkewEmpty},    {2048, 256, 256, 4, kSkewEmpty},
+        {5000, 300, 512, 3, kNegative},
+    };
+    if (!small) {
+      cases.push_back({1000, 136, 7168, 64, kSkewEmpty});
+      cases.push_back({1000, 136, 7168, 64, kOversized});
+      cases.push_back({4096, 7168, 3072, 48, kSkewEmpty});
+      cases.push_back({20000, 384, 1024, 8, kSkewEmpty});
+    }
+    uint64_t s = seed;
+    for (const Case& c : cases)
+      for (int fp4 = 0; fp4 < 2; ++fp4)
+        for (int f32 = 0; f32 < 2; ++f32) {
+          if (c.M * c.N * c.K > 2000000000LL && f32 == 0 && fp4 == 1) continue;  // keep the big case short
+          run_case(c, fp4 != 0, f32 != 0, ++s);
+        }
+    // every token-tile config on a few shapes
+    const Case forced[] = {{37, 8, 96, 3, kNegative}, {300, 200, 160, 5, kSkewEmpty}, {1000, 136, 7168, 64, kOversized}};
+    for (const Case& c : forced)
+      for (int bt : {16, 32, 64, 128}) {
+        run_case(c, false, true, ++s, bt);
+        run_case(c, true, false, ++s, bt);
+      }
+    std::printf("selftest: %d failure(s)\n", g_fail);
+  }
+  std::vector<BenchRow> table;
+  if (do_bench && !small) bench(table);
+  if (!table.empty()) {
+    std::printf("\nauto token tile:\n| case | rows | BT | W4A16 ms | TFLOP/s | GB/s | W4A4 ms | TFLOP/s | GB/s |\n|---|---|---|---|---|---|---|---|---|\n");
+    for (size_t i = 0; i + 1 < table.size(); i += 2) {
+      const BenchRow& a = table[i];
+      const BenchRow& b = table[i + 1];
+      std::printf("| %s K=%lld N=%lld | %lld | %d | %.3f | %.1f | %.0f | %.3f | %.1f | %.0f |\n", a.name.c_str(),
+                  (long long)a.K, (long long)a.N, (long long)a.rows, a.bt, a.ms, a.tflops, a.gbs, b.ms, b.tflops, b.gbs);
+    }
+  }
+  if (!best_table.empty()) {
+    std::printf("\nbest token tile per case (sweep):\n| case | rows | W4A16 best BT | ms | W4A4 best BT | ms |\n|---|---|---|---|---|---|\n");
+    for (size_t i = 0; i + 1 < best_table.size(); i += 2)
+      std::printf("| %s | %lld | %d | %.3f | %d | %.3f |\n", best_table[i].name.c_str(), (long long)best_table[i].rows,
+                  best_table[i].bt, best_table[i].ms, best_table[i + 1].bt, best_table[i + 1].ms);
+  }
+  if (!bench_only) std::printf("SELFTEST %s\n", g_fail ? "FAILED" : "PASSED");
+  return g_fail ? 1 : 0;
+}
