@@ -285,8 +285,9 @@ def test_checkpoint_round_trip_runs_the_same_layer(rng, tmp_path):
         path = tmp_path / f"{fmt}.safetensors"
         checkpoint.save_safetensors(path, checkpoint.save_moe(w, c, "model.layers.5.mlp", fmt))
         loaded = checkpoint.load_moe([str(path)], "model.layers.5.mlp", c)
-        np.testing.assert_array_equal(np.asarray(jn.moe(x, loaded, c, backend="ffi")),
-                                      np.asarray(want))
+        # Same weights bit for bit; only the combine's scatter-add order may differ (GPU atomics).
+        np.testing.assert_allclose(np.asarray(jn.moe(x, loaded, c, backend="ffi")),
+                                   np.asarray(want), rtol=1e-5, atol=1e-6)
 
 
 def test_bad_input(rng):

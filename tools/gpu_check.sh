@@ -19,7 +19,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 step install bash -c "python3 -m pip install -q --no-index --no-deps $wheels/nvidia_cutlass-*.whl &&
   python3 -m pip install -v --no-index --no-deps --no-build-isolation . 2>&1 |
   grep -E 'jax_nvfp4|ptxas|error|warning: |Successfully' ; test \${PIPESTATUS[0]} -eq 0"
-step cuda_handler python3 -c "import jax_nvfp4._extension as e; assert e.has_cuda(), 'no CUDA handler'; print('CUDA handler built')"
+step cuda_handler python3 -P -c "import jax_nvfp4._extension as e; assert e.has_cuda(), 'no CUDA handler'; print('CUDA handler built')"
 step tests env JAX_NVFP4_REQUIRE_GPU=1 python3 -P -m pytest -q -p no:cacheprovider \
   tests/test_gemm.py tests/test_moe.py
 if [ -f tools/gemm_selftest.cu ]; then
@@ -30,8 +30,8 @@ if [ -f tools/gemm_selftest.cu ]; then
   step selftest /tmp/gemm_selftest --no-bench
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 /tmp/gemm_selftest --small --no-bench
 fi
-step bench python3 -m jax_nvfp4.bench --out "$out" --check "$@"
+step bench python3 -P -m jax_nvfp4.bench --out "$out" --check "$@"
 echo
 echo "== bench =="; sed -n '/^case /,$p' "$out/bench.log"
 echo "== summary =="
-printf '%s\n' "${summary[@]}" | column -t -s '|'
+for row in "${summary[@]}"; do IFS='|' read -r a b c <<<"$row"; printf '%-16s %-18s %s\n' "$a" "$b" "$c"; done
