@@ -111,17 +111,29 @@ class NVFP4Tensor:
             raise ValueError(f"{name}.scales: expected shape {tuple(d.shape[:-1]) + (k // 16,)} "
                              f"for data {tuple(d.shape)}, got {tuple(s.shape)}")
         lead = tuple(d.shape[:-1])
-        if g.ndim > len(lead) or any(a not in (1, b) for a, b in zip(g.shape, lead)):
+        if not _is_half_split(g.shape, lead) and (
+                g.ndim > len(lead) or any(a not in (1, b) for a, b in zip(g.shape, lead))):
             raise ValueError(f"{name}.global_scale: shape {tuple(g.shape)} does not match the "
-                             f"leading axes {lead} (use [] for one tensor, [G] for [G, N, K])")
+                             f"leading axes {lead} (use [] for one tensor, [G] for [G, N, K], "
+                             f"[G, 2] for separate first/second halves of N)")
         return self
 
 
 
-def expand_global_scale(global_scale: jax.Array, ndim: int) -> jax.Array:
-    """Reshape a ``[]``/``[G]`` global scale so it broadcasts against an array of rank ``ndim``.
+def _is_half_split(gshape, lead) -> bool:
+    """A global scale ``[..., 2]`` over ``[..., N]``: one per half of the row axis (gate | up)."""
+    return (len(gshape) == len(lead) and len(lead) >= 1 and gshape[-1] == 2 and lead[-1] % 2 == 0
+            and lead[-1] != 2 and all(a in (1, b) for a, b in zip(gshape[:-1], lead[:-1])))
 
-    The global scale is aligned with the *leading* axes (``[G]`` scales expert g of ``[G, N, K]``).
+
+def expand_global_scale(global_scale: jax.Array, ndim: int, lead=None) -> jax.Array:
+    """Reshape a global scale so it broadcasts against an array of rank ``ndim``.
+
+    The global scale is aligned with the *leading* axes (``[G]`` scales expert g of
+    ``[G, N, K]``). Given the leading shape ``lead`` (without K), a ``[G, 2]`` scale of
+    ``[G, N, K]`` scales rows ``:N/2`` and ``N/2:`` separately (w13's gate and up halves).
     """
     g = jnp.asarray(global_scale, jnp.float32)
+    if lead is not None and _is_half_split(g.shape, tuple(lead)):
+        g = jnp.repeat(g, lead[-1] // 2, axis=-1)
     return g.reshape(g.shape + (1,) * (ndim - g.ndim))

@@ -62,7 +62,9 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
         q = jax.vmap(quantize)(x_rows, q_scale)
         lhs = NVFP4Tensor(q.data, q.scales, jnp.float32(1.0))
     else:
-        lhs = x_rows.astype(jnp.bfloat16)
+        # A real bf16 rounding (the kernel's operand type) in every backend: without the barrier
+        # XLA may keep excess precision for the reference backend on GPU.
+        lhs = jax.lax.optimization_barrier(x_rows.astype(jnp.bfloat16))
     out = grouped_gemm(lhs, NVFP4Tensor(w.data, w.scales, alpha), group_sizes,
                        out_dtype=jnp.float32, backend=backend)
     if per_half:

@@ -67,13 +67,18 @@ def quantize(x: jax.Array, global_scale=None) -> NVFP4Tensor:
     blocks = x.reshape(x.shape[:-1] + (x.shape[-1] // BLOCK_SIZE, BLOCK_SIZE))
     y = blocks / gs
     block_amax = jnp.max(jnp.abs(y), axis=-1, keepdims=True)  # NaN propagates, Inf stays Inf
-    scales = jnp.clip(block_amax / E2M1_MAX, 0.0, E4M3_MAX).astype(jnp.float8_e4m3fn)
+    # The barriers make the e4m3 and e2m1 roundings real inside any jit: XLA on GPU may otherwise
+    # elide a narrowing convert followed by a widening one (excess precision), so codes would be
+    # computed against an unrounded scale (JAX's own nvfp4 quantizer guards the same way).
+    scales = jax.lax.optimization_barrier(
+        jnp.clip(block_amax / E2M1_MAX, 0.0, E4M3_MAX).astype(jnp.float8_e4m3fn))
     scale_f32 = scales.astype(jnp.float32)
     safe = jnp.where(scale_f32 > 0, scale_f32, 1.0)
     q = jnp.clip(y / safe, -E2M1_MAX, E2M1_MAX)
     q = jnp.where((scale_f32 > 0) & ~jnp.isnan(y), q, 0.0)
     codes = q.astype(jnp.float4_e2m1fn).reshape(x.shape)
-    return NVFP4Tensor(pack_codes(codes), scales[..., 0], gs)
+    data = jax.lax.optimization_barrier(pack_codes(codes))
+    return NVFP4Tensor(data, scales[..., 0], gs)
 
 
 def e2m1_scaled(t: NVFP4Tensor, dtype=jnp.float32) -> jax.Array:
@@ -94,7 +99,7 @@ def dequantize(t: NVFP4Tensor, dtype=jnp.float32) -> jax.Array:
         raise ValueError(f"t: expected an NVFP4Tensor, got {type(t).__name__}")
     t.validate("t")
     vals = e2m1_scaled(t, jnp.float32)
-    return (vals * expand_global_scale(t.global_scale, vals.ndim)).astype(dtype)
+    return (vals * expand_global_scale(t.global_scale, vals.ndim, t.data.shape[:-1])).astype(dtype)
 
 
 def stage_activation(x: jax.Array, global_scale=None):

@@ -106,7 +106,14 @@ def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sha
             out = jax.lax.psum_scatter(out, axis_name, scatter_dimension=0, tiled=True)
         return out.astype(x.dtype)
 
+    specs = weight_specs(weights, axis_name)
+    if any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ())):
+        # On an Explicit mesh in_specs only assert; move the inputs where the specs say (a
+        # token-sharded x from a previous psum_scatter, weights not yet sharded).
+        put = lambda v, s: jax.sharding.reshard(v, NamedSharding(mesh, s))  # noqa: E731
+        x, tok = put(x, P()), put(tok, P())
+        weights = jax.tree.map(put, weights, specs)
     f = jax.shard_map(body, mesh=mesh,
-                      in_specs=(P(), weight_specs(weights, axis_name), P()),
+                      in_specs=(P(), specs, P()),
                       out_specs=P() if combine == "psum" else P(axis_name))
     return f(x, weights, tok)

@@ -257,3 +257,15 @@ class TestRoundTripAndApi:
             jn.dequantize(jn.NVFP4Tensor(t.data, t.scales.astype(jnp.float32), t.global_scale))
         with pytest.raises(ValueError, match="t.data"):
             jn.dequantize(jn.NVFP4Tensor(t.data.astype(jnp.int32), t.scales, t.global_scale))
+
+
+def test_dequantize_half_split_global_scale(rng):
+    """w13 with different gate/up weight_scale_2: global_scale [E, 2] scales each half of N."""
+    gate = jax.vmap(jn.quantize)(jnp.asarray(rng.standard_normal((3, 8, 32)).astype(np.float32)))
+    up = jax.vmap(jn.quantize)(jnp.asarray(rng.standard_normal((3, 8, 32)).astype(np.float32) * 9))
+    t = jn.NVFP4Tensor(jnp.concatenate([gate.data, up.data], 1),
+                       jnp.concatenate([gate.scales, up.scales], 1),
+                       jnp.stack([gate.global_scale, up.global_scale], 1))
+    d = np.asarray(jn.dequantize(t))
+    np.testing.assert_array_equal(d[:, :8], np.asarray(jn.dequantize(gate)))
+    np.testing.assert_array_equal(d[:, 8:], np.asarray(jn.dequantize(up)))

@@ -1,0 +1,510 @@
+"""Expert parallelism (jax_nvfp4.sharding) on 8 CPU devices: equal to the single-device layer.
+
+``moe_expert_parallel`` must give :func:`jax_nvfp4.moe`'s answer up to the float32 order of the
+final sum (per-device partial sums, then psum), whatever the number of devices, combine,
+activation mode, routing flavour or backend; move only the combine over the wire (one
+all-reduce or one reduce-scatter, never an all-gather of the weights); and reject bad arguments
+with errors naming them. The last test runs the layer across 2 processes x 4 CPU devices.
+"""
+
+import dataclasses
+import functools
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_nvfp4 as jn
+from jax_nvfp4 import _extension
+from jax_nvfp4.quantization import quantize
+
+E, H, I = 16, 128, 64
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+needs_ffi = pytest.mark.skipif(not _extension.available(),
+                               reason="the jax_nvfp4 extension (CPU FFI handler) is not built")
+# The custom call when it is built (the case that matters); otherwise the pure-jnp reference, so
+# that the sharding logic is still tested on a machine without the extension.
+BACKEND = "ffi" if _extension.available() else "reference"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _eight_devices():
+    if jax.device_count() < 8:
+        pytest.skip(f"needs 8 devices (tests/conftest.py sets 8 CPU devices), "
+                    f"have {jax.device_count()}")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _normal(r, shape, std):
+    return (r.normal(size=shape) * std).astype(np.float32)
+
+
+def _quantize_halves(gate, up):
+    """w13 whose gate and up halves carry different global scales: global_scale [..., 2]."""
+    batch = gate.ndim == 3
+    q = jax.vmap(quantize) if batch else quantize
+    g, u = q(jnp.asarray(gate)), q(jnp.asarray(up))
+    ax = 1 if batch else 0
+    return jn.NVFP4Tensor(jnp.concatenate([g.data, u.data], ax),
+                          jnp.concatenate([g.scales, u.scales], ax),
+                          jnp.stack([g.global_scale, u.global_scale], -1))
+
+
+def _swiglu64(h, limit):
+    gate, up = np.split(h, 2, axis=-1)
+    if limit is not None:
+        gate, up = np.minimum(gate, limit), np.clip(up, -limit, limit)
+    return gate / (1 + np.exp(-gate)) * up
+
+
+def make_layer(r, *, num_experts=E, top_k=4, t=32, scoring_func="sqrtsoftplus", n_group=1,
+               topk_group=1, shared=True, activation="w4a4", activation_scale="dynamic",
+               per_half=False, hash_vocab=0, bias=None, swiglu_limit=10.0):
+    """A random V4-shaped layer, quantized, plus float32 tokens x [t, H] (and token ids)."""
+    e = num_experts
+    cfg = jn.MoEConfig(num_experts=e, top_k=top_k, hidden_size=H, intermediate_size=I,
+                       scoring_func=scoring_func, n_group=n_group, topk_group=topk_group,
+                       routed_scaling_factor=2.5, swiglu_limit=swiglu_limit,
+                       n_shared_experts=int(shared), activation=activation,
+                       activation_scale=activation_scale)
+    router = _normal(r, (e, H), 0.3)
+    # gate and up at different magnitudes, so their global scales differ when split
+    gate, up = _normal(r, (e, I, H), 0.08), _normal(r, (e, I, H), 0.03)
+    w2 = _normal(r, (e, H, I), 0.08)
+    sgate, sup, sw2 = _normal(r, (I, H), 0.08), _normal(r, (I, H), 0.03), _normal(r, (H, I), 0.08)
+    x = _normal(r, (t, H), 1.0)
+    router_bias = _normal(r, (e,), 0.05) if bias is None else np.asarray(bias, np.float32)
+    hash_table = token_ids = None
+    if hash_vocab:
+        hash_table = np.stack([r.permutation(e)[:top_k] for _ in range(hash_vocab)]).astype(np.int32)
+        token_ids = r.integers(0, hash_vocab, size=(t,)).astype(np.int32)
+    w = jn.quantize_moe(router, np.concatenate([gate, up], 1), w2, router_bias=router_bias,
+                        shared_w13=np.concatenate([sgate, sup], 0) if shared else None,
+                        shared_w2=sw2 if shared else None, hash_table=hash_table)
+    if per_half:
+        kw = dict(w13=_quantize_halves(gate, up))
+        if shared:
+            kw["shared_w13"] = _quantize_halves(sgate, sup)
+        w = dataclasses.replace(w, **kw)
+        assert w.w13.global_scale.shape == (e, 2)
+        assert not np.allclose(w.w13.global_scale[:, 0], w.w13.global_scale[:, 1])
+    if activation == "w4a4" and activation_scale == "static":
+        # calibration-like constants, distinct per expert (catches local/global index mix-ups);
+        # factors < 1 make some activations saturate, the same on one device and on many.
+        d13 = np.concatenate([gate, up], 1).astype(np.float64)   # calibrated on float weights
+        amax_x = np.abs(x).max()
+        act = _swiglu64(np.einsum("th,enh->etn", x.astype(np.float64), d13), swiglu_limit)
+        w13_in = amax_x / 2688 * r.uniform(0.8, 1.3, e)
+        w2_in = np.abs(act).max(axis=(1, 2)) / 2688 * r.uniform(0.8, 1.3, e)
+        kw = dict(w13_input_scale=jnp.asarray(w13_in, jnp.float32),
+                  w2_input_scale=jnp.asarray(w2_in, jnp.float32))
+        if shared:
+            ds13 = np.concatenate([sgate, sup], 0).astype(np.float64)
+            sact = _swiglu64(x.astype(np.float64) @ ds13.T, swiglu_limit)
+            kw["shared_w13_input_scale"] = jnp.float32(amax_x / 2688 * 1.1)
+            kw["shared_w2_input_scale"] = jnp.float32(np.abs(sact).max() / 2688 * 0.9)
+        w = dataclasses.replace(w, **kw)
+    return cfg, w, x, token_ids
+
+
+def ep_mesh(ep, axis_type=AxisType.Explicit, name="ep"):
+    return jax.make_mesh((ep,), (name,), axis_types=(axis_type,), devices=jax.devices()[:ep])
+
+
+def single(x, w, cfg, token_ids=None, backend=BACKEND):
+    f = jax.jit(lambda x, w, tok: jn.moe(x, w, cfg, token_ids=tok, backend=backend))
+    return np.asarray(f(x, w, token_ids))
+
+
+def ep_fn(cfg, mesh, combine, backend=BACKEND):
+    return jax.jit(lambda x, w, tok: jn.moe_expert_parallel(
+        x, w, cfg, mesh, combine=combine, token_ids=tok, backend=backend))
+
+
+def run_ep(x, w, cfg, mesh, combine, token_ids=None, backend=BACKEND):
+    ws = jn.shard_moe_weights(w, mesh)
+    out = ep_fn(cfg, mesh, combine, backend)(x, ws, token_ids)
+    return out
+
+
+def assert_close(out, ref, what=""):
+    out, ref = np.asarray(out), np.asarray(ref)
+    assert out.dtype == np.float32 and out.shape == ref.shape, (out.dtype, out.shape, ref.shape)
+    assert np.all(np.isfinite(out)), what
+    scale = float(np.abs(ref).max())
+    assert scale > 1e-3, f"degenerate reference output {what}"
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * scale, err_msg=what)
+
+
+def check_both_combines(cfg, w, x, ep, token_ids=None, backend=BACKEND, ref=None,
+                        axis_type=AxisType.Explicit):
+    ref = single(x, w, cfg, token_ids, backend) if ref is None else ref
+    mesh = ep_mesh(ep, axis_type)
+    outs = {}
+    for combine in ("psum", "psum_scatter"):
+        out = run_ep(x, w, cfg, mesh, combine, token_ids, backend)
+        if combine == "psum_scatter":                      # token-sharded along the axis
+            assert out.sharding.spec[0] == "ep" or ep == 1, out.sharding
+            assert out.addressable_shards[0].data.shape == (x.shape[0] // ep, H)
+        else:
+            assert out.sharding.is_fully_replicated, out.sharding
+        assert_close(out, ref, f"ep={ep} combine={combine} backend={backend}")
+        outs[combine] = np.asarray(out)
+    return ref, outs
+
+
+def route_counts(x, w, cfg, token_ids=None):
+    ids, _ = jn.route(jnp.asarray(x), w, cfg, token_ids)
+    return np.bincount(np.asarray(ids).reshape(-1), minlength=cfg.num_experts)
+
+
+# ----------------------------------------------------------------------------- equality
+
+
+_MODES = ["w4a16", "w4a4-dynamic", "w4a4-static"]
+
+
+@functools.lru_cache(maxsize=None)
+def _mode_case(mode):
+    """One layer + single-device answer per activation mode, shared by the ep values."""
+    activation, _, scale = mode.partition("-")
+    cfg, w, x, _ = make_layer(np.random.default_rng(1000 + _MODES.index(mode)),
+                              activation=activation, activation_scale=scale or "dynamic")
+    return cfg, w, x, single(x, w, cfg)
+
+
+@pytest.mark.parametrize("mode", _MODES)
+@pytest.mark.parametrize("ep", [1, 2, 4, 8])
+def test_equals_single_device(ep, mode):
+    cfg, w, x, ref = _mode_case(mode)
+    check_both_combines(cfg, w, x, ep, ref=ref)
+
+
+@pytest.mark.parametrize("ep", [2, 8])
+def test_equals_single_device_reference_backend(ep, rng):
+    cfg, w, x, _ = make_layer(rng, top_k=6, t=16)
+    check_both_combines(cfg, w, x, ep, backend="reference")
+
+
+@needs_ffi
+def test_ffi_and_reference_backends_agree(rng):
+    """Sanity: the two backends give the same EP answer (both compared to moe elsewhere)."""
+    cfg, w, x, _ = make_layer(rng, activation="w4a16")
+    mesh = ep_mesh(4)
+    a = run_ep(x, w, cfg, mesh, "psum", backend="ffi")
+    b = run_ep(x, w, cfg, mesh, "psum", backend="reference")
+    scale = float(np.abs(np.asarray(b)).max())
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4 * scale)
+
+
+def test_expert_with_no_tokens(rng):
+    bias = _normal(rng, (E,), 0.05)
+    bias[[3, 12]] = -1e4                               # experts 3 and 12 never chosen
+    cfg, w, x, _ = make_layer(rng, bias=bias)
+    counts = route_counts(x, w, cfg)
+    assert counts[3] == 0 and counts[12] == 0, counts
+    for ep in (4, 8):
+        check_both_combines(cfg, w, x, ep)
+
+
+@pytest.mark.parametrize("activation", ["w4a4", "w4a16"])
+def test_all_tokens_on_one_device(activation, rng):
+    """A huge bias on device 1's four experts: every token's top-4 lives on device 1 of 4."""
+    bias = _normal(rng, (E,), 0.05)
+    bias[4:8] += 1e3
+    cfg, w, x, _ = make_layer(rng, top_k=4, bias=bias, activation=activation)
+    counts = route_counts(x, w, cfg)
+    assert np.all(counts[4:8] == x.shape[0]) and counts.sum() == counts[4:8].sum(), counts
+    check_both_combines(cfg, w, x, 4)
+    # also without the shared expert: then the other devices add exactly nothing
+    cfg2, w2, x2, _ = make_layer(rng, top_k=4, bias=bias, activation=activation, shared=False)
+    check_both_combines(cfg2, w2, x2, 4)
+
+
+@pytest.mark.parametrize("t,ep", [(30, 4), (5, 8)])
+def test_shared_expert_token_count_not_divisible(t, ep, rng):
+    """The shared expert runs once in total on padded token slices; T % ep != 0 (psum)."""
+    cfg, w, x, _ = make_layer(rng, t=t)
+    ref = single(x, w, cfg)
+    out = run_ep(x, w, cfg, ep_mesh(ep), "psum")
+    assert_close(out, ref, f"T={t} ep={ep}")
+
+
+def test_shared_expert_counted_once(rng):
+    """The shared expert's contribution, isolated: with vs without it, EP and single agree."""
+    cfg, w, x, _ = make_layer(rng)
+    cfg0 = dataclasses.replace(cfg, n_shared_experts=0)
+    w0 = dataclasses.replace(w, shared_w13=None, shared_w2=None)
+    mesh = ep_mesh(8)
+    d_ep = np.asarray(run_ep(x, w, cfg, mesh, "psum")) - np.asarray(run_ep(x, w0, cfg0, mesh, "psum"))
+    d_1 = single(x, w, cfg) - single(x, w0, cfg0)
+    assert np.abs(d_1).max() > 1e-2                    # the shared expert matters here
+    np.testing.assert_allclose(d_ep, d_1, rtol=1e-4, atol=1e-5 * np.abs(d_1).max())
+
+
+def test_hash_routed_layer(rng):
+    cfg, w, x, tok = make_layer(rng, hash_vocab=50, top_k=4)
+    counts = route_counts(x, w, cfg, tok)
+    assert (counts > 0).sum() >= 8, counts             # spread over several devices
+    ref = single(x, w, cfg, tok)
+    for ep in (2, 8):
+        check_both_combines(cfg, w, x, ep, token_ids=tok, ref=ref)
+
+
+def test_grouped_topk_v3_style(rng):
+    cfg, w, x, _ = make_layer(rng, scoring_func="sigmoid", n_group=4, topk_group=2, top_k=4,
+                              swiglu_limit=None)
+    ref = single(x, w, cfg)
+    for ep in (4, 8):
+        check_both_combines(cfg, w, x, ep, ref=ref)
+
+
+@pytest.mark.parametrize("mode", ["w4a4-dynamic", "w4a4-static", "w4a16"])
+def test_w13_gate_up_different_global_scales(mode, rng):
+    activation, _, scale = mode.partition("-")
+    cfg, w, x, _ = make_layer(rng, per_half=True, activation=activation,
+                              activation_scale=scale or "dynamic")
+    check_both_combines(cfg, w, x, 4)
+
+
+def test_auto_axis_type_mesh(rng):
+    cfg, w, x, _ = make_layer(rng)
+    _, outs = check_both_combines(cfg, w, x, 4, axis_type=AxisType.Auto)
+    # unsharded weights are fine on an Auto mesh (jit moves them)
+    out = ep_fn(cfg, ep_mesh(4, AxisType.Auto), "psum")(x, w, None)
+    assert_close(out, outs["psum"])
+
+
+def test_two_axis_mesh(rng):
+    """A ("dp", "ep") = (2, 4) mesh: experts split on "ep", the layer replicated over "dp"."""
+    cfg, w, x, _ = make_layer(rng)
+    ref = single(x, w, cfg)
+    mesh = jax.make_mesh((2, 4), ("dp", "ep"), axis_types=(AxisType.Explicit,) * 2)
+    ws = jn.shard_moe_weights(w, mesh)
+    assert ws.w13.data.addressable_shards[0].data.shape[0] == E // 4
+    for combine in ("psum", "psum_scatter"):
+        f = ep_fn(cfg, mesh, combine)
+        out = f(x, ws, None)
+        assert_close(out, ref, combine)
+        hlo = f.lower(x, ws, None).compile().as_text()
+        op = "all-reduce" if combine == "psum" else "reduce-scatter"
+        assert _count_ops(hlo, op) == 1 and _count_ops(hlo, "all-gather") == 0
+        # reduced over "ep" only: explicit groups, iota groups, or the mesh spelling (jax 0.11)
+        assert re.search(r"replica_groups=(\{\{0,1,2,3\},\{4,5,6,7\}\}|\[2,4\]<=\[8\]|"
+                         r"mesh\['dp'=2,\s*'ep'=4\]\s*\{'ep'\})", hlo), hlo[-2000:]
+
+
+def test_independent_of_device_count(rng):
+    """ep=2 and ep=8 (and ep=1) give the same numbers, checked directly."""
+    cfg, w, x, _ = make_layer(rng, top_k=6)
+    outs = {ep: np.asarray(run_ep(x, w, cfg, ep_mesh(ep), "psum")) for ep in (1, 2, 8)}
+    scale = np.abs(outs[1]).max()
+    np.testing.assert_allclose(outs[2], outs[8], rtol=1e-5, atol=1e-5 * scale)
+    np.testing.assert_allclose(outs[1], outs[8], rtol=1e-5, atol=1e-5 * scale)
+    scat = np.asarray(run_ep(x, w, cfg, ep_mesh(8), "psum_scatter"))
+    np.testing.assert_allclose(scat, outs[2], rtol=1e-5, atol=1e-5 * scale)
+
+
+def test_bfloat16_input(rng):
+    """bf16 x: the output is bf16 and within one bf16 rounding of the single-device answer."""
+    cfg, w, x, _ = make_layer(rng)
+    xb = jnp.asarray(x, jnp.bfloat16)
+    ref = np.asarray(jax.jit(lambda x, w: jn.moe(x, w, cfg, backend=BACKEND))(xb, w), np.float32)
+    out = run_ep(xb, w, cfg, ep_mesh(4), "psum_scatter")
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(out, np.float32), ref, rtol=1e-2,
+                               atol=1e-2 * np.abs(ref).max())
+
+
+# ----------------------------------------------------------------------------- placement / HLO
+
+
+def test_shard_moe_weights_placement(rng):
+    cfg, w, x, _ = make_layer(rng, hash_vocab=10, activation_scale="static")
+    mesh = ep_mesh(8)
+    ws = jn.shard_moe_weights(w, mesh)
+    for name in ("w13", "w2"):
+        t = getattr(ws, name)
+        for leaf in (t.data, t.scales, t.global_scale):
+            assert leaf.sharding.spec[0] == "ep"
+            assert leaf.addressable_shards[0].data.shape[0] == E // 8
+    for leaf in (ws.w13_input_scale, ws.w2_input_scale):
+        assert leaf.sharding.spec[0] == "ep" and leaf.addressable_shards[0].data.shape == (2,)
+    for leaf in (ws.router_weight, ws.router_bias, ws.hash_table, ws.shared_w13.data,
+                 ws.shared_w2.scales, ws.shared_w13_input_scale):
+        assert leaf.sharding.is_fully_replicated
+    # values are untouched
+    for a, b in zip(jax.tree.leaves(w), jax.tree.leaves(ws)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _count_ops(hlo: str, op: str) -> int:
+    """Instructions with opcode ``op`` (or its async ``-start`` form) in compiled HLO text."""
+    return len(re.findall(rf"=\s*\S+\s+{op}(?:-start)?\(", hlo)) + \
+        len(re.findall(rf"=\s*\([^=]*\)\s+{op}(?:-start)?\(", hlo))
+
+
+@pytest.mark.parametrize("backend", [pytest.param("ffi", marks=needs_ffi), "reference"])
+def test_compiled_hlo_collectives(backend, rng):
+    cfg, w, x, _ = make_layer(rng)
+    mesh = ep_mesh(4)
+    ws = jn.shard_moe_weights(w, mesh)
+    ref = single(x, w, cfg, backend=backend)
+    for combine, op in (("psum", "all-reduce"), ("psum_scatter", "reduce-scatter")):
+        compiled = ep_fn(cfg, mesh, combine, backend).lower(x, ws, None).compile()
+        hlo = compiled.as_text()
+        counts = {o: _count_ops(hlo, o) for o in
+                  ("all-reduce", "reduce-scatter", "all-gather", "all-to-all",
+                   "collective-permute")}
+        want = {"all-reduce": 0, "reduce-scatter": 0, "all-gather": 0, "all-to-all": 0,
+                "collective-permute": 0, op: 1}
+        assert counts == want, (combine, counts)
+        ncall = hlo.count('custom_call_target="jax_nvfp4_grouped_gemm"')
+        if backend == "ffi":
+            assert ncall == 4, ncall                   # 2 routed + 2 shared GEMMs per device
+        else:
+            assert ncall == 0
+        assert_close(compiled(x, ws, None), ref, combine)
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_error_num_experts_not_divisible(rng):
+    cfg, w, x, _ = make_layer(rng, num_experts=12, shared=False)
+    mesh = ep_mesh(8)
+    with pytest.raises(ValueError, match=r"num_experts=12.*8"):
+        jn.moe_expert_parallel(x, w, cfg, mesh)
+    with pytest.raises(ValueError, match=r"weights: 12 experts.*8"):
+        jn.shard_moe_weights(w, mesh)
+
+
+def test_error_unknown_combine(rng):
+    cfg, w, x, _ = make_layer(rng, shared=False)
+    with pytest.raises(ValueError, match=r"combine.*'all_to_all'"):
+        jn.moe_expert_parallel(x, w, cfg, ep_mesh(2), combine="all_to_all")
+
+
+def test_error_psum_scatter_tokens_not_divisible(rng):
+    cfg, w, x, _ = make_layer(rng, t=30, shared=False)
+    with pytest.raises(ValueError, match=r"x: .*psum_scatter.*T=30.*4"):
+        jn.moe_expert_parallel(x, w, cfg, ep_mesh(4), combine="psum_scatter")
+
+
+def test_error_axis_not_in_mesh(rng):
+    cfg, w, x, _ = make_layer(rng, shared=False)
+    mesh = ep_mesh(2)
+    with pytest.raises(ValueError, match=r"axis_name: 'tp'"):
+        jn.moe_expert_parallel(x, w, cfg, mesh, axis_name="tp")
+    with pytest.raises(ValueError, match=r"axis_name: 'tp'"):
+        jn.shard_moe_weights(w, mesh, axis_name="tp")
+
+
+def test_error_hash_layer_without_token_ids(rng):
+    cfg, w, x, _ = make_layer(rng, hash_vocab=10, shared=False)
+    with pytest.raises(ValueError, match=r"token_ids"):
+        jn.moe_expert_parallel(x, w, cfg, ep_mesh(2))
+
+
+# ----------------------------------------------------------------------------- explicit mesh
+
+
+def test_chained_psum_scatter_output_explicit_mesh(rng):
+    cfg, w, x, _ = make_layer(rng, shared=False)
+    mesh = ep_mesh(4)
+    xs = jax.device_put(x, NamedSharding(mesh, P("ep")))   # like a psum_scatter output
+    out = run_ep(xs, w, cfg, mesh, "psum")
+    assert_close(out, single(x, w, cfg))
+
+
+# ----------------------------------------------------------------------------- multi-process
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+_NO_COLLECTIVES = re.compile(r"collective|gloo|mpi|not implemented|unimplemented", re.I)
+
+
+def test_multi_process_two_by_four(tmp_path):
+    """2 processes x 4 CPU devices (jax.distributed on localhost, gloo collectives)."""
+    import _multiprocess_worker as worker  # noqa: PLC0415 - tests/ is on sys.path
+
+    backends = ["ffi", "reference"] if _extension.available() else ["reference"]
+    port = _free_port()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(jn.__file__)))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join([root] + [p for p in os.environ.get(
+                   "PYTHONPATH", "").split(os.pathsep) if p]))
+    procs, logs = [], []
+    for i in range(2):
+        log = open(tmp_path / f"log_{i}.txt", "w")
+        logs.append(log)
+        procs.append(subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "_multiprocess_worker.py"), "--process-id",
+             str(i), "--num-processes", "2", "--local-devices", "4", "--port", str(port),
+             "--out", str(tmp_path)] + [a for b in backends for a in ("--backend", b)],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=HERE))
+    deadline = time.monotonic() + 150
+    timed_out = False
+    try:
+        for p in procs:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for log in logs:
+            log.close()
+    errors = {i: (tmp_path / f"process_{i}.error").read_text()
+              for i in range(2) if (tmp_path / f"process_{i}.error").exists()}
+    out_logs = {i: (tmp_path / f"log_{i}.txt").read_text()[-3000:] for i in range(2)}
+    if errors:
+        text = "\n".join(errors.values())
+        if _NO_COLLECTIVES.search(text.splitlines()[-1] if text.strip() else ""):
+            pytest.skip(f"no CPU collectives across processes in this jaxlib: "
+                        f"{text.strip().splitlines()[-1]}")
+        pytest.fail(f"worker failed:\n{text}")
+    codes = [p.returncode for p in procs]
+    assert not timed_out, f"workers did not finish within 150 s; logs:\n{out_logs}"
+    assert codes == [0, 0], f"worker exit codes {codes}; logs:\n{out_logs}"
+
+    # the expected answer, computed here (one process, one device)
+    cfg, w, x = worker.make_case()
+    expected = {b: single(x, w, cfg, backend=b) for b in backends}
+    seen = {"psum_scatter": set()}
+    for i in range(2):
+        res = np.load(tmp_path / f"process_{i}.npz")
+        assert int(res["device_count"]) == 8 and int(res["process_count"]) == 2
+        for b in backends:
+            np.testing.assert_allclose(res[f"single_{b}"], expected[b], rtol=1e-6,
+                                       atol=1e-6 * np.abs(expected[b]).max())
+            for combine in ("psum", "psum_scatter"):
+                rows = res[f"ep_{b}_{combine}_rows"]
+                vals = res[f"ep_{b}_{combine}"]
+                assert_close(vals, expected[b][rows], f"process {i} {b} {combine}")
+                if combine == "psum":
+                    assert set(rows.tolist()) == set(range(x.shape[0]))   # replicated
+                else:
+                    assert len(rows) == x.shape[0] // 2                 # 4 shards of T/8
+                    seen["psum_scatter"] |= set(rows.tolist())
+    # the two processes' token shards together cover every token
+    assert seen["psum_scatter"] == set(range(x.shape[0]))
