@@ -137,7 +137,7 @@ def shared_expert(x, weights: MoEWeights, config: MoEConfig, *, backend="auto"):
                         config, backend)
 
 
-def validate_moe(x, weights: MoEWeights, config: MoEConfig, num_experts=None):
+def validate_moe(x, weights: MoEWeights, config: MoEConfig):
     """Check x and the weights against config; errors name the argument or field."""
     if not isinstance(config, MoEConfig):
         raise ValueError(f"config: expected a MoEConfig, got {type(config).__name__}")
@@ -146,7 +146,7 @@ def validate_moe(x, weights: MoEWeights, config: MoEConfig, num_experts=None):
         raise ValueError(f"x: expected [T, {config.hidden_size}], got {x.shape}")
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(f"x: expected a float dtype, got {x.dtype}")
-    e = config.num_experts if num_experts is None else num_experts
+    e = config.num_experts
     h, i = config.hidden_size, config.intermediate_size
     if weights.router_weight.shape != (config.num_experts, h):
         raise ValueError(f"weights.router_weight: expected [{config.num_experts}, {h}], "
