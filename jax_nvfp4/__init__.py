@@ -3,7 +3,7 @@
 See :mod:`jax_nvfp4.formats` for the storage convention.
 """
 
-from . import reference
+from . import checkpoint, reference
 from .formats import NVFP4Tensor, scales_from_bytes
 from .gemm import grouped_gemm
 from .moe import moe, quantize_moe
