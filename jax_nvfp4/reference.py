@@ -23,13 +23,14 @@ def group_bounds(group_sizes: jax.Array, num_rows: int):
     return starts, ends
 
 
-def row_groups(group_sizes: jax.Array, num_rows: int):
-    """For each row: its group id (int32 ``[M]``) and whether it lies in a group (bool ``[M]``)."""
-    _, ends = group_bounds(group_sizes, num_rows)
+def row_groups(ends: jax.Array, num_rows: int):
+    """For each row: its group id (int32 ``[M]``) and whether it lies in a group (bool ``[M]``).
+
+    ``ends`` is the int32 ``[G]`` from :func:`group_bounds`.
+    """
     rows = jnp.arange(num_rows, dtype=jnp.int32)
     gid = jnp.searchsorted(ends, rows, side="right").astype(jnp.int32)
-    valid = rows < (ends[-1] if ends.shape[0] else 0)
-    return jnp.minimum(gid, group_sizes.shape[0] - 1), valid
+    return jnp.minimum(gid, ends.shape[0] - 1), rows < ends[-1]
 
 
 def validate_gemm_args(lhs, rhs, group_sizes, out_dtype, *, float_lhs_dtypes=None):
@@ -95,8 +96,8 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         lhs_gs = jnp.float32(1.0)
     w = e2m1_scaled(rhs, jnp.float32)                      # [G, N, K], exact
     alpha = lhs_gs * jnp.broadcast_to(rhs.global_scale.astype(jnp.float32), (g,))
-    gid, valid = row_groups(group_sizes, m)
     starts, ends = group_bounds(group_sizes, m)
+    gid, valid = row_groups(ends, m)
     acc = jax.lax.ragged_dot(a, jnp.swapaxes(w, 1, 2), (ends - starts).astype(jnp.int32),
                              precision=jax.lax.Precision.HIGHEST,
                              preferred_element_type=jnp.float32)
