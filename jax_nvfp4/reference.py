@@ -41,6 +41,8 @@ def validate_gemm_args(lhs, rhs, group_sizes, out_dtype, *, float_lhs_dtypes=Non
     if rhs.data.ndim != 3:
         raise ValueError(f"rhs: expected [G, N, K] (data [G, N, K/2]), got data {rhs.data.shape}")
     g, n, k = rhs.shape
+    if g < 1 or n < 1:
+        raise ValueError(f"rhs: expected at least one group and one row (G, N >= 1), got {rhs.shape}")
     if rhs.global_scale.shape not in ((g,), ()):
         raise ValueError(f"rhs.global_scale: expected shape [{g}] (one per group), "
                          f"got {tuple(rhs.global_scale.shape)}")

@@ -193,5 +193,8 @@ class TestBadInput:
         bad = jn.NVFP4Tensor(rhs.data[..., :24], rhs.scales[..., :3], rhs.global_scale)
         with pytest.raises(ValueError, match="multiple of 32"):
             jn.grouped_gemm(lhs[:, :48], bad, gs, backend="ffi")
+        empty = jn.NVFP4Tensor(rhs.data[:0], rhs.scales[:0], rhs.global_scale[:0])
+        with pytest.raises(ValueError, match="rhs: expected at least one group"):
+            jn.grouped_gemm(lhs, empty, gs[:0], backend="ffi")
         with pytest.raises(ValueError, match="backend"):
             jn.grouped_gemm(lhs, rhs, gs, backend="cutlass")
