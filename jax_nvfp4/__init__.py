@@ -16,7 +16,7 @@ from .swizzle import swizzle_scales, unswizzle_scales
 __version__ = "0.1.0"
 
 __all__ = [
-    "NVFP4Tensor", "MoEConfig", "MoEWeights", "dequantize", "grouped_gemm", "moe", "quantize",
+    "NVFP4Tensor", "MoEConfig", "MoEWeights", "checkpoint", "dequantize", "grouped_gemm", "moe", "quantize",
     "moe_expert_parallel", "quantize_moe", "route", "shard_moe_weights",
     "reference", "scales_from_bytes", "stage_activation", "swizzle_scales", "unswizzle_scales",
 ]

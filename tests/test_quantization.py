@@ -1,6 +1,5 @@
 """Quantization: bit-exact against oracles not written here, hand-worked vectors, old bugs."""
 
-import warnings
 
 import jax
 import jax.numpy as jnp
