@@ -1,10 +1,15 @@
-// Standalone self-test and benchmark of the sm_90a grouped NVFP4 GEMM (csrc/grouped_gemm_sm90.cu).
+// Standalone self-test and benchmark of the sm_90a grouped NVFP4 GEMM: v1 (mma.sync,
+// csrc/grouped_gemm_sm90.cu) and v2 (WGMMA, csrc/grouped_gemm_sm90_wgmma.cu).
 //
 // Build (on the GPU machine):
 //   nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Xcompiler -fopenmp \
-//        -I. -I<cutlass>/include tools/gemm_selftest.cu csrc/grouped_gemm_sm90.cu -o gemm_selftest
-// Usage: gemm_selftest [--small] [--no-bench] [--bench-only] [--seed S]
+//        -I. -I<cutlass>/include tools/gemm_selftest.cu csrc/grouped_gemm_sm90.cu \
+//        csrc/grouped_gemm_sm90_wgmma.cu -o gemm_selftest
+// Usage: gemm_selftest [--small] [--no-bench] [--bench-only] [--no-sweep] [--seed S] [--kernel mma|wgmma|both]
 //   --small: only small shapes (for compute-sanitizer).
+//   --kernel: which launcher the self-test and the benchmark call (default mma = v1). "both" runs
+//     the self-test with each and benchmarks both side by side. v2 forwards the cases it does not
+//     handle (W4A4, K % 64 != 0) to v1; those rows print kern=v1.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -16,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include "csrc/grouped_gemm_sm90.h"
+#include "csrc/grouped_gemm_sm90_wgmma.h"
 
 #define CK(x)                                                                                        \
   do {                                                                                               \
@@ -133,6 +139,19 @@ static const char* mode_name(GsMode m) {
 }
 
 static int g_fail = 0;
+static bool g_wgmma = false;  // which launcher run_case/bench call
+
+static cudaError_t launch(const GroupedGemmParams& p, cudaStream_t s) {
+  return g_wgmma ? jax_nvfp4::LaunchGroupedGemmSm90Wgmma(p, s) : jax_nvfp4::LaunchGroupedGemmSm90(p, s);
+}
+// token tile of the kernel that actually runs, and its name
+static int tile_of(const GroupedGemmParams& p) {
+  if (g_wgmma && jax_nvfp4::GroupedGemmWgmmaHandles(p)) return jax_nvfp4::GroupedGemmWgmmaTokenTile(p);
+  return jax_nvfp4::GroupedGemmTokenTile(p);
+}
+static const char* kern_of(const GroupedGemmParams& p) {
+  return (g_wgmma && jax_nvfp4::GroupedGemmWgmmaHandles(p)) ? "v2" : "v1";
+}
 
 static void run_case(const Case& cs, bool a_fp4, bool out_f32, uint64_t seed, int force_bt = 0) {
   Rng r(seed);
@@ -202,7 +221,7 @@ static void run_case(const Case& cs, bool a_fp4, bool out_f32, uint64_t seed, in
   p.a_fp4 = a_fp4;
   p.out_f32 = out_f32;
   p.force_token_tile = force_bt;
-  CK(jax_nvfp4::LaunchGroupedGemmSm90(p, 0));
+  CK(launch(p, 0));
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
 
@@ -295,10 +314,10 @@ static void run_case(const Case& cs, bool a_fp4, bool out_f32, uint64_t seed, in
   const double tol = out_f32 ? 1e-5 : 1e-2;
   const bool ok = nonfinite == 0 && tail_nonzero == 0 && ref_nan == 0 && rel <= tol && std::isfinite(rel);
   if (!ok) g_fail++;
-  std::printf("%-5s %-4s M=%-6lld N=%-5lld K=%-5lld G=%-3lld BT=%-3d %-20s total=%-6lld rows_checked=%-6zu "
+  std::printf("%-5s %-4s kern=%s M=%-6lld N=%-5lld K=%-5lld G=%-3lld BT=%-3d %-20s total=%-6lld rows_checked=%-6zu "
               "relL2=%.3e nonfinite=%lld tail_nonzero=%lld  %s\n",
-              a_fp4 ? "W4A4" : "W4A16", out_f32 ? "f32" : "bf16", (long long)M, (long long)N, (long long)K,
-              (long long)G, jax_nvfp4::GroupedGemmTokenTile(p), mode_name(cs.mode), (long long)total, rows.size(), rel,
+              a_fp4 ? "W4A4" : "W4A16", out_f32 ? "f32" : "bf16", kern_of(p), (long long)M, (long long)N,
+              (long long)K, (long long)G, tile_of(p), mode_name(cs.mode), (long long)total, rows.size(), rel,
               (long long)nonfinite, (long long)tail_nonzero, ok ? "PASS" : "FAIL");
   std::fflush(stdout);
   cudaFree(d_rhs);
@@ -391,19 +410,22 @@ static void bench(std::vector<BenchRow>& table) {
         p.G = G;
         p.a_fp4 = fp4;
         p.out_f32 = false;
-        const int auto_bt = jax_nvfp4::GroupedGemmTokenTile(p);
+        const int auto_bt = tile_of(p);
         BenchRow best{}, chosen{};
         best.ms = 1e30;
-        for (int bt : {16, 32, 64, 128}) {
+        const bool v2 = g_wgmma && jax_nvfp4::GroupedGemmWgmmaHandles(p);
+        for (int bt : {16, 32, 64, 128, 256}) {
           if (g_sweep == 0 && bt != auto_bt) continue;
           if (rows >= 6144 && bt == 16) continue;  // hopeless, saves time
+          if (v2 ? (bt < 64) : (bt > 128)) continue;  // v2 tiles: 64, 128 (256 in a BT256 build)
           p.force_token_tile = bt;
-          for (int i = 0; i < 3; ++i) CK(jax_nvfp4::LaunchGroupedGemmSm90(p, 0));
+          if (tile_of(p) != bt) continue;  // not available in this build
+          for (int i = 0; i < 3; ++i) CK(launch(p, 0));
           CK(cudaDeviceSynchronize());
           std::vector<float> t;
           for (int i = 0; i < 20; ++i) {
             CK(cudaEventRecord(e0, 0));
-            CK(jax_nvfp4::LaunchGroupedGemmSm90(p, 0));
+            CK(launch(p, 0));
             CK(cudaEventRecord(e1, 0));
             CK(cudaEventSynchronize(e1));
             float ms;
@@ -415,9 +437,9 @@ static void bench(std::vector<BenchRow>& table) {
           const double flops = 2.0 * rows * K * N;
           const double wbytes = G * N * K * 0.5625;
           BenchRow b{li == 0 ? "L1" : "L2", fp4 != 0, rows, K, N, bt, ms, flops / ms / 1e9, wbytes / ms / 1e6};
-          std::printf("bench %s %-5s rows=%-6lld K=%lld N=%lld BT=%-3d%s %.4f ms  %.1f TFLOP/s  %.0f GB/s(weights)  "
+          std::printf("bench %s %s %-5s rows=%-6lld K=%lld N=%lld BT=%-3d%s %.4f ms  %.1f TFLOP/s  %.0f GB/s(weights)  "
                       "[min %.4f max %.4f]\n",
-                      b.name.c_str(), fp4 ? "W4A4" : "W4A16", (long long)rows, (long long)K, (long long)N, bt,
+                      kern_of(p), b.name.c_str(), fp4 ? "W4A4" : "W4A16", (long long)rows, (long long)K, (long long)N, bt,
                       bt == auto_bt ? "*" : " ", ms, b.tflops, b.gbs, t.front(), t.back());
           std::fflush(stdout);
           if (bt == auto_bt) chosen = b;
@@ -441,64 +463,88 @@ static void bench(std::vector<BenchRow>& table) {
 int main(int argc, char** argv) {
   bool small = false, do_bench = true, bench_only = false;
   uint64_t seed = 42;
+  std::vector<bool> kernels = {false};  // false: v1 (mma), true: v2 (wgmma)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--small")) small = true;
     else if (!std::strcmp(argv[i], "--no-bench")) do_bench = false;
     else if (!std::strcmp(argv[i], "--bench-only")) bench_only = true;
     else if (!std::strcmp(argv[i], "--no-sweep")) g_sweep = 0;
     else if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
+    else if (!std::strcmp(argv[i], "--kernel") && i + 1 < argc) {
+      const char* k = argv[++i];
+      if (!std::strcmp(k, "mma")) kernels = {false};
+      else if (!std::strcmp(k, "wgmma")) kernels = {true};
+      else if (!std::strcmp(k, "both")) kernels = {false, true};
+      else { std::fprintf(stderr, "--kernel must be mma, wgmma or both\n"); return 2; }
+    }
   }
   init_luts();
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
 
-  if (!bench_only) {
-    std::vector<Case> cases = {
-        {0, 64, 64, 4, kSkewEmpty},       {1, 8, 32, 1, kExact},           {1, 8, 32, 1, kSkewEmpty},
-        {37, 8, 96, 3, kSkewEmpty},       {37, 8, 96, 3, kNegative},       {37, 8, 96, 3, kOversized},
-        {300, 200, 160, 5, kSkewEmpty},   {300, 200, 160, 5, kOneGroupAll}, {300, 200, 160, 5, kNegative},
-        {300, 200, 160, 5, kOversized},   {70, 130, 32, 2, kSkewEmpty},    {2048, 256, 256, 4, kSkewEmpty},
-        {5000, 300, 512, 3, kNegative},
-    };
-    if (!small) {
-      cases.push_back({1000, 136, 7168, 64, kSkewEmpty});
-      cases.push_back({1000, 136, 7168, 64, kOversized});
-      cases.push_back({4096, 7168, 3072, 48, kSkewEmpty});
-      cases.push_back({20000, 384, 1024, 8, kSkewEmpty});
-    }
-    uint64_t s = seed;
-    for (const Case& c : cases)
-      for (int fp4 = 0; fp4 < 2; ++fp4)
-        for (int f32 = 0; f32 < 2; ++f32) {
-          if (c.M * c.N * c.K > 2000000000LL && f32 == 0 && fp4 == 1) continue;  // keep the big case short
-          run_case(c, fp4 != 0, f32 != 0, ++s);
-        }
-    // every token-tile config on a few shapes
-    const Case forced[] = {{37, 8, 96, 3, kNegative}, {300, 200, 160, 5, kSkewEmpty}, {1000, 136, 7168, 64, kOversized}};
-    for (const Case& c : forced)
-      for (int bt : {16, 32, 64, 128}) {
-        run_case(c, false, true, ++s, bt);
-        run_case(c, true, false, ++s, bt);
+  for (bool kw : kernels) {
+    g_wgmma = kw;
+    std::printf("\n===== kernel: %s =====\n", kw ? "wgmma (v2, v1 fallback where unhandled)" : "mma (v1)");
+    if (!bench_only) {
+      std::vector<Case> cases = {
+          {0, 64, 64, 4, kSkewEmpty},       {1, 8, 32, 1, kExact},           {1, 8, 32, 1, kSkewEmpty},
+          {37, 8, 96, 3, kSkewEmpty},       {37, 8, 96, 3, kNegative},       {37, 8, 96, 3, kOversized},
+          {300, 200, 160, 5, kSkewEmpty},   {300, 200, 160, 5, kOneGroupAll}, {300, 200, 160, 5, kNegative},
+          {300, 200, 160, 5, kOversized},   {70, 130, 32, 2, kSkewEmpty},    {2048, 256, 256, 4, kSkewEmpty},
+          {5000, 300, 512, 3, kNegative},
+          // K % 64 == 0 variants of the small shapes (v2 handles these: odd k-tile counts, N tails)
+          {1, 8, 64, 1, kExact},            {37, 8, 128, 3, kNegative},      {37, 8, 192, 3, kOversized},
+          {300, 200, 192, 5, kSkewEmpty},   {300, 200, 192, 5, kOneGroupAll}, {70, 130, 64, 2, kSkewEmpty},
+          {700, 72, 320, 9, kOversized},
+      };
+      if (!small) {
+        cases.push_back({1000, 136, 7168, 64, kSkewEmpty});
+        cases.push_back({1000, 136, 7168, 64, kOversized});
+        cases.push_back({4096, 7168, 3072, 48, kSkewEmpty});
+        cases.push_back({20000, 384, 1024, 8, kSkewEmpty});
       }
-    std::printf("selftest: %d failure(s)\n", g_fail);
-  }
-  std::vector<BenchRow> table;
-  if (do_bench && !small) bench(table);
-  if (!table.empty()) {
-    std::printf("\nauto token tile:\n| case | rows | BT | W4A16 ms | TFLOP/s | GB/s | W4A4 ms | TFLOP/s | GB/s |\n|---|---|---|---|---|---|---|---|---|\n");
-    for (size_t i = 0; i + 1 < table.size(); i += 2) {
-      const BenchRow& a = table[i];
-      const BenchRow& b = table[i + 1];
-      std::printf("| %s K=%lld N=%lld | %lld | %d | %.3f | %.1f | %.0f | %.3f | %.1f | %.0f |\n", a.name.c_str(),
-                  (long long)a.K, (long long)a.N, (long long)a.rows, a.bt, a.ms, a.tflops, a.gbs, b.ms, b.tflops, b.gbs);
+      uint64_t s = seed;
+      for (const Case& c : cases)
+        for (int fp4 = 0; fp4 < 2; ++fp4)
+          for (int f32 = 0; f32 < 2; ++f32) {
+            if (c.M * c.N * c.K > 2000000000LL && f32 == 0 && fp4 == 1) continue;  // keep the big case short
+            run_case(c, fp4 != 0, f32 != 0, ++s);
+          }
+      // every token-tile config on a few shapes
+      const Case forced[] = {{37, 8, 96, 3, kNegative},       {300, 200, 160, 5, kSkewEmpty},
+                             {1000, 136, 7168, 64, kOversized}, {300, 200, 192, 5, kSkewEmpty},
+                             {700, 72, 320, 9, kOversized}};
+      for (const Case& c : forced)
+        for (int bt : {16, 32, 64, 128, 256}) {
+          if (!kw && bt == 256) continue;
+          run_case(c, false, true, ++s, bt);
+          run_case(c, true, false, ++s, bt);
+        }
+      std::printf("selftest (%s): %d failure(s) so far\n", kw ? "wgmma" : "mma", g_fail);
     }
-  }
-  if (!best_table.empty()) {
-    std::printf("\nbest token tile per case (sweep):\n| case | rows | W4A16 best BT | ms | W4A4 best BT | ms |\n|---|---|---|---|---|---|\n");
-    for (size_t i = 0; i + 1 < best_table.size(); i += 2)
-      std::printf("| %s | %lld | %d | %.3f | %d | %.3f |\n", best_table[i].name.c_str(), (long long)best_table[i].rows,
-                  best_table[i].bt, best_table[i].ms, best_table[i + 1].bt, best_table[i + 1].ms);
+    std::vector<BenchRow> table;
+    best_table.clear();
+    if (do_bench && !small) bench(table);
+    if (!table.empty()) {
+      std::printf("\n[%s] auto token tile:\n| case | rows | BT | W4A16 ms | TFLOP/s | GB/s | W4A4 ms | TFLOP/s | GB/s |\n|---|---|---|---|---|---|---|---|---|\n",
+                  kw ? "wgmma" : "mma");
+      for (size_t i = 0; i + 1 < table.size(); i += 2) {
+        const BenchRow& a = table[i];
+        const BenchRow& b = table[i + 1];
+        std::printf("| %s K=%lld N=%lld | %lld | %d | %.3f | %.1f | %.0f | %.3f | %.1f | %.0f |\n", a.name.c_str(),
+                    (long long)a.K, (long long)a.N, (long long)a.rows, a.bt, a.ms, a.tflops, a.gbs, b.ms, b.tflops,
+                    b.gbs);
+      }
+    }
+    if (!best_table.empty()) {
+      std::printf("\n[%s] best token tile per case (sweep):\n| case | rows | W4A16 best BT | ms | W4A4 best BT | ms |\n|---|---|---|---|---|---|\n",
+                  kw ? "wgmma" : "mma");
+      for (size_t i = 0; i + 1 < best_table.size(); i += 2)
+        std::printf("| %s | %lld | %d | %.3f | %d | %.3f |\n", best_table[i].name.c_str(),
+                    (long long)best_table[i].rows, best_table[i].bt, best_table[i].ms, best_table[i + 1].bt,
+                    best_table[i + 1].ms);
+    }
   }
   if (!bench_only) std::printf("SELFTEST %s\n", g_fail ? "FAILED" : "PASSED");
   return g_fail ? 1 : 0;

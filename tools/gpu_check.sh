@@ -26,9 +26,9 @@ if [ -f tools/gemm_selftest.cu ]; then
   cutlass_inc=$(python3 -c "import cutlass_library,os;print(os.path.join(os.path.dirname(cutlass_library.__file__),'source'))")
   step selftest_build nvcc -std=c++17 -O3 -Xcompiler -fopenmp -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
     -I. -I"$cutlass_inc/include" -I"$cutlass_inc/tools/util/include" -o /tmp/gemm_selftest \
-    tools/gemm_selftest.cu csrc/grouped_gemm_sm90.cu
-  step selftest /tmp/gemm_selftest --no-bench
-  step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 /tmp/gemm_selftest --small --no-bench
+    tools/gemm_selftest.cu csrc/grouped_gemm_sm90.cu csrc/grouped_gemm_sm90_wgmma.cu
+  step selftest /tmp/gemm_selftest --no-bench --kernel both
+  step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 /tmp/gemm_selftest --small --no-bench --kernel both
 fi
 step bench python3 -P -m jax_nvfp4.bench --out "$out" --check "$@"
 echo

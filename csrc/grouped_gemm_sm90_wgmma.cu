@@ -1,0 +1,728 @@
+// Grouped NVFP4 GEMM for Hopper (sm_90a), version 2: WGMMA with the weights as register operand.
+//
+// STATUS: compile-checked only (nvcc 13.0, sm_90a); never run on a GPU. See docs/perf-notes.md,
+// "v2 (WGMMA), not yet run", for the design, predictions and the first things to verify.
+//
+// Same contract as v1 (csrc/grouped_gemm_sm90.h). Handles W4A16 with K % 64 == 0; everything
+// else is forwarded to v1 (see GroupedGemmWgmmaHandles in the header).
+//
+// D^T = W X^T: a CTA tile is 128 weight rows (output columns n) x up to BTMAX tokens (rows of one
+// group). The weights are the WGMMA A operand, from registers (wgmma ... RS); the tokens are the
+// WGMMA N side, read by WGMMA straight from shared memory (bf16, 128-byte swizzle, loaded by TMA).
+//
+// Warp specialization (384 threads, 1 CTA per SM, persistent):
+//   warpgroup 0 (producer; setmaxnreg 40): warp 0 issues the TMA loads of the weight tile
+//     (128 rows x 32 bytes = 64 k of packed e2m1) and the activation tile (64 k x rows, in boxes
+//     of 32 tokens), and its 32 lanes fetch the 128 x 4 e4m3 scale bytes with 4-byte cp.async that
+//     arrive on the same mbarrier (cp.async.mbarrier.arrive.noinc). Warps 1-3 idle.
+//   warpgroups 1, 2 (consumers; setmaxnreg 232): 64 weight rows each. Per 64-wide k-tile each
+//     thread reads its two weight rows (g, g+8 of its warp's 16) from shared memory, builds the
+//     bf16 A fragments of the 4 k-blocks (e2m1 -> bf16 by byte permute + shift/mask, times the
+//     e4m3 block scale) and issues 4 wgmma m64nNk16 (N = 32/64/128/256 chosen per tile from the
+//     tile's row count). Fragments are double-buffered so the conversion of k-tile i+1 overlaps
+//     the wgmmas of k-tile i (wait_group 1).
+//   mbarriers: full[s] (1 arrive.expect_tx + 32 cp.async arrivals + TMA bytes), empty[s] (one
+//     arrival per consumer warp, 8).
+//
+// Mapping of the e2m1 codes onto the WGMMA A fragment. One 16-wide NVFP4 block = one k16 WGMMA
+// k-block (k-tile kb = physical k 16kb..16kb+15 of the 64-wide tile), so each fragment register
+// needs exactly one scale. In the bf16 A fragment of m64k16 (same as mma.sync m16n8k16) thread
+// (g = lane/4, t = lane%4) of warp w holds rows 16w+g (regs 0, 2) and 16w+g+8 (regs 1, 3) and k
+// pairs (2t, 2t+1) (regs 0, 1) and (2t+8, 2t+9) (regs 2, 3). The activations keep their natural k
+// order (TMA), so the pair (2t, 2t+1) of core matrix c of k-block kb is byte t of the 32-bit word
+// 2kb+c of the weight row (8 words per row per k-tile). With u = prmt(w << 4, w, sel_t) (byte t
+// of w<<4 to byte 1, byte t of w to byte 3), bits 12-15 of u hold the even-k code and bits 28-31
+// the odd-k code, and
+//   bits = (u & 0x80008000) | ((u >> 6) & 0x01C001C0)
+// is the bf16x2 of (e2m1 * 2^-126) (sign kept; code 1 is a bf16 subnormal). One mul.rn.bf16x2 by
+// bf16(scale * 2^119) gives e2m1 * scale * 2^-7 exactly (range [2^-17, 21], normal). The epilogue
+// multiplies by alpha * 2^7. bf16(scale * 2^-120) is the integer (sign << 15) | ((b & 0x7f) << 4)
+// for every e4m3 byte b (normals, subnormals and zero alike); two exact bf16x2 multiplies by 2^120
+// and 2^119 give bf16(scale * 2^119).
+//
+// Scheduler (no host sync, empty groups do no work): a setup kernel writes the clamped group row
+// bounds and the prefix sums of ceil(rows_g / BTMAX) token tiles to the workspace (same layout as
+// v1). Linear tile L in [0, P_G * NT) (NT = ceil(N/128)) maps to group g with
+// P_g <= L / NT < P_{g+1}, then n-tile (L - P_g NT) / T_g and token tile (L - P_g NT) % T_g: the
+// token tiles of one (group, n-tile) are adjacent, so concurrently running CTAs share weight tiles
+// in L2, and one group's activations stay in L2 while its n-tiles are walked. The grid is one CTA
+// per SM; CTA b takes tiles b, b + grid, ... Each warp finds g by a forward scan from its last g
+// (32 prefix entries per step, ballot), so the lookup is one or two L2 loads per tile.
+// A tail kernel zeroes rows past the last group, as in v1.
+
+#include "csrc/grouped_gemm_sm90_wgmma.h"
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <utility>
+
+#include <cuda.h>  // CUtensorMap and its enums (types only; the encoder comes via the runtime)
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cute/arch/mma_sm90_gmma.hpp>
+
+namespace jax_nvfp4 {
+namespace {
+
+namespace gmma = cute::SM90::GMMA;
+
+constexpr int kRowsW = 128;    // weight rows (output columns) per CTA tile
+constexpr int kBK = 64;        // k per pipeline stage (= one 128-byte swizzle row of bf16)
+constexpr int kBoxT = 32;      // tokens per activation TMA box
+constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+constexpr int kConsumerWarps = 8;
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;
+
+// The 256-token tile (m64n256 accumulators: 128 f32 registers per thread) compiles, but ptxas
+// serializes its wgmmas (C7512, insufficient registers with the double-buffered fragments), so it
+// is off by default; build with -DJAX_NVFP4_WGMMA_BT256=1 to try it. Prefill uses 128 x 128 tiles.
+#ifndef JAX_NVFP4_WGMMA_BT256
+#define JAX_NVFP4_WGMMA_BT256 0
+#endif
+
+// Workspace layout (int32 words), identical to v1's.
+constexpr int kWsTotalRows = 0;
+constexpr int kWsTotalTiles = 1;
+constexpr int kWsPrefix = 64;
+__host__ __device__ constexpr int64_t ws_start_off(int64_t G) { return kWsPrefix + G + 1; }
+__host__ __device__ constexpr int64_t ws_end_off(int64_t G) { return kWsPrefix + 2 * G + 1; }
+
+template <int BTMAX, int STAGES>
+struct WCfg {
+  static constexpr int kActOff = 0;                          // bf16 [BTMAX][64], 128B swizzle
+  static constexpr int kWOff = BTMAX * kBK * 2;              // u8 [128][32] packed e2m1
+  static constexpr int kSOff = kWOff + kRowsW * kBK / 2;     // u8 [128][4] e4m3 scales
+  static constexpr int kStage = (kSOff + kRowsW * 4 + 1023) / 1024 * 1024;
+  static constexpr int kBarOff = STAGES * kStage;            // full[STAGES], empty[STAGES]
+  static constexpr int kSmem = kBarOff + 2 * STAGES * 8 + 1024;  // + slack for 1024B alignment
+  static_assert(kSmem <= 232448, "shared memory");
+  static_assert(BTMAX % kBoxT == 0 && BTMAX <= 256, "token tile");
+};
+
+struct WParams {
+  const uint8_t* rhs_scales;
+  const float* alpha;
+  void* out;
+  const int* ws;
+  int64_t M, N, K, G;
+  int NT;   // n-tiles per group
+  int KT;   // k-tiles
+  bool out_f32;
+};
+
+// ---------------------------------------------------------------------------------------------
+// PTX helpers
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// 4-byte cp.async, zero-filled past src_bytes (0 or 4).
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+// Arrive on `bar` once all prior cp.async of this thread have landed (counts as one arrival).
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                            int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
+      "[%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// bf16x2 (e2m1 * 2^-126) of the two codes of byte t of w; sel = t | t << 4 | t << 8 | (4 + t) << 12.
+__device__ __forceinline__ uint32_t e2m1_byte_pair(uint32_t w, uint32_t sel) {
+  const uint32_t u = prmt(w << 4, w, sel);
+  return (u & 0x80008000u) | ((u >> 6) & 0x01C001C0u);
+}
+
+// Two e4m3 bytes (bytes 0 and 1 of x) -> bf16x2 (scale * 2^119) of each, returned duplicated:
+// lo = (s0, s0), hi = (s1, s1).
+__device__ __forceinline__ void scale_pairs(uint32_t x, uint32_t& lo, uint32_t& hi) {
+  // bytes [b0, b1] -> halves [b0, b1] (byte 0 of each half; the high byte is don't-care)
+  const uint32_t h = prmt(x, 0u, 0x4140u);  // [b0, 0, b1, 0]
+  uint32_t v = ((h << 8) & 0x80008000u) | ((h << 4) & 0x07F007F0u);  // bf16(scale * 2^-120)
+  v = bf16x2_mul(v, 0x7B807B80u);  // * 2^120 (exact)
+  v = bf16x2_mul(v, 0x7B007B00u);  // * 2^119 (exact: 448 * 2^119 < bf16 max)
+  lo = prmt(v, v, 0x1010u);
+  hi = prmt(v, v, 0x3232u);
+}
+
+// WGMMA m64nNk16, A (bf16) from registers, B (bf16) from shared memory, both K-major.
+template <int NN>
+struct WgOp;
+template <>
+struct WgOp<32> {
+  using Op = gmma::MMA_64x32x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
+};
+template <>
+struct WgOp<64> {
+  using Op = gmma::MMA_64x64x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
+};
+template <>
+struct WgOp<128> {
+  using Op = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
+};
+template <>
+struct WgOp<256> {
+  using Op = gmma::MMA_64x256x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
+};
+
+template <int NN, typename Acc, size_t... I>
+__device__ __forceinline__ void wgmma_rs(const uint32_t (&a)[4], uint64_t desc, Acc& acc, gmma::ScaleOut sc,
+                                         std::index_sequence<I...>) {
+  WgOp<NN>::Op::fma(a[0], a[1], a[2], a[3], desc, acc[I]..., sc);
+}
+
+// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
+__device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
+template <int N>
+__device__ __forceinline__ void fence_acc(float (&acc)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tile lookup (one warp, all lanes; returns the same values in every lane).
+struct Tile {
+  int g;
+  int n0;
+  int64_t row0;
+  int rows;
+};
+
+__device__ __forceinline__ bool find_tile(int L, int total, const int* __restrict__ prefix,
+                                          const int* __restrict__ starts, const int* __restrict__ ends, int G,
+                                          int NT, int BTMAX, int& gcur, Tile& t) {
+  if (L >= total) return false;
+  const int q = L / NT;
+  const int lane = threadIdx.x & 31;
+  // prefix is nondecreasing, prefix[gcur] <= q (gcur only moves forward) and prefix[G] > q.
+  while (true) {
+    const int j = gcur + 1 + lane;
+    const int v = j <= G ? __ldcg(prefix + j) : 0x7fffffff;
+    const unsigned m = __ballot_sync(0xffffffffu, v <= q);
+    const int c = __popc(m);
+    gcur += c;
+    if (c < 32) break;
+  }
+  const int g = gcur;
+  const int p0 = __ldcg(prefix + g);
+  const int tg = __ldcg(prefix + g + 1) - p0;
+  const int local = L - p0 * NT;
+  const int nt = local / tg;
+  const int tt = local - nt * tg;
+  const int64_t st = __ldcg(starts + g);
+  const int64_t en = __ldcg(ends + g);
+  t.g = g;
+  t.n0 = nt * kRowsW;
+  t.row0 = st + static_cast<int64_t>(tt) * BTMAX;
+  const int64_t r = en - t.row0;
+  t.rows = static_cast<int>(r < BTMAX ? r : BTMAX);
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Setup and tail kernels (same computation and workspace layout as v1's; duplicated here so that
+// v1 stays untouched).
+__global__ void __launch_bounds__(1024) setup_kernel_v2(const int32_t* __restrict__ gs, int64_t G, int64_t M, int BT,
+                                                        int* __restrict__ ws) {
+  __shared__ long long s_scan[1024];
+  const int tid = threadIdx.x;
+  const int64_t per = (G + 1023) / 1024;
+  const int64_t b = tid * per;
+  const int64_t e = b + per < G ? b + per : G;
+
+  long long local = 0;
+  for (int64_t i = b; i < e; ++i) local += max(gs[i], 0);
+  s_scan[tid] = local;
+  __syncthreads();
+  for (int off = 1; off < 1024; off <<= 1) {
+    long long v = tid >= off ? s_scan[tid - off] : 0;
+    __syncthreads();
+    s_scan[tid] += v;
+    __syncthreads();
+  }
+  long long pre = s_scan[tid] - local;
+  const long long total_rows_unclamped = s_scan[1023];
+  __syncthreads();
+
+  long long tiles_local = 0;
+  int* starts = ws + ws_start_off(G);
+  int* ends = ws + ws_end_off(G);
+  for (int64_t i = b; i < e; ++i) {
+    const long long st = pre < M ? pre : M;
+    pre += max(gs[i], 0);
+    const long long en = pre < M ? pre : M;
+    starts[i] = static_cast<int>(st);
+    ends[i] = static_cast<int>(en);
+    tiles_local += (en - st + BT - 1) / BT;
+  }
+  s_scan[tid] = tiles_local;
+  __syncthreads();
+  for (int off = 1; off < 1024; off <<= 1) {
+    long long v = tid >= off ? s_scan[tid - off] : 0;
+    __syncthreads();
+    s_scan[tid] += v;
+    __syncthreads();
+  }
+  long long tpre = s_scan[tid] - tiles_local;
+  int* prefix = ws + kWsPrefix;
+  for (int64_t i = b; i < e; ++i) {
+    prefix[i] = static_cast<int>(tpre);
+    tpre += (ends[i] - starts[i] + BT - 1) / BT;
+  }
+  if (tid == 1023) {
+    prefix[G] = static_cast<int>(s_scan[1023]);
+    ws[kWsTotalTiles] = static_cast<int>(s_scan[1023]);
+    ws[kWsTotalRows] = static_cast<int>(total_rows_unclamped < M ? total_rows_unclamped : M);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256) zero_tail_kernel_v2(T* __restrict__ out, const int* __restrict__ ws, int64_t M,
+                                                           int64_t N) {
+  const int64_t total = ws[kWsTotalRows];
+  const int64_t begin = total * N;
+  const int64_t end = M * N;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = begin + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < end; i += stride)
+    out[i] = T(0.0f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Consumer: one tile's mainloop with WGMMA N = NN. Consumes KT stages starting at (s, ph).
+template <int NN, int BTMAX, int STAGES>
+__device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
+                                                  int r0, uint32_t sel, int& s, uint32_t& ph) {
+  using C = WCfg<BTMAX, STAGES>;
+  const uint32_t full0 = bar_base;
+  const uint32_t empty0 = bar_base + STAGES * 8;
+  const int lane = threadIdx.x & 31;
+  uint32_t frag[2][4][4];
+  int prev_s = 0;
+
+  auto body = [&](int kt, auto buf_c) {
+    constexpr int buf = decltype(buf_c)::value;
+    mbar_wait(full0 + s * 8, ph);
+    const uint8_t* st = smem + s * C::kStage;
+    const uint8_t* rowa = st + C::kWOff + r0 * 32;
+    const uint8_t* rowb = rowa + 8 * 32;
+    const uint32_t sa = *reinterpret_cast<const uint32_t*>(st + C::kSOff + r0 * 4);
+    const uint32_t sb = *reinterpret_cast<const uint32_t*>(st + C::kSOff + (r0 + 8) * 4);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // k-blocks 2h, 2h+1: 16 bytes of each row, loaded as needed (registers)
+      const uint4 wa = *reinterpret_cast<const uint4*>(rowa + 16 * h);
+      const uint4 wb = *reinterpret_cast<const uint4*>(rowb + 16 * h);
+      uint32_t sa0, sa1, sb0, sb1;
+      scale_pairs(sa >> (16 * h), sa0, sa1);
+      scale_pairs(sb >> (16 * h), sb0, sb1);
+      // k-block 2h: words x (core matrix 0), y (core matrix 1); k-block 2h+1: words z, w
+      frag[buf][2 * h][0] = bf16x2_mul(e2m1_byte_pair(wa.x, sel), sa0);
+      frag[buf][2 * h][1] = bf16x2_mul(e2m1_byte_pair(wb.x, sel), sb0);
+      frag[buf][2 * h][2] = bf16x2_mul(e2m1_byte_pair(wa.y, sel), sa0);
+      frag[buf][2 * h][3] = bf16x2_mul(e2m1_byte_pair(wb.y, sel), sb0);
+      frag[buf][2 * h + 1][0] = bf16x2_mul(e2m1_byte_pair(wa.z, sel), sa1);
+      frag[buf][2 * h + 1][1] = bf16x2_mul(e2m1_byte_pair(wb.z, sel), sb1);
+      frag[buf][2 * h + 1][2] = bf16x2_mul(e2m1_byte_pair(wa.w, sel), sa1);
+      frag[buf][2 * h + 1][3] = bf16x2_mul(e2m1_byte_pair(wb.w, sel), sb1);
+    }
+    const uint32_t act = smem_u32(st + C::kActOff);
+    // Pin the conversions before wgmma.fence: otherwise the compiler may sink them between the
+    // wgmmas, and ptxas then serializes the wgmmas (C7513).
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cute::warpgroup_fence_operand(frag[buf][kb][i]);
+    // Same for the descriptors and the scale-d flag: all wgmma inputs are computed before the fence.
+    uint64_t desc[4];
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      desc[kb] = smem_desc_sw128(act + kb * 32);
+      asm volatile("" : "+l"(desc[kb])::"memory");
+    }
+    uint32_t first = kt > 0 ? 1u : 0u;
+    uint32_t one = 1u;
+    asm volatile("" : "+r"(first), "+r"(one)::"memory");
+    fence_acc(acc);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(kb == 0 ? first : one);
+      wgmma_rs<NN>(frag[buf][kb], desc[kb], acc, sc, std::make_index_sequence<NN / 2>{});
+    }
+    cute::warpgroup_commit_batch();
+    fence_acc(acc);
+    cute::warpgroup_wait<1>();  // the wgmmas of k-tile kt-1 are done: its stage and fragments are free
+    if (kt > 0 && lane == 0) mbar_arrive(empty0 + prev_s * 8);
+    prev_s = s;
+    if (++s == STAGES) {
+      s = 0;
+      ph ^= 1;
+    }
+  };
+
+  int kt = 0;
+#pragma unroll 1
+  for (; kt + 1 < KT; kt += 2) {
+    body(kt, std::integral_constant<int, 0>{});
+    body(kt + 1, std::integral_constant<int, 1>{});
+  }
+  if (kt < KT) body(kt, std::integral_constant<int, 0>{});
+  cute::warpgroup_wait<0>();
+  fence_acc(acc);
+  if (lane == 0) mbar_arrive(empty0 + prev_s * 8);
+}
+
+template <int NN, int BTMAX>
+__device__ __forceinline__ void consumer_epilogue(const float (&acc)[BTMAX / 2], const WParams& p, const Tile& t,
+                                                  int r0) {
+  const int lane = threadIdx.x & 31;
+  const int t4 = lane & 3;
+  const float mul = __ldg(p.alpha + t.g) * 128.0f;  // undo the 2^-7 of the fp4 weights
+  const int64_t N = p.N;
+  const int64_t n_a = static_cast<int64_t>(t.n0) + r0;  // rows r0 and r0 + 8 of the tile
+  const int64_t rend = t.row0 + t.rows;
+#pragma unroll
+  for (int j = 0; j < NN / 8; ++j) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int64_t tok = t.row0 + 8 * j + 2 * t4 + (c & 1);
+      const int64_t n = n_a + 8 * (c >> 1);
+      if (tok < rend && n < N) {
+        const float v = acc[4 * j + c] * mul;
+        if (p.out_f32)
+          static_cast<float*>(p.out)[tok * N + n] = v;
+        else
+          static_cast<__nv_bfloat16*>(p.out)[tok * N + n] = __float2bfloat16_rn(v);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+template <int BTMAX, int STAGES>
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_a,
+                              const WParams p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using C = WCfg<BTMAX, STAGES>;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const uint32_t bar_base = smem_u32(smem + C::kBarOff);
+  const uint32_t full0 = bar_base;
+  const uint32_t empty0 = bar_base + STAGES * 8;
+
+  if (threadIdx.x == 0) {
+#pragma unroll 1
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full0 + s * 8, 1 + 32);            // arrive.expect_tx + 32 cp.async arrivals
+      mbar_init(empty0 + s * 8, kConsumerWarps);   // one per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_w)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_a)) : "memory");
+  }
+  __syncthreads();
+
+  const int G = static_cast<int>(p.G);
+  const int* prefix = p.ws + kWsPrefix;
+  const int* starts = p.ws + ws_start_off(p.G);
+  const int* ends = p.ws + ws_end_off(p.G);
+  const int total = __ldcg(p.ws + kWsTotalTiles) * p.NT;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int KT = p.KT;
+
+  if (warp < 4) {
+    // ------------------------------- producer warpgroup -------------------------------
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    if (warp != 0) return;
+    const int64_t N = p.N, KS = p.K / 16;
+    int s = 0;
+    uint32_t ph = 0;
+    int gcur = 0;
+    Tile t;
+    for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t); L += gridDim.x) {
+      const int nb = (t.rows + kBoxT - 1) / kBoxT;
+      const uint32_t bytes = kRowsW * kBK / 2 + nb * (kBoxT * kBK * 2);
+      const int row0 = static_cast<int>(t.row0);
+      // per-lane scale rows: lane, lane+32, lane+64, lane+96
+      const uint8_t* ssrc[4];
+      uint32_t sbytes[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t n = t.n0 + lane + 32 * i;
+        const bool ok = n < N;
+        ssrc[i] = ok ? p.rhs_scales + (static_cast<int64_t>(t.g) * N + n) * KS : p.rhs_scales;
+        sbytes[i] = ok ? 4u : 0u;
+      }
+#pragma unroll 1
+      for (int kt = 0; kt < KT; ++kt) {
+        mbar_wait(empty0 + s * 8, ph ^ 1);
+        uint8_t* st = smem + s * C::kStage;
+        const uint32_t full = full0 + s * 8;
+        if (lane == 0) {
+          mbar_arrive_expect_tx(full, bytes);
+          tma_load_3d(smem_u32(st + C::kWOff), &tm_w, full, kt * (kBK / 2), t.n0, t.g);
+          for (int b = 0; b < nb; ++b)
+            tma_load_2d(smem_u32(st + C::kActOff + b * (kBoxT * kBK * 2)), &tm_a, full, kt * kBK, row0 + b * kBoxT);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          cp_async4(smem_u32(st + C::kSOff + (lane + 32 * i) * 4), sbytes[i] ? ssrc[i] + kt * 4 : ssrc[i], sbytes[i]);
+        cp_async_mbar_arrive(full);
+        if (++s == STAGES) {
+          s = 0;
+          ph ^= 1;
+        }
+      }
+    }
+  } else {
+    // ------------------------------- consumer warpgroups -------------------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+    const int cw = warp - 4;                    // consumer warp 0..7
+    const int g8 = lane >> 2, t4 = lane & 3;
+    const int r0 = cw * 16 + g8;                // tile rows r0 and r0 + 8 (warp cw covers 16cw..16cw+15)
+    const uint32_t sel = t4 | (t4 << 4) | (t4 << 8) | ((4 + t4) << 12);
+    float acc[BTMAX / 2];
+#pragma unroll
+    for (int i = 0; i < BTMAX / 2; ++i) acc[i] = 0.0f;
+    int s = 0;
+    uint32_t ph = 0;
+    int gcur = 0;
+    Tile t, nxt;
+    int L = blockIdx.x;
+    bool have = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t);
+    while (have) {
+      // smallest WGMMA N covering the tile's rows (every branch is warpgroup-uniform)
+      if (BTMAX >= 256 && t.rows > 128) {
+        consumer_mainloop<(BTMAX >= 256 ? 256 : 32), BTMAX, STAGES>(acc, smem, bar_base, KT, r0, sel, s, ph);
+      } else if (BTMAX >= 128 && t.rows > 64) {
+        consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES>(acc, smem, bar_base, KT, r0, sel, s, ph);
+      } else if (t.rows > 32) {
+        consumer_mainloop<64, BTMAX, STAGES>(acc, smem, bar_base, KT, r0, sel, s, ph);
+      } else {
+        consumer_mainloop<32, BTMAX, STAGES>(acc, smem, bar_base, KT, r0, sel, s, ph);
+      }
+      L += gridDim.x;
+      const bool have_next = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, nxt);
+      if (BTMAX >= 256 && t.rows > 128) {
+        consumer_epilogue<(BTMAX >= 256 ? 256 : 32), BTMAX>(acc, p, t, r0);
+      } else if (BTMAX >= 128 && t.rows > 64) {
+        consumer_epilogue<(BTMAX >= 128 ? 128 : 32), BTMAX>(acc, p, t, r0);
+      } else if (t.rows > 32) {
+        consumer_epilogue<64, BTMAX>(acc, p, t, r0);
+      } else {
+        consumer_epilogue<32, BTMAX>(acc, p, t, r0);
+      }
+      t = nxt;
+      have = have_next;
+    }
+  }
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiledFn get_encode_fn() {
+  static EncodeTiledFn fn = []() -> EncodeTiledFn {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      return nullptr;
+    return reinterpret_cast<EncodeTiledFn>(ptr);
+  }();
+  return fn;
+}
+
+int num_sms() {
+  static std::atomic<int> cache[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
+  if (dev < 64) {
+    int v = cache[dev].load(std::memory_order_relaxed);
+    if (v > 0) return v;
+  }
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) sms = 132;
+  if (dev < 64) cache[dev].store(sms, std::memory_order_relaxed);
+  return sms;
+}
+
+template <int BTMAX, int STAGES>
+cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStream_t stream) {
+  using C = WCfg<BTMAX, STAGES>;
+  auto kernel = grouped_gemm_wgmma_kernel<BTMAX, STAGES>;
+  static std::atomic<uint64_t> done_mask{0};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const uint64_t bit = dev < 64 ? (uint64_t(1) << dev) : 0;
+  if (bit == 0 || !(done_mask.load(std::memory_order_acquire) & bit)) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
+    if (e != cudaSuccess) return e;
+    done_mask.fetch_or(bit, std::memory_order_acq_rel);
+  }
+
+  EncodeTiledFn encode = get_encode_fn();
+  if (!encode) return cudaErrorNotSupported;
+  CUtensorMap tm_w, tm_a;
+  {  // weights: u8 [G][N][K/2], box 32 bytes x 128 rows x 1 group, no swizzle
+    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.K / 2), static_cast<cuuint64_t>(p.N),
+                                static_cast<cuuint64_t>(p.G)};
+    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.K / 2), static_cast<cuuint64_t>(p.N * (p.K / 2))};
+    const cuuint32_t box[3] = {kBK / 2, kRowsW, 1};
+    const cuuint32_t estr[3] = {1, 1, 1};
+    if (encode(&tm_w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(p.rhs), dims, strides, box, estr,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return cudaErrorInvalidValue;
+  }
+  {  // activations: bf16 [M][K], box 64 k x 32 tokens, 128-byte swizzle (the WGMMA B layout)
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.K), static_cast<cuuint64_t>(p.M)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.K * 2)};
+    const cuuint32_t box[2] = {kBK, kBoxT};
+    const cuuint32_t estr[2] = {1, 1};
+    if (encode(&tm_a, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(p.lhs), dims, strides, box, estr,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return cudaErrorInvalidValue;
+  }
+  kernel<<<num_sms(), kThreads, C::kSmem, stream>>>(tm_w, tm_a, wp);
+  return cudaGetLastError();
+}
+
+int pick_btmax(const GroupedGemmParams& p) {
+  const int f = p.force_token_tile;
+  if (f == 16 || f == 32 || f == 64) return 64;
+  if (f == 128) return 128;
+#if JAX_NVFP4_WGMMA_BT256
+  if (f == 256) return 256;
+#else
+  if (f == 256) return 128;
+#endif
+  const int64_t avg = (p.M + p.G - 1) / (p.G > 0 ? p.G : 1);
+  // Guesses, to be tuned on the H200: a small BTMAX leaves room for deep weight pipelines
+  // (decode is weight streaming); a large one halves the weight and activation re-reads.
+  if (avg <= 24) return 64;
+#if JAX_NVFP4_WGMMA_BT256
+  if (avg <= 96) return 128;
+  return 256;
+#else
+  return 128;
+#endif
+}
+
+}  // namespace
+
+bool GroupedGemmWgmmaHandles(const GroupedGemmParams& p) {
+  if (p.a_fp4) return false;
+  if (p.K <= 0 || p.K % 64 != 0) return false;
+  if (reinterpret_cast<uintptr_t>(p.rhs_scales) & 3) return false;
+  if (p.M > INT32_MAX - 256) return false;
+  // the linear tile index (token tiles x n-tiles) must fit in int32
+  if (((p.M + 63) / 64 + p.G) * ((p.N + kRowsW - 1) / kRowsW) > INT32_MAX) return false;
+  return get_encode_fn() != nullptr;
+}
+
+int GroupedGemmWgmmaTokenTile(const GroupedGemmParams& p) {
+  return GroupedGemmWgmmaHandles(p) ? pick_btmax(p) : 0;
+}
+
+cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t stream) {
+  if (GroupedGemmCheckParams(p) != nullptr) return cudaErrorInvalidValue;
+  if (p.M == 0 || p.N == 0) return cudaSuccess;
+  if (!GroupedGemmWgmmaHandles(p)) return LaunchGroupedGemmSm90(p, stream);
+
+  const int BT = pick_btmax(p);
+  int* ws = static_cast<int*>(p.workspace);
+  setup_kernel_v2<<<1, 1024, 0, stream>>>(p.group_sizes, p.G, p.M, BT, ws);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+
+  WParams wp;
+  wp.rhs_scales = p.rhs_scales;
+  wp.alpha = p.alpha;
+  wp.out = p.out;
+  wp.ws = ws;
+  wp.M = p.M;
+  wp.N = p.N;
+  wp.K = p.K;
+  wp.G = p.G;
+  wp.NT = static_cast<int>((p.N + kRowsW - 1) / kRowsW);
+  wp.KT = static_cast<int>(p.K / kBK);
+  wp.out_f32 = p.out_f32;
+
+  // <BTMAX, STAGES>: stage bytes 13 KB (64), 21 KB (128), 37 KB (256)
+  if (BT == 64) e = launch_wgmma<64, 12>(p, wp, stream);
+#if JAX_NVFP4_WGMMA_BT256
+  else if (BT == 256) e = launch_wgmma<256, 5>(p, wp, stream);
+#endif
+  else e = launch_wgmma<128, 8>(p, wp, stream);
+  if (e != cudaSuccess) return e;
+
+  const int64_t elems = p.M * p.N;
+  const int64_t blocks64 = (elems + 256 * 8 - 1) / (256 * 8);
+  const unsigned blocks = static_cast<unsigned>(blocks64 < 1024 ? blocks64 : 1024);
+  if (p.out_f32)
+    zero_tail_kernel_v2<float><<<blocks, 256, 0, stream>>>(static_cast<float*>(p.out), ws, p.M, p.N);
+  else
+    zero_tail_kernel_v2<__nv_bfloat16><<<blocks, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(p.out), ws, p.M, p.N);
+  return cudaGetLastError();
+}
+
+}  // namespace jax_nvfp4

@@ -1,0 +1,30 @@
+// Grouped NVFP4 GEMM for Hopper (sm_90a), version 2: WGMMA mainloop (csrc/grouped_gemm_sm90_wgmma.cu).
+// Same contract and semantics as LaunchGroupedGemmSm90 (csrc/grouped_gemm_sm90.h).
+#pragma once
+
+#include "csrc/grouped_gemm_sm90.h"
+
+namespace jax_nvfp4 {
+
+// True when the WGMMA kernel handles these parameters itself; otherwise
+// LaunchGroupedGemmSm90Wgmma forwards to LaunchGroupedGemmSm90 (v1). Not handled (v1 fallback):
+//   - W4A4 (a_fp4): the activations would have to be dequantized on the way into shared memory;
+//     not written yet.
+//   - K % 64 != 0 or K == 0: the scale bytes of a 64-wide k-tile are fetched as one 4-byte
+//     cp.async, which needs K/16 % 4 == 0 (4-byte aligned rows of rhs_scales).
+//   - rhs_scales not 4-byte aligned.
+//   - the driver entry point cuTensorMapEncodeTiled is unavailable.
+bool GroupedGemmWgmmaHandles(const GroupedGemmParams& p);
+
+// Enqueues the grouped GEMM on `stream` (no allocation, no host sync, graph capturable), using the
+// WGMMA kernel when GroupedGemmWgmmaHandles(p), else the v1 kernel. Returns the first CUDA error,
+// or cudaErrorInvalidValue when GroupedGemmCheckParams rejects the parameters.
+cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t stream);
+
+// For tools: the largest token tile (64 or 128; 256 only in a -DJAX_NVFP4_WGMMA_BT256=1 build) the
+// WGMMA launcher picks; every tile then runs the smallest WGMMA N in {32, 64, 128(, 256)} that
+// covers its rows. force_token_tile 64/128(/256) forces one (16 and 32 mean 64). Returns 0 when
+// the v1 fallback would run.
+int GroupedGemmWgmmaTokenTile(const GroupedGemmParams& p);
+
+}  // namespace jax_nvfp4
