@@ -162,6 +162,18 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
+// Explicit shared-memory loads: the kernel addresses shared memory by 32-bit offsets, and generic
+// loads (what plain pointers compiled to) cost more latency and issue slots.
+__device__ __forceinline__ uint32_t lds32(uint32_t a) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ uint4 lds128(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+  return v;
+}
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
@@ -352,15 +364,15 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
   auto body = [&](int kt, auto buf_c) {
     constexpr int buf = decltype(buf_c)::value;
     mbar_wait(full0 + s * 8, ph);
-    const uint8_t* st = smem + s * C::kStage;
-    const uint8_t* rowa = st + C::kWOff + r0 * 32;
-    const uint8_t* rowb = rowa + 8 * 32;
-    const uint32_t sa = *reinterpret_cast<const uint32_t*>(st + C::kSOff + r0 * 4);
-    const uint32_t sb = *reinterpret_cast<const uint32_t*>(st + C::kSOff + (r0 + 8) * 4);
+    const uint32_t st = smem_u32(smem) + s * C::kStage;
+    const uint32_t rowa = st + C::kWOff + r0 * 32;
+    const uint32_t rowb = rowa + 8 * 32;
+    const uint32_t sa = lds32(st + C::kSOff + r0 * 4);
+    const uint32_t sb = lds32(st + C::kSOff + (r0 + 8) * 4);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // k-blocks 2h, 2h+1: 16 bytes of each row, loaded as needed (registers)
-      const uint4 wa = *reinterpret_cast<const uint4*>(rowa + 16 * h);
-      const uint4 wb = *reinterpret_cast<const uint4*>(rowb + 16 * h);
+      const uint4 wa = lds128(rowa + 16 * h);
+      const uint4 wb = lds128(rowb + 16 * h);
       uint32_t sa0, sa1, sb0, sb1;
       scale_pairs(sa >> (16 * h), sa0, sa1);
       scale_pairs(sb >> (16 * h), sb0, sb1);
@@ -374,7 +386,7 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
       frag[buf][2 * h + 1][2] = bf16x2_mul(e2m1_byte_pair(wa.w, sel), sa1);
       frag[buf][2 * h + 1][3] = bf16x2_mul(e2m1_byte_pair(wb.w, sel), sb1);
     }
-    const uint32_t act = smem_u32(st + C::kActOff);
+    const uint32_t act = st + C::kActOff;
     // Pin the conversions before wgmma.fence: otherwise the compiler may sink them between the
     // wgmmas, and ptxas then serializes the wgmmas (C7513).
 #pragma unroll
@@ -455,7 +467,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = WCfg<BTMAX, STAGES>;
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // Align by an offset from smem_raw (not by casting an integer back to a pointer), so that the
+  // compiler keeps the shared address space and emits LDS rather than generic loads.
+  uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
   const uint32_t bar_base = smem_u32(smem + C::kBarOff);
   const uint32_t full0 = bar_base;
   const uint32_t empty0 = bar_base + STAGES * 8;

@@ -5,7 +5,7 @@
 //   nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Xcompiler -fopenmp \
 //        -I. -I<cutlass>/include tools/gemm_selftest.cu csrc/grouped_gemm_sm90.cu \
 //        csrc/grouped_gemm_sm90_wgmma.cu -o gemm_selftest
-// Usage: gemm_selftest [--small] [--no-bench] [--bench-only] [--no-sweep] [--seed S] [--kernel mma|wgmma|both]
+// Usage: gemm_selftest [--small] [--no-bench] [--bench-only] [--no-sweep] [--seed S] [--kernel mma|wgmma|both] [--only L1-1536]
 //   --small: only small shapes (for compute-sanitizer).
 //   --kernel: which launcher the self-test and the benchmark call (default mma = v1). "both" runs
 //     the self-test with each and benchmarks both side by side. v2 forwards the cases it does not
@@ -340,6 +340,7 @@ struct BenchRow {
 };
 
 static int g_sweep = 1;
+static const char* g_only = nullptr;  // --only L1-1536: bench just that case (for profilers)
 static std::vector<BenchRow> best_table;
 
 static void bench(std::vector<BenchRow>& table) {
@@ -390,6 +391,7 @@ static void bench(std::vector<BenchRow>& table) {
   for (int li = 0; li < 2; ++li) {
     const int64_t K = shapes[li][0], N = shapes[li][1];
     for (int64_t rows : rows_list) {
+      if (g_only && std::string(g_only) != std::string(li == 0 ? "L1-" : "L2-") + std::to_string(rows)) continue;
       Rng r(1000 + rows + li);
       std::vector<int32_t> gs = make_group_sizes(r, rows, G, kExact);
       CK(cudaMemcpy(d_gs, gs.data(), G * 4, cudaMemcpyHostToDevice));
@@ -469,6 +471,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--no-bench")) do_bench = false;
     else if (!std::strcmp(argv[i], "--bench-only")) bench_only = true;
     else if (!std::strcmp(argv[i], "--no-sweep")) g_sweep = 0;
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) g_only = argv[++i];
     else if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--kernel") && i + 1 < argc) {
       const char* k = argv[++i];
