@@ -73,8 +73,13 @@ constexpr int kBK = 64;        // k per pipeline stage (= one 128-byte swizzle r
 constexpr int kBoxT = 32;      // tokens per activation TMA box
 constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 constexpr int kConsumerWarps = 8;
-constexpr int kProducerRegs = 40;
-constexpr int kConsumerRegs = 232;
+// Registers after setmaxnreg, per CTAs-per-SM (MINB): the producer warpgroup gives registers
+// back and the consumers take them; 128 * P + 256 * C must fit the launch allocation. (A 2-CTA
+// variant for decode, 24/104, made ptxas compile the consumers to the 80-register launch bound:
+// spills and serialized wgmmas. Not kept.)
+template <int MINB> struct Regs;
+template <> struct Regs<1> { static constexpr int kProducer = 40, kConsumer = 232; };
+constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales for the consumers
 
 // The 256-token tile (m64n256 accumulators: 128 f32 registers per thread) compiles, but ptxas
 // serializes its wgmmas (C7512, insufficient registers with the double-buffered fragments), so it
@@ -90,15 +95,16 @@ constexpr int kWsPrefix = 64;
 __host__ __device__ constexpr int64_t ws_start_off(int64_t G) { return kWsPrefix + G + 1; }
 __host__ __device__ constexpr int64_t ws_end_off(int64_t G) { return kWsPrefix + 2 * G + 1; }
 
-template <int BTMAX, int STAGES>
+template <int BTMAX, int STAGES, int MINB = 1>
 struct WCfg {
   static constexpr int kActOff = 0;                          // bf16 [BTMAX][64], 128B swizzle
   static constexpr int kWOff = BTMAX * kBK * 2;              // u8 [128][32] packed e2m1
-  static constexpr int kSOff = kWOff + kRowsW * kBK / 2;     // u8 [128][4] e4m3 scales
-  static constexpr int kStage = (kSOff + kRowsW * 4 + 1023) / 1024 * 1024;
-  static constexpr int kBarOff = STAGES * kStage;            // full[STAGES], empty[STAGES]
-  static constexpr int kSmem = kBarOff + 2 * STAGES * 8 + 1024;  // + slack for 1024B alignment
-  static_assert(kSmem <= 232448, "shared memory");
+  static constexpr int kSOff = kWOff + kRowsW * kBK / 2;     // u8 [128][4] e4m3 scales (raw)
+  static constexpr int kS2Off = kSOff + kRowsW * 4;          // u32 [128][4] bf16x2 (s, s) * 2^119
+  static constexpr int kStage = (kS2Off + kRowsW * 16 + 1023) / 1024 * 1024;
+  static constexpr int kBarOff = STAGES * kStage;            // full[], ready[], empty[]
+  static constexpr int kSmem = kBarOff + 3 * STAGES * 8 + 1024;  // + slack for 1024B alignment
+  static_assert(kSmem * MINB <= 232448 - MINB * 1024, "shared memory");
   static_assert(BTMAX % kBoxT == 0 && BTMAX <= 256, "token tile");
 };
 
@@ -164,11 +170,6 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
 }
 // Explicit shared-memory loads: the kernel addresses shared memory by 32-bit offsets, and generic
 // loads (what plain pointers compiled to) cost more latency and issue slots.
-__device__ __forceinline__ uint32_t lds32(uint32_t a) {
-  uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(a));
-  return v;
-}
 __device__ __forceinline__ uint4 lds128(uint32_t a) {
   uint4 v;
   asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
@@ -351,31 +352,34 @@ __global__ void __launch_bounds__(256) zero_tail_kernel_v2(T* __restrict__ out, 
 
 // ---------------------------------------------------------------------------------------------
 // Consumer: one tile's mainloop with WGMMA N = NN. Consumes KT stages starting at (s, ph).
-template <int NN, int BTMAX, int STAGES>
+template <int NN, int BTMAX, int STAGES, int MINB>
 __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
                                                   int r0, uint32_t sel, int& s, uint32_t& ph) {
-  using C = WCfg<BTMAX, STAGES>;
+  using C = WCfg<BTMAX, STAGES, MINB>;
   const uint32_t full0 = bar_base;
-  const uint32_t empty0 = bar_base + STAGES * 8;
+  const uint32_t ready0 = bar_base + STAGES * 8;
+  const uint32_t empty0 = bar_base + 2 * STAGES * 8;
   const int lane = threadIdx.x & 31;
   uint32_t frag[2][4][4];
   int prev_s = 0;
 
   auto body = [&](int kt, auto buf_c) {
     constexpr int buf = decltype(buf_c)::value;
+    // ready[s] completes after full[s] (the scale warps wait for it); waiting on full[s] too is
+    // one try_wait that succeeds at once and makes the TMA writes visible to this thread directly.
+    mbar_wait(ready0 + s * 8, ph);
     mbar_wait(full0 + s * 8, ph);
     const uint32_t st = smem_u32(smem) + s * C::kStage;
     const uint32_t rowa = st + C::kWOff + r0 * 32;
     const uint32_t rowb = rowa + 8 * 32;
-    const uint32_t sa = lds32(st + C::kSOff + r0 * 4);
-    const uint32_t sb = lds32(st + C::kSOff + (r0 + 8) * 4);
+    const uint4 sca = lds128(st + C::kS2Off + r0 * 16);        // (s, s) of k-blocks 0..3, row r0
+    const uint4 scb = lds128(st + C::kS2Off + (r0 + 8) * 16);  // row r0 + 8
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // k-blocks 2h, 2h+1: 16 bytes of each row, loaded as needed (registers)
       const uint4 wa = lds128(rowa + 16 * h);
       const uint4 wb = lds128(rowb + 16 * h);
-      uint32_t sa0, sa1, sb0, sb1;
-      scale_pairs(sa >> (16 * h), sa0, sa1);
-      scale_pairs(sb >> (16 * h), sb0, sb1);
+      const uint32_t sa0 = h ? sca.z : sca.x, sa1 = h ? sca.w : sca.y;
+      const uint32_t sb0 = h ? scb.z : scb.x, sb1 = h ? scb.w : scb.y;
       // k-block 2h: words x (core matrix 0), y (core matrix 1); k-block 2h+1: words z, w
       frag[buf][2 * h][0] = bf16x2_mul(e2m1_byte_pair(wa.x, sel), sa0);
       frag[buf][2 * h][1] = bf16x2_mul(e2m1_byte_pair(wb.x, sel), sb0);
@@ -460,24 +464,26 @@ __device__ __forceinline__ void consumer_epilogue(const float (&acc)[BTMAX / 2],
 }
 
 // ---------------------------------------------------------------------------------------------
-template <int BTMAX, int STAGES>
-__global__ void __launch_bounds__(kThreads, 1)
+template <int BTMAX, int STAGES, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB)
     grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_a,
                               const WParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using C = WCfg<BTMAX, STAGES>;
+  using C = WCfg<BTMAX, STAGES, MINB>;
   extern __shared__ uint8_t smem_raw[];
   // Align by an offset from smem_raw (not by casting an integer back to a pointer), so that the
   // compiler keeps the shared address space and emits LDS rather than generic loads.
   uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
   const uint32_t bar_base = smem_u32(smem + C::kBarOff);
   const uint32_t full0 = bar_base;
-  const uint32_t empty0 = bar_base + STAGES * 8;
+  const uint32_t ready0 = bar_base + STAGES * 8;
+  const uint32_t empty0 = bar_base + 2 * STAGES * 8;
 
   if (threadIdx.x == 0) {
 #pragma unroll 1
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full0 + s * 8, 1 + 32);            // arrive.expect_tx + 32 cp.async arrivals
+      mbar_init(ready0 + s * 8, kScaleWarps * 32); // every thread of the scale warps
       mbar_init(empty0 + s * 8, kConsumerWarps);   // one per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -497,8 +503,44 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warp < 4) {
     // ------------------------------- producer warpgroup -------------------------------
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
-    if (warp != 0) return;
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs<MINB>::kProducer));
+    if (warp > kScaleWarps) return;
+    if (warp != 0) {
+      // Scale warps: once a stage has landed, turn its 128 x 4 e4m3 bytes into bf16x2 (s, s)
+      // words (s * 2^119, exact) so each consumer thread reads its 8 scales with two LDS.128
+      // instead of converting them (the 4 threads of a quad would each redo the same work).
+      const int c = (warp - 1) * 32 + lane;  // rows 2c, 2c + 1
+      int s = 0;
+      uint32_t ph = 0;
+      int gcur = 0;
+      Tile t;
+      for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t); L += gridDim.x) {
+#pragma unroll 1
+        for (int kt = 0; kt < KT; ++kt) {
+          mbar_wait(full0 + s * 8, ph);
+          const uint32_t st = smem_u32(smem) + s * C::kStage;
+          uint2 raw;
+          asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(raw.x), "=r"(raw.y) : "r"(st + C::kSOff + 8 * c));
+          uint32_t o[8];
+          scale_pairs(raw.x, o[0], o[1]);
+          scale_pairs(raw.x >> 16, o[2], o[3]);
+          scale_pairs(raw.y, o[4], o[5]);
+          scale_pairs(raw.y >> 16, o[6], o[7]);
+          asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(st + C::kS2Off + 32 * c), "r"(o[0]),
+                       "r"(o[1]), "r"(o[2]), "r"(o[3])
+                       : "memory");
+          asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(st + C::kS2Off + 32 * c + 16), "r"(o[4]),
+                       "r"(o[5]), "r"(o[6]), "r"(o[7])
+                       : "memory");
+          mbar_arrive(ready0 + s * 8);
+          if (++s == STAGES) {
+            s = 0;
+            ph ^= 1;
+          }
+        }
+      }
+      return;
+    }
     const int64_t N = p.N, KS = p.K / 16;
     int s = 0;
     uint32_t ph = 0;
@@ -541,7 +583,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     // ------------------------------- consumer warpgroups -------------------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs<MINB>::kConsumer));
     const int cw = warp - 4;                    // consumer warp 0..7
     const int g8 = lane >> 2, t4 = lane & 3;
     const int r0 = cw * 16 + g8;                // tile rows r0 and r0 + 8 (warp cw covers 16cw..16cw+15)
@@ -558,13 +600,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     while (have) {
       // smallest WGMMA N covering the tile's rows (every branch is warpgroup-uniform)
       if (BTMAX >= 256 && t.rows > 128) {
-        consumer_mainloop<(BTMAX >= 256 ? 256 : 32), BTMAX, STAGES>(acc, smem, bar_base, KT, r0, sel, s, ph);
+        consumer_mainloop<(BTMAX >= 256 ? 256 : 32), BTMAX, STAGES, MINB>(acc, smem, bar_base, KT, r0, sel, s, ph);
       } else if (BTMAX >= 128 && t.rows > 64) {
-        consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES>(acc, smem, bar_base, KT, r0, sel, s, ph);
+        consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES, MINB>(acc, smem, bar_base, KT, r0, sel, s, ph);
       } else if (t.rows > 32) {
-        consumer_mainloop<64, BTMAX, STAGES>(acc, smem, bar_base, KT, r0, sel, s, ph);
+        consumer_mainloop<64, BTMAX, STAGES, MINB>(acc, smem, bar_base, KT, r0, sel, s, ph);
       } else {
-        consumer_mainloop<32, BTMAX, STAGES>(acc, smem, bar_base, KT, r0, sel, s, ph);
+        consumer_mainloop<32, BTMAX, STAGES, MINB>(acc, smem, bar_base, KT, r0, sel, s, ph);
       }
       L += gridDim.x;
       const bool have_next = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, nxt);
@@ -617,10 +659,10 @@ int num_sms() {
   return sms;
 }
 
-template <int BTMAX, int STAGES>
+template <int BTMAX, int STAGES, int MINB>
 cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStream_t stream) {
-  using C = WCfg<BTMAX, STAGES>;
-  auto kernel = grouped_gemm_wgmma_kernel<BTMAX, STAGES>;
+  using C = WCfg<BTMAX, STAGES, MINB>;
+  auto kernel = grouped_gemm_wgmma_kernel<BTMAX, STAGES, MINB>;
   static std::atomic<uint64_t> done_mask{0};
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -656,7 +698,7 @@ cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStre
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return cudaErrorInvalidValue;
   }
-  kernel<<<num_sms(), kThreads, C::kSmem, stream>>>(tm_w, tm_a, wp);
+  kernel<<<num_sms() * MINB, kThreads, C::kSmem, stream>>>(tm_w, tm_a, wp);
   return cudaGetLastError();
 }
 
@@ -722,11 +764,11 @@ cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t 
   wp.out_f32 = p.out_f32;
 
   // <BTMAX, STAGES>: stage bytes 13 KB (64), 21 KB (128), 37 KB (256)
-  if (BT == 64) e = launch_wgmma<64, 12>(p, wp, stream);
+  if (BT == 64) e = launch_wgmma<64, 12, 1>(p, wp, stream);
 #if JAX_NVFP4_WGMMA_BT256
-  else if (BT == 256) e = launch_wgmma<256, 5>(p, wp, stream);
+  else if (BT == 256) e = launch_wgmma<256, 5, 1>(p, wp, stream);
 #endif
-  else e = launch_wgmma<128, 8>(p, wp, stream);
+  else e = launch_wgmma<128, 8, 1>(p, wp, stream);
   if (e != cudaSuccess) return e;
 
   const int64_t elems = p.M * p.N;
