@@ -54,6 +54,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <utility>
 
@@ -78,7 +80,7 @@ constexpr int kConsumerWarps = 8;
 // variant for decode, 24/104, made ptxas compile the consumers to the 80-register launch bound:
 // spills and serialized wgmmas. Not kept.)
 template <int MINB> struct Regs;
-template <> struct Regs<1> { static constexpr int kProducer = 40, kConsumer = 232; };
+template <> struct Regs<1> { static constexpr int kProducer = 56, kConsumer = 224; };
 constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales for the consumers
 
 // The 256-token tile (m64n256 accumulators: 128 f32 registers per thread) compiles, but ptxas
@@ -109,6 +111,7 @@ struct WCfg {
 };
 
 struct WParams {
+  const uint8_t* rhs;
   const uint8_t* rhs_scales;
   const float* alpha;
   void* out;
@@ -464,9 +467,12 @@ __device__ __forceinline__ void consumer_epilogue(const float (&acc)[BTMAX / 2],
 }
 
 // ---------------------------------------------------------------------------------------------
-template <int BTMAX, int STAGES, int MINB>
+// WTMA: the weight tile comes by TMA (a 128-row x 32-byte box: 128 separate 32-byte pieces), or,
+// when false, by 16-byte cp.async from producer warp 3 (the path v1 streams weights with).
+template <int BTMAX, int STAGES, int MINB, bool WTMA>
 __global__ void __launch_bounds__(kThreads, MINB)
     grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_a,
+                              const __grid_constant__ CUtensorMap tm_a8,
                               const WParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = WCfg<BTMAX, STAGES, MINB>;
@@ -482,13 +488,15 @@ __global__ void __launch_bounds__(kThreads, MINB)
   if (threadIdx.x == 0) {
 #pragma unroll 1
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full0 + s * 8, 1 + 32);            // arrive.expect_tx + 32 cp.async arrivals
+      // arrive.expect_tx + 32 scale cp.async arrivals (+ 32 weight cp.async arrivals)
+      mbar_init(full0 + s * 8, 1 + 32 + (WTMA ? 0 : 32));
       mbar_init(ready0 + s * 8, kScaleWarps * 32); // every thread of the scale warps
       mbar_init(empty0 + s * 8, kConsumerWarps);   // one per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_w)) : "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_a)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_a8)) : "memory");
   }
   __syncthreads();
 
@@ -504,6 +512,40 @@ __global__ void __launch_bounds__(kThreads, MINB)
   if (warp < 4) {
     // ------------------------------- producer warpgroup -------------------------------
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs<MINB>::kProducer));
+    if (warp == 3 && !WTMA) {
+      // Weight loader: 128 rows x 32 bytes per stage = 256 x 16-byte cp.async, 8 per lane; rows
+      // past N are zero-filled. Arrives on full[s] once this lane's copies have landed.
+      const int64_t N = p.N, KH = p.K / 2;
+      int s = 0;
+      uint32_t ph = 0;
+      int gcur = 0;
+      Tile t;
+      for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t); L += gridDim.x) {
+        // Lane pairs copy one row's 32 bytes (two 16-byte halves): 16 rows per instruction.
+        const int half = lane & 1;
+        const uint8_t* base = p.rhs + (static_cast<int64_t>(t.g) * N + t.n0) * KH + 16 * half;
+        const int rows_ok = static_cast<int>(N - t.n0 < kRowsW ? N - t.n0 : kRowsW);
+#pragma unroll 1
+        for (int kt = 0; kt < KT; ++kt) {
+          mbar_wait(empty0 + s * 8, ph ^ 1);
+          const uint32_t dst = smem_u32(smem) + s * C::kStage + C::kWOff + 16 * half;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const int q = (lane >> 1) + 16 * i;
+            const bool ok = q < rows_ok;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + q * 32),
+                         "l"(base + (ok ? q * KH + kt * 32 : 0)), "r"(ok ? 16u : 0u)
+                         : "memory");
+          }
+          cp_async_mbar_arrive(full0 + s * 8);
+          if (++s == STAGES) {
+            s = 0;
+            ph ^= 1;
+          }
+        }
+      }
+      return;
+    }
     if (warp > kScaleWarps) return;
     if (warp != 0) {
       // Scale warps: once a stage has landed, turn its 128 x 4 e4m3 bytes into bf16x2 (s, s)
@@ -547,8 +589,12 @@ __global__ void __launch_bounds__(kThreads, MINB)
     int gcur = 0;
     Tile t;
     for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t); L += gridDim.x) {
-      const int nb = (t.rows + kBoxT - 1) / kBoxT;
-      const uint32_t bytes = kRowsW * kBK / 2 + nb * (kBoxT * kBK * 2);
+      // Only the tile's own rows, rounded up to 8 (32-row boxes, then 8-row boxes): an expert with
+      // 3 rows at decode loads 1 KB of activations per k-tile, not 4 KB. The WGMMA may read stale
+      // rows past them; those only reach accumulator columns the epilogue drops.
+      const int nb = t.rows / kBoxT;
+      const int nb8 = (t.rows - nb * kBoxT + 7) / 8;
+      const uint32_t bytes = (WTMA ? kRowsW * kBK / 2 : 0) + nb * (kBoxT * kBK * 2) + nb8 * (8 * kBK * 2);
       const int row0 = static_cast<int>(t.row0);
       // per-lane scale rows: lane, lane+32, lane+64, lane+96
       const uint8_t* ssrc[4];
@@ -567,9 +613,12 @@ __global__ void __launch_bounds__(kThreads, MINB)
         const uint32_t full = full0 + s * 8;
         if (lane == 0) {
           mbar_arrive_expect_tx(full, bytes);
-          tma_load_3d(smem_u32(st + C::kWOff), &tm_w, full, kt * (kBK / 2), t.n0, t.g);
+          if (WTMA) tma_load_3d(smem_u32(st + C::kWOff), &tm_w, full, kt * (kBK / 2), t.n0, t.g);
           for (int b = 0; b < nb; ++b)
             tma_load_2d(smem_u32(st + C::kActOff + b * (kBoxT * kBK * 2)), &tm_a, full, kt * kBK, row0 + b * kBoxT);
+          for (int b = 0; b < nb8; ++b)  // 1024-byte aligned, so the 128-byte swizzle pattern continues
+            tma_load_2d(smem_u32(st + C::kActOff + nb * (kBoxT * kBK * 2) + b * (8 * kBK * 2)), &tm_a8, full, kt * kBK,
+                        row0 + nb * kBoxT + 8 * b);
         }
 #pragma unroll
         for (int i = 0; i < 4; ++i)
@@ -603,8 +652,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
         consumer_mainloop<(BTMAX >= 256 ? 256 : 32), BTMAX, STAGES, MINB>(acc, smem, bar_base, KT, r0, sel, s, ph);
       } else if (BTMAX >= 128 && t.rows > 64) {
         consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES, MINB>(acc, smem, bar_base, KT, r0, sel, s, ph);
-      } else if (t.rows > 32) {
-        consumer_mainloop<64, BTMAX, STAGES, MINB>(acc, smem, bar_base, KT, r0, sel, s, ph);
+      } else if (BTMAX >= 64 && t.rows > 32) {
+        consumer_mainloop<(BTMAX >= 64 ? 64 : 32), BTMAX, STAGES, MINB>(acc, smem, bar_base, KT, r0, sel, s, ph);
       } else {
         consumer_mainloop<32, BTMAX, STAGES, MINB>(acc, smem, bar_base, KT, r0, sel, s, ph);
       }
@@ -614,8 +663,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
         consumer_epilogue<(BTMAX >= 256 ? 256 : 32), BTMAX>(acc, p, t, r0);
       } else if (BTMAX >= 128 && t.rows > 64) {
         consumer_epilogue<(BTMAX >= 128 ? 128 : 32), BTMAX>(acc, p, t, r0);
-      } else if (t.rows > 32) {
-        consumer_epilogue<64, BTMAX>(acc, p, t, r0);
+      } else if (BTMAX >= 64 && t.rows > 32) {
+        consumer_epilogue<(BTMAX >= 64 ? 64 : 32), BTMAX>(acc, p, t, r0);
       } else {
         consumer_epilogue<32, BTMAX>(acc, p, t, r0);
       }
@@ -662,7 +711,13 @@ int num_sms() {
 template <int BTMAX, int STAGES, int MINB>
 cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStream_t stream) {
   using C = WCfg<BTMAX, STAGES, MINB>;
-  auto kernel = grouped_gemm_wgmma_kernel<BTMAX, STAGES, MINB>;
+  // Tools: JAX_NVFP4_V2_WLOAD=tma selects the TMA weight path (compared in docs/perf-notes.md).
+  static const bool wtma = [] {
+    const char* v = std::getenv("JAX_NVFP4_V2_WLOAD");
+    return v != nullptr && std::strcmp(v, "tma") == 0;
+  }();
+  auto kernel = wtma ? grouped_gemm_wgmma_kernel<BTMAX, STAGES, MINB, true>
+                     : grouped_gemm_wgmma_kernel<BTMAX, STAGES, MINB, false>;
   static std::atomic<uint64_t> done_mask{0};
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -676,7 +731,7 @@ cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStre
 
   EncodeTiledFn encode = get_encode_fn();
   if (!encode) return cudaErrorNotSupported;
-  CUtensorMap tm_w, tm_a;
+  CUtensorMap tm_w, tm_a, tm_a8;
   {  // weights: u8 [G][N][K/2], box 32 bytes x 128 rows x 1 group, no swizzle
     const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.K / 2), static_cast<cuuint64_t>(p.N),
                                 static_cast<cuuint64_t>(p.G)};
@@ -688,23 +743,26 @@ cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStre
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return cudaErrorInvalidValue;
   }
-  {  // activations: bf16 [M][K], box 64 k x 32 tokens, 128-byte swizzle (the WGMMA B layout)
+  // activations: bf16 [M][K], boxes of 64 k x 32 tokens and 64 k x 8 tokens, 128-byte swizzle
+  // (the WGMMA K-major B layout)
+  for (int which = 0; which < 2; ++which) {
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.K), static_cast<cuuint64_t>(p.M)};
     const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.K * 2)};
-    const cuuint32_t box[2] = {kBK, kBoxT};
+    const cuuint32_t box[2] = {kBK, which == 0 ? static_cast<cuuint32_t>(kBoxT) : 8u};
     const cuuint32_t estr[2] = {1, 1};
-    if (encode(&tm_a, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(p.lhs), dims, strides, box, estr,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    if (encode(which == 0 ? &tm_a : &tm_a8, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(p.lhs), dims,
+               strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return cudaErrorInvalidValue;
   }
-  kernel<<<num_sms() * MINB, kThreads, C::kSmem, stream>>>(tm_w, tm_a, wp);
+  kernel<<<num_sms() * MINB, kThreads, C::kSmem, stream>>>(tm_w, tm_a, tm_a8, wp);
   return cudaGetLastError();
 }
 
 int pick_btmax(const GroupedGemmParams& p) {
   const int f = p.force_token_tile;
-  if (f == 16 || f == 32 || f == 64) return 64;
+  if (f == 16 || f == 32) return 32;
+  if (f == 64) return 64;
   if (f == 128) return 128;
 #if JAX_NVFP4_WGMMA_BT256
   if (f == 256) return 256;
@@ -729,6 +787,7 @@ bool GroupedGemmWgmmaHandles(const GroupedGemmParams& p) {
   if (p.a_fp4) return false;
   if (p.K <= 0 || p.K % 64 != 0) return false;
   if (reinterpret_cast<uintptr_t>(p.rhs_scales) & 3) return false;
+  if (reinterpret_cast<uintptr_t>(p.rhs) & 15) return false;  // 16-byte cp.async of weight rows
   if (p.M > INT32_MAX - 256) return false;
   // the linear tile index (token tiles x n-tiles) must fit in int32
   if (((p.M + 63) / 64 + p.G) * ((p.N + kRowsW - 1) / kRowsW) > INT32_MAX) return false;
@@ -751,6 +810,7 @@ cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t 
   if (e != cudaSuccess) return e;
 
   WParams wp;
+  wp.rhs = p.rhs;
   wp.rhs_scales = p.rhs_scales;
   wp.alpha = p.alpha;
   wp.out = p.out;
@@ -763,8 +823,10 @@ cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t 
   wp.KT = static_cast<int>(p.K / kBK);
   wp.out_f32 = p.out_f32;
 
-  // <BTMAX, STAGES>: stage bytes 13 KB (64), 21 KB (128), 37 KB (256)
-  if (BT == 64) e = launch_wgmma<64, 12, 1>(p, wp, stream);
+  // Stage bytes: 11 KB (32), 15 KB (64), 23 KB (128). The small tiles exist for depth: decode
+  // streams weights, and more stages keep more weight bytes in flight per SM.
+  if (BT == 32) e = launch_wgmma<32, 20, 1>(p, wp, stream);
+  else if (BT == 64) e = launch_wgmma<64, 12, 1>(p, wp, stream);
 #if JAX_NVFP4_WGMMA_BT256
   else if (BT == 256) e = launch_wgmma<256, 5, 1>(p, wp, stream);
 #endif

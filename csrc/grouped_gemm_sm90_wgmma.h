@@ -12,7 +12,7 @@ namespace jax_nvfp4 {
 //     not written yet.
 //   - K % 64 != 0 or K == 0: the scale bytes of a 64-wide k-tile are fetched as one 4-byte
 //     cp.async, which needs K/16 % 4 == 0 (4-byte aligned rows of rhs_scales).
-//   - rhs_scales not 4-byte aligned.
+//   - rhs_scales not 4-byte aligned, or rhs not 16-byte aligned.
 //   - the driver entry point cuTensorMapEncodeTiled is unavailable.
 bool GroupedGemmWgmmaHandles(const GroupedGemmParams& p);
 

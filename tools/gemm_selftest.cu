@@ -419,7 +419,7 @@ static void bench(std::vector<BenchRow>& table) {
         for (int bt : {16, 32, 64, 128, 256}) {
           if (g_sweep == 0 && bt != auto_bt) continue;
           if (rows >= 6144 && bt == 16) continue;  // hopeless, saves time
-          if (v2 ? (bt < 64) : (bt > 128)) continue;  // v2 tiles: 64, 128 (256 in a BT256 build)
+          if (v2 ? (bt < 32) : (bt > 128)) continue;  // v2 tiles: 32, 64, 128 (256 in a BT256 build)
           p.force_token_tile = bt;
           if (tile_of(p) != bt) continue;  // not available in this build
           for (int i = 0; i < 3; ++i) CK(launch(p, 0));
