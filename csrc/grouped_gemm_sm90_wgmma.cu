@@ -242,7 +242,11 @@ __device__ __forceinline__ void wgmma_rs(const uint32_t (&a)[4], uint64_t desc, 
 // cycles even without the e2m1 conversion), so small-N tiles need several chains in flight.
 template <int NN, int BTMAX>
 struct NAcc {
+#ifdef JAX_NVFP4_V2_MULTI_ACC  // ptxas serializes every wgmma with several sets (C7511): off for now
   static constexpr int v = BTMAX / NN < 4 ? BTMAX / NN : 4;
+#else
+  static constexpr int v = 1;
+#endif
 };
 
 // Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
@@ -510,7 +514,6 @@ __device__ __forceinline__ void consumer_epilogue(const float (&acc)[NAcc<NN, BT
 template <int BTMAX, int STAGES, int MINB, bool WTMA>
 __global__ void __launch_bounds__(kThreads, MINB)
     grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_a,
-                              const __grid_constant__ CUtensorMap tm_a8,
                               const WParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = WCfg<BTMAX, STAGES, MINB>;
@@ -534,7 +537,6 @@ __global__ void __launch_bounds__(kThreads, MINB)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_w)) : "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_a)) : "memory");
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_a8)) : "memory");
   }
   __syncthreads();
 
@@ -627,12 +629,10 @@ __global__ void __launch_bounds__(kThreads, MINB)
     int gcur = 0;
     Tile t;
     for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t); L += gridDim.x) {
-      // Only the tile's own rows, rounded up to 8 (32-row boxes, then 8-row boxes): an expert with
-      // 3 rows at decode loads 1 KB of activations per k-tile, not 4 KB. The WGMMA may read stale
-      // rows past them; those only reach accumulator columns the epilogue drops.
-      const int nb = t.rows / kBoxT;
-      const int nb8 = (t.rows - nb * kBoxT + 7) / 8;
-      const uint32_t bytes = (WTMA ? kRowsW * kBK / 2 : 0) + nb * (kBoxT * kBK * 2) + nb8 * (8 * kBK * 2);
+      // Only the 32-row boxes that hold the tile's rows. (Loading just ceil(rows / 8) * 8 rows with
+      // extra 8-row boxes did not speed up decode and slowed 1536 rows by 13%: more TMA issues.)
+      const int nb = (t.rows + kBoxT - 1) / kBoxT;
+      const uint32_t bytes = (WTMA ? kRowsW * kBK / 2 : 0) + nb * (kBoxT * kBK * 2);
       const int row0 = static_cast<int>(t.row0);
       // per-lane scale rows: lane, lane+32, lane+64, lane+96
       const uint8_t* ssrc[4];
@@ -654,9 +654,6 @@ __global__ void __launch_bounds__(kThreads, MINB)
           if (WTMA) tma_load_3d(smem_u32(st + C::kWOff), &tm_w, full, kt * (kBK / 2), t.n0, t.g);
           for (int b = 0; b < nb; ++b)
             tma_load_2d(smem_u32(st + C::kActOff + b * (kBoxT * kBK * 2)), &tm_a, full, kt * kBK, row0 + b * kBoxT);
-          for (int b = 0; b < nb8; ++b)  // 1024-byte aligned, so the 128-byte swizzle pattern continues
-            tma_load_2d(smem_u32(st + C::kActOff + nb * (kBoxT * kBK * 2) + b * (8 * kBK * 2)), &tm_a8, full, kt * kBK,
-                        row0 + nb * kBoxT + 8 * b);
         }
 #pragma unroll
         for (int i = 0; i < 4; ++i)
@@ -766,7 +763,7 @@ cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStre
 
   EncodeTiledFn encode = get_encode_fn();
   if (!encode) return cudaErrorNotSupported;
-  CUtensorMap tm_w, tm_a, tm_a8;
+  CUtensorMap tm_w, tm_a;
   {  // weights: u8 [G][N][K/2], box 32 bytes x 128 rows x 1 group, no swizzle
     const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.K / 2), static_cast<cuuint64_t>(p.N),
                                 static_cast<cuuint64_t>(p.G)};
@@ -778,19 +775,17 @@ cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStre
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return cudaErrorInvalidValue;
   }
-  // activations: bf16 [M][K], boxes of 64 k x 32 tokens and 64 k x 8 tokens, 128-byte swizzle
-  // (the WGMMA K-major B layout)
-  for (int which = 0; which < 2; ++which) {
+  {  // activations: bf16 [M][K], box 64 k x 32 tokens, 128-byte swizzle (the WGMMA K-major B layout)
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.K), static_cast<cuuint64_t>(p.M)};
     const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.K * 2)};
-    const cuuint32_t box[2] = {kBK, which == 0 ? static_cast<cuuint32_t>(kBoxT) : 8u};
+    const cuuint32_t box[2] = {kBK, kBoxT};
     const cuuint32_t estr[2] = {1, 1};
-    if (encode(which == 0 ? &tm_a : &tm_a8, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(p.lhs), dims,
+    if (encode(&tm_a, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(p.lhs), dims,
                strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return cudaErrorInvalidValue;
   }
-  kernel<<<num_sms() * MINB, kThreads, C::kSmem, stream>>>(tm_w, tm_a, tm_a8, wp);
+  kernel<<<num_sms() * MINB, kThreads, C::kSmem, stream>>>(tm_w, tm_a, wp);
   return cudaGetLastError();
 }
 

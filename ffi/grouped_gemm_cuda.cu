@@ -1,10 +1,11 @@
 // XLA FFI CUDA handler for "jax_nvfp4_grouped_gemm": validates the buffers and calls the
 // sm_90a launcher in csrc/grouped_gemm_sm90.cu. No allocation, no host sync, no D2H copy.
 //
-// Kernel choice: v1 (mma.sync, csrc/grouped_gemm_sm90.cu) by default. The environment variable
-// JAX_NVFP4_KERNEL=wgmma, read once per process at the first call, selects v2
-// (csrc/grouped_gemm_sm90_wgmma.cu; not yet validated on a GPU), which itself forwards the cases
-// it does not handle (W4A4, K % 64 != 0) to v1. Any other value, or unset, means v1.
+// Kernel choice: v2 (WGMMA, csrc/grouped_gemm_sm90_wgmma.cu) by default; it forwards what it does
+// not handle (native W4A4, K % 64 != 0) to v1 (mma.sync, csrc/grouped_gemm_sm90.cu). The
+// environment variable JAX_NVFP4_KERNEL=mma, read once per process at the first call, selects v1
+// for everything (jax_nvfp4.grouped_gemm then also keeps W4A4 native instead of dequantizing the
+// activations to bf16 first).
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -32,7 +33,7 @@ std::string DimsToString(ffi::AnyBuffer::Dimensions d) {
 bool UseWgmmaKernel() {
   static const bool use = [] {
     const char* v = std::getenv("JAX_NVFP4_KERNEL");
-    return v != nullptr && std::strcmp(v, "wgmma") == 0;
+    return v == nullptr || std::strcmp(v, "mma") != 0;
   }();
   return use;
 }

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 
 import jax
 import jax.numpy as jnp
 
-from . import _extension, reference
+from . import _extension, quantization, reference
 from .formats import NVFP4Tensor
 
 BACKENDS = ("auto", "ffi", "reference")
@@ -99,6 +100,10 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         "auto" (ffi when the extension is built for this platform, else the reference with a
         one-time warning).
 
+    On the GPU, W4A4 runs as a fused exact dequantization of the activations to bf16 followed by
+    the W4A16 kernel (transient bf16 copy of lhs, ``2 * M * K`` bytes); on the CPU, and with
+    ``JAX_NVFP4_KERNEL=mma`` (the older mma.sync CUDA kernel), the custom call takes W4A4 natively.
+
     Returns:
       ``[M, N]`` out_dtype; row r of group g is ``alpha_g * lhs[r] @ W_g.T`` with ``alpha_g = lhs
       global scale * rhs.global_scale[g]`` applied in the epilogue; rows past the groups are 0.
@@ -110,12 +115,25 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
                                               float_lhs_dtypes=(jnp.bfloat16,))
     out_dtype = jnp.dtype(out_dtype)
     rhs_gs = jnp.broadcast_to(rhs.global_scale.astype(jnp.float32), (g,))
-    if isinstance(lhs, NVFP4Tensor):
-        a, a_sf = lhs.data, lhs.scales
-        alpha = lhs.global_scale.astype(jnp.float32) * rhs_gs
-    else:
-        a, a_sf = jnp.asarray(lhs), jnp.zeros((0,), jnp.float8_e4m3fn)
-        alpha = rhs_gs
     if m == 0:
         return jnp.zeros((0, n), out_dtype)
-    return _grouped_gemm_op(a, a_sf, rhs.data, rhs.scales, alpha, group_sizes, out_dtype)
+    no_sf = jnp.zeros((0,), jnp.float8_e4m3fn)
+    if not isinstance(lhs, NVFP4Tensor):
+        return _grouped_gemm_op(jnp.asarray(lhs), no_sf, rhs.data, rhs.scales, rhs_gs, group_sizes,
+                                out_dtype)
+    alpha = lhs.global_scale.astype(jnp.float32) * rhs_gs
+
+    def native(a, a_sf, w, w_sf, al, gs):
+        return _grouped_gemm_op(a, a_sf, w, w_sf, al, gs, out_dtype)
+
+    def via_bf16(a, a_sf, w, w_sf, al, gs):
+        # W4A4 on the GPU: a fused elementwise pre-pass dequantizes the activations exactly
+        # (e2m1 x e4m3 has at most 6 significant bits, so bf16 holds it; the global scale stays
+        # in alpha), then the WGMMA kernel runs as W4A16. Costs 2*M*K bytes of transient memory.
+        a16 = quantization.e2m1_scaled(NVFP4Tensor(a, a_sf, jnp.float32(1.0)), jnp.bfloat16)
+        return _grouped_gemm_op(a16, no_sf, w, w_sf, al, gs, out_dtype)
+
+    args = (lhs.data, lhs.scales, rhs.data, rhs.scales, alpha, group_sizes)
+    if os.environ.get("JAX_NVFP4_KERNEL") == "mma":   # the v1 kernel has a native W4A4 path
+        return native(*args)
+    return jax.lax.platform_dependent(*args, cpu=native, default=via_bf16)
