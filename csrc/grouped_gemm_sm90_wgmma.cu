@@ -242,11 +242,7 @@ __device__ __forceinline__ void wgmma_rs(const uint32_t (&a)[4], uint64_t desc, 
 // cycles even without the e2m1 conversion), so small-N tiles need several chains in flight.
 template <int NN, int BTMAX>
 struct NAcc {
-#ifdef JAX_NVFP4_V2_MULTI_ACC  // ptxas serializes every wgmma with several sets (C7511): off for now
   static constexpr int v = BTMAX / NN < 4 ? BTMAX / NN : 4;
-#else
-  static constexpr int v = 1;
-#endif
 };
 
 // Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
@@ -443,7 +439,7 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[NAcc<NN, BTMAX>::
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) {
       // the first wgmma of each accumulator set (k-tile 0, kb < NACC) overwrites it
-      const gmma::ScaleOut sc = NACC > 1 ? gmma::ScaleOut::One : static_cast<gmma::ScaleOut>(kb < NACC ? first : one);
+      const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(kb < NACC ? first : one);
 #if JAX_NVFP4_V2_DIAG == 2  // diagnostic build: no tensor work (wrong results)
       asm volatile("" ::"r"(frag[buf][kb][0]), "r"(frag[buf][kb][1]), "r"(frag[buf][kb][2]), "r"(frag[buf][kb][3]));
       (void)sc;
@@ -684,10 +680,10 @@ __global__ void __launch_bounds__(kThreads, MINB)
     auto run_tile = [&](auto nn_c) {
       constexpr int NN = decltype(nn_c)::value;
       float acc[NAcc<NN, BTMAX>::v * NN / 2];
-      if (NAcc<NN, BTMAX>::v > 1) {  // several sets accumulate from zero (one set uses scale-d 0 instead)
+      // Zeroed although each set's first wgmma overwrites it (scale-d 0): with uninitialized
+      // accumulators ptxas serialized every wgmma (C7511/C7512, a DEPBAR after each HGMMA).
 #pragma unroll
-        for (int i = 0; i < NAcc<NN, BTMAX>::v * NN / 2; ++i) acc[i] = 0.0f;
-      }
+      for (int i = 0; i < NAcc<NN, BTMAX>::v * NN / 2; ++i) acc[i] = 0.0f;
       consumer_mainloop<NN, BTMAX, STAGES, MINB>(acc, smem, bar_base, KT, r0, sel, s, ph);
       L += gridDim.x;
       Tile nxt;
