@@ -86,6 +86,7 @@ constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales
 // The 256-token tile (m64n256 accumulators: 128 f32 registers per thread) compiles, but ptxas
 // serializes its wgmmas (C7512, insufficient registers with the double-buffered fragments), so it
 // is off by default; build with -DJAX_NVFP4_WGMMA_BT256=1 to try it. Prefill uses 128 x 128 tiles.
+// Diagnostic builds (tools only, wrong results): 1 skips the e2m1 conversion, 2 the wgmmas.
 #ifndef JAX_NVFP4_V2_DIAG
 #define JAX_NVFP4_V2_DIAG 0
 #endif
@@ -230,20 +231,11 @@ struct WgOp<256> {
   using Op = gmma::MMA_64x256x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
 };
 
-template <int NN, int OFF, typename Acc, size_t... I>
+template <int NN, typename Acc, size_t... I>
 __device__ __forceinline__ void wgmma_rs(const uint32_t (&a)[4], uint64_t desc, Acc& acc, gmma::ScaleOut sc,
                                          std::index_sequence<I...>) {
-  WgOp<NN>::Op::fma(a[0], a[1], a[2], a[3], desc, acc[OFF + I]..., sc);
+  WgOp<NN>::Op::fma(a[0], a[1], a[2], a[3], desc, acc[I]..., sc);
 }
-
-// Independent accumulator sets per tile: k-block kb of every k-tile accumulates into set
-// kb % NACC, and the epilogue sums the sets. Consecutive wgmmas on one accumulator wait for each
-// other (about 100 cycles each in RS mode, measured: a k-tile of 4 chained m64n32k16 took ~400
-// cycles even without the e2m1 conversion), so small-N tiles need several chains in flight.
-template <int NN, int BTMAX>
-struct NAcc {
-  static constexpr int v = BTMAX / NN < 4 ? BTMAX / NN : 4;
-};
 
 // Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
 __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t addr) {
@@ -368,7 +360,7 @@ __global__ void __launch_bounds__(256) zero_tail_kernel_v2(T* __restrict__ out, 
 // ---------------------------------------------------------------------------------------------
 // Consumer: one tile's mainloop with WGMMA N = NN. Consumes KT stages starting at (s, ph).
 template <int NN, int BTMAX, int STAGES, int MINB>
-__device__ __forceinline__ void consumer_mainloop(float (&acc)[NAcc<NN, BTMAX>::v * NN / 2], uint8_t* smem, uint32_t bar_base, int KT,
+__device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
                                                   int r0, uint32_t sel, int& s, uint32_t& ph) {
   using C = WCfg<BTMAX, STAGES, MINB>;
   const uint32_t full0 = bar_base;
@@ -430,7 +422,6 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[NAcc<NN, BTMAX>::
       desc[kb] = smem_desc_sw128(act + kb * 32);
       asm volatile("" : "+l"(desc[kb])::"memory");
     }
-    constexpr int NACC = NAcc<NN, BTMAX>::v;
     uint32_t first = kt > 0 ? 1u : 0u;
     uint32_t one = 1u;
     asm volatile("" : "+r"(first), "+r"(one)::"memory");
@@ -438,17 +429,12 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[NAcc<NN, BTMAX>::
     cute::warpgroup_arrive();
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) {
-      // the first wgmma of each accumulator set (k-tile 0, kb < NACC) overwrites it
-      const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(kb < NACC ? first : one);
+      const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(kb == 0 ? first : one);
 #if JAX_NVFP4_V2_DIAG == 2  // diagnostic build: no tensor work (wrong results)
       asm volatile("" ::"r"(frag[buf][kb][0]), "r"(frag[buf][kb][1]), "r"(frag[buf][kb][2]), "r"(frag[buf][kb][3]));
       (void)sc;
 #else
-      if (kb % NACC == 0) wgmma_rs<NN, 0>(frag[buf][kb], desc[kb], acc, sc, std::make_index_sequence<NN / 2>{});
-      if (kb % NACC == 1) wgmma_rs<NN, NN / 2>(frag[buf][kb], desc[kb], acc, sc, std::make_index_sequence<NN / 2>{});
-      if (kb % NACC == 2) wgmma_rs<NN, NN>(frag[buf][kb], desc[kb], acc, sc, std::make_index_sequence<NN / 2>{});
-      if (kb % NACC == 3)
-        wgmma_rs<NN, 3 * NN / 2>(frag[buf][kb], desc[kb], acc, sc, std::make_index_sequence<NN / 2>{});
+      wgmma_rs<NN>(frag[buf][kb], desc[kb], acc, sc, std::make_index_sequence<NN / 2>{});
 #endif
     }
     cute::warpgroup_commit_batch();
@@ -475,8 +461,7 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[NAcc<NN, BTMAX>::
 }
 
 template <int NN, int BTMAX>
-__device__ __forceinline__ void consumer_epilogue(const float (&acc)[NAcc<NN, BTMAX>::v * NN / 2], const WParams& p,
-                                                  const Tile& t,
+__device__ __forceinline__ void consumer_epilogue(const float (&acc)[BTMAX / 2], const WParams& p, const Tile& t,
                                                   int r0) {
   const int lane = threadIdx.x & 31;
   const int t4 = lane & 3;
@@ -491,10 +476,7 @@ __device__ __forceinline__ void consumer_epilogue(const float (&acc)[NAcc<NN, BT
       const int64_t tok = t.row0 + 8 * j + 2 * t4 + (c & 1);
       const int64_t n = n_a + 8 * (c >> 1);
       if (tok < rend && n < N) {
-        float sum = acc[4 * j + c];
-#pragma unroll
-        for (int a = 1; a < NAcc<NN, BTMAX>::v; ++a) sum += acc[a * (NN / 2) + 4 * j + c];
-        const float v = sum * mul;
+        const float v = acc[4 * j + c] * mul;
         if (p.out_f32)
           static_cast<float*>(p.out)[tok * N + n] = v;
         else
@@ -668,36 +650,39 @@ __global__ void __launch_bounds__(kThreads, MINB)
     const int g8 = lane >> 2, t4 = lane & 3;
     const int r0 = cw * 16 + g8;                // tile rows r0 and r0 + 8 (warp cw covers 16cw..16cw+15)
     const uint32_t sel = t4 | (t4 << 4) | (t4 << 8) | ((4 + t4) << 12);
+    float acc[BTMAX / 2];
+#pragma unroll
+    for (int i = 0; i < BTMAX / 2; ++i) acc[i] = 0.0f;
     int s = 0;
     uint32_t ph = 0;
     int gcur = 0;
-    Tile t;
+    Tile t, nxt;
     int L = blockIdx.x;
     bool have = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t);
-    // One tile with WGMMA N = NN: mainloop, look up the next tile, epilogue. The accumulators
-    // are local to each N's branch, so their registers are not shared between shapes (sharing
-    // one array made ptxas serialize the wgmmas, C7511).
-    auto run_tile = [&](auto nn_c) {
-      constexpr int NN = decltype(nn_c)::value;
-      float acc[NAcc<NN, BTMAX>::v * NN / 2];
-      // Zeroed although each set's first wgmma overwrites it (scale-d 0): with uninitialized
-      // accumulators ptxas serialized every wgmma (C7511/C7512, a DEPBAR after each HGMMA).
-#pragma unroll
-      for (int i = 0; i < NAcc<NN, BTMAX>::v * NN / 2; ++i) acc[i] = 0.0f;
-      consumer_mainloop<NN, BTMAX, STAGES, MINB>(acc, smem, bar_base, KT, r0, sel, s, ph);
-      L += gridDim.x;
-      Tile nxt;
-      const bool have_next = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, nxt);
-      consumer_epilogue<NN, BTMAX>(acc, p, t, r0);
-      t = nxt;
-      have = have_next;
-    };
     while (have) {
       // smallest WGMMA N covering the tile's rows (every branch is warpgroup-uniform)
-      if (BTMAX >= 256 && t.rows > 128) run_tile(std::integral_constant<int, (BTMAX >= 256 ? 256 : 32)>{});
-      else if (BTMAX >= 128 && t.rows > 64) run_tile(std::integral_constant<int, (BTMAX >= 128 ? 128 : 32)>{});
-      else if (BTMAX >= 64 && t.rows > 32) run_tile(std::integral_constant<int, (BTMAX >= 64 ? 64 : 32)>{});
-      else run_tile(std::integral_constant<int, 32>{});
+      if (BTMAX >= 256 && t.rows > 128) {
+        consumer_mainloop<(BTMAX >= 256 ? 256 : 32), BTMAX, STAGES, MINB>(acc, smem, bar_base, KT, r0, sel, s, ph);
+      } else if (BTMAX >= 128 && t.rows > 64) {
+        consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES, MINB>(acc, smem, bar_base, KT, r0, sel, s, ph);
+      } else if (BTMAX >= 64 && t.rows > 32) {
+        consumer_mainloop<(BTMAX >= 64 ? 64 : 32), BTMAX, STAGES, MINB>(acc, smem, bar_base, KT, r0, sel, s, ph);
+      } else {
+        consumer_mainloop<32, BTMAX, STAGES, MINB>(acc, smem, bar_base, KT, r0, sel, s, ph);
+      }
+      L += gridDim.x;
+      const bool have_next = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, nxt);
+      if (BTMAX >= 256 && t.rows > 128) {
+        consumer_epilogue<(BTMAX >= 256 ? 256 : 32), BTMAX>(acc, p, t, r0);
+      } else if (BTMAX >= 128 && t.rows > 64) {
+        consumer_epilogue<(BTMAX >= 128 ? 128 : 32), BTMAX>(acc, p, t, r0);
+      } else if (BTMAX >= 64 && t.rows > 32) {
+        consumer_epilogue<(BTMAX >= 64 ? 64 : 32), BTMAX>(acc, p, t, r0);
+      } else {
+        consumer_epilogue<32, BTMAX>(acc, p, t, r0);
+      }
+      t = nxt;
+      have = have_next;
     }
   }
 #endif
@@ -818,6 +803,10 @@ bool GroupedGemmWgmmaHandles(const GroupedGemmParams& p) {
   // the linear tile index (token tiles x n-tiles) must fit in int32
   if (((p.M + 63) / 64 + p.G) * ((p.N + kRowsW - 1) / kRowsW) > INT32_MAX) return false;
   return get_encode_fn() != nullptr;
+}
+
+bool GroupedGemmWgmmaPreferred(const GroupedGemmParams& p) {
+  return GroupedGemmWgmmaHandles(p) && p.M >= 16 * p.G;
 }
 
 int GroupedGemmWgmmaTokenTile(const GroupedGemmParams& p) {

@@ -16,6 +16,12 @@ namespace jax_nvfp4 {
 //   - the driver entry point cuTensorMapEncodeTiled is unavailable.
 bool GroupedGemmWgmmaHandles(const GroupedGemmParams& p);
 
+// True when v2 is expected to beat v1 on these parameters: GroupedGemmWgmmaHandles(p) and not
+// decode-sized (M / G >= 16 rows per group on average). Measured on the H200 (docs/perf-notes.md):
+// at 4 rows per expert v1 takes 0.35 ms where v2 takes 0.51 ms; from 32 rows per expert up v2 is
+// 1.3-1.8x faster.
+bool GroupedGemmWgmmaPreferred(const GroupedGemmParams& p);
+
 // Enqueues the grouped GEMM on `stream` (no allocation, no host sync, graph capturable), using the
 // WGMMA kernel when GroupedGemmWgmmaHandles(p), else the v1 kernel. Returns the first CUDA error,
 // or cudaErrorInvalidValue when GroupedGemmCheckParams rejects the parameters.

@@ -1,11 +1,12 @@
 // XLA FFI CUDA handler for "jax_nvfp4_grouped_gemm": validates the buffers and calls the
-// sm_90a launcher in csrc/grouped_gemm_sm90.cu. No allocation, no host sync, no D2H copy.
+// sm_90a launchers in csrc/ (v1 grouped_gemm_sm90.cu, v2 grouped_gemm_sm90_wgmma.cu). No allocation, no host sync.
 //
-// Kernel choice: v2 (WGMMA, csrc/grouped_gemm_sm90_wgmma.cu) by default; it forwards what it does
-// not handle (native W4A4, K % 64 != 0) to v1 (mma.sync, csrc/grouped_gemm_sm90.cu). The
-// environment variable JAX_NVFP4_KERNEL=mma, read once per process at the first call, selects v1
-// for everything (jax_nvfp4.grouped_gemm then also keeps W4A4 native instead of dequantizing the
-// activations to bf16 first).
+// Kernel choice, from the environment variable JAX_NVFP4_KERNEL (read once per process):
+//   unset/auto: v2 (WGMMA, csrc/grouped_gemm_sm90_wgmma.cu) where GroupedGemmWgmmaPreferred, else v1
+//               (mma.sync, csrc/grouped_gemm_sm90.cu): decode-sized problems, native W4A4, K % 64.
+//   wgmma:      v2 wherever it can run (tests use this to exercise it on small shapes).
+//   mma:        v1 for everything (jax_nvfp4.grouped_gemm then also keeps W4A4 native instead of
+//               dequantizing the activations to bf16 first).
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -30,12 +31,16 @@ std::string DimsToString(ffi::AnyBuffer::Dimensions d) {
   return s + "]";
 }
 
-bool UseWgmmaKernel() {
-  static const bool use = [] {
+enum class KernelChoice { kAuto, kWgmma, kMma };
+
+KernelChoice KernelFromEnv() {
+  static const KernelChoice k = [] {
     const char* v = std::getenv("JAX_NVFP4_KERNEL");
-    return v == nullptr || std::strcmp(v, "mma") != 0;
+    if (v != nullptr && std::strcmp(v, "mma") == 0) return KernelChoice::kMma;
+    if (v != nullptr && std::strcmp(v, "wgmma") == 0) return KernelChoice::kWgmma;
+    return KernelChoice::kAuto;
   }();
-  return use;
+  return k;
 }
 
 ffi::Error CudaError(const char* what, cudaError_t e) {
@@ -126,8 +131,9 @@ ffi::Error GroupedGemmCudaImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::Any
   p.out_f32 = ot == ffi::DataType::F32;
   if (const char* why = jax_nvfp4::GroupedGemmCheckParams(p)) return bad(why);
 
-  cudaError_t e = UseWgmmaKernel() ? jax_nvfp4::LaunchGroupedGemmSm90Wgmma(p, stream)
-                                   : jax_nvfp4::LaunchGroupedGemmSm90(p, stream);
+  const KernelChoice kc = KernelFromEnv();
+  const bool v2 = kc == KernelChoice::kWgmma || (kc == KernelChoice::kAuto && jax_nvfp4::GroupedGemmWgmmaPreferred(p));
+  cudaError_t e = v2 ? jax_nvfp4::LaunchGroupedGemmSm90Wgmma(p, stream) : jax_nvfp4::LaunchGroupedGemmSm90(p, stream);
   if (e != cudaSuccess) return CudaError("kernel launch failed", e);
   e = cudaGetLastError();
   if (e != cudaSuccess) return CudaError("CUDA error after launch", e);
