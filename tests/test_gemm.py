@@ -61,6 +61,10 @@ SHAPES = [  # (M, N, K, group sizes)
     (129, 7168, 64, [60, 69]),                 # N at the max
     (32768, 8, 32, [10000, 0, 22000, 700]),    # M at the max
     (200, 24, 64, list(np.diff(np.linspace(0, 190, 65).astype(int)))),  # G = 64
+    # K % 64 == 0 with >= 16 rows per group: the WGMMA kernel's shapes (N tail, odd k-tile count,
+    # several 128-row token tiles per group, sum of sizes < M)
+    (700, 200, 320, [100, 0, 250, 3, 97, 0, 130, 20, 50]),
+    (2048, 256, 1024, [900, 4, 0, 600, 300, 244]),
 ]
 
 
