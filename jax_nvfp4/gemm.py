@@ -58,6 +58,24 @@ def _grouped_gemm_jvp(out_dtype, primals, tangents):
         "with respect to the float lhs.")
 
 
+def _w4a4_routes(out_dtype):
+    """The two ways to run W4A4 through the custom call: ``(native, via_bf16)``, each taking
+    ``(lhs_data, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes)``."""
+    no_sf = jnp.zeros((0,), jnp.float8_e4m3fn)
+
+    def native(a, a_sf, w, w_sf, al, gs):
+        return _grouped_gemm_op(a, a_sf, w, w_sf, al, gs, out_dtype)
+
+    def via_bf16(a, a_sf, w, w_sf, al, gs):
+        # W4A4 on the GPU: a fused elementwise pre-pass dequantizes the activations exactly
+        # (e2m1 x e4m3 has at most 6 significant bits, so bf16 holds it; the global scale stays
+        # in alpha), then the W4A16 kernel runs. Costs 2*M*K bytes of transient memory.
+        a16 = quantization.e2m1_scaled(NVFP4Tensor(a, a_sf, jnp.float32(1.0)), jnp.bfloat16)
+        return _grouped_gemm_op(a16, no_sf, w, w_sf, al, gs, out_dtype)
+
+    return native, via_bf16
+
+
 _warned_fallback = False
 
 
@@ -122,17 +140,7 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         return _grouped_gemm_op(jnp.asarray(lhs), no_sf, rhs.data, rhs.scales, rhs_gs, group_sizes,
                                 out_dtype)
     alpha = lhs.global_scale.astype(jnp.float32) * rhs_gs
-
-    def native(a, a_sf, w, w_sf, al, gs):
-        return _grouped_gemm_op(a, a_sf, w, w_sf, al, gs, out_dtype)
-
-    def via_bf16(a, a_sf, w, w_sf, al, gs):
-        # W4A4 on the GPU: a fused elementwise pre-pass dequantizes the activations exactly
-        # (e2m1 x e4m3 has at most 6 significant bits, so bf16 holds it; the global scale stays
-        # in alpha), then the WGMMA kernel runs as W4A16. Costs 2*M*K bytes of transient memory.
-        a16 = quantization.e2m1_scaled(NVFP4Tensor(a, a_sf, jnp.float32(1.0)), jnp.bfloat16)
-        return _grouped_gemm_op(a16, no_sf, w, w_sf, al, gs, out_dtype)
-
+    native, via_bf16 = _w4a4_routes(out_dtype)
     args = (lhs.data, lhs.scales, rhs.data, rhs.scales, alpha, group_sizes)
     if os.environ.get("JAX_NVFP4_KERNEL") == "mma":   # the v1 kernel has a native W4A4 path
         return native(*args)

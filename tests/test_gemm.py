@@ -123,6 +123,18 @@ class TestGroupedGemmHandler:
         ref = jn.grouped_gemm(*args, out_dtype=jnp.float32, backend="reference")
         assert rel_err(ffi, ref) <= 1e-6
 
+    @pytest.mark.parametrize("route", ["native", "via_bf16"])
+    def test_w4a4_routes(self, rng, platform, route):
+        # The GPU runs W4A4 as an exact bf16 dequantization of the activations + the W4A16 call
+        # (platform_dependent picks it); both routes are checked here on either platform.
+        dev = platform_device(platform)
+        lhs, rhs, gs, ref = make_problem(rng, 150, 136, 320, [40, 0, 70, 30], True)
+        lhs, rhs, gs = jax.device_put((lhs, rhs, gs), dev)
+        f = dict(zip(("native", "via_bf16"), jn.gemm._w4a4_routes(jnp.dtype(jnp.float32))))[route]
+        alpha = lhs.global_scale * rhs.global_scale
+        out = jax.jit(f)(lhs.data, lhs.scales, rhs.data, rhs.scales, alpha, gs)
+        assert rel_err(out, ref) <= 1e-5
+
     def test_vmap_sequential_and_grad_error(self, rng, platform):
         dev = platform_device(platform)
         lhs, rhs, gs, _ = make_problem(rng, 16, 24, 64, [8, 8], False)
