@@ -482,10 +482,11 @@ cudaError_t launch_gemm(const KParams& kp, int64_t M, int64_t G, cudaStream_t st
   return cudaGetLastError();
 }
 
-int pick_token_tile(int64_t M, int64_t G, int force) {
+int pick_token_tile(const GroupedGemmParams& p) {
+  const int force = p.force_token_tile;
   if (force == 16 || force == 32 || force == 64 || force == 128) return force;
   // average rows per group decides the token tile
-  const int64_t avg = (M + G - 1) / (G > 0 ? G : 1);
+  const int64_t avg = GroupedGemmAvgRows(p);
   // (measured on the H200, 48 groups, L1/L2 shapes: 16 wins at ~4 rows/group, 32 at ~32,
   // 64 from ~128 up to 512; the 256-thread 128-token config was 3-25% slower than 64 everywhere)
   if (avg <= 12) return 16;
@@ -495,7 +496,7 @@ int pick_token_tile(int64_t M, int64_t G, int force) {
 
 }  // namespace
 
-int GroupedGemmTokenTile(const GroupedGemmParams& p) { return pick_token_tile(p.M, p.G, p.force_token_tile); }
+int GroupedGemmTokenTile(const GroupedGemmParams& p) { return pick_token_tile(p); }
 
 const char* GroupedGemmCheckParams(const GroupedGemmParams& p) {
   if (p.M < 0 || p.N < 0 || p.K < 0 || p.G < 0) return "negative dimension";
@@ -519,7 +520,7 @@ cudaError_t LaunchGroupedGemmSm90(const GroupedGemmParams& p, cudaStream_t strea
   if (GroupedGemmCheckParams(p) != nullptr) return cudaErrorInvalidValue;
   if (p.M == 0 || p.N == 0) return cudaSuccess;
 
-  const int BT = pick_token_tile(p.M, p.G, p.force_token_tile);
+  const int BT = pick_token_tile(p);
   int* ws = static_cast<int*>(p.workspace);
   setup_kernel<<<1, 1024, 0, stream>>>(p.group_sizes, p.G, p.M, BT, ws);
   cudaError_t e = cudaGetLastError();

@@ -31,7 +31,16 @@ struct GroupedGemmParams {
   bool a_fp4 = false;    // W4A4 when true, W4A16 when false
   bool out_f32 = false;  // f32 output when true, bf16 when false
   int force_token_tile = 0;  // 0: automatic; 16/32/64/128 force a token tile (tools, tuning)
+  // Expected rows inside the groups (0: unknown, M is used). Only steers the kernel and token-tile
+  // choice: under expert parallelism M counts every routed row but the groups hold the local ones.
+  int64_t rows_hint = 0;
 };
+
+// Average rows per group the tile heuristics use: rows_hint (or M when 0) / G, rounded up.
+inline int64_t GroupedGemmAvgRows(const GroupedGemmParams& p) {
+  const int64_t rows = p.rows_hint > 0 && p.rows_hint < p.M ? p.rows_hint : p.M;
+  return (rows + p.G - 1) / (p.G > 0 ? p.G : 1);
+}
 
 // Bytes of workspace the launcher needs (the FFI contract sizes it as 4096 + 16*G).
 inline size_t GroupedGemmWorkspaceBytes(int64_t G) { return 4096 + 16 * static_cast<size_t>(G); }

@@ -780,7 +780,7 @@ int pick_btmax(const GroupedGemmParams& p) {
 #else
   if (f == 256) return 128;
 #endif
-  const int64_t avg = (p.M + p.G - 1) / (p.G > 0 ? p.G : 1);
+  const int64_t avg = GroupedGemmAvgRows(p);
   // Guesses, to be tuned on the H200: a small BTMAX leaves room for deep weight pipelines
   // (decode is weight streaming); a large one halves the weight and activation re-reads.
   if (avg <= 24) return 64;
@@ -806,7 +806,7 @@ bool GroupedGemmWgmmaHandles(const GroupedGemmParams& p) {
 }
 
 bool GroupedGemmWgmmaPreferred(const GroupedGemmParams& p) {
-  return GroupedGemmWgmmaHandles(p) && p.M >= 16 * p.G;
+  return GroupedGemmWgmmaHandles(p) && GroupedGemmAvgRows(p) >= 16;
 }
 
 int GroupedGemmWgmmaTokenTile(const GroupedGemmParams& p) {

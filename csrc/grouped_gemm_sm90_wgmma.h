@@ -17,7 +17,7 @@ namespace jax_nvfp4 {
 bool GroupedGemmWgmmaHandles(const GroupedGemmParams& p);
 
 // True when v2 is expected to beat v1 on these parameters: GroupedGemmWgmmaHandles(p) and not
-// decode-sized (M / G >= 16 rows per group on average). Measured on the H200 (docs/perf-notes.md):
+// decode-sized (at least 16 rows per group on average, GroupedGemmAvgRows). Measured on the H200 (docs/perf-notes.md):
 // at 4 rows per expert v1 takes 0.35 ms where v2 takes 0.51 ms; from 32 rows per expert up v2 is
 // 1.3-1.8x faster.
 bool GroupedGemmWgmmaPreferred(const GroupedGemmParams& p);

@@ -51,7 +51,7 @@ uint16_t FloatToBf16(float f) {  // round to nearest even; NaN stays NaN
 ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales,
                           U8Buffer3 rhs_data, ffi::AnyBuffer rhs_scales, F32Buffer1 alpha,
                           S32Buffer1 group_sizes, ffi::Result<ffi::AnyBuffer> out,
-                          ffi::Result<U8Buffer1>) {
+                          ffi::Result<U8Buffer1>, int64_t /*rows_hint: a GPU tiling hint*/) {
   const auto rd = rhs_data.dimensions();
   const int64_t G = rd[0], N = rd[1], K = rd[2] * 2;
   const auto od = out->dimensions();
@@ -145,4 +145,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4GroupedGemmCpu, GroupedGemmCpu,
                                   .Arg<F32Buffer1>()  // alpha
                                   .Arg<S32Buffer1>()  // group_sizes
                                   .Ret<ffi::AnyBuffer>()            // out
-                                  .Ret<U8Buffer1>()); // workspace (unused on CPU)
+                                  .Ret<U8Buffer1>()   // workspace (unused on CPU)
+                                  .Attr<int64_t>("rows_hint"));

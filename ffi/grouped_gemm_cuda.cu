@@ -51,7 +51,7 @@ ffi::Error CudaError(const char* what, cudaError_t e) {
 ffi::Error GroupedGemmCudaImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales,
                                ffi::Buffer<ffi::U8, 3> rhs, ffi::AnyBuffer rhs_scales, ffi::Buffer<ffi::F32, 1> alpha,
                                ffi::Buffer<ffi::S32, 1> group_sizes, ffi::Result<ffi::AnyBuffer> out,
-                               ffi::Result<ffi::Buffer<ffi::U8, 1>> workspace) {
+                               ffi::Result<ffi::Buffer<ffi::U8, 1>> workspace, int64_t rows_hint) {
   auto bad = [](const std::string& msg) { return ffi::Error::InvalidArgument("jax_nvfp4_grouped_gemm: " + msg); };
 
   const auto rd = rhs.dimensions();
@@ -129,6 +129,8 @@ ffi::Error GroupedGemmCudaImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::Any
   p.G = G;
   p.a_fp4 = a_fp4;
   p.out_f32 = ot == ffi::DataType::F32;
+  if (rows_hint < 0) return bad("rows_hint must be >= 0 (0: unknown), got " + std::to_string(rows_hint));
+  p.rows_hint = rows_hint;
   if (const char* why = jax_nvfp4::GroupedGemmCheckParams(p)) return bad(why);
 
   const KernelChoice kc = KernelFromEnv();
@@ -159,5 +161,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4GroupedGemmCuda, GroupedGemmCudaImpl,
                                   .Arg<F32Buffer1>() // alpha
                                   .Arg<S32Buffer1>() // group_sizes
                                   .Ret<ffi::AnyBuffer>()           // out
-                                  .Ret<U8Buffer1>(), // workspace
+                                  .Ret<U8Buffer1>()  // workspace
+                                  .Attr<int64_t>("rows_hint"),
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -8,6 +8,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from . import _extension, quantization, reference
 from .formats import NVFP4Tensor
@@ -36,42 +37,46 @@ def _varying_type(args, shape, dtype):
     return base.update(vma=aval.vma)               # older spelling
 
 
-def _ffi_grouped_gemm(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, out_dtype):
+def _ffi_grouped_gemm(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, out_dtype,
+                      rows_hint):
     m, n, g = lhs.shape[0], rhs_data.shape[1], rhs_data.shape[0]
     args = (lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes)
     out_t = _varying_type(args, (m, n), out_dtype)
     ws_t = _varying_type(args, (workspace_bytes(g),), jnp.uint8)
-    out, _ = jax.ffi.ffi_call(_extension.TARGET, (out_t, ws_t), vmap_method="sequential")(*args)
+    out, _ = jax.ffi.ffi_call(_extension.TARGET, (out_t, ws_t), vmap_method="sequential")(
+        *args, rows_hint=np.int64(rows_hint))
     return out
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(6,))
-def _grouped_gemm_op(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, out_dtype):
-    return _ffi_grouped_gemm(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, out_dtype)
+@functools.partial(jax.custom_jvp, nondiff_argnums=(6, 7))
+def _grouped_gemm_op(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, out_dtype,
+                     rows_hint):
+    return _ffi_grouped_gemm(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, out_dtype,
+                             rows_hint)
 
 
 @_grouped_gemm_op.defjvp
-def _grouped_gemm_jvp(out_dtype, primals, tangents):
+def _grouped_gemm_jvp(out_dtype, rows_hint, primals, tangents):
     raise NotImplementedError(
         "jax_nvfp4.grouped_gemm (backend 'ffi') is forward-only: NVFP4 weights are inference "
         "weights and the custom call has no derivative. Use backend='reference' to differentiate "
         "with respect to the float lhs.")
 
 
-def _w4a4_routes(out_dtype):
+def _w4a4_routes(out_dtype, rows_hint=0):
     """The two ways to run W4A4 through the custom call: ``(native, via_bf16)``, each taking
     ``(lhs_data, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes)``."""
     no_sf = jnp.zeros((0,), jnp.float8_e4m3fn)
 
     def native(a, a_sf, w, w_sf, al, gs):
-        return _grouped_gemm_op(a, a_sf, w, w_sf, al, gs, out_dtype)
+        return _grouped_gemm_op(a, a_sf, w, w_sf, al, gs, out_dtype, rows_hint)
 
     def via_bf16(a, a_sf, w, w_sf, al, gs):
         # W4A4 on the GPU: a fused elementwise pre-pass dequantizes the activations exactly
         # (e2m1 x e4m3 has at most 6 significant bits, so bf16 holds it; the global scale stays
         # in alpha), then the W4A16 kernel runs. Costs 2*M*K bytes of transient memory.
         a16 = quantization.e2m1_scaled(NVFP4Tensor(a, a_sf, jnp.float32(1.0)), jnp.bfloat16)
-        return _grouped_gemm_op(a16, no_sf, w, w_sf, al, gs, out_dtype)
+        return _grouped_gemm_op(a16, no_sf, w, w_sf, al, gs, out_dtype, rows_hint)
 
     return native, via_bf16
 
@@ -100,7 +105,7 @@ def _resolve_backend(backend: str) -> str:
 
 
 def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp.bfloat16,
-                 backend: str = "auto") -> jax.Array:
+                 backend: str = "auto", rows_hint: int | None = None) -> jax.Array:
     """Grouped NVFP4 GEMM: one GEMM per group (expert), group sizes on the device.
 
     Same semantics as :func:`jax_nvfp4.reference.grouped_gemm`.
@@ -117,6 +122,10 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
       backend: "ffi" (the custom call for the platform the arrays live on), "reference", or
         "auto" (ffi when the extension is built for this platform, else the reference with a
         one-time warning).
+      rows_hint: optional static int, the expected number of rows inside the groups when it is
+        much smaller than M (e.g. under expert parallelism, where M counts every routed row but
+        only the local experts' rows are grouped). It only steers the CUDA kernel and tile choice;
+        results do not depend on it.
 
     On the GPU, W4A4 runs as a fused exact dequantization of the activations to bf16 followed by
     the W4A16 kernel (transient bf16 copy of lhs, ``2 * M * K`` bytes); on the CPU, and with
@@ -126,6 +135,10 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
       ``[M, N]`` out_dtype; row r of group g is ``alpha_g * lhs[r] @ W_g.T`` with ``alpha_g = lhs
       global scale * rhs.global_scale[g]`` applied in the epilogue; rows past the groups are 0.
     """
+    if rows_hint is None:
+        rows_hint = 0
+    elif isinstance(rows_hint, bool) or not isinstance(rows_hint, (int, np.integer)) or rows_hint < 0:
+        raise ValueError(f"rows_hint: expected a static int >= 0 or None, got {rows_hint!r}")
     backend = _resolve_backend(backend)
     if backend == "reference":
         return reference.grouped_gemm(lhs, rhs, group_sizes, out_dtype=out_dtype)
@@ -138,9 +151,9 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
     no_sf = jnp.zeros((0,), jnp.float8_e4m3fn)
     if not isinstance(lhs, NVFP4Tensor):
         return _grouped_gemm_op(jnp.asarray(lhs), no_sf, rhs.data, rhs.scales, rhs_gs, group_sizes,
-                                out_dtype)
+                                out_dtype, int(rows_hint))
     alpha = lhs.global_scale.astype(jnp.float32) * rhs_gs
-    native, via_bf16 = _w4a4_routes(out_dtype)
+    native, via_bf16 = _w4a4_routes(out_dtype, int(rows_hint))
     args = (lhs.data, lhs.scales, rhs.data, rhs.scales, alpha, group_sizes)
     if os.environ.get("JAX_NVFP4_KERNEL") == "mma":   # the v1 kernel has a native W4A4 path
         return native(*args)

@@ -42,7 +42,8 @@ def _row_global_scale(x: jax.Array) -> jax.Array:
     return jax.vmap(dynamic_global_scale)(x)
 
 
-def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, config, backend):
+def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, config, backend,
+                 rows_hint=None):
     """One grouped GEMM over rows sorted by (local) expert; float32 ``[R, N]`` out.
 
     ``in_scale`` is the static per-expert activation scale float32 ``[G]`` (W4A4 static) or
@@ -66,7 +67,7 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
         # XLA may keep excess precision for the reference backend on GPU.
         lhs = jax.lax.optimization_barrier(x_rows.astype(jnp.bfloat16))
     out = grouped_gemm(lhs, NVFP4Tensor(w.data, w.scales, alpha), group_sizes,
-                       out_dtype=jnp.float32, backend=backend)
+                       out_dtype=jnp.float32, backend=backend, rows_hint=rows_hint)
     if per_half:
         e = jnp.minimum(row_expert, g - 1)
         half = out.shape[1] // 2
@@ -113,11 +114,14 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
     token_of = (order // k).astype(jnp.int32)
     group_sizes = jnp.bincount(key, length=num_local + 1)[:num_local].astype(jnp.int32)
     xs = x[token_of]                                     # [T*k, H] dispatch
+    # Expected rows of the local experts (uniform routing): a kernel/tile hint only, so that
+    # expert parallelism's non-local rows (past the groups) do not make decode look like prefill.
+    hint = None if num_local >= config.num_experts else -(-t * k * num_local // config.num_experts)
     h1 = _expert_gemm(xs, row_expert, weights.w13, _static_scale(weights, "w13_input_scale", config),
-                      group_sizes, config, backend)
+                      group_sizes, config, backend, hint)
     act = swiglu(h1, config.swiglu_limit)
     y = _expert_gemm(act, row_expert, weights.w2, _static_scale(weights, "w2_input_scale", config),
-                     group_sizes, config, backend)
+                     group_sizes, config, backend, hint)
     rw = jnp.where(is_local, route_weights.reshape(-1), 0.0)[order]
     return jnp.zeros((t, h), jnp.float32).at[token_of].add(y * rw[:, None])
 

@@ -214,3 +214,14 @@ class TestBadInput:
             jn.grouped_gemm(lhs, empty, gs[:0], backend="ffi")
         with pytest.raises(ValueError, match="backend"):
             jn.grouped_gemm(lhs, rhs, gs, backend="cutlass")
+        for hint in (-1, 2.5, True, jnp.int32(3)):
+            with pytest.raises(ValueError, match="rows_hint: expected a static int"):
+                jn.grouped_gemm(lhs, rhs, gs, backend="ffi", rows_hint=hint)
+
+    def test_rows_hint_reaches_the_call_and_changes_nothing(self):
+        lhs, rhs, gs = self.lhs, self.rhs, self.gs
+        f = lambda h: jax.jit(lambda a: jn.grouped_gemm(a, rhs, gs, out_dtype=jnp.float32,  # noqa: E731
+                                                       backend="ffi", rows_hint=h))
+        assert "rows_hint = 3 : i64" in f(3).lower(lhs).as_text()
+        assert "rows_hint = 0 : i64" in f(None).lower(lhs).as_text()
+        np.testing.assert_array_equal(np.asarray(f(3)(lhs)), np.asarray(f(None)(lhs)))

@@ -356,6 +356,22 @@ def _count_ops(hlo: str, op: str) -> int:
         len(re.findall(rf"=\s*\([^=]*\)\s+{op}(?:-start)?\(", hlo))
 
 
+@needs_ffi
+def test_rows_hint_counts_local_rows(rng):
+    """Under EP each device's GEMM sees all T*k routed rows (non-local ones past the groups); the
+    kernel-choice hint is the expected local share, ceil(T*k*L/E), not T*k. Single device: no hint."""
+    cfg, w, x, _ = make_layer(rng)
+    t, k = x.shape[0], cfg.top_k
+    for ep in (2, 4, 8):
+        mesh = ep_mesh(ep)
+        text = ep_fn(cfg, mesh, "psum").lower(x, jn.shard_moe_weights(w, mesh), None).as_text()
+        want = -(-t * k * (E // ep) // E)
+        routed = re.findall(r"rows_hint = (\d+) : i64", text)
+        assert routed.count(str(want)) == 2, (ep, routed)      # the routed L1 and L2 GEMMs
+    text = jax.jit(lambda x, w: jn.moe(x, w, cfg, backend="ffi")).lower(x, w).as_text()
+    assert set(re.findall(r"rows_hint = (\d+) : i64", text)) == {"0"}
+
+
 @pytest.mark.parametrize("backend", [pytest.param("ffi", marks=needs_ffi), "reference"])
 def test_compiled_hlo_collectives(backend, rng):
     cfg, w, x, _ = make_layer(rng)
