@@ -27,6 +27,7 @@
 // rows past the last group.
 
 #include "csrc/grouped_gemm_sm90.h"
+#include "csrc/grouped_gemm_schedule.cuh"
 
 #include <atomic>
 
@@ -47,12 +48,7 @@ constexpr int kWM = kBW / kWarpsW;
 constexpr int kMT = kWM / 16;     // m16 tiles per warp
 constexpr int kActPitchBf16 = 144;  // bytes per token row of a bf16 activation stage (128 + 16 pad)
 
-// Workspace layout (int32 words).
-constexpr int kWsTotalRows = 0;
-constexpr int kWsTotalTiles = 1;
-constexpr int kWsPrefix = 64;     // [G + 1] tile prefix sums, then [G] starts, then [G] ends
-__host__ __device__ constexpr int64_t ws_start_off(int64_t G) { return kWsPrefix + G + 1; }
-__host__ __device__ constexpr int64_t ws_end_off(int64_t G) { return kWsPrefix + 2 * G + 1; }
+// Workspace layout: csrc/grouped_gemm_schedule.cuh.
 
 template <int BT, int WARPS_T, bool A_FP4>
 struct Cfg {
@@ -121,76 +117,6 @@ __device__ __forceinline__ uint32_t scale_pair(uint8_t b) {
   return bits | (bits << 16);
 }
 
-// ---------------------------------------------------------------------------------------------
-// Setup: clamped row offsets and token-tile prefix sums. One block of 1024 threads.
-__global__ void __launch_bounds__(1024) setup_kernel(const int32_t* __restrict__ gs, int64_t G, int64_t M, int BT,
-                                                     int* __restrict__ ws) {
-  __shared__ long long s_scan[1024];
-  const int tid = threadIdx.x;
-  const int64_t per = (G + 1023) / 1024;
-  const int64_t b = tid * per;
-  const int64_t e = b + per < G ? b + per : G;
-
-  long long local = 0;
-  for (int64_t i = b; i < e; ++i) local += max(gs[i], 0);
-  // inclusive block scan (Hillis-Steele)
-  s_scan[tid] = local;
-  __syncthreads();
-  for (int off = 1; off < 1024; off <<= 1) {
-    long long v = tid >= off ? s_scan[tid - off] : 0;
-    __syncthreads();
-    s_scan[tid] += v;
-    __syncthreads();
-  }
-  long long pre = s_scan[tid] - local;
-  const long long total_rows_unclamped = s_scan[1023];
-  __syncthreads();
-
-  long long tiles_local = 0;
-  int* starts = ws + ws_start_off(G);
-  int* ends = ws + ws_end_off(G);
-  for (int64_t i = b; i < e; ++i) {
-    const long long st = pre < M ? pre : M;
-    pre += max(gs[i], 0);
-    const long long en = pre < M ? pre : M;
-    starts[i] = static_cast<int>(st);
-    ends[i] = static_cast<int>(en);
-    tiles_local += (en - st + BT - 1) / BT;
-  }
-  s_scan[tid] = tiles_local;
-  __syncthreads();
-  for (int off = 1; off < 1024; off <<= 1) {
-    long long v = tid >= off ? s_scan[tid - off] : 0;
-    __syncthreads();
-    s_scan[tid] += v;
-    __syncthreads();
-  }
-  long long tpre = s_scan[tid] - tiles_local;
-  int* prefix = ws + kWsPrefix;
-  for (int64_t i = b; i < e; ++i) {
-    prefix[i] = static_cast<int>(tpre);
-    tpre += (ends[i] - starts[i] + BT - 1) / BT;
-  }
-  if (tid == 1023) {
-    prefix[G] = static_cast<int>(s_scan[1023]);
-    ws[kWsTotalTiles] = static_cast<int>(s_scan[1023]);
-    ws[kWsTotalRows] = static_cast<int>(total_rows_unclamped < M ? total_rows_unclamped : M);
-  }
-}
-
-// Zero rows [total_rows, M) of the output.
-template <typename T>
-__global__ void __launch_bounds__(256) zero_tail_kernel(T* __restrict__ out, const int* __restrict__ ws, int64_t M,
-                                                        int64_t N) {
-  const int64_t total = ws[kWsTotalRows];
-  const int64_t begin = total * N;
-  const int64_t end = M * N;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = begin + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < end; i += stride)
-    out[i] = T(0.0f);
-}
-
-// ---------------------------------------------------------------------------------------------
 template <int BT, int WARPS_T, int STAGES, bool A_FP4, int MIN_BLOCKS>
 __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads, MIN_BLOCKS)
     grouped_gemm_kernel(const KParams p) {

@@ -51,6 +51,7 @@
 // A tail kernel zeroes rows past the last group, as in v1.
 
 #include "csrc/grouped_gemm_sm90_wgmma.h"
+#include "csrc/grouped_gemm_schedule.cuh"
 
 #include <atomic>
 #include <cstdint>
@@ -94,12 +95,7 @@ constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales
 #define JAX_NVFP4_WGMMA_BT256 0
 #endif
 
-// Workspace layout (int32 words), identical to v1's.
-constexpr int kWsTotalRows = 0;
-constexpr int kWsTotalTiles = 1;
-constexpr int kWsPrefix = 64;
-__host__ __device__ constexpr int64_t ws_start_off(int64_t G) { return kWsPrefix + G + 1; }
-__host__ __device__ constexpr int64_t ws_end_off(int64_t G) { return kWsPrefix + 2 * G + 1; }
+// Workspace layout, setup and tail kernels: csrc/grouped_gemm_schedule.cuh (shared with v1).
 
 template <int BTMAX, int STAGES, int MINB = 1>
 struct WCfg {
@@ -287,74 +283,6 @@ __device__ __forceinline__ bool find_tile(int L, int total, const int* __restric
   const int64_t r = en - t.row0;
   t.rows = static_cast<int>(r < BTMAX ? r : BTMAX);
   return true;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Setup and tail kernels (same computation and workspace layout as v1's; duplicated here so that
-// v1 stays untouched).
-__global__ void __launch_bounds__(1024) setup_kernel_v2(const int32_t* __restrict__ gs, int64_t G, int64_t M, int BT,
-                                                        int* __restrict__ ws) {
-  __shared__ long long s_scan[1024];
-  const int tid = threadIdx.x;
-  const int64_t per = (G + 1023) / 1024;
-  const int64_t b = tid * per;
-  const int64_t e = b + per < G ? b + per : G;
-
-  long long local = 0;
-  for (int64_t i = b; i < e; ++i) local += max(gs[i], 0);
-  s_scan[tid] = local;
-  __syncthreads();
-  for (int off = 1; off < 1024; off <<= 1) {
-    long long v = tid >= off ? s_scan[tid - off] : 0;
-    __syncthreads();
-    s_scan[tid] += v;
-    __syncthreads();
-  }
-  long long pre = s_scan[tid] - local;
-  const long long total_rows_unclamped = s_scan[1023];
-  __syncthreads();
-
-  long long tiles_local = 0;
-  int* starts = ws + ws_start_off(G);
-  int* ends = ws + ws_end_off(G);
-  for (int64_t i = b; i < e; ++i) {
-    const long long st = pre < M ? pre : M;
-    pre += max(gs[i], 0);
-    const long long en = pre < M ? pre : M;
-    starts[i] = static_cast<int>(st);
-    ends[i] = static_cast<int>(en);
-    tiles_local += (en - st + BT - 1) / BT;
-  }
-  s_scan[tid] = tiles_local;
-  __syncthreads();
-  for (int off = 1; off < 1024; off <<= 1) {
-    long long v = tid >= off ? s_scan[tid - off] : 0;
-    __syncthreads();
-    s_scan[tid] += v;
-    __syncthreads();
-  }
-  long long tpre = s_scan[tid] - tiles_local;
-  int* prefix = ws + kWsPrefix;
-  for (int64_t i = b; i < e; ++i) {
-    prefix[i] = static_cast<int>(tpre);
-    tpre += (ends[i] - starts[i] + BT - 1) / BT;
-  }
-  if (tid == 1023) {
-    prefix[G] = static_cast<int>(s_scan[1023]);
-    ws[kWsTotalTiles] = static_cast<int>(s_scan[1023]);
-    ws[kWsTotalRows] = static_cast<int>(total_rows_unclamped < M ? total_rows_unclamped : M);
-  }
-}
-
-template <typename T>
-__global__ void __launch_bounds__(256) zero_tail_kernel_v2(T* __restrict__ out, const int* __restrict__ ws, int64_t M,
-                                                           int64_t N) {
-  const int64_t total = ws[kWsTotalRows];
-  const int64_t begin = total * N;
-  const int64_t end = M * N;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = begin + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < end; i += stride)
-    out[i] = T(0.0f);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -820,7 +748,7 @@ cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t 
 
   const int BT = pick_btmax(p);
   int* ws = static_cast<int*>(p.workspace);
-  setup_kernel_v2<<<1, 1024, 0, stream>>>(p.group_sizes, p.G, p.M, BT, ws);
+  setup_kernel<<<1, 1024, 0, stream>>>(p.group_sizes, p.G, p.M, BT, ws);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
 
@@ -852,9 +780,9 @@ cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t 
   const int64_t blocks64 = (elems + 256 * 8 - 1) / (256 * 8);
   const unsigned blocks = static_cast<unsigned>(blocks64 < 1024 ? blocks64 : 1024);
   if (p.out_f32)
-    zero_tail_kernel_v2<float><<<blocks, 256, 0, stream>>>(static_cast<float*>(p.out), ws, p.M, p.N);
+    zero_tail_kernel<float><<<blocks, 256, 0, stream>>>(static_cast<float*>(p.out), ws, p.M, p.N);
   else
-    zero_tail_kernel_v2<__nv_bfloat16><<<blocks, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(p.out), ws, p.M, p.N);
+    zero_tail_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(p.out), ws, p.M, p.N);
   return cudaGetLastError();
 }
 

@@ -1,0 +1,94 @@
+// Group schedule shared by the grouped-GEMM kernels (csrc/grouped_gemm_sm90.cu, v1, and
+// csrc/grouped_gemm_sm90_wgmma.cu, v2): the workspace layout, the setup kernel that turns the
+// device-side group sizes into clamped row bounds and token-tile prefix sums, and the kernel that
+// zeroes the output rows past the last group. Included by both .cu files (internal linkage).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace jax_nvfp4 {
+namespace {
+
+// Workspace (int32 words): [0] rows inside the groups, [1] total token tiles, [64, 64 + G] tile
+// prefix sums, then [G] clamped group starts, then [G] clamped group ends.
+constexpr int kWsTotalRows = 0;
+constexpr int kWsTotalTiles = 1;
+constexpr int kWsPrefix = 64;
+__host__ __device__ constexpr int64_t ws_start_off(int64_t G) { return kWsPrefix + G + 1; }
+__host__ __device__ constexpr int64_t ws_end_off(int64_t G) { return kWsPrefix + 2 * G + 1; }
+
+// ---------------------------------------------------------------------------------------------
+// Setup: clamped row offsets and token-tile prefix sums. One block of 1024 threads.
+__global__ void __launch_bounds__(1024) setup_kernel(const int32_t* __restrict__ gs, int64_t G, int64_t M, int BT,
+                                                     int* __restrict__ ws) {
+  __shared__ long long s_scan[1024];
+  const int tid = threadIdx.x;
+  const int64_t per = (G + 1023) / 1024;
+  const int64_t b = tid * per;
+  const int64_t e = b + per < G ? b + per : G;
+
+  long long local = 0;
+  for (int64_t i = b; i < e; ++i) local += max(gs[i], 0);
+  // inclusive block scan (Hillis-Steele)
+  s_scan[tid] = local;
+  __syncthreads();
+  for (int off = 1; off < 1024; off <<= 1) {
+    long long v = tid >= off ? s_scan[tid - off] : 0;
+    __syncthreads();
+    s_scan[tid] += v;
+    __syncthreads();
+  }
+  long long pre = s_scan[tid] - local;
+  const long long total_rows_unclamped = s_scan[1023];
+  __syncthreads();
+
+  long long tiles_local = 0;
+  int* starts = ws + ws_start_off(G);
+  int* ends = ws + ws_end_off(G);
+  for (int64_t i = b; i < e; ++i) {
+    const long long st = pre < M ? pre : M;
+    pre += max(gs[i], 0);
+    const long long en = pre < M ? pre : M;
+    starts[i] = static_cast<int>(st);
+    ends[i] = static_cast<int>(en);
+    tiles_local += (en - st + BT - 1) / BT;
+  }
+  s_scan[tid] = tiles_local;
+  __syncthreads();
+  for (int off = 1; off < 1024; off <<= 1) {
+    long long v = tid >= off ? s_scan[tid - off] : 0;
+    __syncthreads();
+    s_scan[tid] += v;
+    __syncthreads();
+  }
+  long long tpre = s_scan[tid] - tiles_local;
+  int* prefix = ws + kWsPrefix;
+  for (int64_t i = b; i < e; ++i) {
+    prefix[i] = static_cast<int>(tpre);
+    tpre += (ends[i] - starts[i] + BT - 1) / BT;
+  }
+  if (tid == 1023) {
+    prefix[G] = static_cast<int>(s_scan[1023]);
+    ws[kWsTotalTiles] = static_cast<int>(s_scan[1023]);
+    ws[kWsTotalRows] = static_cast<int>(total_rows_unclamped < M ? total_rows_unclamped : M);
+  }
+}
+
+// Zero rows [total_rows, M) of the output.
+template <typename T>
+__global__ void __launch_bounds__(256) zero_tail_kernel(T* __restrict__ out, const int* __restrict__ ws, int64_t M,
+                                                        int64_t N) {
+  const int64_t total = ws[kWsTotalRows];
+  const int64_t begin = total * N;
+  const int64_t end = M * N;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = begin + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < end; i += stride)
+    out[i] = T(0.0f);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+}  // namespace
+}  // namespace jax_nvfp4
