@@ -6,7 +6,10 @@
 
 #include <cstdint>
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
+
+#include "csrc/grouped_gemm_sm90.h"
 
 namespace jax_nvfp4 {
 namespace {
@@ -89,6 +92,19 @@ __global__ void __launch_bounds__(256) zero_tail_kernel(T* __restrict__ out, con
 }
 
 // ---------------------------------------------------------------------------------------------
+
+// Enqueues the zeroing of the output rows past the last group (after the GEMM kernel, which
+// leaves them alone); the count comes from the workspace, so there is no host sync.
+inline cudaError_t launch_zero_tail(const GroupedGemmParams& p, const int* ws, cudaStream_t stream) {
+  const int64_t elems = p.M * p.N;
+  const int64_t blocks64 = (elems + 256 * 8 - 1) / (256 * 8);
+  const unsigned blocks = static_cast<unsigned>(blocks64 < 1024 ? blocks64 : 1024);
+  if (p.out_f32)
+    zero_tail_kernel<float><<<blocks, 256, 0, stream>>>(static_cast<float*>(p.out), ws, p.M, p.N);
+  else
+    zero_tail_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(p.out), ws, p.M, p.N);
+  return cudaGetLastError();
+}
 
 }  // namespace
 }  // namespace jax_nvfp4

@@ -776,14 +776,7 @@ cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t 
   else e = launch_wgmma<128, 8, 1>(p, wp, stream);
   if (e != cudaSuccess) return e;
 
-  const int64_t elems = p.M * p.N;
-  const int64_t blocks64 = (elems + 256 * 8 - 1) / (256 * 8);
-  const unsigned blocks = static_cast<unsigned>(blocks64 < 1024 ? blocks64 : 1024);
-  if (p.out_f32)
-    zero_tail_kernel<float><<<blocks, 256, 0, stream>>>(static_cast<float*>(p.out), ws, p.M, p.N);
-  else
-    zero_tail_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(p.out), ws, p.M, p.N);
-  return cudaGetLastError();
+  return launch_zero_tail(p, ws, stream);
 }
 
 }  // namespace jax_nvfp4
