@@ -1,0 +1,134 @@
+"""The "sm90" load-time layout of NVFP4 weight codes for the Hopper kernels (not used by them yet).
+
+Why: on Hopper both CUDA kernels are bound, at decode sizes, by the instructions that turn E2M1
+codes into bf16 MMA fragments (docs/perf-notes.md): in the checkpoint layout a thread needs byte t
+of scattered words and spends ~4.5 integer ops per bf16x2 register. This layout stores, once at load
+time, each thread's codes contiguously and with their bits pre-placed, so that three of every four
+fragment registers come out of one AND or one shift + AND, and one LDS.128 feeds a thread's whole
+k-tile. It is a bijection on the bytes (0.5 byte per code, scales untouched): checkpoints are
+recovered with :func:`unprepare_sm90`.
+
+The layout, per expert and per block of 128 weight rows x 64 k (4096 bytes, stored where the plain
+block ``data[g, 128 i : 128 i + 128, 32 j : 32 j + 32]`` was, read row-major as 4096 bytes):
+
+- byte offset ``512 * mt + 16 * lane + 4 * kb + byte`` holds the codes that thread ``lane`` (``g8 =
+  lane // 4``, ``t = lane % 4``) needs for m16 row tile ``mt`` (rows ``16 mt .. 16 mt + 15``) and
+  16-wide k-block ``kb``: the mma/wgmma A-fragment registers
+  ``a0 = (row g8, k 2t, 2t+1)``, ``a1 = (row g8 + 8, same k)``, ``a2 = (row g8, k 2t+8, 2t+9)``,
+  ``a3 = (row g8 + 8, k 2t+8, 2t+9)``, as one little-endian 32-bit word ``w``;
+- in ``w`` each register's two codes (even k in the low half, odd k in the high half, +16 bits)
+  have their sign and magnitude bits (e1 e0 m0) at: a0: sign 15, mag 8 7 6; a1: sign 12, mag 5 4 3;
+  a2: sign 9, mag 2 1 0; a3: sign 14, e1 13, e0 11, m0 10;
+- so, with ``M = 0x81C081C0``: ``a0 = w & M``, ``a1 = (w << 3) & M``, ``a2 = (w << 6) & M`` and
+  ``a3 = ((w << 1) & 0x80008000) | ((w >> 5) & 0x01000100) | ((w >> 4) & 0x00C000C0)`` are the
+  bf16x2 pairs ``e2m1 * 2^-126`` (sign kept; code 1 becomes a bf16 subnormal), ready for the one
+  exact ``mul.rn.bf16x2`` by ``bf16(scale * 2^119)`` the kernels already do.
+
+:func:`fragments_sm90` is that extraction in numpy, for tests (and as the specification).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+BLOCK_ROWS = 128   # weight rows per layout block
+BLOCK_K = 64       # k per layout block (32 bytes of codes per row)
+
+# (sign bit, e1 bit, e0 bit, m0 bit) of each register slot a0..a3 in the low half of the word.
+_SLOTS = ((15, 8, 7, 6), (12, 5, 4, 3), (9, 2, 1, 0), (14, 13, 11, 10))
+_MASK = 0x81C081C0
+
+
+def _check(data, what):
+    if data.dtype != jnp.uint8 or data.ndim < 2:
+        raise ValueError(f"{what}: expected uint8 packed codes [..., N, K/2], got {data.dtype} "
+                         f"{tuple(data.shape)}")
+    n, kh = data.shape[-2], data.shape[-1]
+    if n % BLOCK_ROWS or (2 * kh) % BLOCK_K:
+        raise ValueError(f"{what}: the sm90 layout needs N % {BLOCK_ROWS} == 0 and K % {BLOCK_K} "
+                         f"== 0, got N = {n}, K = {2 * kh}")
+
+
+def _split(shape):
+    """[..., N, K] code axes -> [..., NB, mt, hi_row, g8, KB, kb, half8, t, parity]."""
+    *lead, n, k = shape
+    return (*lead, n // BLOCK_ROWS, 8, 2, 8, k // BLOCK_K, 4, 2, 4, 2)
+
+
+def prepare_sm90(data: jax.Array) -> jax.Array:
+    """Packed codes uint8 ``[..., N, K/2]`` (checkpoint layout) -> the same shape in the sm90 layout.
+
+    Jittable; needs N % 128 == 0 and K % 64 == 0.
+    """
+    data = jnp.asarray(data)
+    _check(data, "data")
+    lead = data.shape[:-2]
+    n, kh = data.shape[-2:]
+    nl = len(lead)
+    codes = jnp.stack([data & 0xF, data >> 4], axis=-1).reshape(*lead, n, 2 * kh).astype(jnp.uint32)
+    c = codes.reshape(_split(codes.shape))
+    # axes after the lead: 0 NB, 1 mt, 2 hi_row, 3 g8, 4 KB, 5 kb, 6 half8, 7 t, 8 parity
+    sign, e1, e0, m0 = (c >> 3) & 1, (c >> 2) & 1, (c >> 1) & 1, c & 1
+    word = jnp.zeros(c.shape[:nl] + (n // BLOCK_ROWS, 8, 8, 2 * kh // BLOCK_K, 4, 4), jnp.uint32)
+    for hi_row in range(2):
+        for half8 in range(2):
+            sb, b1, b0, bm = _SLOTS[hi_row + 2 * half8]
+            for parity in range(2):
+                sel = (slice(None),) * nl + (slice(None), slice(None), hi_row, slice(None),
+                                             slice(None), slice(None), half8, slice(None), parity)
+                off = 16 * parity
+                word = word | (sign[sel] << (sb + off)) | (e1[sel] << (b1 + off)) | \
+                    (e0[sel] << (b0 + off)) | (m0[sel] << (bm + off))
+    # word axes: NB, mt, g8, KB, kb, t -> NB, KB, mt, g8, t, kb (lane = 4 g8 + t)
+    p = nl
+    word = word.transpose(*range(nl), p, p + 3, p + 1, p + 2, p + 5, p + 4)
+    blk = jax.lax.bitcast_convert_type(word, jnp.uint8)          # [..., NB, KB, 8, 8, 4, 4, 4]
+    blk = blk.reshape(*lead, n // BLOCK_ROWS, 2 * kh // BLOCK_K, BLOCK_ROWS, BLOCK_K // 2)
+    blk = jnp.moveaxis(blk, p + 1, p + 2)                          # [..., NB, 128, KB, 32]
+    return blk.reshape(*lead, n, kh)
+
+
+def unprepare_sm90(data: jax.Array) -> jax.Array:
+    """The inverse of :func:`prepare_sm90`: sm90 layout -> checkpoint layout, same shape."""
+    data = jnp.asarray(data)
+    _check(data, "data")
+    lead = data.shape[:-2]
+    n, kh = data.shape[-2:]
+    nl = len(lead)
+    p = nl
+    blk = data.reshape(*lead, n // BLOCK_ROWS, BLOCK_ROWS, 2 * kh // BLOCK_K, BLOCK_K // 2)
+    blk = jnp.moveaxis(blk, p + 2, p + 1).reshape(*lead, n // BLOCK_ROWS, 2 * kh // BLOCK_K,
+                                                  8, 8, 4, 4, 4)
+    word = jax.lax.bitcast_convert_type(blk, jnp.uint32)          # [..., NB, KB, mt, g8, t, kb]
+    word = word.transpose(*range(nl), p, p + 2, p + 3, p + 1, p + 5, p + 4)  # NB, mt, g8, KB, kb, t
+    out = jnp.zeros(_split(lead + (n, 2 * kh)), jnp.uint32)
+    for hi_row in range(2):
+        for half8 in range(2):
+            sb, b1, b0, bm = _SLOTS[hi_row + 2 * half8]
+            for parity in range(2):
+                off = 16 * parity
+                code = (((word >> (sb + off)) & 1) << 3) | (((word >> (b1 + off)) & 1) << 2) | \
+                    (((word >> (b0 + off)) & 1) << 1) | ((word >> (bm + off)) & 1)
+                idx = (slice(None),) * nl + (slice(None), slice(None), hi_row, slice(None),
+                                             slice(None), slice(None), half8, slice(None), parity)
+                out = out.at[idx].set(code)
+    codes = out.reshape(*lead, n, 2 * kh).astype(jnp.uint8)
+    pairs = codes.reshape(*lead, n, kh, 2)
+    return pairs[..., 0] | (pairs[..., 1] << 4)
+
+
+def fragments_sm90(block_words: np.ndarray) -> np.ndarray:
+    """The kernel's extraction, in numpy: uint32 words ``[...]`` -> uint32 ``[..., 4]`` bf16x2 pairs.
+
+    Register ``i`` of the result is the fragment register ``a_i`` (see the module docstring), each
+    half the bf16 bits of ``e2m1 * 2^-126``.
+    """
+    w = np.asarray(block_words, np.uint32)
+    a0 = w & np.uint32(_MASK)
+    a1 = (w << np.uint32(3)) & np.uint32(_MASK)
+    a2 = (w << np.uint32(6)) & np.uint32(_MASK)
+    a3 = (((w << np.uint32(1)) & np.uint32(0x80008000)) | ((w >> np.uint32(5)) & np.uint32(0x01000100))
+          | ((w >> np.uint32(4)) & np.uint32(0x00C000C0)))
+    return np.stack([a0, a1, a2, a3], axis=-1)
