@@ -203,6 +203,10 @@ __device__ __forceinline__ void scale_pairs(uint32_t x, uint32_t& lo, uint32_t& 
   uint32_t v = ((h << 8) & 0x80008000u) | ((h << 4) & 0x07F007F0u);  // bf16(scale * 2^-120)
   v = bf16x2_mul(v, 0x7B807B80u);  // * 2^120 (exact)
   v = bf16x2_mul(v, 0x7B007B00u);  // * 2^119 (exact: 448 * 2^119 < bf16 max)
+  // e4m3 has no infinities; 0x7f/0xff are NaN. The bit recipe above makes them finite, so set
+  // NaN explicitly (as v1 and the reference give). Runs in the scale warps, off the hot loop.
+  if ((x & 0x7Fu) == 0x7Fu) v = (v & 0xFFFF0000u) | 0x00007FC0u;
+  if (((x >> 8) & 0x7Fu) == 0x7Fu) v = (v & 0x0000FFFFu) | 0x7FC00000u;
   lo = prmt(v, v, 0x1010u);
   hi = prmt(v, v, 0x3232u);
 }

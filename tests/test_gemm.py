@@ -123,6 +123,22 @@ class TestGroupedGemmHandler:
         ref = jn.grouped_gemm(*args, out_dtype=jnp.float32, backend="reference")
         assert rel_err(ffi, ref) <= 1e-6
 
+    def test_nan_block_scale_gives_nan(self, rng, platform):
+        # e4m3 bytes 0x7f/0xff are NaN: the outputs that use that block are NaN, the rest finite
+        # (the WGMMA kernel builds scales from bits and must special-case it).
+        dev = platform_device(platform)
+        lhs, rhs, gs, ref = make_problem(rng, 70, 136, 128, [40, 30], False)
+        raw = np.asarray(rhs.scales).view(np.uint8).copy()
+        raw[1, 5, 3] = 0xFF                                    # group 1, weight row 5, block 3
+        bad = jn.NVFP4Tensor(rhs.data, jn.scales_from_bytes(jnp.asarray(raw)), rhs.global_scale)
+        out = np.asarray(jn.grouped_gemm(*jax.device_put((lhs, bad, gs), dev),
+                                         out_dtype=jnp.float32, backend="ffi"))
+        nan = np.isnan(out)
+        assert nan[40:70, 5].all() and nan.sum() == 30
+        refb = jn.grouped_gemm(lhs, bad, gs, out_dtype=jnp.float32, backend="reference")
+        np.testing.assert_array_equal(np.isnan(np.asarray(refb)), nan)
+        assert rel_err(np.where(nan, 0, out), np.where(nan, 0, ref)) <= 1e-5
+
     @pytest.mark.parametrize("route", ["native", "via_bf16"])
     def test_w4a4_routes(self, rng, platform, route):
         # The GPU runs W4A4 as an exact bf16 dequantization of the activations + the W4A16 call
