@@ -22,6 +22,17 @@ constexpr int kWsPrefix = 64;
 __host__ __device__ constexpr int64_t ws_start_off(int64_t G) { return kWsPrefix + G + 1; }
 __host__ __device__ constexpr int64_t ws_end_off(int64_t G) { return kWsPrefix + 2 * G + 1; }
 
+// Inclusive scan of s_scan[0..1023] in place (Hillis-Steele), by the block's 1024 threads; the
+// caller has written s_scan[tid] and synchronized.
+__device__ __forceinline__ void block_inclusive_scan(long long* s_scan, int tid) {
+  for (int off = 1; off < 1024; off <<= 1) {
+    long long v = tid >= off ? s_scan[tid - off] : 0;
+    __syncthreads();
+    s_scan[tid] += v;
+    __syncthreads();
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Setup: clamped row offsets and token-tile prefix sums. One block of 1024 threads.
 __global__ void __launch_bounds__(1024) setup_kernel(const int32_t* __restrict__ gs, int64_t G, int64_t M, int BT,
@@ -34,15 +45,9 @@ __global__ void __launch_bounds__(1024) setup_kernel(const int32_t* __restrict__
 
   long long local = 0;
   for (int64_t i = b; i < e; ++i) local += max(gs[i], 0);
-  // inclusive block scan (Hillis-Steele)
   s_scan[tid] = local;
   __syncthreads();
-  for (int off = 1; off < 1024; off <<= 1) {
-    long long v = tid >= off ? s_scan[tid - off] : 0;
-    __syncthreads();
-    s_scan[tid] += v;
-    __syncthreads();
-  }
+  block_inclusive_scan(s_scan, tid);
   long long pre = s_scan[tid] - local;
   const long long total_rows_unclamped = s_scan[1023];
   __syncthreads();
@@ -60,12 +65,7 @@ __global__ void __launch_bounds__(1024) setup_kernel(const int32_t* __restrict__
   }
   s_scan[tid] = tiles_local;
   __syncthreads();
-  for (int off = 1; off < 1024; off <<= 1) {
-    long long v = tid >= off ? s_scan[tid - off] : 0;
-    __syncthreads();
-    s_scan[tid] += v;
-    __syncthreads();
-  }
+  block_inclusive_scan(s_scan, tid);
   long long tpre = s_scan[tid] - tiles_local;
   int* prefix = ws + kWsPrefix;
   for (int64_t i = b; i < e; ++i) {
@@ -92,6 +92,12 @@ __global__ void __launch_bounds__(256) zero_tail_kernel(T* __restrict__ out, con
 }
 
 // ---------------------------------------------------------------------------------------------
+
+// Enqueues the setup kernel for token tiles of BT rows (before the GEMM kernel).
+inline cudaError_t launch_setup(const GroupedGemmParams& p, int BT, int* ws, cudaStream_t stream) {
+  setup_kernel<<<1, 1024, 0, stream>>>(p.group_sizes, p.G, p.M, BT, ws);
+  return cudaGetLastError();
+}
 
 // Enqueues the zeroing of the output rows past the last group (after the GEMM kernel, which
 // leaves them alone); the count comes from the workspace, so there is no host sync.

@@ -448,8 +448,7 @@ cudaError_t LaunchGroupedGemmSm90(const GroupedGemmParams& p, cudaStream_t strea
 
   const int BT = pick_token_tile(p);
   int* ws = static_cast<int*>(p.workspace);
-  setup_kernel<<<1, 1024, 0, stream>>>(p.group_sizes, p.G, p.M, BT, ws);
-  cudaError_t e = cudaGetLastError();
+  cudaError_t e = launch_setup(p, BT, ws, stream);
   if (e != cudaSuccess) return e;
 
   KParams kp;

@@ -1,7 +1,7 @@
 // Grouped NVFP4 GEMM for Hopper (sm_90a), version 2: WGMMA with the weights as register operand.
 //
-// STATUS: compile-checked only (nvcc 13.0, sm_90a); never run on a GPU. See docs/perf-notes.md,
-// "v2 (WGMMA), not yet run", for the design, predictions and the first things to verify.
+// Status and measurements: docs/perf-notes.md, "v2 (WGMMA)". Validated on the H200 (self-test vs
+// float64, compute-sanitizer, GPU tests); the FFI handler picks it where it beats v1.
 //
 // Same contract as v1 (csrc/grouped_gemm_sm90.h). Handles W4A16 with K % 64 == 0; everything
 // else is forwarded to v1 (see GroupedGemmWgmmaHandles in the header).
@@ -11,18 +11,22 @@
 // WGMMA N side, read by WGMMA straight from shared memory (bf16, 128-byte swizzle, loaded by TMA).
 //
 // Warp specialization (384 threads, 1 CTA per SM, persistent):
-//   warpgroup 0 (producer; setmaxnreg 40): warp 0 issues the TMA loads of the weight tile
-//     (128 rows x 32 bytes = 64 k of packed e2m1) and the activation tile (64 k x rows, in boxes
-//     of 32 tokens), and its 32 lanes fetch the 128 x 4 e4m3 scale bytes with 4-byte cp.async that
-//     arrive on the same mbarrier (cp.async.mbarrier.arrive.noinc). Warps 1-3 idle.
-//   warpgroups 1, 2 (consumers; setmaxnreg 232): 64 weight rows each. Per 64-wide k-tile each
-//     thread reads its two weight rows (g, g+8 of its warp's 16) from shared memory, builds the
-//     bf16 A fragments of the 4 k-blocks (e2m1 -> bf16 by byte permute + shift/mask, times the
-//     e4m3 block scale) and issues 4 wgmma m64nNk16 (N = 32/64/128/256 chosen per tile from the
-//     tile's row count). Fragments are double-buffered so the conversion of k-tile i+1 overlaps
-//     the wgmmas of k-tile i (wait_group 1).
-//   mbarriers: full[s] (1 arrive.expect_tx + 32 cp.async arrivals + TMA bytes), empty[s] (one
-//     arrival per consumer warp, 8).
+//   warpgroup 0 (producer; setmaxnreg 56):
+//     warp 0 issues the TMA loads of the activation tile (64 k x rows, in boxes of 32 tokens),
+//       and its 32 lanes fetch the 128 x 4 e4m3 scale bytes with 4-byte cp.async;
+//     warp 3 loads the weight tile (128 rows x 32 bytes = 64 k of packed e2m1) with 16-byte
+//       cp.async (a TMA box of 128 x 32 B measured the same speed);
+//     both arrive on full[s] through cp.async.mbarrier.arrive.noinc;
+//     warps 1-2 wait for full[s], convert the stage's scales to bf16x2 (s, s) words and arrive
+//       on ready[s].
+//   warpgroups 1, 2 (consumers; setmaxnreg 224): 64 weight rows each. Per 64-wide k-tile each
+//     thread reads its two weight rows (g, g+8 of its warp's 16) and their converted scales from
+//     shared memory, builds the bf16 A fragments of the 4 k-blocks (e2m1 -> bf16 by byte permute +
+//     shift/mask, times the e4m3 block scale) and issues 4 wgmma m64nNk16 (N = 32/64/128 chosen
+//     per tile from the tile's row count). Fragments are double-buffered so the conversion of
+//     k-tile i+1 overlaps the wgmmas of k-tile i (wait_group 1).
+//   mbarriers: full[s] (1 arrive.expect_tx + 64 cp.async arrivals + TMA bytes), ready[s] (64
+//     scale-warp threads), empty[s] (one arrival per consumer warp, 8).
 //
 // Mapping of the e2m1 codes onto the WGMMA A fragment. One 16-wide NVFP4 block = one k16 WGMMA
 // k-block (k-tile kb = physical k 16kb..16kb+15 of the 64-wide tile), so each fragment register
@@ -76,12 +80,12 @@ constexpr int kBK = 64;        // k per pipeline stage (= one 128-byte swizzle r
 constexpr int kBoxT = 32;      // tokens per activation TMA box
 constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 constexpr int kConsumerWarps = 8;
-// Registers after setmaxnreg, per CTAs-per-SM (MINB): the producer warpgroup gives registers
-// back and the consumers take them; 128 * P + 256 * C must fit the launch allocation. (A 2-CTA
-// variant for decode, 24/104, made ptxas compile the consumers to the 80-register launch bound:
-// spills and serialized wgmmas. Not kept.)
-template <int MINB> struct Regs;
-template <> struct Regs<1> { static constexpr int kProducer = 56, kConsumer = 224; };
+// Registers after setmaxnreg: the producer warpgroup gives registers back and the consumers
+// take them (128 * 56 + 256 * 224 fits the 64K register file). A 2-CTA-per-SM variant for decode
+// (24 / 104) made ptxas compile the consumers to the 80-register launch bound: spills and
+// serialized wgmmas; not kept.
+constexpr int kProducerRegs = 56;
+constexpr int kConsumerRegs = 224;
 constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales for the consumers
 
 // The 256-token tile (m64n256 accumulators: 128 f32 registers per thread) compiles, but ptxas
@@ -97,7 +101,7 @@ constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales
 
 // Workspace layout, setup and tail kernels: csrc/grouped_gemm_schedule.cuh (shared with v1).
 
-template <int BTMAX, int STAGES, int MINB = 1>
+template <int BTMAX, int STAGES>
 struct WCfg {
   static constexpr int kActOff = 0;                          // bf16 [BTMAX][64], 128B swizzle
   static constexpr int kWOff = BTMAX * kBK * 2;              // u8 [128][32] packed e2m1
@@ -106,7 +110,7 @@ struct WCfg {
   static constexpr int kStage = (kS2Off + kRowsW * 16 + 1023) / 1024 * 1024;
   static constexpr int kBarOff = STAGES * kStage;            // full[], ready[], empty[]
   static constexpr int kSmem = kBarOff + 3 * STAGES * 8 + 1024;  // + slack for 1024B alignment
-  static_assert(kSmem * MINB <= 232448 - MINB * 1024, "shared memory");
+  static_assert(kSmem <= 232448 - 1024, "shared memory");
   static_assert(BTMAX % kBoxT == 0 && BTMAX <= 256, "token tile");
 };
 
@@ -163,16 +167,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
       : "memory");
 }
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
-                                            int c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
-      "[%2];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
-}
-// Explicit shared-memory loads: the kernel addresses shared memory by 32-bit offsets, and generic
-// loads (what plain pointers compiled to) cost more latency and issue slots.
 __device__ __forceinline__ uint4 lds128(uint32_t a) {
   uint4 v;
   asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
@@ -209,6 +203,15 @@ __device__ __forceinline__ void scale_pairs(uint32_t x, uint32_t& lo, uint32_t& 
   if (((x >> 8) & 0x7Fu) == 0x7Fu) v = (v & 0x0000FFFFu) | 0x7FC00000u;
   lo = prmt(v, v, 0x1010u);
   hi = prmt(v, v, 0x3232u);
+}
+
+// Next pipeline stage; the mbarrier phase bit flips at each wrap.
+template <int STAGES>
+__device__ __forceinline__ void advance_stage(int& s, uint32_t& ph) {
+  if (++s == STAGES) {
+    s = 0;
+    ph ^= 1;
+  }
 }
 
 // WGMMA m64nNk16, A (bf16) from registers, B (bf16) from shared memory, both K-major.
@@ -291,10 +294,10 @@ __device__ __forceinline__ bool find_tile(int L, int total, const int* __restric
 
 // ---------------------------------------------------------------------------------------------
 // Consumer: one tile's mainloop with WGMMA N = NN. Consumes KT stages starting at (s, ph).
-template <int NN, int BTMAX, int STAGES, int MINB>
+template <int NN, int BTMAX, int STAGES>
 __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
                                                   int r0, uint32_t sel, int& s, uint32_t& ph) {
-  using C = WCfg<BTMAX, STAGES, MINB>;
+  using C = WCfg<BTMAX, STAGES>;
   const uint32_t full0 = bar_base;
   const uint32_t ready0 = bar_base + STAGES * 8;
   const uint32_t empty0 = bar_base + 2 * STAGES * 8;
@@ -374,10 +377,7 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
     cute::warpgroup_wait<1>();  // the wgmmas of k-tile kt-1 are done: its stage and fragments are free
     if (kt > 0 && lane == 0) mbar_arrive(empty0 + prev_s * 8);
     prev_s = s;
-    if (++s == STAGES) {
-      s = 0;
-      ph ^= 1;
-    }
+    advance_stage<STAGES>(s, ph);
   };
 
   int kt = 0;
@@ -419,14 +419,12 @@ __device__ __forceinline__ void consumer_epilogue(const float (&acc)[BTMAX / 2],
 }
 
 // ---------------------------------------------------------------------------------------------
-// WTMA: the weight tile comes by TMA (a 128-row x 32-byte box: 128 separate 32-byte pieces), or,
-// when false, by 16-byte cp.async from producer warp 3 (the path v1 streams weights with).
-template <int BTMAX, int STAGES, int MINB, bool WTMA>
-__global__ void __launch_bounds__(kThreads, MINB)
-    grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_a,
+template <int BTMAX, int STAGES>
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tm_a,
                               const WParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using C = WCfg<BTMAX, STAGES, MINB>;
+  using C = WCfg<BTMAX, STAGES>;
   extern __shared__ uint8_t smem_raw[];
   // Align by an offset from smem_raw (not by casting an integer back to a pointer), so that the
   // compiler keeps the shared address space and emits LDS rather than generic loads.
@@ -439,13 +437,11 @@ __global__ void __launch_bounds__(kThreads, MINB)
   if (threadIdx.x == 0) {
 #pragma unroll 1
     for (int s = 0; s < STAGES; ++s) {
-      // arrive.expect_tx + 32 scale cp.async arrivals (+ 32 weight cp.async arrivals)
-      mbar_init(full0 + s * 8, 1 + 32 + (WTMA ? 0 : 32));
+      mbar_init(full0 + s * 8, 1 + 32 + 32);       // arrive.expect_tx + scale and weight cp.async lanes
       mbar_init(ready0 + s * 8, kScaleWarps * 32); // every thread of the scale warps
       mbar_init(empty0 + s * 8, kConsumerWarps);   // one per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_w)) : "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_a)) : "memory");
   }
   __syncthreads();
@@ -461,8 +457,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
 
   if (warp < 4) {
     // ------------------------------- producer warpgroup -------------------------------
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs<MINB>::kProducer));
-    if (warp == 3 && !WTMA) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    if (warp == 3) {
       // Weight loader: 128 rows x 32 bytes per stage = 256 x 16-byte cp.async, 8 per lane; rows
       // past N are zero-filled. Arrives on full[s] once this lane's copies have landed.
       const int64_t N = p.N, KH = p.K / 2;
@@ -488,10 +484,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
                          : "memory");
           }
           cp_async_mbar_arrive(full0 + s * 8);
-          if (++s == STAGES) {
-            s = 0;
-            ph ^= 1;
-          }
+          advance_stage<STAGES>(s, ph);
         }
       }
       return;
@@ -525,10 +518,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
                        "r"(o[5]), "r"(o[6]), "r"(o[7])
                        : "memory");
           mbar_arrive(ready0 + s * 8);
-          if (++s == STAGES) {
-            s = 0;
-            ph ^= 1;
-          }
+          advance_stage<STAGES>(s, ph);
         }
       }
       return;
@@ -542,7 +532,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
       // Only the 32-row boxes that hold the tile's rows. (Loading just ceil(rows / 8) * 8 rows with
       // extra 8-row boxes did not speed up decode and slowed 1536 rows by 13%: more TMA issues.)
       const int nb = (t.rows + kBoxT - 1) / kBoxT;
-      const uint32_t bytes = (WTMA ? kRowsW * kBK / 2 : 0) + nb * (kBoxT * kBK * 2);
+      const uint32_t bytes = nb * (kBoxT * kBK * 2);
       const int row0 = static_cast<int>(t.row0);
       // per-lane scale rows: lane, lane+32, lane+64, lane+96
       const uint8_t* ssrc[4];
@@ -561,7 +551,6 @@ __global__ void __launch_bounds__(kThreads, MINB)
         const uint32_t full = full0 + s * 8;
         if (lane == 0) {
           mbar_arrive_expect_tx(full, bytes);
-          if (WTMA) tma_load_3d(smem_u32(st + C::kWOff), &tm_w, full, kt * (kBK / 2), t.n0, t.g);
           for (int b = 0; b < nb; ++b)
             tma_load_2d(smem_u32(st + C::kActOff + b * (kBoxT * kBK * 2)), &tm_a, full, kt * kBK, row0 + b * kBoxT);
         }
@@ -569,15 +558,12 @@ __global__ void __launch_bounds__(kThreads, MINB)
         for (int i = 0; i < 4; ++i)
           cp_async4(smem_u32(st + C::kSOff + (lane + 32 * i) * 4), sbytes[i] ? ssrc[i] + kt * 4 : ssrc[i], sbytes[i]);
         cp_async_mbar_arrive(full);
-        if (++s == STAGES) {
-          s = 0;
-          ph ^= 1;
-        }
+        advance_stage<STAGES>(s, ph);
       }
     }
   } else {
     // ------------------------------- consumer warpgroups -------------------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs<MINB>::kConsumer));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
     const int cw = warp - 4;                    // consumer warp 0..7
     const int g8 = lane >> 2, t4 = lane & 3;
     const int r0 = cw * 16 + g8;                // tile rows r0 and r0 + 8 (warp cw covers 16cw..16cw+15)
@@ -594,13 +580,13 @@ __global__ void __launch_bounds__(kThreads, MINB)
     while (have) {
       // smallest WGMMA N covering the tile's rows (every branch is warpgroup-uniform)
       if (BTMAX >= 256 && t.rows > 128) {
-        consumer_mainloop<(BTMAX >= 256 ? 256 : 32), BTMAX, STAGES, MINB>(acc, smem, bar_base, KT, r0, sel, s, ph);
+        consumer_mainloop<(BTMAX >= 256 ? 256 : 32), BTMAX, STAGES>(acc, smem, bar_base, KT, r0, sel, s, ph);
       } else if (BTMAX >= 128 && t.rows > 64) {
-        consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES, MINB>(acc, smem, bar_base, KT, r0, sel, s, ph);
+        consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES>(acc, smem, bar_base, KT, r0, sel, s, ph);
       } else if (BTMAX >= 64 && t.rows > 32) {
-        consumer_mainloop<(BTMAX >= 64 ? 64 : 32), BTMAX, STAGES, MINB>(acc, smem, bar_base, KT, r0, sel, s, ph);
+        consumer_mainloop<(BTMAX >= 64 ? 64 : 32), BTMAX, STAGES>(acc, smem, bar_base, KT, r0, sel, s, ph);
       } else {
-        consumer_mainloop<32, BTMAX, STAGES, MINB>(acc, smem, bar_base, KT, r0, sel, s, ph);
+        consumer_mainloop<32, BTMAX, STAGES>(acc, smem, bar_base, KT, r0, sel, s, ph);
       }
       L += gridDim.x;
       const bool have_next = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, nxt);
@@ -653,16 +639,10 @@ int num_sms() {
   return sms;
 }
 
-template <int BTMAX, int STAGES, int MINB>
+template <int BTMAX, int STAGES>
 cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStream_t stream) {
-  using C = WCfg<BTMAX, STAGES, MINB>;
-  // Tools: JAX_NVFP4_V2_WLOAD=tma selects the TMA weight path (compared in docs/perf-notes.md).
-  static const bool wtma = [] {
-    const char* v = std::getenv("JAX_NVFP4_V2_WLOAD");
-    return v != nullptr && std::strcmp(v, "tma") == 0;
-  }();
-  auto kernel = wtma ? grouped_gemm_wgmma_kernel<BTMAX, STAGES, MINB, true>
-                     : grouped_gemm_wgmma_kernel<BTMAX, STAGES, MINB, false>;
+  using C = WCfg<BTMAX, STAGES>;
+  auto kernel = grouped_gemm_wgmma_kernel<BTMAX, STAGES>;
   static std::atomic<uint64_t> done_mask{0};
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -676,18 +656,7 @@ cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStre
 
   EncodeTiledFn encode = get_encode_fn();
   if (!encode) return cudaErrorNotSupported;
-  CUtensorMap tm_w, tm_a;
-  {  // weights: u8 [G][N][K/2], box 32 bytes x 128 rows x 1 group, no swizzle
-    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.K / 2), static_cast<cuuint64_t>(p.N),
-                                static_cast<cuuint64_t>(p.G)};
-    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.K / 2), static_cast<cuuint64_t>(p.N * (p.K / 2))};
-    const cuuint32_t box[3] = {kBK / 2, kRowsW, 1};
-    const cuuint32_t estr[3] = {1, 1, 1};
-    if (encode(&tm_w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(p.rhs), dims, strides, box, estr,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-      return cudaErrorInvalidValue;
-  }
+  CUtensorMap tm_a;
   {  // activations: bf16 [M][K], box 64 k x 32 tokens, 128-byte swizzle (the WGMMA K-major B layout)
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.K), static_cast<cuuint64_t>(p.M)};
     const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.K * 2)};
@@ -698,7 +667,7 @@ cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStre
                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return cudaErrorInvalidValue;
   }
-  kernel<<<num_sms() * MINB, kThreads, C::kSmem, stream>>>(tm_w, tm_a, wp);
+  kernel<<<num_sms(), kThreads, C::kSmem, stream>>>(tm_a, wp);
   return cudaGetLastError();
 }
 
@@ -752,8 +721,7 @@ cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t 
 
   const int BT = pick_btmax(p);
   int* ws = static_cast<int*>(p.workspace);
-  setup_kernel<<<1, 1024, 0, stream>>>(p.group_sizes, p.G, p.M, BT, ws);
-  cudaError_t e = cudaGetLastError();
+  cudaError_t e = launch_setup(p, BT, ws, stream);
   if (e != cudaSuccess) return e;
 
   WParams wp;
@@ -772,12 +740,12 @@ cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t 
 
   // Stage bytes: 11 KB (32), 15 KB (64), 23 KB (128). The small tiles exist for depth: decode
   // streams weights, and more stages keep more weight bytes in flight per SM.
-  if (BT == 32) e = launch_wgmma<32, 20, 1>(p, wp, stream);
-  else if (BT == 64) e = launch_wgmma<64, 12, 1>(p, wp, stream);
+  if (BT == 32) e = launch_wgmma<32, 20>(p, wp, stream);
+  else if (BT == 64) e = launch_wgmma<64, 12>(p, wp, stream);
 #if JAX_NVFP4_WGMMA_BT256
-  else if (BT == 256) e = launch_wgmma<256, 5, 1>(p, wp, stream);
+  else if (BT == 256) e = launch_wgmma<256, 5>(p, wp, stream);
 #endif
-  else e = launch_wgmma<128, 8, 1>(p, wp, stream);
+  else e = launch_wgmma<128, 8>(p, wp, stream);
   if (e != cudaSuccess) return e;
 
   return launch_zero_tail(p, ws, stream);

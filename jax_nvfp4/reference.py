@@ -103,8 +103,9 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
     # ragged_dot may combine groups by multiplying the others' products by 0, so a NaN weight
     # (an e4m3 NaN scale byte) would leak into every group's rows. Run it on finite weights and
     # put NaN back where a group's weight row had a NaN (what a per-group dot gives).
-    nan_rows = jnp.any(jnp.isnan(w), axis=-1)              # [G, N]
-    acc = jax.lax.ragged_dot(a, jnp.swapaxes(jnp.where(jnp.isnan(w), 0.0, w), 1, 2),
+    nan = jnp.isnan(w)
+    nan_rows = jnp.any(nan, axis=-1)                       # [G, N]
+    acc = jax.lax.ragged_dot(a, jnp.swapaxes(jnp.where(nan, 0.0, w), 1, 2),
                              (ends - starts).astype(jnp.int32),
                              precision=jax.lax.Precision.HIGHEST,
                              preferred_element_type=jnp.float32)

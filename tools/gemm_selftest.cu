@@ -88,6 +88,28 @@ static uint8_t rand_scale(Rng& r) {
   return static_cast<uint8_t>((e << 3) | m);
 }
 
+static GroupedGemmParams make_params(const void* lhs, const void* lhs_s, const void* rhs, const void* rhs_s,
+                                     const float* alpha, const int32_t* gs, void* out, void* ws, size_t ws_bytes,
+                                     int64_t M, int64_t N, int64_t K, int64_t G, bool a_fp4, bool out_f32) {
+  GroupedGemmParams p;
+  p.lhs = lhs;
+  p.lhs_scales = static_cast<const uint8_t*>(lhs_s);
+  p.rhs = static_cast<const uint8_t*>(rhs);
+  p.rhs_scales = static_cast<const uint8_t*>(rhs_s);
+  p.alpha = alpha;
+  p.group_sizes = gs;
+  p.out = out;
+  p.workspace = ws;
+  p.workspace_bytes = ws_bytes;
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.G = G;
+  p.a_fp4 = a_fp4;
+  p.out_f32 = out_f32;
+  return p;
+}
+
 enum GsMode { kSkewEmpty, kOneGroupAll, kNegative, kOversized, kExact };
 
 static std::vector<int32_t> make_group_sizes(Rng& r, int64_t M, int64_t G, GsMode mode) {
@@ -204,22 +226,8 @@ static void run_case(const Case& cs, bool a_fp4, bool out_f32, uint64_t seed, in
   CK(cudaMemset(d_out, 0xFF, std::max<size_t>(out_bytes, 16)));  // NaN poison
   CK(cudaMemset(d_ws, 0xAB, ws_bytes));
 
-  GroupedGemmParams p;
-  p.lhs = d_lhs;
-  p.lhs_scales = d_lhs_s;
-  p.rhs = d_rhs;
-  p.rhs_scales = d_rhs_s;
-  p.alpha = d_alpha;
-  p.group_sizes = d_gs;
-  p.out = d_out;
-  p.workspace = d_ws;
-  p.workspace_bytes = ws_bytes;
-  p.M = M;
-  p.N = N;
-  p.K = K;
-  p.G = G;
-  p.a_fp4 = a_fp4;
-  p.out_f32 = out_f32;
+  GroupedGemmParams p = make_params(d_lhs, d_lhs_s, d_rhs, d_rhs_s, d_alpha, d_gs, d_out, d_ws, ws_bytes, M, N,
+                                    K, G, a_fp4, out_f32);
   p.force_token_tile = force_bt;
   CK(launch(p, 0));
   CK(cudaGetLastError());
@@ -396,22 +404,8 @@ static void bench(std::vector<BenchRow>& table) {
       std::vector<int32_t> gs = make_group_sizes(r, rows, G, kExact);
       CK(cudaMemcpy(d_gs, gs.data(), G * 4, cudaMemcpyHostToDevice));
       for (int fp4 = 0; fp4 < 2; ++fp4) {
-        GroupedGemmParams p;
-        p.lhs = d_lhs;
-        p.lhs_scales = d_lhs_s;
-        p.rhs = d_rhs;
-        p.rhs_scales = d_rhs_s;
-        p.alpha = d_alpha;
-        p.group_sizes = d_gs;
-        p.out = d_out;
-        p.workspace = d_ws;
-        p.workspace_bytes = jax_nvfp4::GroupedGemmWorkspaceBytes(G);
-        p.M = rows;
-        p.N = N;
-        p.K = K;
-        p.G = G;
-        p.a_fp4 = fp4;
-        p.out_f32 = false;
+        GroupedGemmParams p = make_params(d_lhs, d_lhs_s, d_rhs, d_rhs_s, d_alpha, d_gs, d_out, d_ws,
+                                          jax_nvfp4::GroupedGemmWorkspaceBytes(G), rows, N, K, G, fp4, false);
         const int auto_bt = tile_of(p);
         BenchRow best{}, chosen{};
         best.ms = 1e30;
