@@ -75,7 +75,7 @@ namespace {
 
 namespace gmma = cute::SM90::GMMA;
 
-constexpr int kRowsW = 128;    // weight rows (output columns) per CTA tile
+constexpr int kRowsWG = 128;   // weight rows per consumer warpgroup and m-subtile pair: 64 * MS
 constexpr int kBK = 64;        // k per pipeline stage (= one 128-byte swizzle row of bf16)
 constexpr int kBoxT = 32;      // tokens per activation TMA box
 constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
@@ -88,30 +88,32 @@ constexpr int kProducerRegs = 56;
 constexpr int kConsumerRegs = 224;
 constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales for the consumers
 
-// The 256-token tile (m64n256 accumulators: 128 f32 registers per thread) compiles, but ptxas
-// serializes its wgmmas (C7512, insufficient registers with the double-buffered fragments), so it
-// is off by default; build with -DJAX_NVFP4_WGMMA_BT256=1 to try it. Prefill uses 128 x 128 tiles.
+// A 256-token tile (m64n256: 128 f32 accumulators per thread) made ptxas serialize the wgmmas
+// (C7512, too few registers beside the double-buffered fragments); removed in session 3, where
+// prefill moved to 256 weight rows per tile instead (MS = 2).
 // Diagnostic builds (tools only, wrong results): 1 skips the e2m1 conversion, 2 the wgmmas.
 #ifndef JAX_NVFP4_V2_DIAG
 #define JAX_NVFP4_V2_DIAG 0
 #endif
-#ifndef JAX_NVFP4_WGMMA_BT256
-#define JAX_NVFP4_WGMMA_BT256 0
-#endif
 
 // Workspace layout, setup and tail kernels: csrc/grouped_gemm_schedule.cuh (shared with v1).
+// JAX_NVFP4_L2_PREFETCH (the cp.async L2 prefetch-size qualifier of the weight loads) is there too.
 
-template <int BTMAX, int STAGES>
+// MS: m64 subtiles per consumer warpgroup; the CTA tile has kRows = 128 * MS weight rows. MS = 2
+// halves the activation bytes read from L2 per FLOP (each activation tile feeds 256 weight rows),
+// which is what limits prefill (docs/perf-notes.md).
+template <int BTMAX, int STAGES, int MS>
 struct WCfg {
+  static constexpr int kRows = 128 * MS;                     // weight rows (output columns) per tile
   static constexpr int kActOff = 0;                          // bf16 [BTMAX][64], 128B swizzle
-  static constexpr int kWOff = BTMAX * kBK * 2;              // u8 [128][32] packed e2m1
-  static constexpr int kSOff = kWOff + kRowsW * kBK / 2;     // u8 [128][4] e4m3 scales (raw)
-  static constexpr int kS2Off = kSOff + kRowsW * 4;          // u32 [128][4] bf16x2 (s, s) * 2^119
-  static constexpr int kStage = (kS2Off + kRowsW * 16 + 1023) / 1024 * 1024;
+  static constexpr int kWOff = BTMAX * kBK * 2;              // u8 [kRows][32] packed e2m1
+  static constexpr int kSOff = kWOff + kRows * kBK / 2;      // u8 [kRows][4] e4m3 scales (raw)
+  static constexpr int kS2Off = kSOff + kRows * 4;           // u32 [kRows][4] bf16x2 (s, s) * 2^119
+  static constexpr int kStage = (kS2Off + kRows * 16 + 1023) / 1024 * 1024;
   static constexpr int kBarOff = STAGES * kStage;            // full[], ready[], empty[]
   static constexpr int kSmem = kBarOff + 3 * STAGES * 8 + 1024;  // + slack for 1024B alignment
   static_assert(kSmem <= 232448 - 1024, "shared memory");
-  static_assert(BTMAX % kBoxT == 0 && BTMAX <= 256, "token tile");
+  static_assert(BTMAX % kBoxT == 0 && BTMAX <= 128, "token tile");
 };
 
 struct WParams {
@@ -229,10 +231,6 @@ template <>
 struct WgOp<128> {
   using Op = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
 };
-template <>
-struct WgOp<256> {
-  using Op = gmma::MMA_64x256x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
-};
 
 template <int NN, typename Acc, size_t... I>
 __device__ __forceinline__ void wgmma_rs(const uint32_t (&a)[4], uint64_t desc, Acc& acc, gmma::ScaleOut sc,
@@ -263,7 +261,7 @@ struct Tile {
 
 __device__ __forceinline__ bool find_tile(int L, int total, const int* __restrict__ prefix,
                                           const int* __restrict__ starts, const int* __restrict__ ends, int G,
-                                          int NT, int BTMAX, int& gcur, Tile& t) {
+                                          int NT, int BTMAX, int rows_w, int& gcur, Tile& t) {
   if (L >= total) return false;
   const int q = L / NT;
   const int lane = threadIdx.x & 31;
@@ -285,7 +283,7 @@ __device__ __forceinline__ bool find_tile(int L, int total, const int* __restric
   const int64_t st = __ldcg(starts + g);
   const int64_t en = __ldcg(ends + g);
   t.g = g;
-  t.n0 = nt * kRowsW;
+  t.n0 = nt * rows_w;
   t.row0 = st + static_cast<int64_t>(tt) * BTMAX;
   const int64_t r = en - t.row0;
   t.rows = static_cast<int>(r < BTMAX ? r : BTMAX);
@@ -294,15 +292,16 @@ __device__ __forceinline__ bool find_tile(int L, int total, const int* __restric
 
 // ---------------------------------------------------------------------------------------------
 // Consumer: one tile's mainloop with WGMMA N = NN. Consumes KT stages starting at (s, ph).
-template <int NN, int BTMAX, int STAGES>
-__device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
-                                                  int r0, uint32_t sel, int& s, uint32_t& ph) {
-  using C = WCfg<BTMAX, STAGES>;
+// Subtile m of this warpgroup covers tile rows r0 + 64 m and r0 + 64 m + 8 for this thread.
+template <int NN, int BTMAX, int STAGES, int MS>
+__device__ __forceinline__ void consumer_mainloop(float (&acc)[MS][BTMAX / 2], uint8_t* smem, uint32_t bar_base,
+                                                  int KT, int r0, uint32_t sel, int& s, uint32_t& ph) {
+  using C = WCfg<BTMAX, STAGES, MS>;
   const uint32_t full0 = bar_base;
   const uint32_t ready0 = bar_base + STAGES * 8;
   const uint32_t empty0 = bar_base + 2 * STAGES * 8;
   const int lane = threadIdx.x & 31;
-  uint32_t frag[2][4][4];
+  uint32_t frag[2][MS][4][4];
   int prev_s = 0;
 
   auto body = [&](int kt, auto buf_c) {
@@ -312,44 +311,52 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
     mbar_wait(ready0 + s * 8, ph);
     mbar_wait(full0 + s * 8, ph);
     const uint32_t st = smem_u32(smem) + s * C::kStage;
-    const uint32_t rowa = st + C::kWOff + r0 * 32;
-    const uint32_t rowb = rowa + 8 * 32;
-    const uint4 sca = lds128(st + C::kS2Off + r0 * 16);        // (s, s) of k-blocks 0..3, row r0
-    const uint4 scb = lds128(st + C::kS2Off + (r0 + 8) * 16);  // row r0 + 8
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {  // k-blocks 2h, 2h+1: 16 bytes of each row, loaded as needed (registers)
-      const uint4 wa = lds128(rowa + 16 * h);
-      const uint4 wb = lds128(rowb + 16 * h);
-      const uint32_t sa0 = h ? sca.z : sca.x, sa1 = h ? sca.w : sca.y;
-      const uint32_t sb0 = h ? scb.z : scb.x, sb1 = h ? scb.w : scb.y;
-      // k-block 2h: words x (core matrix 0), y (core matrix 1); k-block 2h+1: words z, w
+    for (int m = 0; m < MS; ++m) {
+      const int ra = r0 + 64 * m;
+      const uint32_t rowa = st + C::kWOff + ra * 32;
+      const uint32_t rowb = rowa + 8 * 32;
+      const uint4 sca = lds128(st + C::kS2Off + ra * 16);        // (s, s) of k-blocks 0..3, row ra
+      const uint4 scb = lds128(st + C::kS2Off + (ra + 8) * 16);  // row ra + 8
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // k-blocks 2h, 2h+1: 16 bytes of each row, loaded as needed (registers)
+        const uint4 wa = lds128(rowa + 16 * h);
+        const uint4 wb = lds128(rowb + 16 * h);
+        const uint32_t sa0 = h ? sca.z : sca.x, sa1 = h ? sca.w : sca.y;
+        const uint32_t sb0 = h ? scb.z : scb.x, sb1 = h ? scb.w : scb.y;
+        uint32_t(&f0)[4] = frag[buf][m][2 * h];
+        uint32_t(&f1)[4] = frag[buf][m][2 * h + 1];
+        // k-block 2h: words x (core matrix 0), y (core matrix 1); k-block 2h+1: words z, w
 #if JAX_NVFP4_V2_DIAG == 1  // diagnostic build: skip the e2m1 conversion (wrong results)
-      frag[buf][2 * h][0] = wa.x ^ sa0;
-      frag[buf][2 * h][1] = wb.x ^ sb0;
-      frag[buf][2 * h][2] = wa.y;
-      frag[buf][2 * h][3] = wb.y;
-      frag[buf][2 * h + 1][0] = wa.z ^ sa1;
-      frag[buf][2 * h + 1][1] = wb.z ^ sb1;
-      frag[buf][2 * h + 1][2] = wa.w;
-      frag[buf][2 * h + 1][3] = wb.w;
+        f0[0] = wa.x ^ sa0;
+        f0[1] = wb.x ^ sb0;
+        f0[2] = wa.y;
+        f0[3] = wb.y;
+        f1[0] = wa.z ^ sa1;
+        f1[1] = wb.z ^ sb1;
+        f1[2] = wa.w;
+        f1[3] = wb.w;
 #else
-      frag[buf][2 * h][0] = bf16x2_mul(e2m1_byte_pair(wa.x, sel), sa0);
-      frag[buf][2 * h][1] = bf16x2_mul(e2m1_byte_pair(wb.x, sel), sb0);
-      frag[buf][2 * h][2] = bf16x2_mul(e2m1_byte_pair(wa.y, sel), sa0);
-      frag[buf][2 * h][3] = bf16x2_mul(e2m1_byte_pair(wb.y, sel), sb0);
-      frag[buf][2 * h + 1][0] = bf16x2_mul(e2m1_byte_pair(wa.z, sel), sa1);
-      frag[buf][2 * h + 1][1] = bf16x2_mul(e2m1_byte_pair(wb.z, sel), sb1);
-      frag[buf][2 * h + 1][2] = bf16x2_mul(e2m1_byte_pair(wa.w, sel), sa1);
-      frag[buf][2 * h + 1][3] = bf16x2_mul(e2m1_byte_pair(wb.w, sel), sb1);
+        f0[0] = bf16x2_mul(e2m1_byte_pair(wa.x, sel), sa0);
+        f0[1] = bf16x2_mul(e2m1_byte_pair(wb.x, sel), sb0);
+        f0[2] = bf16x2_mul(e2m1_byte_pair(wa.y, sel), sa0);
+        f0[3] = bf16x2_mul(e2m1_byte_pair(wb.y, sel), sb0);
+        f1[0] = bf16x2_mul(e2m1_byte_pair(wa.z, sel), sa1);
+        f1[1] = bf16x2_mul(e2m1_byte_pair(wb.z, sel), sb1);
+        f1[2] = bf16x2_mul(e2m1_byte_pair(wa.w, sel), sa1);
+        f1[3] = bf16x2_mul(e2m1_byte_pair(wb.w, sel), sb1);
 #endif
+      }
     }
     const uint32_t act = st + C::kActOff;
     // Pin the conversions before wgmma.fence: otherwise the compiler may sink them between the
     // wgmmas, and ptxas then serializes the wgmmas (C7513).
 #pragma unroll
-    for (int kb = 0; kb < 4; ++kb)
+    for (int m = 0; m < MS; ++m)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) cute::warpgroup_fence_operand(frag[buf][kb][i]);
+      for (int kb = 0; kb < 4; ++kb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) cute::warpgroup_fence_operand(frag[buf][m][kb][i]);
     // Same for the descriptors and the scale-d flag: all wgmma inputs are computed before the fence.
     uint64_t desc[4];
 #pragma unroll
@@ -360,20 +367,25 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
     uint32_t first = kt > 0 ? 1u : 0u;
     uint32_t one = 1u;
     asm volatile("" : "+r"(first), "+r"(one)::"memory");
-    fence_acc(acc);
+#pragma unroll
+    for (int m = 0; m < MS; ++m) fence_acc(acc[m]);
     cute::warpgroup_arrive();
 #pragma unroll
-    for (int kb = 0; kb < 4; ++kb) {
-      const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(kb == 0 ? first : one);
+    for (int m = 0; m < MS; ++m)
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+        const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(kb == 0 ? first : one);
 #if JAX_NVFP4_V2_DIAG == 2  // diagnostic build: no tensor work (wrong results)
-      asm volatile("" ::"r"(frag[buf][kb][0]), "r"(frag[buf][kb][1]), "r"(frag[buf][kb][2]), "r"(frag[buf][kb][3]));
-      (void)sc;
+        asm volatile("" ::"r"(frag[buf][m][kb][0]), "r"(frag[buf][m][kb][1]), "r"(frag[buf][m][kb][2]),
+                     "r"(frag[buf][m][kb][3]));
+        (void)sc;
 #else
-      wgmma_rs<NN>(frag[buf][kb], desc[kb], acc, sc, std::make_index_sequence<NN / 2>{});
+        wgmma_rs<NN>(frag[buf][m][kb], desc[kb], acc[m], sc, std::make_index_sequence<NN / 2>{});
 #endif
-    }
+      }
     cute::warpgroup_commit_batch();
-    fence_acc(acc);
+#pragma unroll
+    for (int m = 0; m < MS; ++m) fence_acc(acc[m]);
     cute::warpgroup_wait<1>();  // the wgmmas of k-tile kt-1 are done: its stage and fragments are free
     if (kt > 0 && lane == 0) mbar_arrive(empty0 + prev_s * 8);
     prev_s = s;
@@ -388,43 +400,147 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
   }
   if (kt < KT) body(kt, std::integral_constant<int, 0>{});
   cute::warpgroup_wait<0>();
-  fence_acc(acc);
+#pragma unroll
+  for (int m = 0; m < MS; ++m) fence_acc(acc[m]);
   if (lane == 0) mbar_arrive(empty0 + prev_s * 8);
 }
 
-template <int NN, int BTMAX>
-__device__ __forceinline__ void consumer_epilogue(const float (&acc)[BTMAX / 2], const WParams& p, const Tile& t,
+// Consumer mainloop for MS = 2 subtiles: one fragment buffer per subtile and one wgmma group per
+// subtile, so the conversion of one subtile overlaps the wgmmas of the other (the double-buffered
+// loop above would need 128 accumulators + 64 fragment registers at N = 128; ptxas then serializes
+// the wgmmas, C7512). Per k-tile: wait until subtile 0's previous group is done, convert subtile
+// 0, issue its 4 wgmmas; wait until subtile 1's previous group is done (so the whole previous
+// k-tile is done: release its stage), convert subtile 1, issue its 4 wgmmas.
+template <int NN, int BTMAX, int STAGES, int MS>
+__device__ __forceinline__ void consumer_mainloop_split(float (&acc)[MS][BTMAX / 2], uint8_t* smem,
+                                                        uint32_t bar_base, int KT, int r0, uint32_t sel, int& s,
+                                                        uint32_t& ph) {
+  static_assert(MS == 2, "split mainloop: two subtiles");
+  using C = WCfg<BTMAX, STAGES, MS>;
+  const uint32_t full0 = bar_base;
+  const uint32_t ready0 = bar_base + STAGES * 8;
+  const uint32_t empty0 = bar_base + 2 * STAGES * 8;
+  const int lane = threadIdx.x & 31;
+  uint32_t frag[MS][4][4];
+  int prev_s = 0;
+
+#pragma unroll 1
+  for (int kt = 0; kt < KT; ++kt) {
+    mbar_wait(ready0 + s * 8, ph);
+    mbar_wait(full0 + s * 8, ph);
+    const uint32_t st = smem_u32(smem) + s * C::kStage;
+    const uint32_t act = st + C::kActOff;
+    uint32_t first = kt > 0 ? 1u : 0u;
+    uint32_t one = 1u;
+    asm volatile("" : "+r"(first), "+r"(one)::"memory");
+#pragma unroll
+    for (int m = 0; m < MS; ++m) {
+      cute::warpgroup_wait<1>();  // subtile m's group of k-tile kt-1 is done: frag[m] is free
+      if (m == 1 && kt > 0 && lane == 0) mbar_arrive(empty0 + prev_s * 8);  // all of k-tile kt-1 done
+      const int ra = r0 + 64 * m;
+      const uint32_t rowa = st + C::kWOff + ra * 32;
+      const uint32_t rowb = rowa + 8 * 32;
+      const uint4 sca = lds128(st + C::kS2Off + ra * 16);
+      const uint4 scb = lds128(st + C::kS2Off + (ra + 8) * 16);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint4 wa = lds128(rowa + 16 * h);
+        const uint4 wb = lds128(rowb + 16 * h);
+        const uint32_t sa0 = h ? sca.z : sca.x, sa1 = h ? sca.w : sca.y;
+        const uint32_t sb0 = h ? scb.z : scb.x, sb1 = h ? scb.w : scb.y;
+        uint32_t(&f0)[4] = frag[m][2 * h];
+        uint32_t(&f1)[4] = frag[m][2 * h + 1];
+#if JAX_NVFP4_V2_DIAG == 1
+        f0[0] = wa.x ^ sa0;
+        f0[1] = wb.x ^ sb0;
+        f0[2] = wa.y;
+        f0[3] = wb.y;
+        f1[0] = wa.z ^ sa1;
+        f1[1] = wb.z ^ sb1;
+        f1[2] = wa.w;
+        f1[3] = wb.w;
+#else
+        f0[0] = bf16x2_mul(e2m1_byte_pair(wa.x, sel), sa0);
+        f0[1] = bf16x2_mul(e2m1_byte_pair(wb.x, sel), sb0);
+        f0[2] = bf16x2_mul(e2m1_byte_pair(wa.y, sel), sa0);
+        f0[3] = bf16x2_mul(e2m1_byte_pair(wb.y, sel), sb0);
+        f1[0] = bf16x2_mul(e2m1_byte_pair(wa.z, sel), sa1);
+        f1[1] = bf16x2_mul(e2m1_byte_pair(wb.z, sel), sb1);
+        f1[2] = bf16x2_mul(e2m1_byte_pair(wa.w, sel), sa1);
+        f1[3] = bf16x2_mul(e2m1_byte_pair(wb.w, sel), sb1);
+#endif
+      }
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) cute::warpgroup_fence_operand(frag[m][kb][i]);
+      uint64_t desc[4];
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+        desc[kb] = smem_desc_sw128(act + kb * 32);
+        asm volatile("" : "+l"(desc[kb])::"memory");
+      }
+      fence_acc(acc[m]);
+      cute::warpgroup_arrive();
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+        const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(kb == 0 ? first : one);
+#if JAX_NVFP4_V2_DIAG == 2
+        asm volatile("" ::"r"(frag[m][kb][0]), "r"(frag[m][kb][1]), "r"(frag[m][kb][2]), "r"(frag[m][kb][3]));
+        (void)sc;
+#else
+        wgmma_rs<NN>(frag[m][kb], desc[kb], acc[m], sc, std::make_index_sequence<NN / 2>{});
+#endif
+      }
+      cute::warpgroup_commit_batch();
+      fence_acc(acc[m]);
+    }
+    prev_s = s;
+    advance_stage<STAGES>(s, ph);
+  }
+  cute::warpgroup_wait<0>();
+#pragma unroll
+  for (int m = 0; m < MS; ++m) fence_acc(acc[m]);
+  if (lane == 0) mbar_arrive(empty0 + prev_s * 8);
+}
+
+template <int NN, int BTMAX, int MS>
+__device__ __forceinline__ void consumer_epilogue(const float (&acc)[MS][BTMAX / 2], const WParams& p, const Tile& t,
                                                   int r0) {
   const int lane = threadIdx.x & 31;
   const int t4 = lane & 3;
   const float mul = __ldg(p.alpha + t.g) * 128.0f;  // undo the 2^-7 of the fp4 weights
   const int64_t N = p.N;
-  const int64_t n_a = static_cast<int64_t>(t.n0) + r0;  // rows r0 and r0 + 8 of the tile
   const int64_t rend = t.row0 + t.rows;
 #pragma unroll
-  for (int j = 0; j < NN / 8; ++j) {
+  for (int m = 0; m < MS; ++m) {
+    const int64_t n_a = static_cast<int64_t>(t.n0) + r0 + 64 * m;  // rows n_a and n_a + 8
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int64_t tok = t.row0 + 8 * j + 2 * t4 + (c & 1);
-      const int64_t n = n_a + 8 * (c >> 1);
-      if (tok < rend && n < N) {
-        const float v = acc[4 * j + c] * mul;
-        if (p.out_f32)
-          static_cast<float*>(p.out)[tok * N + n] = v;
-        else
-          static_cast<__nv_bfloat16*>(p.out)[tok * N + n] = __float2bfloat16_rn(v);
+    for (int j = 0; j < NN / 8; ++j) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int64_t tok = t.row0 + 8 * j + 2 * t4 + (c & 1);
+        const int64_t n = n_a + 8 * (c >> 1);
+        if (tok < rend && n < N) {
+          const float v = acc[m][4 * j + c] * mul;
+          if (p.out_f32)
+            static_cast<float*>(p.out)[tok * N + n] = v;
+          else
+            static_cast<__nv_bfloat16*>(p.out)[tok * N + n] = __float2bfloat16_rn(v);
+        }
       }
     }
   }
 }
 
 // ---------------------------------------------------------------------------------------------
-template <int BTMAX, int STAGES>
+template <int BTMAX, int STAGES, int MS>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tm_a,
                               const WParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using C = WCfg<BTMAX, STAGES>;
+  using C = WCfg<BTMAX, STAGES, MS>;
+  constexpr int kRows = C::kRows;
   extern __shared__ uint8_t smem_raw[];
   // Align by an offset from smem_raw (not by casting an integer back to a pointer), so that the
   // compiler keeps the shared address space and emits LDS rather than generic loads.
@@ -459,27 +575,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ------------------------------- producer warpgroup -------------------------------
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     if (warp == 3) {
-      // Weight loader: 128 rows x 32 bytes per stage = 256 x 16-byte cp.async, 8 per lane; rows
-      // past N are zero-filled. Arrives on full[s] once this lane's copies have landed.
+      // Weight loader: kRows rows x 32 bytes per stage = 2 kRows 16-byte cp.async, kRows / 16 per
+      // lane; rows past N are zero-filled. Arrives on full[s] once this lane's copies have landed.
       const int64_t N = p.N, KH = p.K / 2;
       int s = 0;
       uint32_t ph = 0;
       int gcur = 0;
       Tile t;
-      for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t); L += gridDim.x) {
+      for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, kRows, gcur, t); L += gridDim.x) {
         // Lane pairs copy one row's 32 bytes (two 16-byte halves): 16 rows per instruction.
         const int half = lane & 1;
         const uint8_t* base = p.rhs + (static_cast<int64_t>(t.g) * N + t.n0) * KH + 16 * half;
-        const int rows_ok = static_cast<int>(N - t.n0 < kRowsW ? N - t.n0 : kRowsW);
+        const int rows_ok = static_cast<int>(N - t.n0 < kRows ? N - t.n0 : kRows);
 #pragma unroll 1
         for (int kt = 0; kt < KT; ++kt) {
           mbar_wait(empty0 + s * 8, ph ^ 1);
           const uint32_t dst = smem_u32(smem) + s * C::kStage + C::kWOff + 16 * half;
 #pragma unroll
-          for (int i = 0; i < 8; ++i) {
+          for (int i = 0; i < kRows / 16; ++i) {
             const int q = (lane >> 1) + 16 * i;
             const bool ok = q < rows_ok;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + q * 32),
+            asm volatile("cp.async.cg.shared.global" JAX_NVFP4_L2_PREFETCH " [%0], [%1], 16, %2;\n" ::"r"(dst + q * 32),
                          "l"(base + (ok ? q * KH + kt * 32 : 0)), "r"(ok ? 16u : 0u)
                          : "memory");
           }
@@ -491,32 +607,36 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (warp > kScaleWarps) return;
     if (warp != 0) {
-      // Scale warps: once a stage has landed, turn its 128 x 4 e4m3 bytes into bf16x2 (s, s)
+      // Scale warps: once a stage has landed, turn its kRows x 4 e4m3 bytes into bf16x2 (s, s)
       // words (s * 2^119, exact) so each consumer thread reads its 8 scales with two LDS.128
       // instead of converting them (the 4 threads of a quad would each redo the same work).
-      const int c = (warp - 1) * 32 + lane;  // rows 2c, 2c + 1
+      const int c0 = (warp - 1) * 32 + lane;  // rows 2c, 2c + 1 for c = c0 + 64 j
       int s = 0;
       uint32_t ph = 0;
       int gcur = 0;
       Tile t;
-      for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t); L += gridDim.x) {
+      for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, kRows, gcur, t); L += gridDim.x) {
 #pragma unroll 1
         for (int kt = 0; kt < KT; ++kt) {
           mbar_wait(full0 + s * 8, ph);
           const uint32_t st = smem_u32(smem) + s * C::kStage;
-          uint2 raw;
-          asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(raw.x), "=r"(raw.y) : "r"(st + C::kSOff + 8 * c));
-          uint32_t o[8];
-          scale_pairs(raw.x, o[0], o[1]);
-          scale_pairs(raw.x >> 16, o[2], o[3]);
-          scale_pairs(raw.y, o[4], o[5]);
-          scale_pairs(raw.y >> 16, o[6], o[7]);
-          asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(st + C::kS2Off + 32 * c), "r"(o[0]),
-                       "r"(o[1]), "r"(o[2]), "r"(o[3])
-                       : "memory");
-          asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(st + C::kS2Off + 32 * c + 16), "r"(o[4]),
-                       "r"(o[5]), "r"(o[6]), "r"(o[7])
-                       : "memory");
+#pragma unroll
+          for (int j = 0; j < MS; ++j) {
+            const int c = c0 + 64 * j;
+            uint2 raw;
+            asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(raw.x), "=r"(raw.y) : "r"(st + C::kSOff + 8 * c));
+            uint32_t o[8];
+            scale_pairs(raw.x, o[0], o[1]);
+            scale_pairs(raw.x >> 16, o[2], o[3]);
+            scale_pairs(raw.y, o[4], o[5]);
+            scale_pairs(raw.y >> 16, o[6], o[7]);
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(st + C::kS2Off + 32 * c), "r"(o[0]),
+                         "r"(o[1]), "r"(o[2]), "r"(o[3])
+                         : "memory");
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(st + C::kS2Off + 32 * c + 16),
+                         "r"(o[4]), "r"(o[5]), "r"(o[6]), "r"(o[7])
+                         : "memory");
+          }
           mbar_arrive(ready0 + s * 8);
           advance_stage<STAGES>(s, ph);
         }
@@ -528,17 +648,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t ph = 0;
     int gcur = 0;
     Tile t;
-    for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t); L += gridDim.x) {
+    for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, kRows, gcur, t); L += gridDim.x) {
       // Only the 32-row boxes that hold the tile's rows. (Loading just ceil(rows / 8) * 8 rows with
       // extra 8-row boxes did not speed up decode and slowed 1536 rows by 13%: more TMA issues.)
       const int nb = (t.rows + kBoxT - 1) / kBoxT;
       const uint32_t bytes = nb * (kBoxT * kBK * 2);
       const int row0 = static_cast<int>(t.row0);
-      // per-lane scale rows: lane, lane+32, lane+64, lane+96
-      const uint8_t* ssrc[4];
-      uint32_t sbytes[4];
+      // per-lane scale rows: lane + 32 i
+      const uint8_t* ssrc[kRows / 32];
+      uint32_t sbytes[kRows / 32];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < kRows / 32; ++i) {
         const int64_t n = t.n0 + lane + 32 * i;
         const bool ok = n < N;
         ssrc[i] = ok ? p.rhs_scales + (static_cast<int64_t>(t.g) * N + n) * KS : p.rhs_scales;
@@ -555,7 +675,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             tma_load_2d(smem_u32(st + C::kActOff + b * (kBoxT * kBK * 2)), &tm_a, full, kt * kBK, row0 + b * kBoxT);
         }
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
+        for (int i = 0; i < kRows / 32; ++i)
           cp_async4(smem_u32(st + C::kSOff + (lane + 32 * i) * 4), sbytes[i] ? ssrc[i] + kt * 4 : ssrc[i], sbytes[i]);
         cp_async_mbar_arrive(full);
         advance_stage<STAGES>(s, ph);
@@ -566,38 +686,43 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
     const int cw = warp - 4;                    // consumer warp 0..7
     const int g8 = lane >> 2, t4 = lane & 3;
-    const int r0 = cw * 16 + g8;                // tile rows r0 and r0 + 8 (warp cw covers 16cw..16cw+15)
+    // Warpgroup c covers tile rows [64 MS c, 64 MS (c + 1)); in subtile m, warp w of it rows
+    // 64 MS c + 64 m + 16 w .. + 15, and this thread rows r0 + 64 m and r0 + 64 m + 8.
+    const int r0 = (cw >> 2) * 64 * MS + (cw & 3) * 16 + g8;
     const uint32_t sel = t4 | (t4 << 4) | (t4 << 8) | ((4 + t4) << 12);
-    float acc[BTMAX / 2];
+    float acc[MS][BTMAX / 2];
 #pragma unroll
-    for (int i = 0; i < BTMAX / 2; ++i) acc[i] = 0.0f;
+    for (int m = 0; m < MS; ++m)
+#pragma unroll
+      for (int i = 0; i < BTMAX / 2; ++i) acc[m][i] = 0.0f;
     int s = 0;
     uint32_t ph = 0;
     int gcur = 0;
     Tile t, nxt;
     int L = blockIdx.x;
-    bool have = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t);
+    bool have = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, kRows, gcur, t);
     while (have) {
-      // smallest WGMMA N covering the tile's rows (every branch is warpgroup-uniform)
-      if (BTMAX >= 256 && t.rows > 128) {
-        consumer_mainloop<(BTMAX >= 256 ? 256 : 32), BTMAX, STAGES>(acc, smem, bar_base, KT, r0, sel, s, ph);
+      // MS 1: the smallest WGMMA N covering the tile's rows (every branch is warpgroup-uniform).
+      // MS 2: N = BTMAX only (more branches' accumulators made ptxas serialize the wgmmas).
+      if constexpr (MS == 2) {
+        consumer_mainloop_split<BTMAX, BTMAX, STAGES, MS>(acc, smem, bar_base, KT, r0, sel, s, ph);
       } else if (BTMAX >= 128 && t.rows > 64) {
-        consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES>(acc, smem, bar_base, KT, r0, sel, s, ph);
+        consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES, MS>(acc, smem, bar_base, KT, r0, sel, s, ph);
       } else if (BTMAX >= 64 && t.rows > 32) {
-        consumer_mainloop<(BTMAX >= 64 ? 64 : 32), BTMAX, STAGES>(acc, smem, bar_base, KT, r0, sel, s, ph);
+        consumer_mainloop<(BTMAX >= 64 ? 64 : 32), BTMAX, STAGES, MS>(acc, smem, bar_base, KT, r0, sel, s, ph);
       } else {
-        consumer_mainloop<32, BTMAX, STAGES>(acc, smem, bar_base, KT, r0, sel, s, ph);
+        consumer_mainloop<32, BTMAX, STAGES, MS>(acc, smem, bar_base, KT, r0, sel, s, ph);
       }
       L += gridDim.x;
-      const bool have_next = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, nxt);
-      if (BTMAX >= 256 && t.rows > 128) {
-        consumer_epilogue<(BTMAX >= 256 ? 256 : 32), BTMAX>(acc, p, t, r0);
+      const bool have_next = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, kRows, gcur, nxt);
+      if constexpr (MS == 2) {
+        consumer_epilogue<BTMAX, BTMAX, MS>(acc, p, t, r0);
       } else if (BTMAX >= 128 && t.rows > 64) {
-        consumer_epilogue<(BTMAX >= 128 ? 128 : 32), BTMAX>(acc, p, t, r0);
+        consumer_epilogue<(BTMAX >= 128 ? 128 : 32), BTMAX, MS>(acc, p, t, r0);
       } else if (BTMAX >= 64 && t.rows > 32) {
-        consumer_epilogue<(BTMAX >= 64 ? 64 : 32), BTMAX>(acc, p, t, r0);
+        consumer_epilogue<(BTMAX >= 64 ? 64 : 32), BTMAX, MS>(acc, p, t, r0);
       } else {
-        consumer_epilogue<32, BTMAX>(acc, p, t, r0);
+        consumer_epilogue<32, BTMAX, MS>(acc, p, t, r0);
       }
       t = nxt;
       have = have_next;
@@ -639,10 +764,11 @@ int num_sms() {
   return sms;
 }
 
-template <int BTMAX, int STAGES>
-cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStream_t stream) {
-  using C = WCfg<BTMAX, STAGES>;
-  auto kernel = grouped_gemm_wgmma_kernel<BTMAX, STAGES>;
+template <int BTMAX, int STAGES, int MS>
+cudaError_t launch_wgmma(const GroupedGemmParams& p, WParams wp, cudaStream_t stream) {
+  using C = WCfg<BTMAX, STAGES, MS>;
+  auto kernel = grouped_gemm_wgmma_kernel<BTMAX, STAGES, MS>;
+  wp.NT = static_cast<int>((p.N + C::kRows - 1) / C::kRows);
   static std::atomic<uint64_t> done_mask{0};
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -675,22 +801,19 @@ int pick_btmax(const GroupedGemmParams& p) {
   const int f = p.force_token_tile;
   if (f == 16 || f == 32) return 32;
   if (f == 64) return 64;
-  if (f == 128) return 128;
-#if JAX_NVFP4_WGMMA_BT256
-  if (f == 256) return 256;
-#else
-  if (f == 256) return 128;
-#endif
-  const int64_t avg = GroupedGemmAvgRows(p);
-  // Guesses, to be tuned on the H200: a small BTMAX leaves room for deep weight pipelines
-  // (decode is weight streaming); a large one halves the weight and activation re-reads.
-  if (avg <= 24) return 64;
-#if JAX_NVFP4_WGMMA_BT256
-  if (avg <= 96) return 128;
-  return 256;
-#else
-  return 128;
-#endif
+  if (f >= 128) return 128;
+  // A small BTMAX leaves room for deep weight pipelines (few rows: weight streaming); a large one
+  // halves the weight re-reads. Measured on the H200: 64 for <= 24 rows per expert, else 128.
+  return GroupedGemmAvgRows(p) <= 24 ? 64 : 128;
+}
+
+// m64 subtiles per consumer warpgroup (tile rows 128 MS).
+int pick_ms(const GroupedGemmParams& p, int btmax) {
+  if (p.force_tile_rows == 128) return 1;
+  if (p.force_tile_rows == 256) return 2;
+  // 256 rows halve the activation bytes per FLOP but run N = BTMAX on every tile (see the
+  // consumer), so only where most tiles are full. Threshold from the H200 sweep (perf-notes).
+  return btmax == 128 && GroupedGemmAvgRows(p) >= 96 ? 2 : 1;
 }
 
 }  // namespace
@@ -702,7 +825,7 @@ bool GroupedGemmWgmmaHandles(const GroupedGemmParams& p) {
   if (reinterpret_cast<uintptr_t>(p.rhs) & 15) return false;  // 16-byte cp.async of weight rows
   if (p.M > INT32_MAX - 256) return false;
   // the linear tile index (token tiles x n-tiles) must fit in int32
-  if (((p.M + 63) / 64 + p.G) * ((p.N + kRowsW - 1) / kRowsW) > INT32_MAX) return false;
+  if (((p.M + 31) / 32 + p.G) * ((p.N + kRowsWG - 1) / kRowsWG) > INT32_MAX) return false;
   return get_encode_fn() != nullptr;
 }
 
@@ -712,6 +835,10 @@ bool GroupedGemmWgmmaPreferred(const GroupedGemmParams& p) {
 
 int GroupedGemmWgmmaTokenTile(const GroupedGemmParams& p) {
   return GroupedGemmWgmmaHandles(p) ? pick_btmax(p) : 0;
+}
+
+int GroupedGemmWgmmaTileRows(const GroupedGemmParams& p) {
+  return GroupedGemmWgmmaHandles(p) ? 128 * pick_ms(p, pick_btmax(p)) : 0;
 }
 
 cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t stream) {
@@ -734,18 +861,15 @@ cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t 
   wp.N = p.N;
   wp.K = p.K;
   wp.G = p.G;
-  wp.NT = static_cast<int>((p.N + kRowsW - 1) / kRowsW);
   wp.KT = static_cast<int>(p.K / kBK);
   wp.out_f32 = p.out_f32;
 
-  // Stage bytes: 11 KB (32), 15 KB (64), 23 KB (128). The small tiles exist for depth: decode
-  // streams weights, and more stages keep more weight bytes in flight per SM.
-  if (BT == 32) e = launch_wgmma<32, 20>(p, wp, stream);
-  else if (BT == 64) e = launch_wgmma<64, 12>(p, wp, stream);
-#if JAX_NVFP4_WGMMA_BT256
-  else if (BT == 256) e = launch_wgmma<256, 5>(p, wp, stream);
-#endif
-  else e = launch_wgmma<128, 8>(p, wp, stream);
+  // Stage bytes (MS 1 / 2): 11 / 17 KB (32), 15 / 22 KB (64), 23 / 30 KB (128). The small tiles
+  // exist for depth: few rows stream weights, and more stages keep more bytes in flight per SM.
+  const int MS = pick_ms(p, BT);
+  if (BT == 32) e = MS == 2 ? launch_wgmma<32, 12, 2>(p, wp, stream) : launch_wgmma<32, 20, 1>(p, wp, stream);
+  else if (BT == 64) e = MS == 2 ? launch_wgmma<64, 9, 2>(p, wp, stream) : launch_wgmma<64, 12, 1>(p, wp, stream);
+  else e = MS == 2 ? launch_wgmma<128, 7, 2>(p, wp, stream) : launch_wgmma<128, 8, 1>(p, wp, stream);
   if (e != cudaSuccess) return e;
 
   return launch_zero_tail(p, ws, stream);

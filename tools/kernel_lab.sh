@@ -9,6 +9,7 @@
 #   ncu      Nsight Compute stall reasons and per-SASS stall samples for bench cases (args, default
 #            L1-192 L1-24576)
 #   wgmma    the wgmma microbenchmark (tools/wgmma_microbench.cu)
+# NOBUILD=1 reuses /tmp/st from the previous command of the same device call.
 # Headers: CUTLASS_INC (default .cutlass_hdr, an unzipped nvidia-cutlass wheel's
 # cutlass_library/source, carried to the device). Logs in $OUT.
 set -uo pipefail
@@ -19,6 +20,7 @@ cmd=${1:-check}; shift || true
 k=${KERNEL:-wgmma}
 
 build() {
+  [ -n "${NOBUILD:-}" ] && [ -x /tmp/st ] && return 0  # NOBUILD=1: reuse the last build
   nvcc -std=c++17 -O3 -Xcompiler -fopenmp -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
     ${NVFLAGS:-} -lineinfo -I. -I"$inc/include" -I"$inc/util/include" -o /tmp/st \
     tools/gemm_selftest.cu csrc/grouped_gemm_sm90.cu csrc/grouped_gemm_sm90_wgmma.cu >"$out/build.log" 2>&1 ||
