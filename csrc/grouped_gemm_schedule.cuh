@@ -11,14 +11,6 @@
 
 #include "csrc/grouped_gemm_sm90.h"
 
-// The weight tiles are read 32 bytes per row per k-tile, rows 0.5 * K bytes apart: without a
-// hint each 32-byte request is its own DRAM access. The L2 prefetch-size qualifier on those
-// cp.async makes L2 fetch the surrounding 256 bytes, which the next 7 k-tiles then hit.
-// -DJAX_NVFP4_L2_PREFETCH='""' turns it off (A/B in docs/perf-notes.md).
-#ifndef JAX_NVFP4_L2_PREFETCH
-#define JAX_NVFP4_L2_PREFETCH ".L2::256B"
-#endif
-
 namespace jax_nvfp4 {
 namespace {
 

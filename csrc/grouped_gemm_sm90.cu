@@ -85,13 +85,6 @@ using Mma = cute::SM80_16x8x16_F32BF16BF16F32_TN;
 __device__ __forceinline__ void cp16(uint8_t* dst, const uint8_t* src, bool pred) {
   CpAsync16::copy(*reinterpret_cast<const cute::uint128_t*>(src), *reinterpret_cast<cute::uint128_t*>(dst), pred);
 }
-// 16-byte cp.async with the L2 prefetch-size hint (weight rows: csrc/grouped_gemm_schedule.cuh).
-__device__ __forceinline__ void cp16_w(uint8_t* dst, const uint8_t* src, bool pred) {
-  asm volatile("cp.async.cg.shared.global" JAX_NVFP4_L2_PREFETCH " [%0], [%1], 16, %2;\n" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-               "l"(src), "r"(pred ? 16u : 0u)
-               : "memory");
-}
 __device__ __forceinline__ void cp4(uint8_t* dst, const uint8_t* src, bool pred) {
   CpAsync4::copy(*reinterpret_cast<const uint32_t*>(src), *reinterpret_cast<uint32_t*>(dst), pred);
 }
@@ -248,7 +241,7 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads, MIN_BLOCKS)
       for (int j = 0; j < kWCh; ++j) {
         if (wcp[j].lim < 0) continue;
         const bool v = kt < wcp[j].lim;
-        cp16_w(st + wcp[j].dst, v ? wcp[j].src + kt * 32 : p.rhs, v);
+        cp16(st + wcp[j].dst, v ? wcp[j].src + kt * 32 : p.rhs, v);
       }
 #pragma unroll
       for (int j = 0; j < kWSr; ++j) load_scales(st, wscp[j], kt, p.rhs_scales);

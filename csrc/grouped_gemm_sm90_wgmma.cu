@@ -6,27 +6,30 @@
 // Same contract as v1 (csrc/grouped_gemm_sm90.h). Handles W4A16 with K % 64 == 0; everything
 // else is forwarded to v1 (see GroupedGemmWgmmaHandles in the header).
 //
-// D^T = W X^T: a CTA tile is 128 weight rows (output columns n) x up to BTMAX tokens (rows of one
-// group). The weights are the WGMMA A operand, from registers (wgmma ... RS); the tokens are the
+// D^T = W X^T: a CTA tile is 64 * NWG weight rows (output columns n; NWG = 2 or 3 consumer
+// warpgroups) x up to BTMAX tokens (rows of one group). The weights are the WGMMA A operand, from registers (wgmma ... RS); the tokens are the
 // WGMMA N side, read by WGMMA straight from shared memory (bf16, 128-byte swizzle, loaded by TMA).
 //
-// Warp specialization (384 threads, 1 CTA per SM, persistent):
+// Warp specialization (128 (1 + NWG) threads, 1 CTA per SM, persistent):
 //   warpgroup 0 (producer; setmaxnreg 56):
 //     warp 0 issues the TMA loads of the activation tile (64 k x rows, in boxes of 32 tokens),
 //       and its 32 lanes fetch the 128 x 4 e4m3 scale bytes with 4-byte cp.async;
-//     warp 3 loads the weight tile (128 rows x 32 bytes = 64 k of packed e2m1) with 16-byte
+//     warp 3 loads the weight tile (64 NWG rows x 32 bytes = 64 k of packed e2m1) with 16-byte
 //       cp.async (a TMA box of 128 x 32 B measured the same speed);
 //     both arrive on full[s] through cp.async.mbarrier.arrive.noinc;
 //     warps 1-2 wait for full[s], convert the stage's scales to bf16x2 (s, s) words and arrive
 //       on ready[s].
-//   warpgroups 1, 2 (consumers; setmaxnreg 224): 64 weight rows each. Per 64-wide k-tile each
+//   warpgroups 1..NWG (consumers; setmaxnreg 224 / 152): 64 weight rows each. Per 64-wide k-tile each
 //     thread reads its two weight rows (g, g+8 of its warp's 16) and their converted scales from
 //     shared memory, builds the bf16 A fragments of the 4 k-blocks (e2m1 -> bf16 by byte permute +
 //     shift/mask, times the e4m3 block scale) and issues 4 wgmma m64nNk16 (N = 32/64/128 chosen
 //     per tile from the tile's row count). Fragments are double-buffered so the conversion of
 //     k-tile i+1 overlaps the wgmmas of k-tile i (wait_group 1).
 //   mbarriers: full[s] (1 arrive.expect_tx + 64 cp.async arrivals + TMA bytes), ready[s] (64
-//     scale-warp threads), empty[s] (one arrival per consumer warp, 8).
+//     scale-warp threads), empty[s] (one arrival per consumer warp, 4 NWG).
+// NWG = 3 exists because the consumers, not the memory system, limit v2 (perf-notes, session 3):
+// each consumer warp's conversion runs at ~5 cycles per instruction, so a third warpgroup adds
+// conversion throughput and keeps the tensor pipe fed.
 //
 // Mapping of the e2m1 codes onto the WGMMA A fragment. One 16-wide NVFP4 block = one k16 WGMMA
 // k-block (k-tile kb = physical k 16kb..16kb+15 of the 64-wide tile), so each fragment register
@@ -75,36 +78,39 @@ namespace {
 
 namespace gmma = cute::SM90::GMMA;
 
-constexpr int kRowsWG = 128;   // weight rows per consumer warpgroup and m-subtile pair: 64 * MS
 constexpr int kBK = 64;        // k per pipeline stage (= one 128-byte swizzle row of bf16)
 constexpr int kBoxT = 32;      // tokens per activation TMA box
-constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
-constexpr int kConsumerWarps = 8;
-// Registers after setmaxnreg: the producer warpgroup gives registers back and the consumers
-// take them (128 * 56 + 256 * 224 fits the 64K register file). A 2-CTA-per-SM variant for decode
+constexpr int kMinRowsW = 128; // fewest weight rows per tile (NWG = 2), for the host-side bounds
+// Per NWG (consumer warpgroups): threads, and registers after setmaxnreg (the producer warpgroup
+// gives registers back and the consumers take them; 128 P + 128 NWG C must fit the 64K register
+// file: 128 * 56 + 256 * 224 and 128 * 40 + 384 * 152). A 2-CTA-per-SM variant for decode
 // (24 / 104) made ptxas compile the consumers to the 80-register launch bound: spills and
 // serialized wgmmas; not kept.
-constexpr int kProducerRegs = 56;
-constexpr int kConsumerRegs = 224;
+template <int NWG>
+struct WgCfg {
+  static_assert(NWG == 2 || NWG == 3, "2 or 3 consumer warpgroups");
+  static constexpr int kThreads = 128 * (1 + NWG);
+  static constexpr int kConsumerWarps = 4 * NWG;
+  static constexpr int kRows = 64 * NWG;  // weight rows (output columns) per CTA tile
+  static constexpr int kProducerRegs = NWG == 2 ? 56 : 40;
+  static constexpr int kConsumerRegs = NWG == 2 ? 224 : 152;
+  static_assert(128 * kProducerRegs + 128 * NWG * kConsumerRegs <= 65536, "register file");
+};
 constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales for the consumers
 
 // A 256-token tile (m64n256: 128 f32 accumulators per thread) made ptxas serialize the wgmmas
-// (C7512, too few registers beside the double-buffered fragments); removed in session 3, where
-// prefill moved to 256 weight rows per tile instead (MS = 2).
+// (C7512, too few registers beside the double-buffered fragments); removed in session 3, as was
+// a 256-weight-row tile (two m64 subtiles per warpgroup), which measured slower (perf-notes).
 // Diagnostic builds (tools only, wrong results): 1 skips the e2m1 conversion, 2 the wgmmas.
 #ifndef JAX_NVFP4_V2_DIAG
 #define JAX_NVFP4_V2_DIAG 0
 #endif
 
 // Workspace layout, setup and tail kernels: csrc/grouped_gemm_schedule.cuh (shared with v1).
-// JAX_NVFP4_L2_PREFETCH (the cp.async L2 prefetch-size qualifier of the weight loads) is there too.
 
-// MS: m64 subtiles per consumer warpgroup; the CTA tile has kRows = 128 * MS weight rows. MS = 2
-// halves the activation bytes read from L2 per FLOP (each activation tile feeds 256 weight rows),
-// which is what limits prefill (docs/perf-notes.md).
-template <int BTMAX, int STAGES, int MS>
+template <int BTMAX, int STAGES, int NWG>
 struct WCfg {
-  static constexpr int kRows = 128 * MS;                     // weight rows (output columns) per tile
+  static constexpr int kRows = WgCfg<NWG>::kRows;
   static constexpr int kActOff = 0;                          // bf16 [BTMAX][64], 128B swizzle
   static constexpr int kWOff = BTMAX * kBK * 2;              // u8 [kRows][32] packed e2m1
   static constexpr int kSOff = kWOff + kRows * kBK / 2;      // u8 [kRows][4] e4m3 scales (raw)
@@ -292,16 +298,15 @@ __device__ __forceinline__ bool find_tile(int L, int total, const int* __restric
 
 // ---------------------------------------------------------------------------------------------
 // Consumer: one tile's mainloop with WGMMA N = NN. Consumes KT stages starting at (s, ph).
-// Subtile m of this warpgroup covers tile rows r0 + 64 m and r0 + 64 m + 8 for this thread.
-template <int NN, int BTMAX, int STAGES, int MS>
-__device__ __forceinline__ void consumer_mainloop(float (&acc)[MS][BTMAX / 2], uint8_t* smem, uint32_t bar_base,
-                                                  int KT, int r0, uint32_t sel, int& s, uint32_t& ph) {
-  using C = WCfg<BTMAX, STAGES, MS>;
+template <int NN, int BTMAX, int STAGES, int NWG>
+__device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
+                                                  int r0, uint32_t sel, int& s, uint32_t& ph) {
+  using C = WCfg<BTMAX, STAGES, NWG>;
   const uint32_t full0 = bar_base;
   const uint32_t ready0 = bar_base + STAGES * 8;
   const uint32_t empty0 = bar_base + 2 * STAGES * 8;
   const int lane = threadIdx.x & 31;
-  uint32_t frag[2][MS][4][4];
+  uint32_t frag[2][4][4];
   int prev_s = 0;
 
   auto body = [&](int kt, auto buf_c) {
@@ -311,52 +316,44 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[MS][BTMAX / 2], u
     mbar_wait(ready0 + s * 8, ph);
     mbar_wait(full0 + s * 8, ph);
     const uint32_t st = smem_u32(smem) + s * C::kStage;
+    const uint32_t rowa = st + C::kWOff + r0 * 32;
+    const uint32_t rowb = rowa + 8 * 32;
+    const uint4 sca = lds128(st + C::kS2Off + r0 * 16);        // (s, s) of k-blocks 0..3, row r0
+    const uint4 scb = lds128(st + C::kS2Off + (r0 + 8) * 16);  // row r0 + 8
 #pragma unroll
-    for (int m = 0; m < MS; ++m) {
-      const int ra = r0 + 64 * m;
-      const uint32_t rowa = st + C::kWOff + ra * 32;
-      const uint32_t rowb = rowa + 8 * 32;
-      const uint4 sca = lds128(st + C::kS2Off + ra * 16);        // (s, s) of k-blocks 0..3, row ra
-      const uint4 scb = lds128(st + C::kS2Off + (ra + 8) * 16);  // row ra + 8
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {  // k-blocks 2h, 2h+1: 16 bytes of each row, loaded as needed (registers)
-        const uint4 wa = lds128(rowa + 16 * h);
-        const uint4 wb = lds128(rowb + 16 * h);
-        const uint32_t sa0 = h ? sca.z : sca.x, sa1 = h ? sca.w : sca.y;
-        const uint32_t sb0 = h ? scb.z : scb.x, sb1 = h ? scb.w : scb.y;
-        uint32_t(&f0)[4] = frag[buf][m][2 * h];
-        uint32_t(&f1)[4] = frag[buf][m][2 * h + 1];
-        // k-block 2h: words x (core matrix 0), y (core matrix 1); k-block 2h+1: words z, w
+    for (int h = 0; h < 2; ++h) {  // k-blocks 2h, 2h+1: 16 bytes of each row, loaded as needed (registers)
+      const uint4 wa = lds128(rowa + 16 * h);
+      const uint4 wb = lds128(rowb + 16 * h);
+      const uint32_t sa0 = h ? sca.z : sca.x, sa1 = h ? sca.w : sca.y;
+      const uint32_t sb0 = h ? scb.z : scb.x, sb1 = h ? scb.w : scb.y;
+      // k-block 2h: words x (core matrix 0), y (core matrix 1); k-block 2h+1: words z, w
 #if JAX_NVFP4_V2_DIAG == 1  // diagnostic build: skip the e2m1 conversion (wrong results)
-        f0[0] = wa.x ^ sa0;
-        f0[1] = wb.x ^ sb0;
-        f0[2] = wa.y;
-        f0[3] = wb.y;
-        f1[0] = wa.z ^ sa1;
-        f1[1] = wb.z ^ sb1;
-        f1[2] = wa.w;
-        f1[3] = wb.w;
+      frag[buf][2 * h][0] = wa.x ^ sa0;
+      frag[buf][2 * h][1] = wb.x ^ sb0;
+      frag[buf][2 * h][2] = wa.y;
+      frag[buf][2 * h][3] = wb.y;
+      frag[buf][2 * h + 1][0] = wa.z ^ sa1;
+      frag[buf][2 * h + 1][1] = wb.z ^ sb1;
+      frag[buf][2 * h + 1][2] = wa.w;
+      frag[buf][2 * h + 1][3] = wb.w;
 #else
-        f0[0] = bf16x2_mul(e2m1_byte_pair(wa.x, sel), sa0);
-        f0[1] = bf16x2_mul(e2m1_byte_pair(wb.x, sel), sb0);
-        f0[2] = bf16x2_mul(e2m1_byte_pair(wa.y, sel), sa0);
-        f0[3] = bf16x2_mul(e2m1_byte_pair(wb.y, sel), sb0);
-        f1[0] = bf16x2_mul(e2m1_byte_pair(wa.z, sel), sa1);
-        f1[1] = bf16x2_mul(e2m1_byte_pair(wb.z, sel), sb1);
-        f1[2] = bf16x2_mul(e2m1_byte_pair(wa.w, sel), sa1);
-        f1[3] = bf16x2_mul(e2m1_byte_pair(wb.w, sel), sb1);
+      frag[buf][2 * h][0] = bf16x2_mul(e2m1_byte_pair(wa.x, sel), sa0);
+      frag[buf][2 * h][1] = bf16x2_mul(e2m1_byte_pair(wb.x, sel), sb0);
+      frag[buf][2 * h][2] = bf16x2_mul(e2m1_byte_pair(wa.y, sel), sa0);
+      frag[buf][2 * h][3] = bf16x2_mul(e2m1_byte_pair(wb.y, sel), sb0);
+      frag[buf][2 * h + 1][0] = bf16x2_mul(e2m1_byte_pair(wa.z, sel), sa1);
+      frag[buf][2 * h + 1][1] = bf16x2_mul(e2m1_byte_pair(wb.z, sel), sb1);
+      frag[buf][2 * h + 1][2] = bf16x2_mul(e2m1_byte_pair(wa.w, sel), sa1);
+      frag[buf][2 * h + 1][3] = bf16x2_mul(e2m1_byte_pair(wb.w, sel), sb1);
 #endif
-      }
     }
     const uint32_t act = st + C::kActOff;
     // Pin the conversions before wgmma.fence: otherwise the compiler may sink them between the
     // wgmmas, and ptxas then serializes the wgmmas (C7513).
 #pragma unroll
-    for (int m = 0; m < MS; ++m)
+    for (int kb = 0; kb < 4; ++kb)
 #pragma unroll
-      for (int kb = 0; kb < 4; ++kb)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) cute::warpgroup_fence_operand(frag[buf][m][kb][i]);
+      for (int i = 0; i < 4; ++i) cute::warpgroup_fence_operand(frag[buf][kb][i]);
     // Same for the descriptors and the scale-d flag: all wgmma inputs are computed before the fence.
     uint64_t desc[4];
 #pragma unroll
@@ -367,25 +364,20 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[MS][BTMAX / 2], u
     uint32_t first = kt > 0 ? 1u : 0u;
     uint32_t one = 1u;
     asm volatile("" : "+r"(first), "+r"(one)::"memory");
-#pragma unroll
-    for (int m = 0; m < MS; ++m) fence_acc(acc[m]);
+    fence_acc(acc);
     cute::warpgroup_arrive();
 #pragma unroll
-    for (int m = 0; m < MS; ++m)
-#pragma unroll
-      for (int kb = 0; kb < 4; ++kb) {
-        const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(kb == 0 ? first : one);
+    for (int kb = 0; kb < 4; ++kb) {
+      const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(kb == 0 ? first : one);
 #if JAX_NVFP4_V2_DIAG == 2  // diagnostic build: no tensor work (wrong results)
-        asm volatile("" ::"r"(frag[buf][m][kb][0]), "r"(frag[buf][m][kb][1]), "r"(frag[buf][m][kb][2]),
-                     "r"(frag[buf][m][kb][3]));
-        (void)sc;
+      asm volatile("" ::"r"(frag[buf][kb][0]), "r"(frag[buf][kb][1]), "r"(frag[buf][kb][2]), "r"(frag[buf][kb][3]));
+      (void)sc;
 #else
-        wgmma_rs<NN>(frag[buf][m][kb], desc[kb], acc[m], sc, std::make_index_sequence<NN / 2>{});
+      wgmma_rs<NN>(frag[buf][kb], desc[kb], acc, sc, std::make_index_sequence<NN / 2>{});
 #endif
-      }
+    }
     cute::warpgroup_commit_batch();
-#pragma unroll
-    for (int m = 0; m < MS; ++m) fence_acc(acc[m]);
+    fence_acc(acc);
     cute::warpgroup_wait<1>();  // the wgmmas of k-tile kt-1 are done: its stage and fragments are free
     if (kt > 0 && lane == 0) mbar_arrive(empty0 + prev_s * 8);
     prev_s = s;
@@ -400,147 +392,45 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[MS][BTMAX / 2], u
   }
   if (kt < KT) body(kt, std::integral_constant<int, 0>{});
   cute::warpgroup_wait<0>();
-#pragma unroll
-  for (int m = 0; m < MS; ++m) fence_acc(acc[m]);
+  fence_acc(acc);
   if (lane == 0) mbar_arrive(empty0 + prev_s * 8);
 }
 
-// Consumer mainloop for MS = 2 subtiles: one fragment buffer per subtile and one wgmma group per
-// subtile, so the conversion of one subtile overlaps the wgmmas of the other (the double-buffered
-// loop above would need 128 accumulators + 64 fragment registers at N = 128; ptxas then serializes
-// the wgmmas, C7512). Per k-tile: wait until subtile 0's previous group is done, convert subtile
-// 0, issue its 4 wgmmas; wait until subtile 1's previous group is done (so the whole previous
-// k-tile is done: release its stage), convert subtile 1, issue its 4 wgmmas.
-template <int NN, int BTMAX, int STAGES, int MS>
-__device__ __forceinline__ void consumer_mainloop_split(float (&acc)[MS][BTMAX / 2], uint8_t* smem,
-                                                        uint32_t bar_base, int KT, int r0, uint32_t sel, int& s,
-                                                        uint32_t& ph) {
-  static_assert(MS == 2, "split mainloop: two subtiles");
-  using C = WCfg<BTMAX, STAGES, MS>;
-  const uint32_t full0 = bar_base;
-  const uint32_t ready0 = bar_base + STAGES * 8;
-  const uint32_t empty0 = bar_base + 2 * STAGES * 8;
-  const int lane = threadIdx.x & 31;
-  uint32_t frag[MS][4][4];
-  int prev_s = 0;
-
-#pragma unroll 1
-  for (int kt = 0; kt < KT; ++kt) {
-    mbar_wait(ready0 + s * 8, ph);
-    mbar_wait(full0 + s * 8, ph);
-    const uint32_t st = smem_u32(smem) + s * C::kStage;
-    const uint32_t act = st + C::kActOff;
-    uint32_t first = kt > 0 ? 1u : 0u;
-    uint32_t one = 1u;
-    asm volatile("" : "+r"(first), "+r"(one)::"memory");
-#pragma unroll
-    for (int m = 0; m < MS; ++m) {
-      cute::warpgroup_wait<1>();  // subtile m's group of k-tile kt-1 is done: frag[m] is free
-      if (m == 1 && kt > 0 && lane == 0) mbar_arrive(empty0 + prev_s * 8);  // all of k-tile kt-1 done
-      const int ra = r0 + 64 * m;
-      const uint32_t rowa = st + C::kWOff + ra * 32;
-      const uint32_t rowb = rowa + 8 * 32;
-      const uint4 sca = lds128(st + C::kS2Off + ra * 16);
-      const uint4 scb = lds128(st + C::kS2Off + (ra + 8) * 16);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint4 wa = lds128(rowa + 16 * h);
-        const uint4 wb = lds128(rowb + 16 * h);
-        const uint32_t sa0 = h ? sca.z : sca.x, sa1 = h ? sca.w : sca.y;
-        const uint32_t sb0 = h ? scb.z : scb.x, sb1 = h ? scb.w : scb.y;
-        uint32_t(&f0)[4] = frag[m][2 * h];
-        uint32_t(&f1)[4] = frag[m][2 * h + 1];
-#if JAX_NVFP4_V2_DIAG == 1
-        f0[0] = wa.x ^ sa0;
-        f0[1] = wb.x ^ sb0;
-        f0[2] = wa.y;
-        f0[3] = wb.y;
-        f1[0] = wa.z ^ sa1;
-        f1[1] = wb.z ^ sb1;
-        f1[2] = wa.w;
-        f1[3] = wb.w;
-#else
-        f0[0] = bf16x2_mul(e2m1_byte_pair(wa.x, sel), sa0);
-        f0[1] = bf16x2_mul(e2m1_byte_pair(wb.x, sel), sb0);
-        f0[2] = bf16x2_mul(e2m1_byte_pair(wa.y, sel), sa0);
-        f0[3] = bf16x2_mul(e2m1_byte_pair(wb.y, sel), sb0);
-        f1[0] = bf16x2_mul(e2m1_byte_pair(wa.z, sel), sa1);
-        f1[1] = bf16x2_mul(e2m1_byte_pair(wb.z, sel), sb1);
-        f1[2] = bf16x2_mul(e2m1_byte_pair(wa.w, sel), sa1);
-        f1[3] = bf16x2_mul(e2m1_byte_pair(wb.w, sel), sb1);
-#endif
-      }
-#pragma unroll
-      for (int kb = 0; kb < 4; ++kb)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) cute::warpgroup_fence_operand(frag[m][kb][i]);
-      uint64_t desc[4];
-#pragma unroll
-      for (int kb = 0; kb < 4; ++kb) {
-        desc[kb] = smem_desc_sw128(act + kb * 32);
-        asm volatile("" : "+l"(desc[kb])::"memory");
-      }
-      fence_acc(acc[m]);
-      cute::warpgroup_arrive();
-#pragma unroll
-      for (int kb = 0; kb < 4; ++kb) {
-        const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(kb == 0 ? first : one);
-#if JAX_NVFP4_V2_DIAG == 2
-        asm volatile("" ::"r"(frag[m][kb][0]), "r"(frag[m][kb][1]), "r"(frag[m][kb][2]), "r"(frag[m][kb][3]));
-        (void)sc;
-#else
-        wgmma_rs<NN>(frag[m][kb], desc[kb], acc[m], sc, std::make_index_sequence<NN / 2>{});
-#endif
-      }
-      cute::warpgroup_commit_batch();
-      fence_acc(acc[m]);
-    }
-    prev_s = s;
-    advance_stage<STAGES>(s, ph);
-  }
-  cute::warpgroup_wait<0>();
-#pragma unroll
-  for (int m = 0; m < MS; ++m) fence_acc(acc[m]);
-  if (lane == 0) mbar_arrive(empty0 + prev_s * 8);
-}
-
-template <int NN, int BTMAX, int MS>
-__device__ __forceinline__ void consumer_epilogue(const float (&acc)[MS][BTMAX / 2], const WParams& p, const Tile& t,
+template <int NN, int BTMAX>
+__device__ __forceinline__ void consumer_epilogue(const float (&acc)[BTMAX / 2], const WParams& p, const Tile& t,
                                                   int r0) {
   const int lane = threadIdx.x & 31;
   const int t4 = lane & 3;
   const float mul = __ldg(p.alpha + t.g) * 128.0f;  // undo the 2^-7 of the fp4 weights
   const int64_t N = p.N;
+  const int64_t n_a = static_cast<int64_t>(t.n0) + r0;  // rows r0 and r0 + 8 of the tile
   const int64_t rend = t.row0 + t.rows;
 #pragma unroll
-  for (int m = 0; m < MS; ++m) {
-    const int64_t n_a = static_cast<int64_t>(t.n0) + r0 + 64 * m;  // rows n_a and n_a + 8
+  for (int j = 0; j < NN / 8; ++j) {
 #pragma unroll
-    for (int j = 0; j < NN / 8; ++j) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int64_t tok = t.row0 + 8 * j + 2 * t4 + (c & 1);
-        const int64_t n = n_a + 8 * (c >> 1);
-        if (tok < rend && n < N) {
-          const float v = acc[m][4 * j + c] * mul;
-          if (p.out_f32)
-            static_cast<float*>(p.out)[tok * N + n] = v;
-          else
-            static_cast<__nv_bfloat16*>(p.out)[tok * N + n] = __float2bfloat16_rn(v);
-        }
+    for (int c = 0; c < 4; ++c) {
+      const int64_t tok = t.row0 + 8 * j + 2 * t4 + (c & 1);
+      const int64_t n = n_a + 8 * (c >> 1);
+      if (tok < rend && n < N) {
+        const float v = acc[4 * j + c] * mul;
+        if (p.out_f32)
+          static_cast<float*>(p.out)[tok * N + n] = v;
+        else
+          static_cast<__nv_bfloat16*>(p.out)[tok * N + n] = __float2bfloat16_rn(v);
       }
     }
   }
 }
 
 // ---------------------------------------------------------------------------------------------
-template <int BTMAX, int STAGES, int MS>
-__global__ void __launch_bounds__(kThreads, 1)
+template <int BTMAX, int STAGES, int NWG>
+__global__ void __launch_bounds__(WgCfg<NWG>::kThreads, 1)
     grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tm_a,
                               const WParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using C = WCfg<BTMAX, STAGES, MS>;
-  constexpr int kRows = C::kRows;
+  using C = WCfg<BTMAX, STAGES, NWG>;
+  using W = WgCfg<NWG>;
+  constexpr int kRows = W::kRows;
   extern __shared__ uint8_t smem_raw[];
   // Align by an offset from smem_raw (not by casting an integer back to a pointer), so that the
   // compiler keeps the shared address space and emits LDS rather than generic loads.
@@ -555,7 +445,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full0 + s * 8, 1 + 32 + 32);       // arrive.expect_tx + scale and weight cp.async lanes
       mbar_init(ready0 + s * 8, kScaleWarps * 32); // every thread of the scale warps
-      mbar_init(empty0 + s * 8, kConsumerWarps);   // one per consumer warp
+      mbar_init(empty0 + s * 8, W::kConsumerWarps);  // one per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_a)) : "memory");
@@ -573,7 +463,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warp < 4) {
     // ------------------------------- producer warpgroup -------------------------------
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(W::kProducerRegs));
     if (warp == 3) {
       // Weight loader: kRows rows x 32 bytes per stage = 2 kRows 16-byte cp.async, kRows / 16 per
       // lane; rows past N are zero-filled. Arrives on full[s] once this lane's copies have landed.
@@ -595,7 +485,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int i = 0; i < kRows / 16; ++i) {
             const int q = (lane >> 1) + 16 * i;
             const bool ok = q < rows_ok;
-            asm volatile("cp.async.cg.shared.global" JAX_NVFP4_L2_PREFETCH " [%0], [%1], 16, %2;\n" ::"r"(dst + q * 32),
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + q * 32),
                          "l"(base + (ok ? q * KH + kt * 32 : 0)), "r"(ok ? 16u : 0u)
                          : "memory");
           }
@@ -610,7 +500,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Scale warps: once a stage has landed, turn its kRows x 4 e4m3 bytes into bf16x2 (s, s)
       // words (s * 2^119, exact) so each consumer thread reads its 8 scales with two LDS.128
       // instead of converting them (the 4 threads of a quad would each redo the same work).
-      const int c0 = (warp - 1) * 32 + lane;  // rows 2c, 2c + 1 for c = c0 + 64 j
+      const int c0 = (warp - 1) * 32 + lane;  // rows 2c, 2c + 1 for c = c0, c0 + 64 < kRows / 2
       int s = 0;
       uint32_t ph = 0;
       int gcur = 0;
@@ -621,8 +511,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           mbar_wait(full0 + s * 8, ph);
           const uint32_t st = smem_u32(smem) + s * C::kStage;
 #pragma unroll
-          for (int j = 0; j < MS; ++j) {
-            const int c = c0 + 64 * j;
+          for (int c = c0; c < kRows / 2; c += 64) {
             uint2 raw;
             asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(raw.x), "=r"(raw.y) : "r"(st + C::kSOff + 8 * c));
             uint32_t o[8];
@@ -683,18 +572,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     // ------------------------------- consumer warpgroups -------------------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
-    const int cw = warp - 4;                    // consumer warp 0..7
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(W::kConsumerRegs));
+    const int cw = warp - 4;                    // consumer warp 0 .. 4 NWG - 1
     const int g8 = lane >> 2, t4 = lane & 3;
-    // Warpgroup c covers tile rows [64 MS c, 64 MS (c + 1)); in subtile m, warp w of it rows
-    // 64 MS c + 64 m + 16 w .. + 15, and this thread rows r0 + 64 m and r0 + 64 m + 8.
-    const int r0 = (cw >> 2) * 64 * MS + (cw & 3) * 16 + g8;
+    const int r0 = cw * 16 + g8;                // tile rows r0 and r0 + 8 (warp cw covers 16cw..16cw+15)
     const uint32_t sel = t4 | (t4 << 4) | (t4 << 8) | ((4 + t4) << 12);
-    float acc[MS][BTMAX / 2];
+    float acc[BTMAX / 2];
 #pragma unroll
-    for (int m = 0; m < MS; ++m)
-#pragma unroll
-      for (int i = 0; i < BTMAX / 2; ++i) acc[m][i] = 0.0f;
+    for (int i = 0; i < BTMAX / 2; ++i) acc[i] = 0.0f;
     int s = 0;
     uint32_t ph = 0;
     int gcur = 0;
@@ -702,27 +587,29 @@ __global__ void __launch_bounds__(kThreads, 1)
     int L = blockIdx.x;
     bool have = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, kRows, gcur, t);
     while (have) {
-      // MS 1: the smallest WGMMA N covering the tile's rows (every branch is warpgroup-uniform).
-      // MS 2: N = BTMAX only (more branches' accumulators made ptxas serialize the wgmmas).
-      if constexpr (MS == 2) {
-        consumer_mainloop_split<BTMAX, BTMAX, STAGES, MS>(acc, smem, bar_base, KT, r0, sel, s, ph);
-      } else if (BTMAX >= 128 && t.rows > 64) {
-        consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES, MS>(acc, smem, bar_base, KT, r0, sel, s, ph);
-      } else if (BTMAX >= 64 && t.rows > 32) {
-        consumer_mainloop<(BTMAX >= 64 ? 64 : 32), BTMAX, STAGES, MS>(acc, smem, bar_base, KT, r0, sel, s, ph);
-      } else {
-        consumer_mainloop<32, BTMAX, STAGES, MS>(acc, smem, bar_base, KT, r0, sel, s, ph);
+      // The smallest WGMMA N covering the tile's rows (every branch is warpgroup-uniform). ptxas
+      // gives each N its own accumulator registers, so with three consumer warpgroups (152
+      // registers) the 128-token tile runs N = 128 only (keeping N = 32 or 64 beside it serialized
+      // the wgmmas, C7512).
+      constexpr bool kOnly = NWG == 3 && BTMAX == 128;
+      const int nn = kOnly ? 128 : (BTMAX >= 128 && t.rows > 64) ? 128 : (BTMAX >= 64 && t.rows > 32) ? 64 : 32;
+      if (nn == 128) {
+        consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES, NWG>(acc, smem, bar_base, KT, r0, sel, s, ph);
+      } else if constexpr (!kOnly) {
+        if (nn == 64)
+          consumer_mainloop<(BTMAX >= 64 ? 64 : 32), BTMAX, STAGES, NWG>(acc, smem, bar_base, KT, r0, sel, s, ph);
+        else
+          consumer_mainloop<32, BTMAX, STAGES, NWG>(acc, smem, bar_base, KT, r0, sel, s, ph);
       }
       L += gridDim.x;
       const bool have_next = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, kRows, gcur, nxt);
-      if constexpr (MS == 2) {
-        consumer_epilogue<BTMAX, BTMAX, MS>(acc, p, t, r0);
-      } else if (BTMAX >= 128 && t.rows > 64) {
-        consumer_epilogue<(BTMAX >= 128 ? 128 : 32), BTMAX, MS>(acc, p, t, r0);
-      } else if (BTMAX >= 64 && t.rows > 32) {
-        consumer_epilogue<(BTMAX >= 64 ? 64 : 32), BTMAX, MS>(acc, p, t, r0);
-      } else {
-        consumer_epilogue<32, BTMAX, MS>(acc, p, t, r0);
+      if (nn == 128) {
+        consumer_epilogue<(BTMAX >= 128 ? 128 : 32), BTMAX>(acc, p, t, r0);
+      } else if constexpr (!kOnly) {
+        if (nn == 64)
+          consumer_epilogue<(BTMAX >= 64 ? 64 : 32), BTMAX>(acc, p, t, r0);
+        else
+          consumer_epilogue<32, BTMAX>(acc, p, t, r0);
       }
       t = nxt;
       have = have_next;
@@ -764,10 +651,10 @@ int num_sms() {
   return sms;
 }
 
-template <int BTMAX, int STAGES, int MS>
+template <int BTMAX, int STAGES, int NWG>
 cudaError_t launch_wgmma(const GroupedGemmParams& p, WParams wp, cudaStream_t stream) {
-  using C = WCfg<BTMAX, STAGES, MS>;
-  auto kernel = grouped_gemm_wgmma_kernel<BTMAX, STAGES, MS>;
+  using C = WCfg<BTMAX, STAGES, NWG>;
+  auto kernel = grouped_gemm_wgmma_kernel<BTMAX, STAGES, NWG>;
   wp.NT = static_cast<int>((p.N + C::kRows - 1) / C::kRows);
   static std::atomic<uint64_t> done_mask{0};
   int dev = 0;
@@ -793,7 +680,7 @@ cudaError_t launch_wgmma(const GroupedGemmParams& p, WParams wp, cudaStream_t st
                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return cudaErrorInvalidValue;
   }
-  kernel<<<num_sms(), kThreads, C::kSmem, stream>>>(tm_a, wp);
+  kernel<<<num_sms(), WgCfg<NWG>::kThreads, C::kSmem, stream>>>(tm_a, wp);
   return cudaGetLastError();
 }
 
@@ -807,13 +694,13 @@ int pick_btmax(const GroupedGemmParams& p) {
   return GroupedGemmAvgRows(p) <= 24 ? 64 : 128;
 }
 
-// m64 subtiles per consumer warpgroup (tile rows 128 MS).
-int pick_ms(const GroupedGemmParams& p, int btmax) {
-  if (p.force_tile_rows == 128) return 1;
-  if (p.force_tile_rows == 256) return 2;
-  // 256 rows halve the activation bytes per FLOP but run N = BTMAX on every tile (see the
-  // consumer), so only where most tiles are full. Threshold from the H200 sweep (perf-notes).
-  return btmax == 128 && GroupedGemmAvgRows(p) >= 96 ? 2 : 1;
+// Consumer warpgroups (tile rows 64 NWG).
+int pick_nwg(const GroupedGemmParams& p, int btmax) {
+  if (p.force_tile_rows == 128) return 2;
+  if (p.force_tile_rows == 192) return 3;
+  // Three consumer warpgroups add conversion throughput, which limits prefill (perf-notes,
+  // session 3); their 128-token tile runs N = 128 on every tile, so only where tiles are full.
+  return btmax == 128 && GroupedGemmAvgRows(p) >= 64 ? 3 : 2;
 }
 
 }  // namespace
@@ -825,7 +712,7 @@ bool GroupedGemmWgmmaHandles(const GroupedGemmParams& p) {
   if (reinterpret_cast<uintptr_t>(p.rhs) & 15) return false;  // 16-byte cp.async of weight rows
   if (p.M > INT32_MAX - 256) return false;
   // the linear tile index (token tiles x n-tiles) must fit in int32
-  if (((p.M + 31) / 32 + p.G) * ((p.N + kRowsWG - 1) / kRowsWG) > INT32_MAX) return false;
+  if (((p.M + 31) / 32 + p.G) * ((p.N + kMinRowsW - 1) / kMinRowsW) > INT32_MAX) return false;
   return get_encode_fn() != nullptr;
 }
 
@@ -838,7 +725,7 @@ int GroupedGemmWgmmaTokenTile(const GroupedGemmParams& p) {
 }
 
 int GroupedGemmWgmmaTileRows(const GroupedGemmParams& p) {
-  return GroupedGemmWgmmaHandles(p) ? 128 * pick_ms(p, pick_btmax(p)) : 0;
+  return GroupedGemmWgmmaHandles(p) ? 64 * pick_nwg(p, pick_btmax(p)) : 0;
 }
 
 cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t stream) {
@@ -864,12 +751,12 @@ cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t 
   wp.KT = static_cast<int>(p.K / kBK);
   wp.out_f32 = p.out_f32;
 
-  // Stage bytes (MS 1 / 2): 11 / 17 KB (32), 15 / 22 KB (64), 23 / 30 KB (128). The small tiles
+  // Stage bytes (NWG 2 / 3): 11 / 14 KB (32), 15 / 18 KB (64), 23 / 27 KB (128). The small tiles
   // exist for depth: few rows stream weights, and more stages keep more bytes in flight per SM.
-  const int MS = pick_ms(p, BT);
-  if (BT == 32) e = MS == 2 ? launch_wgmma<32, 12, 2>(p, wp, stream) : launch_wgmma<32, 20, 1>(p, wp, stream);
-  else if (BT == 64) e = MS == 2 ? launch_wgmma<64, 9, 2>(p, wp, stream) : launch_wgmma<64, 12, 1>(p, wp, stream);
-  else e = MS == 2 ? launch_wgmma<128, 7, 2>(p, wp, stream) : launch_wgmma<128, 8, 1>(p, wp, stream);
+  const int NWG = pick_nwg(p, BT);
+  if (BT == 32) e = NWG == 3 ? launch_wgmma<32, 16, 3>(p, wp, stream) : launch_wgmma<32, 20, 2>(p, wp, stream);
+  else if (BT == 64) e = NWG == 3 ? launch_wgmma<64, 12, 3>(p, wp, stream) : launch_wgmma<64, 12, 2>(p, wp, stream);
+  else e = NWG == 3 ? launch_wgmma<128, 8, 3>(p, wp, stream) : launch_wgmma<128, 8, 2>(p, wp, stream);
   if (e != cudaSuccess) return e;
 
   return launch_zero_tail(p, ws, stream);

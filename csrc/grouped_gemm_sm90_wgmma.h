@@ -32,8 +32,8 @@ cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t 
 // one (16 means 32, 256 means 128). Returns 0 when the v1 fallback would run.
 int GroupedGemmWgmmaTokenTile(const GroupedGemmParams& p);
 
-// For tools: the weight rows per CTA tile the WGMMA launcher picks (128 or 256; force_tile_rows
-// forces one). Returns 0 when the v1 fallback would run.
+// For tools: the weight rows per CTA tile the WGMMA launcher picks (128: two consumer
+// warpgroups, 192: three; force_tile_rows forces one). Returns 0 when the v1 fallback would run.
 int GroupedGemmWgmmaTileRows(const GroupedGemmParams& p);
 
 }  // namespace jax_nvfp4

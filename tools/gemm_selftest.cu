@@ -6,6 +6,7 @@
 //        -I. -I<cutlass>/include tools/gemm_selftest.cu csrc/grouped_gemm_sm90.cu \
 //        csrc/grouped_gemm_sm90_wgmma.cu -o gemm_selftest
 // Usage: gemm_selftest [--small] [--no-bench] [--bench-only] [--no-sweep] [--seed S] [--kernel mma|wgmma|both] [--only L1-1536]
+//                      [--force BT/ROWS]  (bench only that token tile / weight rows per tile, e.g. 128/192)
 //   --small: only small shapes (for compute-sanitizer).
 //   --kernel: which launcher the self-test and the benchmark call (default mma = v1). "both" runs
 //     the self-test with each and benchmarks both side by side. v2 forwards the cases it does not
@@ -355,6 +356,7 @@ struct BenchRow {
 
 static int g_sweep = 1;
 static const char* g_only = nullptr;  // --only L1-1536: bench just that case (for profilers)
+static int g_force_bt = 0, g_force_rw = 0;  // --force 128/192: bench only this token tile / tile rows
 static std::vector<BenchRow> best_table;
 
 static void bench(std::vector<BenchRow>& table) {
@@ -417,9 +419,11 @@ static void bench(std::vector<BenchRow>& table) {
         best.ms = 1e30;
         const bool v2 = g_wgmma && jax_nvfp4::GroupedGemmWgmmaHandles(p);
         for (int cfg = 0; cfg < 10; ++cfg) {
-          const int bt = 16 << (cfg >> 1), rw = 128 << (cfg & 1);  // token tile x weight rows (v2)
+          const int bt = 16 << (cfg >> 1), rw = (cfg & 1) ? 192 : 128;  // token tile x weight rows (v2)
           if (bt > 128 || (!v2 && rw != 128)) continue;
-          if (g_sweep == 0 && (bt != auto_bt || rw != auto_rw)) continue;
+          if (g_force_bt ? (bt != g_force_bt || (v2 && rw != g_force_rw))
+                         : (g_sweep == 0 && (bt != auto_bt || rw != auto_rw)))
+            continue;
           if (rows >= 6144 && bt == 16) continue;  // hopeless, saves time
           if (v2 && bt < 32) continue;  // v2 token tiles: 32, 64, 128
           p.force_token_tile = bt;
@@ -475,6 +479,12 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--bench-only")) bench_only = true;
     else if (!std::strcmp(argv[i], "--no-sweep")) g_sweep = 0;
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) g_only = argv[++i];
+    else if (!std::strcmp(argv[i], "--force") && i + 1 < argc) {
+      if (std::sscanf(argv[++i], "%d/%d", &g_force_bt, &g_force_rw) != 2) {
+        std::fprintf(stderr, "--force wants TOKEN_TILE/TILE_ROWS, e.g. 128/192\n");
+        return 2;
+      }
+    }
     else if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--kernel") && i + 1 < argc) {
       const char* k = argv[++i];
@@ -523,8 +533,8 @@ int main(int argc, char** argv) {
                              {700, 72, 320, 9, kOversized}};
       for (const Case& c : forced)
         for (int bt : {16, 32, 64, 128})
-          for (int rw : {128, 256}) {
-            if (!kw && rw == 256) continue;  // v1 has one weight-tile height
+          for (int rw : {128, 192}) {
+            if (!kw && rw != 128) continue;  // v1 has one weight-tile height
             run_case(c, false, true, ++s, bt, kw ? rw : 0);
             run_case(c, true, false, ++s, bt, kw ? rw : 0);
           }

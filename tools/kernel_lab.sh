@@ -8,6 +8,7 @@
 #   memcheck compute-sanitizer memcheck on the small shapes
 #   ncu      Nsight Compute stall reasons and per-SASS stall samples for bench cases (args, default
 #            L1-192 L1-24576)
+#   ncu2     Nsight Compute throughput sections for CASE[:KERNEL[:BT/ROWS]] arguments
 #   wgmma    the wgmma microbenchmark (tools/wgmma_microbench.cu)
 # NOBUILD=1 reuses /tmp/st from the previous command of the same device call.
 # Headers: CUTLASS_INC (default .cutlass_hdr, an unzipped nvidia-cutlass wheel's
@@ -55,6 +56,23 @@ case $cmd in
       ncu -i "$out/rep_$c.ncu-rep" --page raw --csv \
         --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" >"$out/stalls_$c.csv" 2>&1
       ncu -i "$out/rep_$c.ncu-rep" --page source --csv --print-source sass >"$out/sass_$c.csv" 2>&1
+    done ;;
+  ncu2)
+    # Throughput view (SOL, memory workload incl. shared memory, scheduler, warp states) of one
+    # bench case per argument, CASE[:KERNEL[:BT/ROWS]], e.g. L1-24576:wgmma:128/256 L1-192:mma.
+    build
+    for spec in "$@"; do
+      IFS=: read -r c kk force <<<"$spec"; kk=${kk:-wgmma}
+      rx=$([ "$kk" = mma ] && echo "regex:grouped_gemm_kernel" || echo "regex:wgmma_kernel")
+      tag=$(echo "$spec" | tr ':/' '__')
+      timeout 200 ncu --kernel-name "$rx" --launch-skip 3 --launch-count 1 --section SpeedOfLight \
+        --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section SchedulerStats \
+        --section WarpStateStats --section ComputeWorkloadAnalysis \
+        /tmp/st --bench-only --kernel "$kk" --no-sweep --only "$c" ${force:+--force "$force"} >"$out/ncu2_$tag.log" 2>&1
+      echo "== $spec rc=$?"
+      grep -E "^ +(Duration|DRAM Throughput|L1/TEX Cache Throughput|L2 Cache Throughput|Compute \(SM\) Throughput|Mem Busy|Max Bandwidth|Mem Pipes Busy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued Instruction|Executed Ipc Active|SM Frequency|L2 Hit Rate) " \
+        "$out/ncu2_$tag.log" | awk '{$1=$1};1' | head -20
+      grep -iE "bank.conflict|shared (load|store)" "$out/ncu2_$tag.log" | awk '{$1=$1};1' | head -6
     done ;;
   wgmma)
     nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -I"$inc/include" \
