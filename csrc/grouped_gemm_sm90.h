@@ -31,7 +31,6 @@ struct GroupedGemmParams {
   bool a_fp4 = false;    // W4A4 when true, W4A16 when false
   bool out_f32 = false;  // f32 output when true, bf16 when false
   int force_token_tile = 0;  // 0: automatic; 16/32/64/128 force a token tile (tools, tuning)
-  int force_tile_rows = 0;   // v2 only: 0 automatic; 128/192 force the weight rows per tile (tools)
   // Expected rows inside the groups (0: unknown, M is used). Only steers the kernel and token-tile
   // choice: under expert parallelism M counts every routed row but the groups hold the local ones.
   int64_t rows_hint = 0;

@@ -6,30 +6,27 @@
 // Same contract as v1 (csrc/grouped_gemm_sm90.h). Handles W4A16 with K % 64 == 0; everything
 // else is forwarded to v1 (see GroupedGemmWgmmaHandles in the header).
 //
-// D^T = W X^T: a CTA tile is 64 * NWG weight rows (output columns n; NWG = 2 or 3 consumer
-// warpgroups) x up to BTMAX tokens (rows of one group). The weights are the WGMMA A operand, from registers (wgmma ... RS); the tokens are the
+// D^T = W X^T: a CTA tile is 128 weight rows (output columns n) x up to BTMAX tokens (rows of one
+// group). The weights are the WGMMA A operand, from registers (wgmma ... RS); the tokens are the
 // WGMMA N side, read by WGMMA straight from shared memory (bf16, 128-byte swizzle, loaded by TMA).
 //
-// Warp specialization (128 (1 + NWG) threads, 1 CTA per SM, persistent):
+// Warp specialization (384 threads, 1 CTA per SM, persistent):
 //   warpgroup 0 (producer; setmaxnreg 56):
 //     warp 0 issues the TMA loads of the activation tile (64 k x rows, in boxes of 32 tokens),
 //       and its 32 lanes fetch the 128 x 4 e4m3 scale bytes with 4-byte cp.async;
-//     warp 3 loads the weight tile (64 NWG rows x 32 bytes = 64 k of packed e2m1) with 16-byte
+//     warp 3 loads the weight tile (128 rows x 32 bytes = 64 k of packed e2m1) with 16-byte
 //       cp.async (a TMA box of 128 x 32 B measured the same speed);
 //     both arrive on full[s] through cp.async.mbarrier.arrive.noinc;
 //     warps 1-2 wait for full[s], convert the stage's scales to bf16x2 (s, s) words and arrive
 //       on ready[s].
-//   warpgroups 1..NWG (consumers; setmaxnreg 224 / 152): 64 weight rows each. Per 64-wide k-tile each
+//   warpgroups 1, 2 (consumers; setmaxnreg 224): 64 weight rows each. Per 64-wide k-tile each
 //     thread reads its two weight rows (g, g+8 of its warp's 16) and their converted scales from
 //     shared memory, builds the bf16 A fragments of the 4 k-blocks (e2m1 -> bf16 by byte permute +
 //     shift/mask, times the e4m3 block scale) and issues 4 wgmma m64nNk16 (N = 32/64/128 chosen
 //     per tile from the tile's row count). Fragments are double-buffered so the conversion of
 //     k-tile i+1 overlaps the wgmmas of k-tile i (wait_group 1).
 //   mbarriers: full[s] (1 arrive.expect_tx + 64 cp.async arrivals + TMA bytes), ready[s] (64
-//     scale-warp threads), empty[s] (one arrival per consumer warp, 4 NWG).
-// NWG = 3 exists because the consumers, not the memory system, limit v2 (perf-notes, session 3):
-// each consumer warp's conversion runs at ~5 cycles per instruction, so a third warpgroup adds
-// conversion throughput and keeps the tensor pipe fed.
+//     scale-warp threads), empty[s] (one arrival per consumer warp, 8).
 //
 // Mapping of the e2m1 codes onto the WGMMA A fragment. One 16-wide NVFP4 block = one k16 WGMMA
 // k-block (k-tile kb = physical k 16kb..16kb+15 of the 64-wide tile), so each fragment register
@@ -78,48 +75,43 @@ namespace {
 
 namespace gmma = cute::SM90::GMMA;
 
+constexpr int kRowsW = 128;    // weight rows (output columns) per CTA tile
 constexpr int kBK = 64;        // k per pipeline stage (= one 128-byte swizzle row of bf16)
 constexpr int kBoxT = 32;      // tokens per activation TMA box
-constexpr int kMinRowsW = 128; // fewest weight rows per tile (NWG = 2), for the host-side bounds
-// Per NWG (consumer warpgroups): threads, and registers after setmaxnreg (the producer warpgroup
-// gives registers back and the consumers take them; 128 P + 128 NWG C must fit the 64K register
-// file: 128 * 56 + 256 * 224 and 128 * 40 + 384 * 152). A 2-CTA-per-SM variant for decode
+constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+constexpr int kConsumerWarps = 8;
+// Registers after setmaxnreg: the producer warpgroup gives registers back and the consumers
+// take them (128 * 56 + 256 * 224 fits the 64K register file). A 2-CTA-per-SM variant for decode
 // (24 / 104) made ptxas compile the consumers to the 80-register launch bound: spills and
 // serialized wgmmas; not kept.
-template <int NWG>
-struct WgCfg {
-  static_assert(NWG == 2 || NWG == 3, "2 or 3 consumer warpgroups");
-  static constexpr int kThreads = 128 * (1 + NWG);
-  static constexpr int kConsumerWarps = 4 * NWG;
-  static constexpr int kRows = 64 * NWG;  // weight rows (output columns) per CTA tile
-  static constexpr int kProducerRegs = NWG == 2 ? 56 : 40;
-  static constexpr int kConsumerRegs = NWG == 2 ? 224 : 152;
-  static_assert(128 * kProducerRegs + 128 * NWG * kConsumerRegs <= 65536, "register file");
-};
+constexpr int kProducerRegs = 56;
+constexpr int kConsumerRegs = 224;
 constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales for the consumers
 
-// A 256-token tile (m64n256: 128 f32 accumulators per thread) made ptxas serialize the wgmmas
-// (C7512, too few registers beside the double-buffered fragments); removed in session 3, as was
-// a 256-weight-row tile (two m64 subtiles per warpgroup), which measured slower (perf-notes).
+// The 256-token tile (m64n256 accumulators: 128 f32 registers per thread) compiles, but ptxas
+// serializes its wgmmas (C7512, insufficient registers with the double-buffered fragments), so it
+// is off by default; build with -DJAX_NVFP4_WGMMA_BT256=1 to try it. Prefill uses 128 x 128 tiles.
 // Diagnostic builds (tools only, wrong results): 1 skips the e2m1 conversion, 2 the wgmmas.
 #ifndef JAX_NVFP4_V2_DIAG
 #define JAX_NVFP4_V2_DIAG 0
 #endif
+#ifndef JAX_NVFP4_WGMMA_BT256
+#define JAX_NVFP4_WGMMA_BT256 0
+#endif
 
 // Workspace layout, setup and tail kernels: csrc/grouped_gemm_schedule.cuh (shared with v1).
 
-template <int BTMAX, int STAGES, int NWG>
+template <int BTMAX, int STAGES>
 struct WCfg {
-  static constexpr int kRows = WgCfg<NWG>::kRows;
   static constexpr int kActOff = 0;                          // bf16 [BTMAX][64], 128B swizzle
-  static constexpr int kWOff = BTMAX * kBK * 2;              // u8 [kRows][32] packed e2m1
-  static constexpr int kSOff = kWOff + kRows * kBK / 2;      // u8 [kRows][4] e4m3 scales (raw)
-  static constexpr int kS2Off = kSOff + kRows * 4;           // u32 [kRows][4] bf16x2 (s, s) * 2^119
-  static constexpr int kStage = (kS2Off + kRows * 16 + 1023) / 1024 * 1024;
+  static constexpr int kWOff = BTMAX * kBK * 2;              // u8 [128][32] packed e2m1
+  static constexpr int kSOff = kWOff + kRowsW * kBK / 2;     // u8 [128][4] e4m3 scales (raw)
+  static constexpr int kS2Off = kSOff + kRowsW * 4;          // u32 [128][4] bf16x2 (s, s) * 2^119
+  static constexpr int kStage = (kS2Off + kRowsW * 16 + 1023) / 1024 * 1024;
   static constexpr int kBarOff = STAGES * kStage;            // full[], ready[], empty[]
   static constexpr int kSmem = kBarOff + 3 * STAGES * 8 + 1024;  // + slack for 1024B alignment
   static_assert(kSmem <= 232448 - 1024, "shared memory");
-  static_assert(BTMAX % kBoxT == 0 && BTMAX <= 128, "token tile");
+  static_assert(BTMAX % kBoxT == 0 && BTMAX <= 256, "token tile");
 };
 
 struct WParams {
@@ -237,6 +229,10 @@ template <>
 struct WgOp<128> {
   using Op = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
 };
+template <>
+struct WgOp<256> {
+  using Op = gmma::MMA_64x256x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
+};
 
 template <int NN, typename Acc, size_t... I>
 __device__ __forceinline__ void wgmma_rs(const uint32_t (&a)[4], uint64_t desc, Acc& acc, gmma::ScaleOut sc,
@@ -267,7 +263,7 @@ struct Tile {
 
 __device__ __forceinline__ bool find_tile(int L, int total, const int* __restrict__ prefix,
                                           const int* __restrict__ starts, const int* __restrict__ ends, int G,
-                                          int NT, int BTMAX, int rows_w, int& gcur, Tile& t) {
+                                          int NT, int BTMAX, int& gcur, Tile& t) {
   if (L >= total) return false;
   const int q = L / NT;
   const int lane = threadIdx.x & 31;
@@ -289,7 +285,7 @@ __device__ __forceinline__ bool find_tile(int L, int total, const int* __restric
   const int64_t st = __ldcg(starts + g);
   const int64_t en = __ldcg(ends + g);
   t.g = g;
-  t.n0 = nt * rows_w;
+  t.n0 = nt * kRowsW;
   t.row0 = st + static_cast<int64_t>(tt) * BTMAX;
   const int64_t r = en - t.row0;
   t.rows = static_cast<int>(r < BTMAX ? r : BTMAX);
@@ -298,10 +294,10 @@ __device__ __forceinline__ bool find_tile(int L, int total, const int* __restric
 
 // ---------------------------------------------------------------------------------------------
 // Consumer: one tile's mainloop with WGMMA N = NN. Consumes KT stages starting at (s, ph).
-template <int NN, int BTMAX, int STAGES, int NWG>
+template <int NN, int BTMAX, int STAGES>
 __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
                                                   int r0, uint32_t sel, int& s, uint32_t& ph) {
-  using C = WCfg<BTMAX, STAGES, NWG>;
+  using C = WCfg<BTMAX, STAGES>;
   const uint32_t full0 = bar_base;
   const uint32_t ready0 = bar_base + STAGES * 8;
   const uint32_t empty0 = bar_base + 2 * STAGES * 8;
@@ -423,14 +419,12 @@ __device__ __forceinline__ void consumer_epilogue(const float (&acc)[BTMAX / 2],
 }
 
 // ---------------------------------------------------------------------------------------------
-template <int BTMAX, int STAGES, int NWG>
-__global__ void __launch_bounds__(WgCfg<NWG>::kThreads, 1)
+template <int BTMAX, int STAGES>
+__global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tm_a,
                               const WParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using C = WCfg<BTMAX, STAGES, NWG>;
-  using W = WgCfg<NWG>;
-  constexpr int kRows = W::kRows;
+  using C = WCfg<BTMAX, STAGES>;
   extern __shared__ uint8_t smem_raw[];
   // Align by an offset from smem_raw (not by casting an integer back to a pointer), so that the
   // compiler keeps the shared address space and emits LDS rather than generic loads.
@@ -445,7 +439,7 @@ __global__ void __launch_bounds__(WgCfg<NWG>::kThreads, 1)
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full0 + s * 8, 1 + 32 + 32);       // arrive.expect_tx + scale and weight cp.async lanes
       mbar_init(ready0 + s * 8, kScaleWarps * 32); // every thread of the scale warps
-      mbar_init(empty0 + s * 8, W::kConsumerWarps);  // one per consumer warp
+      mbar_init(empty0 + s * 8, kConsumerWarps);   // one per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_a)) : "memory");
@@ -463,26 +457,26 @@ __global__ void __launch_bounds__(WgCfg<NWG>::kThreads, 1)
 
   if (warp < 4) {
     // ------------------------------- producer warpgroup -------------------------------
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(W::kProducerRegs));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     if (warp == 3) {
-      // Weight loader: kRows rows x 32 bytes per stage = 2 kRows 16-byte cp.async, kRows / 16 per
-      // lane; rows past N are zero-filled. Arrives on full[s] once this lane's copies have landed.
+      // Weight loader: 128 rows x 32 bytes per stage = 256 x 16-byte cp.async, 8 per lane; rows
+      // past N are zero-filled. Arrives on full[s] once this lane's copies have landed.
       const int64_t N = p.N, KH = p.K / 2;
       int s = 0;
       uint32_t ph = 0;
       int gcur = 0;
       Tile t;
-      for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, kRows, gcur, t); L += gridDim.x) {
+      for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t); L += gridDim.x) {
         // Lane pairs copy one row's 32 bytes (two 16-byte halves): 16 rows per instruction.
         const int half = lane & 1;
         const uint8_t* base = p.rhs + (static_cast<int64_t>(t.g) * N + t.n0) * KH + 16 * half;
-        const int rows_ok = static_cast<int>(N - t.n0 < kRows ? N - t.n0 : kRows);
+        const int rows_ok = static_cast<int>(N - t.n0 < kRowsW ? N - t.n0 : kRowsW);
 #pragma unroll 1
         for (int kt = 0; kt < KT; ++kt) {
           mbar_wait(empty0 + s * 8, ph ^ 1);
           const uint32_t dst = smem_u32(smem) + s * C::kStage + C::kWOff + 16 * half;
 #pragma unroll
-          for (int i = 0; i < kRows / 16; ++i) {
+          for (int i = 0; i < 8; ++i) {
             const int q = (lane >> 1) + 16 * i;
             const bool ok = q < rows_ok;
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + q * 32),
@@ -497,35 +491,32 @@ __global__ void __launch_bounds__(WgCfg<NWG>::kThreads, 1)
     }
     if (warp > kScaleWarps) return;
     if (warp != 0) {
-      // Scale warps: once a stage has landed, turn its kRows x 4 e4m3 bytes into bf16x2 (s, s)
+      // Scale warps: once a stage has landed, turn its 128 x 4 e4m3 bytes into bf16x2 (s, s)
       // words (s * 2^119, exact) so each consumer thread reads its 8 scales with two LDS.128
       // instead of converting them (the 4 threads of a quad would each redo the same work).
-      const int c0 = (warp - 1) * 32 + lane;  // rows 2c, 2c + 1 for c = c0, c0 + 64 < kRows / 2
+      const int c = (warp - 1) * 32 + lane;  // rows 2c, 2c + 1
       int s = 0;
       uint32_t ph = 0;
       int gcur = 0;
       Tile t;
-      for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, kRows, gcur, t); L += gridDim.x) {
+      for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t); L += gridDim.x) {
 #pragma unroll 1
         for (int kt = 0; kt < KT; ++kt) {
           mbar_wait(full0 + s * 8, ph);
           const uint32_t st = smem_u32(smem) + s * C::kStage;
-#pragma unroll
-          for (int c = c0; c < kRows / 2; c += 64) {
-            uint2 raw;
-            asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(raw.x), "=r"(raw.y) : "r"(st + C::kSOff + 8 * c));
-            uint32_t o[8];
-            scale_pairs(raw.x, o[0], o[1]);
-            scale_pairs(raw.x >> 16, o[2], o[3]);
-            scale_pairs(raw.y, o[4], o[5]);
-            scale_pairs(raw.y >> 16, o[6], o[7]);
-            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(st + C::kS2Off + 32 * c), "r"(o[0]),
-                         "r"(o[1]), "r"(o[2]), "r"(o[3])
-                         : "memory");
-            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(st + C::kS2Off + 32 * c + 16),
-                         "r"(o[4]), "r"(o[5]), "r"(o[6]), "r"(o[7])
-                         : "memory");
-          }
+          uint2 raw;
+          asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(raw.x), "=r"(raw.y) : "r"(st + C::kSOff + 8 * c));
+          uint32_t o[8];
+          scale_pairs(raw.x, o[0], o[1]);
+          scale_pairs(raw.x >> 16, o[2], o[3]);
+          scale_pairs(raw.y, o[4], o[5]);
+          scale_pairs(raw.y >> 16, o[6], o[7]);
+          asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(st + C::kS2Off + 32 * c), "r"(o[0]),
+                       "r"(o[1]), "r"(o[2]), "r"(o[3])
+                       : "memory");
+          asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(st + C::kS2Off + 32 * c + 16), "r"(o[4]),
+                       "r"(o[5]), "r"(o[6]), "r"(o[7])
+                       : "memory");
           mbar_arrive(ready0 + s * 8);
           advance_stage<STAGES>(s, ph);
         }
@@ -537,17 +528,17 @@ __global__ void __launch_bounds__(WgCfg<NWG>::kThreads, 1)
     uint32_t ph = 0;
     int gcur = 0;
     Tile t;
-    for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, kRows, gcur, t); L += gridDim.x) {
+    for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t); L += gridDim.x) {
       // Only the 32-row boxes that hold the tile's rows. (Loading just ceil(rows / 8) * 8 rows with
       // extra 8-row boxes did not speed up decode and slowed 1536 rows by 13%: more TMA issues.)
       const int nb = (t.rows + kBoxT - 1) / kBoxT;
       const uint32_t bytes = nb * (kBoxT * kBK * 2);
       const int row0 = static_cast<int>(t.row0);
-      // per-lane scale rows: lane + 32 i
-      const uint8_t* ssrc[kRows / 32];
-      uint32_t sbytes[kRows / 32];
+      // per-lane scale rows: lane, lane+32, lane+64, lane+96
+      const uint8_t* ssrc[4];
+      uint32_t sbytes[4];
 #pragma unroll
-      for (int i = 0; i < kRows / 32; ++i) {
+      for (int i = 0; i < 4; ++i) {
         const int64_t n = t.n0 + lane + 32 * i;
         const bool ok = n < N;
         ssrc[i] = ok ? p.rhs_scales + (static_cast<int64_t>(t.g) * N + n) * KS : p.rhs_scales;
@@ -564,7 +555,7 @@ __global__ void __launch_bounds__(WgCfg<NWG>::kThreads, 1)
             tma_load_2d(smem_u32(st + C::kActOff + b * (kBoxT * kBK * 2)), &tm_a, full, kt * kBK, row0 + b * kBoxT);
         }
 #pragma unroll
-        for (int i = 0; i < kRows / 32; ++i)
+        for (int i = 0; i < 4; ++i)
           cp_async4(smem_u32(st + C::kSOff + (lane + 32 * i) * 4), sbytes[i] ? ssrc[i] + kt * 4 : ssrc[i], sbytes[i]);
         cp_async_mbar_arrive(full);
         advance_stage<STAGES>(s, ph);
@@ -572,8 +563,8 @@ __global__ void __launch_bounds__(WgCfg<NWG>::kThreads, 1)
     }
   } else {
     // ------------------------------- consumer warpgroups -------------------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(W::kConsumerRegs));
-    const int cw = warp - 4;                    // consumer warp 0 .. 4 NWG - 1
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+    const int cw = warp - 4;                    // consumer warp 0..7
     const int g8 = lane >> 2, t4 = lane & 3;
     const int r0 = cw * 16 + g8;                // tile rows r0 and r0 + 8 (warp cw covers 16cw..16cw+15)
     const uint32_t sel = t4 | (t4 << 4) | (t4 << 8) | ((4 + t4) << 12);
@@ -585,31 +576,28 @@ __global__ void __launch_bounds__(WgCfg<NWG>::kThreads, 1)
     int gcur = 0;
     Tile t, nxt;
     int L = blockIdx.x;
-    bool have = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, kRows, gcur, t);
+    bool have = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t);
     while (have) {
-      // The smallest WGMMA N covering the tile's rows (every branch is warpgroup-uniform). ptxas
-      // gives each N its own accumulator registers, so with three consumer warpgroups (152
-      // registers) the 128-token tile runs N = 128 only (keeping N = 32 or 64 beside it serialized
-      // the wgmmas, C7512).
-      constexpr bool kOnly = NWG == 3 && BTMAX == 128;
-      const int nn = kOnly ? 128 : (BTMAX >= 128 && t.rows > 64) ? 128 : (BTMAX >= 64 && t.rows > 32) ? 64 : 32;
-      if (nn == 128) {
-        consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES, NWG>(acc, smem, bar_base, KT, r0, sel, s, ph);
-      } else if constexpr (!kOnly) {
-        if (nn == 64)
-          consumer_mainloop<(BTMAX >= 64 ? 64 : 32), BTMAX, STAGES, NWG>(acc, smem, bar_base, KT, r0, sel, s, ph);
-        else
-          consumer_mainloop<32, BTMAX, STAGES, NWG>(acc, smem, bar_base, KT, r0, sel, s, ph);
+      // smallest WGMMA N covering the tile's rows (every branch is warpgroup-uniform)
+      if (BTMAX >= 256 && t.rows > 128) {
+        consumer_mainloop<(BTMAX >= 256 ? 256 : 32), BTMAX, STAGES>(acc, smem, bar_base, KT, r0, sel, s, ph);
+      } else if (BTMAX >= 128 && t.rows > 64) {
+        consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES>(acc, smem, bar_base, KT, r0, sel, s, ph);
+      } else if (BTMAX >= 64 && t.rows > 32) {
+        consumer_mainloop<(BTMAX >= 64 ? 64 : 32), BTMAX, STAGES>(acc, smem, bar_base, KT, r0, sel, s, ph);
+      } else {
+        consumer_mainloop<32, BTMAX, STAGES>(acc, smem, bar_base, KT, r0, sel, s, ph);
       }
       L += gridDim.x;
-      const bool have_next = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, kRows, gcur, nxt);
-      if (nn == 128) {
+      const bool have_next = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, nxt);
+      if (BTMAX >= 256 && t.rows > 128) {
+        consumer_epilogue<(BTMAX >= 256 ? 256 : 32), BTMAX>(acc, p, t, r0);
+      } else if (BTMAX >= 128 && t.rows > 64) {
         consumer_epilogue<(BTMAX >= 128 ? 128 : 32), BTMAX>(acc, p, t, r0);
-      } else if constexpr (!kOnly) {
-        if (nn == 64)
-          consumer_epilogue<(BTMAX >= 64 ? 64 : 32), BTMAX>(acc, p, t, r0);
-        else
-          consumer_epilogue<32, BTMAX>(acc, p, t, r0);
+      } else if (BTMAX >= 64 && t.rows > 32) {
+        consumer_epilogue<(BTMAX >= 64 ? 64 : 32), BTMAX>(acc, p, t, r0);
+      } else {
+        consumer_epilogue<32, BTMAX>(acc, p, t, r0);
       }
       t = nxt;
       have = have_next;
@@ -651,11 +639,10 @@ int num_sms() {
   return sms;
 }
 
-template <int BTMAX, int STAGES, int NWG>
-cudaError_t launch_wgmma(const GroupedGemmParams& p, WParams wp, cudaStream_t stream) {
-  using C = WCfg<BTMAX, STAGES, NWG>;
-  auto kernel = grouped_gemm_wgmma_kernel<BTMAX, STAGES, NWG>;
-  wp.NT = static_cast<int>((p.N + C::kRows - 1) / C::kRows);
+template <int BTMAX, int STAGES>
+cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStream_t stream) {
+  using C = WCfg<BTMAX, STAGES>;
+  auto kernel = grouped_gemm_wgmma_kernel<BTMAX, STAGES>;
   static std::atomic<uint64_t> done_mask{0};
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -680,7 +667,7 @@ cudaError_t launch_wgmma(const GroupedGemmParams& p, WParams wp, cudaStream_t st
                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return cudaErrorInvalidValue;
   }
-  kernel<<<num_sms(), WgCfg<NWG>::kThreads, C::kSmem, stream>>>(tm_a, wp);
+  kernel<<<num_sms(), kThreads, C::kSmem, stream>>>(tm_a, wp);
   return cudaGetLastError();
 }
 
@@ -688,19 +675,22 @@ int pick_btmax(const GroupedGemmParams& p) {
   const int f = p.force_token_tile;
   if (f == 16 || f == 32) return 32;
   if (f == 64) return 64;
-  if (f >= 128) return 128;
-  // A small BTMAX leaves room for deep weight pipelines (few rows: weight streaming); a large one
-  // halves the weight re-reads. Measured on the H200: 64 for <= 24 rows per expert, else 128.
-  return GroupedGemmAvgRows(p) <= 24 ? 64 : 128;
-}
-
-// Consumer warpgroups (tile rows 64 NWG).
-int pick_nwg(const GroupedGemmParams& p, int btmax) {
-  if (p.force_tile_rows == 128) return 2;
-  if (p.force_tile_rows == 192) return 3;
-  // Three consumer warpgroups add conversion throughput, which limits prefill (perf-notes,
-  // session 3); their 128-token tile runs N = 128 on every tile, so only where tiles are full.
-  return btmax == 128 && GroupedGemmAvgRows(p) >= 64 ? 3 : 2;
+  if (f == 128) return 128;
+#if JAX_NVFP4_WGMMA_BT256
+  if (f == 256) return 256;
+#else
+  if (f == 256) return 128;
+#endif
+  const int64_t avg = GroupedGemmAvgRows(p);
+  // Guesses, to be tuned on the H200: a small BTMAX leaves room for deep weight pipelines
+  // (decode is weight streaming); a large one halves the weight and activation re-reads.
+  if (avg <= 24) return 64;
+#if JAX_NVFP4_WGMMA_BT256
+  if (avg <= 96) return 128;
+  return 256;
+#else
+  return 128;
+#endif
 }
 
 }  // namespace
@@ -712,7 +702,7 @@ bool GroupedGemmWgmmaHandles(const GroupedGemmParams& p) {
   if (reinterpret_cast<uintptr_t>(p.rhs) & 15) return false;  // 16-byte cp.async of weight rows
   if (p.M > INT32_MAX - 256) return false;
   // the linear tile index (token tiles x n-tiles) must fit in int32
-  if (((p.M + 31) / 32 + p.G) * ((p.N + kMinRowsW - 1) / kMinRowsW) > INT32_MAX) return false;
+  if (((p.M + 63) / 64 + p.G) * ((p.N + kRowsW - 1) / kRowsW) > INT32_MAX) return false;
   return get_encode_fn() != nullptr;
 }
 
@@ -722,10 +712,6 @@ bool GroupedGemmWgmmaPreferred(const GroupedGemmParams& p) {
 
 int GroupedGemmWgmmaTokenTile(const GroupedGemmParams& p) {
   return GroupedGemmWgmmaHandles(p) ? pick_btmax(p) : 0;
-}
-
-int GroupedGemmWgmmaTileRows(const GroupedGemmParams& p) {
-  return GroupedGemmWgmmaHandles(p) ? 64 * pick_nwg(p, pick_btmax(p)) : 0;
 }
 
 cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t stream) {
@@ -748,15 +734,18 @@ cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t 
   wp.N = p.N;
   wp.K = p.K;
   wp.G = p.G;
+  wp.NT = static_cast<int>((p.N + kRowsW - 1) / kRowsW);
   wp.KT = static_cast<int>(p.K / kBK);
   wp.out_f32 = p.out_f32;
 
-  // Stage bytes (NWG 2 / 3): 11 / 14 KB (32), 15 / 18 KB (64), 23 / 27 KB (128). The small tiles
-  // exist for depth: few rows stream weights, and more stages keep more bytes in flight per SM.
-  const int NWG = pick_nwg(p, BT);
-  if (BT == 32) e = NWG == 3 ? launch_wgmma<32, 16, 3>(p, wp, stream) : launch_wgmma<32, 20, 2>(p, wp, stream);
-  else if (BT == 64) e = NWG == 3 ? launch_wgmma<64, 12, 3>(p, wp, stream) : launch_wgmma<64, 12, 2>(p, wp, stream);
-  else e = NWG == 3 ? launch_wgmma<128, 8, 3>(p, wp, stream) : launch_wgmma<128, 8, 2>(p, wp, stream);
+  // Stage bytes: 11 KB (32), 15 KB (64), 23 KB (128). The small tiles exist for depth: decode
+  // streams weights, and more stages keep more weight bytes in flight per SM.
+  if (BT == 32) e = launch_wgmma<32, 20>(p, wp, stream);
+  else if (BT == 64) e = launch_wgmma<64, 12>(p, wp, stream);
+#if JAX_NVFP4_WGMMA_BT256
+  else if (BT == 256) e = launch_wgmma<256, 5>(p, wp, stream);
+#endif
+  else e = launch_wgmma<128, 8>(p, wp, stream);
   if (e != cudaSuccess) return e;
 
   return launch_zero_tail(p, ws, stream);

@@ -27,13 +27,10 @@ bool GroupedGemmWgmmaPreferred(const GroupedGemmParams& p);
 // or cudaErrorInvalidValue when GroupedGemmCheckParams rejects the parameters.
 cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t stream);
 
-// For tools: the largest token tile (32, 64 or 128) the WGMMA launcher picks; every tile then runs
-// the smallest WGMMA N in {32, 64, 128} that covers its rows. force_token_tile 32/64/128 forces
-// one (16 means 32, 256 means 128). Returns 0 when the v1 fallback would run.
+// For tools: the largest token tile (64 or 128; 256 only in a -DJAX_NVFP4_WGMMA_BT256=1 build) the
+// WGMMA launcher picks; every tile then runs the smallest WGMMA N in {32, 64, 128(, 256)} that
+// covers its rows. force_token_tile 64/128(/256) forces one (16 and 32 mean 64). Returns 0 when
+// the v1 fallback would run.
 int GroupedGemmWgmmaTokenTile(const GroupedGemmParams& p);
-
-// For tools: the weight rows per CTA tile the WGMMA launcher picks (128: two consumer
-// warpgroups, 192: three; force_tile_rows forces one). Returns 0 when the v1 fallback would run.
-int GroupedGemmWgmmaTileRows(const GroupedGemmParams& p);
 
 }  // namespace jax_nvfp4

@@ -7,8 +7,6 @@
 //   wgmma:      v2 wherever it can run (tests use this to exercise it on small shapes).
 //   mma:        v1 for everything (jax_nvfp4.grouped_gemm then also keeps W4A4 native instead of
 //               dequantizing the activations to bf16 first).
-// JAX_NVFP4_TILE_ROWS=128|192 forces v2's weight rows per tile (two or three consumer warpgroups;
-// tuning knob, read once per process; anything else leaves the launcher's choice).
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -43,16 +41,6 @@ KernelChoice KernelFromEnv() {
     return KernelChoice::kAuto;
   }();
   return k;
-}
-
-int TileRowsFromEnv() {
-  static const int r = [] {
-    const char* v = std::getenv("JAX_NVFP4_TILE_ROWS");
-    if (v != nullptr && std::strcmp(v, "128") == 0) return 128;
-    if (v != nullptr && std::strcmp(v, "192") == 0) return 192;
-    return 0;
-  }();
-  return r;
 }
 
 ffi::Error CudaError(const char* what, cudaError_t e) {
@@ -143,7 +131,6 @@ ffi::Error GroupedGemmCudaImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::Any
   p.out_f32 = ot == ffi::DataType::F32;
   if (rows_hint < 0) return bad("rows_hint must be >= 0 (0: unknown), got " + std::to_string(rows_hint));
   p.rows_hint = rows_hint;
-  p.force_tile_rows = TileRowsFromEnv();
   if (const char* why = jax_nvfp4::GroupedGemmCheckParams(p)) return bad(why);
 
   const KernelChoice kc = KernelFromEnv();

@@ -6,7 +6,7 @@
 //        -I. -I<cutlass>/include tools/gemm_selftest.cu csrc/grouped_gemm_sm90.cu \
 //        csrc/grouped_gemm_sm90_wgmma.cu -o gemm_selftest
 // Usage: gemm_selftest [--small] [--no-bench] [--bench-only] [--no-sweep] [--seed S] [--kernel mma|wgmma|both] [--only L1-1536]
-//                      [--force BT/ROWS]  (bench only that token tile / weight rows per tile, e.g. 128/192)
+//                      [--force BT]  (bench only that token tile)
 //   --small: only small shapes (for compute-sanitizer).
 //   --kernel: which launcher the self-test and the benchmark call (default mma = v1). "both" runs
 //     the self-test with each and benchmarks both side by side. v2 forwards the cases it does not
@@ -176,12 +176,7 @@ static const char* kern_of(const GroupedGemmParams& p) {
   return (g_wgmma && jax_nvfp4::GroupedGemmWgmmaHandles(p)) ? "v2" : "v1";
 }
 
-static int rows_of(const GroupedGemmParams& p) {
-  return (g_wgmma && jax_nvfp4::GroupedGemmWgmmaHandles(p)) ? jax_nvfp4::GroupedGemmWgmmaTileRows(p) : 128;
-}
-
-static void run_case(const Case& cs, bool a_fp4, bool out_f32, uint64_t seed, int force_bt = 0,
-                     int force_rows = 0) {
+static void run_case(const Case& cs, bool a_fp4, bool out_f32, uint64_t seed, int force_bt = 0) {
   Rng r(seed);
   const int64_t M = cs.M, N = cs.N, K = cs.K, G = cs.G;
   const int64_t KH = K / 2, KS = K / 16;
@@ -235,7 +230,6 @@ static void run_case(const Case& cs, bool a_fp4, bool out_f32, uint64_t seed, in
   GroupedGemmParams p = make_params(d_lhs, d_lhs_s, d_rhs, d_rhs_s, d_alpha, d_gs, d_out, d_ws, ws_bytes, M, N,
                                     K, G, a_fp4, out_f32);
   p.force_token_tile = force_bt;
-  p.force_tile_rows = force_rows;
   CK(launch(p, 0));
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
@@ -329,10 +323,10 @@ static void run_case(const Case& cs, bool a_fp4, bool out_f32, uint64_t seed, in
   const double tol = out_f32 ? 1e-5 : 1e-2;
   const bool ok = nonfinite == 0 && tail_nonzero == 0 && ref_nan == 0 && rel <= tol && std::isfinite(rel);
   if (!ok) g_fail++;
-  std::printf("%-5s %-4s kern=%s M=%-6lld N=%-5lld K=%-5lld G=%-3lld BT=%-3d R=%-3d %-20s total=%-6lld rows_checked=%-6zu "
+  std::printf("%-5s %-4s kern=%s M=%-6lld N=%-5lld K=%-5lld G=%-3lld BT=%-3d %-20s total=%-6lld rows_checked=%-6zu "
               "relL2=%.3e nonfinite=%lld tail_nonzero=%lld  %s\n",
               a_fp4 ? "W4A4" : "W4A16", out_f32 ? "f32" : "bf16", kern_of(p), (long long)M, (long long)N,
-              (long long)K, (long long)G, tile_of(p), rows_of(p), mode_name(cs.mode), (long long)total, rows.size(), rel,
+              (long long)K, (long long)G, tile_of(p), mode_name(cs.mode), (long long)total, rows.size(), rel,
               (long long)nonfinite, (long long)tail_nonzero, ok ? "PASS" : "FAIL");
   std::fflush(stdout);
   cudaFree(d_rhs);
@@ -350,13 +344,13 @@ struct BenchRow {
   std::string name;
   bool a_fp4;
   int64_t rows, K, N;
-  int bt, rows_w;
+  int bt;
   double ms, tflops, gbs;
 };
 
 static int g_sweep = 1;
 static const char* g_only = nullptr;  // --only L1-1536: bench just that case (for profilers)
-static int g_force_bt = 0, g_force_rw = 0;  // --force 128/192: bench only this token tile / tile rows
+static int g_force_bt = 0;             // --force 128: bench only this token tile (for profilers)
 static std::vector<BenchRow> best_table;
 
 static void bench(std::vector<BenchRow>& table) {
@@ -414,21 +408,16 @@ static void bench(std::vector<BenchRow>& table) {
       for (int fp4 = 0; fp4 < 2; ++fp4) {
         GroupedGemmParams p = make_params(d_lhs, d_lhs_s, d_rhs, d_rhs_s, d_alpha, d_gs, d_out, d_ws,
                                           jax_nvfp4::GroupedGemmWorkspaceBytes(G), rows, N, K, G, fp4, false);
-        const int auto_bt = tile_of(p), auto_rw = rows_of(p);
+        const int auto_bt = tile_of(p);
         BenchRow best{}, chosen{};
         best.ms = 1e30;
         const bool v2 = g_wgmma && jax_nvfp4::GroupedGemmWgmmaHandles(p);
-        for (int cfg = 0; cfg < 10; ++cfg) {
-          const int bt = 16 << (cfg >> 1), rw = (cfg & 1) ? 192 : 128;  // token tile x weight rows (v2)
-          if (bt > 128 || (!v2 && rw != 128)) continue;
-          if (g_force_bt ? (bt != g_force_bt || (v2 && rw != g_force_rw))
-                         : (g_sweep == 0 && (bt != auto_bt || rw != auto_rw)))
-            continue;
+        for (int bt : {16, 32, 64, 128, 256}) {
+          if (g_force_bt ? bt != g_force_bt : (g_sweep == 0 && bt != auto_bt)) continue;
           if (rows >= 6144 && bt == 16) continue;  // hopeless, saves time
-          if (v2 && bt < 32) continue;  // v2 token tiles: 32, 64, 128
+          if (v2 ? (bt < 32) : (bt > 128)) continue;  // v2 tiles: 32, 64, 128 (256 in a BT256 build)
           p.force_token_tile = bt;
-          p.force_tile_rows = v2 ? rw : 0;
-          if (tile_of(p) != bt || rows_of(p) != rw) continue;
+          if (tile_of(p) != bt) continue;  // not available in this build
           for (int i = 0; i < 3; ++i) CK(launch(p, 0));
           CK(cudaDeviceSynchronize());
           std::vector<float> t;
@@ -445,13 +434,13 @@ static void bench(std::vector<BenchRow>& table) {
           const double ms = t[t.size() / 2];
           const double flops = 2.0 * rows * K * N;
           const double wbytes = G * N * K * 0.5625;
-          BenchRow b{li == 0 ? "L1" : "L2", fp4 != 0, rows, K, N, bt, rw, ms, flops / ms / 1e9, wbytes / ms / 1e6};
-          std::printf("bench %s %s %-5s rows=%-6lld K=%lld N=%lld BT=%-3d R=%-3d%s %.4f ms  %.1f TFLOP/s  %.0f GB/s(weights)  "
+          BenchRow b{li == 0 ? "L1" : "L2", fp4 != 0, rows, K, N, bt, ms, flops / ms / 1e9, wbytes / ms / 1e6};
+          std::printf("bench %s %s %-5s rows=%-6lld K=%lld N=%lld BT=%-3d%s %.4f ms  %.1f TFLOP/s  %.0f GB/s(weights)  "
                       "[min %.4f max %.4f]\n",
-                      kern_of(p), b.name.c_str(), fp4 ? "W4A4" : "W4A16", (long long)rows, (long long)K, (long long)N, bt, rw,
-                      (bt == auto_bt && rw == auto_rw) ? "*" : " ", ms, b.tflops, b.gbs, t.front(), t.back());
+                      kern_of(p), b.name.c_str(), fp4 ? "W4A4" : "W4A16", (long long)rows, (long long)K, (long long)N, bt,
+                      bt == auto_bt ? "*" : " ", ms, b.tflops, b.gbs, t.front(), t.back());
           std::fflush(stdout);
-          if (bt == auto_bt && rw == auto_rw) chosen = b;
+          if (bt == auto_bt) chosen = b;
           if (ms < best.ms) best = b;
         }
         table.push_back(chosen);
@@ -479,12 +468,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--bench-only")) bench_only = true;
     else if (!std::strcmp(argv[i], "--no-sweep")) g_sweep = 0;
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) g_only = argv[++i];
-    else if (!std::strcmp(argv[i], "--force") && i + 1 < argc) {
-      if (std::sscanf(argv[++i], "%d/%d", &g_force_bt, &g_force_rw) != 2) {
-        std::fprintf(stderr, "--force wants TOKEN_TILE/TILE_ROWS, e.g. 128/192\n");
-        return 2;
-      }
-    }
+    else if (!std::strcmp(argv[i], "--force") && i + 1 < argc) g_force_bt = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--kernel") && i + 1 < argc) {
       const char* k = argv[++i];
@@ -532,12 +516,11 @@ int main(int argc, char** argv) {
                              {1000, 136, 7168, 64, kOversized}, {300, 200, 192, 5, kSkewEmpty},
                              {700, 72, 320, 9, kOversized}};
       for (const Case& c : forced)
-        for (int bt : {16, 32, 64, 128})
-          for (int rw : {128, 192}) {
-            if (!kw && rw != 128) continue;  // v1 has one weight-tile height
-            run_case(c, false, true, ++s, bt, kw ? rw : 0);
-            run_case(c, true, false, ++s, bt, kw ? rw : 0);
-          }
+        for (int bt : {16, 32, 64, 128, 256}) {
+          if (!kw && bt == 256) continue;
+          run_case(c, false, true, ++s, bt);
+          run_case(c, true, false, ++s, bt);
+        }
       std::printf("selftest (%s): %d failure(s) so far\n", kw ? "wgmma" : "mma", g_fail);
     }
     std::vector<BenchRow> table;
@@ -555,12 +538,12 @@ int main(int argc, char** argv) {
       }
     }
     if (!best_table.empty()) {
-      std::printf("\n[%s] best tile per case (sweep, token tile / weight rows):\n| case | rows | W4A16 best | ms | W4A4 best | ms |\n|---|---|---|---|---|---|\n",
+      std::printf("\n[%s] best token tile per case (sweep):\n| case | rows | W4A16 best BT | ms | W4A4 best BT | ms |\n|---|---|---|---|---|---|\n",
                   kw ? "wgmma" : "mma");
       for (size_t i = 0; i + 1 < best_table.size(); i += 2)
-        std::printf("| %s | %lld | %d/%d | %.3f | %d/%d | %.3f |\n", best_table[i].name.c_str(),
-                    (long long)best_table[i].rows, best_table[i].bt, best_table[i].rows_w, best_table[i].ms,
-                    best_table[i + 1].bt, best_table[i + 1].rows_w, best_table[i + 1].ms);
+        std::printf("| %s | %lld | %d | %.3f | %d | %.3f |\n", best_table[i].name.c_str(),
+                    (long long)best_table[i].rows, best_table[i].bt, best_table[i].ms, best_table[i + 1].bt,
+                    best_table[i + 1].ms);
     }
   }
   if (!bench_only) std::printf("SELFTEST %s\n", g_fail ? "FAILED" : "PASSED");

@@ -8,8 +8,8 @@
 #   memcheck compute-sanitizer memcheck on the small shapes
 #   ncu      Nsight Compute stall reasons and per-SASS stall samples for bench cases (args, default
 #            L1-192 L1-24576)
-#   ncu2     Nsight Compute throughput sections for CASE[:KERNEL[:BT/ROWS]] arguments
-#   wgmma    the wgmma microbenchmark (tools/wgmma_microbench.cu)
+#   ncu2     Nsight Compute throughput sections for CASE[:KERNEL[:TOKEN_TILE]] arguments
+#   wgmma    the wgmma microbenchmark (tools/wgmma_microbench.cu; argument alu: with ALU work)
 # NOBUILD=1 reuses /tmp/st from the previous command of the same device call.
 # Headers: CUTLASS_INC (default .cutlass_hdr, an unzipped nvidia-cutlass wheel's
 # cutlass_library/source, carried to the device). Logs in $OUT.
@@ -59,7 +59,7 @@ case $cmd in
     done ;;
   ncu2)
     # Throughput view (SOL, memory workload incl. shared memory, scheduler, warp states) of one
-    # bench case per argument, CASE[:KERNEL[:BT/ROWS]], e.g. L1-24576:wgmma:128/256 L1-192:mma.
+    # bench case per argument, CASE[:KERNEL[:TOKEN_TILE]], e.g. L1-24576:wgmma:128 L1-192:mma.
     build
     for spec in "$@"; do
       IFS=: read -r c kk force <<<"$spec"; kk=${kk:-wgmma}
@@ -77,6 +77,6 @@ case $cmd in
   wgmma)
     nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -I"$inc/include" \
       -o /tmp/wgmma_microbench tools/wgmma_microbench.cu >"$out/build.log" 2>&1 || { tail "$out/build.log"; exit 1; }
-    timeout 120 /tmp/wgmma_microbench | tee "$out/wgmma.log" ;;
+    timeout 120 /tmp/wgmma_microbench "$@" | tee "$out/wgmma.log" ;;
   *) echo "unknown command $cmd (check | sweep | memcheck | ncu | wgmma)"; exit 2 ;;
 esac

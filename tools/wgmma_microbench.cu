@@ -5,11 +5,16 @@
 //
 // Build and run (GPU machine):
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
-//        -I<cutlass>/include -o wgmma_microbench tools/wgmma_microbench.cu && ./wgmma_microbench
+//        -I<cutlass>/include -o wgmma_microbench tools/wgmma_microbench.cu && ./wgmma_microbench [alu]
 // Prints one row per configuration: clk per wgmma per SM (all warpgroups of the SM together),
 // the math-only figure N/2, and their ratio. Operand values are zero (timing only).
+// `wgmma_microbench alu` instead times v2's consumer pattern (wait_group 1, ALU work on the
+// next fragments, 4 wgmmas) with 0-192 integer ops per thread per k-tile: fused (the wgmma warps
+// do the ALU work), ping-pong (the two warpgroups take turns), and split (a third warpgroup does
+// the same ALU work). Results and what they mean: docs/perf-notes.md, session 3.
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include <cuda_runtime.h>
@@ -142,7 +147,220 @@ void run_n(int sms, long long* c, float* s) {
   }
 }
 
-int main() {
+// --- "alu" mode: the same batches with ALU work between them, as v2's consumers do ---------------
+// Each thread computes its next 16 fragment registers with OPS dependent-free LOP3s (16 chains,
+// interleaved) after wait_group 1, like v2's conversion of the next k-tile, then issues the 4
+// wgmmas (RS: from those registers; SS: A from shared memory, the registers only kept alive).
+// Question (docs/perf-notes.md, session 3): does ALU work on the issuing warps slow RS wgmmas
+// down more than SS ones, i.e. is v2's ~50% tensor-pipe ceiling a register-operand effect?
+// PP (ping-pong): the two warpgroups take turns for "convert + issue" (named barriers 1 and 2),
+// so one converts while the other's wgmmas run instead of both converting at the same time.
+__device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+
+template <int N, bool RS, int OPS, bool PP = false>
+__global__ void __launch_bounds__(256, 1) alu_kernel(int iters, long long* clk, float* sink, uint32_t seed) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  for (int i = threadIdx.x; i < (64 + 256) * 128 / 4; i += blockDim.x) reinterpret_cast<uint32_t*>(smem)[i] = 0;
+  __syncthreads();
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t a_smem = base, b_smem = base + 64 * 128;
+  float acc[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
+  uint32_t fr[2][16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) fr[0][i] = fr[1][i] = 0;
+  const uint32_t c1 = seed, c2 = seed * 3u;
+  const int wg = threadIdx.x >> 7;
+  if (PP && wg == 1) named_arrive(1);  // warpgroup 0 goes first
+  auto batch = [&](int it, auto buf_c) {
+    constexpr int b = decltype(buf_c)::value;
+    if (PP) named_sync(1 + wg);  // my turn
+    // The inputs come from a shared-memory load issued after the previous wait_group (as v2's
+    // weight words), so ptxas cannot hoist this ALU work in between the previous batch's wgmmas.
+    uint32_t z;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(z) : "r"(b_smem + 256 * 128 - 4) : "memory");
+    uint32_t x[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) x[i] = (static_cast<uint32_t>(it) + z) ^ (i * 0x9E3779B9u);
+#pragma unroll
+    for (int r = 0; r < OPS / 16; ++r)
+#pragma unroll
+      for (int i = 0; i < 16; ++i) asm volatile("lop3.b32 %0, %0, %1, %2, 0x96;\n" : "+r"(x[i]) : "r"(c1), "r"(c2));
+    // Zero the values again (operands must stay zero for a timing-only run) without letting the
+    // compiler drop the work: and with a mask that is zero at run time but unknown to it.
+#pragma unroll
+    for (int i = 0; i < 16; ++i) fr[b][i] = x[i] & (seed >> 31);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) cute::warpgroup_fence_operand(fr[b][i]);
+    uint64_t da[4], db[4];
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      da[kb] = desc_sw128(a_smem + 32 * kb);
+      db[kb] = desc_sw128(b_smem + 32 * kb);
+    }
+    fence(acc);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      const uint32_t(&a)[4] = *reinterpret_cast<const uint32_t(*)[4]>(&fr[b][4 * kb]);
+      mma<N, RS>(a, da[kb], db[kb], acc, std::make_index_sequence<N / 2>{});
+    }
+    cute::warpgroup_commit_batch();
+    if (PP) named_arrive(2 - wg);  // the other warpgroup's turn
+    fence(acc);
+    cute::warpgroup_wait<1>();
+  };
+  long long t0 = clock64();
+#pragma unroll 1
+  for (int it = 0; it < iters; it += 2) {
+    batch(it, std::integral_constant<int, 0>{});
+    batch(it + 1, std::integral_constant<int, 1>{});
+  }
+  cute::warpgroup_wait<0>();
+  fence(acc);
+  if (PP && wg == 0) named_sync(1);  // the last turn warpgroup 1 handed over
+  long long t1 = clock64();
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) sum += acc[i];
+  uint32_t keep = 0;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) keep ^= fr[0][i] ^ fr[1][i];
+  if (sum != 0.0f || keep == 0x12345678u) sink[0] = sum + keep;
+  if (threadIdx.x == 0) clk[blockIdx.x] = t1 - t0;
+}
+
+template <int N, bool RS, int OPS, bool PP = false>
+void run_alu(int sms, long long* d_clk, float* d_sink) {
+  auto k = alu_kernel<N, RS, OPS, PP>;
+  const int smem = (64 + 256) * 128 + 1024;
+  CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int iters = 2048, wgs = 2;
+  k<<<sms, 128 * wgs, smem>>>(16, d_clk, d_sink, 12345u);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  k<<<sms, 128 * wgs, smem>>>(iters, d_clk, d_sink, 12345u);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  long long h[1024];
+  CK(cudaMemcpy(h, d_clk, sizeof(long long) * sms, cudaMemcpyDeviceToHost));
+  long long mx = 0;
+  for (int i = 0; i < sms; ++i) mx = h[i] > mx ? h[i] : mx;
+  const double per_batch = static_cast<double>(mx) / iters;  // clk per k-tile (both warpgroups)
+  const double math = 2.0 * 4 * N / 2.0;                     // 8 wgmmas per SM per k-tile
+  const double issue = 2.0 * (OPS + 40);                     // two warps per scheduler, ~40 fixed
+  std::printf("| %3d | %s%s | %3d | %7.1f | %6.1f | %6.1f | %5.2f |\n", N, RS ? "RS" : "SS", PP ? " ping-pong" : "", OPS,
+              per_batch, math,
+              issue, per_batch / (math > issue ? math : issue));
+}
+
+// --- "split" mode: the same ALU work done by a third warpgroup instead of the wgmma warps -------
+// Warpgroups 0-1 issue the wgmma batches with no ALU work (RS, zero fragments); warpgroup 2 runs
+// 2 * OPS LOP3s per k-tile per thread (the fused case's total: 8 warps x OPS), unsynchronized.
+// If the wgmma warpgroups keep their OPS = 0 time while warpgroup 2 finishes its ALU work in
+// about the same time, ALU work overlaps tensor work when other warps do it: the conversion
+// belongs in converter warps, not in the warps that issue the wgmmas.
+template <int N, int OPS>
+__global__ void __launch_bounds__(384, 1) split_kernel(int iters, long long* clk, float* sink, uint32_t seed) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  for (int i = threadIdx.x; i < (64 + 256) * 128 / 4; i += blockDim.x) reinterpret_cast<uint32_t*>(smem)[i] = 0;
+  __syncthreads();
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t a_smem = base, b_smem = base + 64 * 128;
+  long long t0 = clock64();
+  if (threadIdx.x >= 256) {  // ALU warpgroup
+    const uint32_t c1 = seed, c2 = seed * 3u;
+    uint32_t x[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) x[i] = threadIdx.x ^ (i * 0x9E3779B9u);
+#pragma unroll 1
+    for (int it = 0; it < iters; ++it)
+#pragma unroll
+      for (int r = 0; r < 2 * OPS / 16; ++r)
+#pragma unroll
+        for (int i = 0; i < 16; ++i) asm volatile("lop3.b32 %0, %0, %1, %2, 0x96;\n" : "+r"(x[i]) : "r"(c1), "r"(c2));
+    uint32_t keep = 0;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) keep ^= x[i];
+    if (keep == 0x12345678u) sink[0] = keep;
+    long long t1 = clock64();
+    if (threadIdx.x == 256) clk[gridDim.x + blockIdx.x] = t1 - t0;
+    return;
+  }
+  float acc[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
+  uint32_t a[4] = {0, 0, 0, 0};
+#pragma unroll 1
+  for (int it = 0; it < iters; ++it) {
+    uint64_t da[4], db[4];
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      da[kb] = desc_sw128(a_smem + 32 * kb);
+      db[kb] = desc_sw128(b_smem + 32 * kb);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) cute::warpgroup_fence_operand(a[i]);
+    fence(acc);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) mma<N, true>(a, da[kb], db[kb], acc, std::make_index_sequence<N / 2>{});
+    cute::warpgroup_commit_batch();
+    fence(acc);
+    cute::warpgroup_wait<1>();
+  }
+  cute::warpgroup_wait<0>();
+  fence(acc);
+  long long t1 = clock64();
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) sum += acc[i];
+  if (sum != 0.0f) sink[0] = sum;
+  if (threadIdx.x == 0) clk[blockIdx.x] = t1 - t0;
+}
+
+template <int N, int OPS>
+void run_split(int sms, long long* d_clk, float* d_sink) {
+  auto k = split_kernel<N, OPS>;
+  const int smem = (64 + 256) * 128 + 1024;
+  CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int iters = 2048;
+  k<<<sms, 384, smem>>>(16, d_clk, d_sink, 12345u);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  k<<<sms, 384, smem>>>(iters, d_clk, d_sink, 12345u);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  long long h[2048];
+  CK(cudaMemcpy(h, d_clk, sizeof(long long) * 2 * sms, cudaMemcpyDeviceToHost));
+  long long mw = 0, ma = 0;
+  for (int i = 0; i < sms; ++i) {
+    mw = h[i] > mw ? h[i] : mw;
+    ma = h[sms + i] > ma ? h[sms + i] : ma;
+  }
+  std::printf("| %3d | split | %3d | %7.1f | %7.1f | %6.1f |\n", N, OPS, static_cast<double>(mw) / iters,
+              static_cast<double>(ma) / iters, 2.0 * 4 * N / 2.0);
+}
+
+template <int N>
+void run_alu_n(int sms, long long* c, float* s) {
+  run_alu<N, true, 0>(sms, c, s);
+  run_alu<N, false, 0>(sms, c, s);
+  run_alu<N, true, 64>(sms, c, s);
+  run_alu<N, false, 64>(sms, c, s);
+  run_alu<N, true, 128>(sms, c, s);
+  run_alu<N, false, 128>(sms, c, s);
+  run_alu<N, true, 192>(sms, c, s);
+  run_alu<N, false, 192>(sms, c, s);
+  run_alu<N, true, 64, true>(sms, c, s);
+  run_alu<N, true, 128, true>(sms, c, s);
+  run_alu<N, true, 192, true>(sms, c, s);
+}
+
+int main(int argc, char** argv) {
+  const bool alu = argc > 1 && std::strcmp(argv[1], "alu") == 0;
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
@@ -151,6 +369,24 @@ int main() {
   float* d_sink;
   CK(cudaMalloc(&d_clk, sizeof(long long) * 1024));
   CK(cudaMalloc(&d_sink, sizeof(float)));
+  if (alu) {
+    std::printf("alu mode: 2 warpgroups per SM, clk per k-tile (4 wgmmas per warpgroup) per SM\n");
+    std::printf("| N | A | ALU ops/thread/k-tile | clk/k-tile | math clk | issue clk (est.) | ratio to max |\n"
+                "|---|---|---|---|---|---|---|\n");
+    run_alu_n<32>(sms, d_clk, d_sink);
+    run_alu_n<128>(sms, d_clk, d_sink);
+    std::printf("split: ALU work (same total) in a third warpgroup; clk per k-tile per SM\n"
+                "| N | mode | ALU ops (fused-equivalent) | wgmma warpgroups | ALU warpgroup | math clk |\n"
+                "|---|---|---|---|---|---|\n");
+    run_split<32, 0>(sms, d_clk, d_sink);
+    run_split<32, 64>(sms, d_clk, d_sink);
+    run_split<32, 128>(sms, d_clk, d_sink);
+    run_split<128, 0>(sms, d_clk, d_sink);
+    run_split<128, 64>(sms, d_clk, d_sink);
+    run_split<128, 128>(sms, d_clk, d_sink);
+    run_split<128, 192>(sms, d_clk, d_sink);
+    return 0;
+  }
   std::printf("| N | A | chains | warpgroups/SM | clk/wgmma | math clk (N/2) | ratio |\n|---|---|---|---|---|---|---|\n");
   run_n<8>(sms, d_clk, d_sink);
   run_n<16>(sms, d_clk, d_sink);
