@@ -431,6 +431,8 @@ const char* GroupedGemmCheckParams(const GroupedGemmParams& p) {
   if (p.M > INT32_MAX - 1 || p.N > INT32_MAX / 2 || p.K > INT32_MAX / 2) return "dimension too large";
   if (p.G > (1 << 20)) return "too many groups";
   if (p.workspace_bytes < GroupedGemmWorkspaceBytes(p.G)) return "workspace too small";
+  if (p.rhs_layout != 0 && p.rhs_layout != 1) return "rhs_layout must be 0 (checkpoint) or 1 (sm90)";
+  if (p.rhs_layout == 1 && (p.N % 128 != 0 || p.K % 64 != 0)) return "the sm90 layout needs N % 128 == 0 and K % 64 == 0";
   if (p.M > 0 && p.N > 0) {
     if (!p.lhs || !p.rhs || !p.rhs_scales || !p.alpha || !p.group_sizes || !p.out || !p.workspace)
       return "null pointer";
@@ -444,6 +446,7 @@ const char* GroupedGemmCheckParams(const GroupedGemmParams& p) {
 
 cudaError_t LaunchGroupedGemmSm90(const GroupedGemmParams& p, cudaStream_t stream) {
   if (GroupedGemmCheckParams(p) != nullptr) return cudaErrorInvalidValue;
+  if (p.rhs_layout != 0) return cudaErrorNotSupported;  // v1 reads the checkpoint layout only
   if (p.M == 0 || p.N == 0) return cudaSuccess;
 
   const int BT = pick_token_tile(p);

@@ -88,15 +88,11 @@ constexpr int kProducerRegs = 56;
 constexpr int kConsumerRegs = 224;
 constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales for the consumers
 
-// The 256-token tile (m64n256 accumulators: 128 f32 registers per thread) compiles, but ptxas
-// serializes its wgmmas (C7512, insufficient registers with the double-buffered fragments), so it
-// is off by default; build with -DJAX_NVFP4_WGMMA_BT256=1 to try it. Prefill uses 128 x 128 tiles.
+// A 256-token tile (m64n256: 128 f32 accumulators per thread) made ptxas serialize the wgmmas
+// (C7512, too few registers beside the double-buffered fragments); removed in session 3.
 // Diagnostic builds (tools only, wrong results): 1 skips the e2m1 conversion, 2 the wgmmas.
 #ifndef JAX_NVFP4_V2_DIAG
 #define JAX_NVFP4_V2_DIAG 0
-#endif
-#ifndef JAX_NVFP4_WGMMA_BT256
-#define JAX_NVFP4_WGMMA_BT256 0
 #endif
 
 // Workspace layout, setup and tail kernels: csrc/grouped_gemm_schedule.cuh (shared with v1).
@@ -111,7 +107,7 @@ struct WCfg {
   static constexpr int kBarOff = STAGES * kStage;            // full[], ready[], empty[]
   static constexpr int kSmem = kBarOff + 3 * STAGES * 8 + 1024;  // + slack for 1024B alignment
   static_assert(kSmem <= 232448 - 1024, "shared memory");
-  static_assert(BTMAX % kBoxT == 0 && BTMAX <= 256, "token tile");
+  static_assert(BTMAX % kBoxT == 0 && BTMAX <= 128, "token tile");
 };
 
 struct WParams {
@@ -189,6 +185,17 @@ __device__ __forceinline__ uint32_t e2m1_byte_pair(uint32_t w, uint32_t sel) {
   return (u & 0x80008000u) | ((u >> 6) & 0x01C001C0u);
 }
 
+// The four A-fragment registers of one k-block from one word of the sm90 layout
+// (jax_nvfp4/layout.py: bits pre-placed at load time), each bf16x2 (e2m1 * 2^-126): 11 integer
+// ops for 4 registers, against ~21 from the checkpoint layout.
+__device__ __forceinline__ void e2m1_sm90_word(uint32_t w, uint32_t& a0, uint32_t& a1, uint32_t& a2, uint32_t& a3) {
+  constexpr uint32_t M = 0x81C081C0u;
+  a0 = w & M;
+  a1 = (w << 3) & M;
+  a2 = (w << 6) & M;
+  a3 = ((w << 1) & 0x80008000u) | ((w >> 5) & 0x01000100u) | ((w >> 4) & 0x00C000C0u);
+}
+
 // Two e4m3 bytes (bytes 0 and 1 of x) -> bf16x2 (scale * 2^119) of each, returned duplicated:
 // lo = (s0, s0), hi = (s1, s1).
 __device__ __forceinline__ void scale_pairs(uint32_t x, uint32_t& lo, uint32_t& hi) {
@@ -228,10 +235,6 @@ struct WgOp<64> {
 template <>
 struct WgOp<128> {
   using Op = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
-};
-template <>
-struct WgOp<256> {
-  using Op = gmma::MMA_64x256x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
 };
 
 template <int NN, typename Acc, size_t... I>
@@ -294,7 +297,7 @@ __device__ __forceinline__ bool find_tile(int L, int total, const int* __restric
 
 // ---------------------------------------------------------------------------------------------
 // Consumer: one tile's mainloop with WGMMA N = NN. Consumes KT stages starting at (s, ph).
-template <int NN, int BTMAX, int STAGES>
+template <int NN, int BTMAX, int STAGES, bool SM90L>
 __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
                                                   int r0, uint32_t sel, int& s, uint32_t& ph) {
   using C = WCfg<BTMAX, STAGES>;
@@ -316,6 +319,24 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
     const uint32_t rowb = rowa + 8 * 32;
     const uint4 sca = lds128(st + C::kS2Off + r0 * 16);        // (s, s) of k-blocks 0..3, row r0
     const uint4 scb = lds128(st + C::kS2Off + (r0 + 8) * 16);  // row r0 + 8
+    if constexpr (SM90L) {
+      // sm90 layout: this thread's 4 words (k-blocks 0..3) of m16 tile r0 / 16 are 16 contiguous
+      // bytes of the 4096-byte block the loader copied row by row (jax_nvfp4/layout.py).
+      const uint4 wq = lds128(st + C::kWOff + (r0 >> 4) * 512 + lane * 16);
+      const uint32_t wv[4] = {wq.x, wq.y, wq.z, wq.w};
+      const uint32_t sa[4] = {sca.x, sca.y, sca.z, sca.w};
+      const uint32_t sb[4] = {scb.x, scb.y, scb.z, scb.w};
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+        uint32_t a0, a1, a2, a3;
+        e2m1_sm90_word(wv[kb], a0, a1, a2, a3);
+        frag[buf][kb][0] = bf16x2_mul(a0, sa[kb]);  // row g, k 2t..
+        frag[buf][kb][1] = bf16x2_mul(a1, sb[kb]);  // row g + 8
+        frag[buf][kb][2] = bf16x2_mul(a2, sa[kb]);  // row g, k 2t + 8..
+        frag[buf][kb][3] = bf16x2_mul(a3, sb[kb]);  // row g + 8
+      }
+      (void)rowb;
+    } else {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // k-blocks 2h, 2h+1: 16 bytes of each row, loaded as needed (registers)
       const uint4 wa = lds128(rowa + 16 * h);
@@ -342,6 +363,7 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
       frag[buf][2 * h + 1][2] = bf16x2_mul(e2m1_byte_pair(wa.w, sel), sa1);
       frag[buf][2 * h + 1][3] = bf16x2_mul(e2m1_byte_pair(wb.w, sel), sb1);
 #endif
+    }
     }
     const uint32_t act = st + C::kActOff;
     // Pin the conversions before wgmma.fence: otherwise the compiler may sink them between the
@@ -419,7 +441,7 @@ __device__ __forceinline__ void consumer_epilogue(const float (&acc)[BTMAX / 2],
 }
 
 // ---------------------------------------------------------------------------------------------
-template <int BTMAX, int STAGES>
+template <int BTMAX, int STAGES, bool SM90L>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tm_a,
                               const WParams p) {
@@ -579,20 +601,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     bool have = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t);
     while (have) {
       // smallest WGMMA N covering the tile's rows (every branch is warpgroup-uniform)
-      if (BTMAX >= 256 && t.rows > 128) {
-        consumer_mainloop<(BTMAX >= 256 ? 256 : 32), BTMAX, STAGES>(acc, smem, bar_base, KT, r0, sel, s, ph);
-      } else if (BTMAX >= 128 && t.rows > 64) {
-        consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES>(acc, smem, bar_base, KT, r0, sel, s, ph);
+      if (BTMAX >= 128 && t.rows > 64) {
+        consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph);
       } else if (BTMAX >= 64 && t.rows > 32) {
-        consumer_mainloop<(BTMAX >= 64 ? 64 : 32), BTMAX, STAGES>(acc, smem, bar_base, KT, r0, sel, s, ph);
+        consumer_mainloop<(BTMAX >= 64 ? 64 : 32), BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph);
       } else {
-        consumer_mainloop<32, BTMAX, STAGES>(acc, smem, bar_base, KT, r0, sel, s, ph);
+        consumer_mainloop<32, BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph);
       }
       L += gridDim.x;
       const bool have_next = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, nxt);
-      if (BTMAX >= 256 && t.rows > 128) {
-        consumer_epilogue<(BTMAX >= 256 ? 256 : 32), BTMAX>(acc, p, t, r0);
-      } else if (BTMAX >= 128 && t.rows > 64) {
+      if (BTMAX >= 128 && t.rows > 64) {
         consumer_epilogue<(BTMAX >= 128 ? 128 : 32), BTMAX>(acc, p, t, r0);
       } else if (BTMAX >= 64 && t.rows > 32) {
         consumer_epilogue<(BTMAX >= 64 ? 64 : 32), BTMAX>(acc, p, t, r0);
@@ -639,10 +657,10 @@ int num_sms() {
   return sms;
 }
 
-template <int BTMAX, int STAGES>
+template <int BTMAX, int STAGES, bool SM90L = false>
 cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStream_t stream) {
   using C = WCfg<BTMAX, STAGES>;
-  auto kernel = grouped_gemm_wgmma_kernel<BTMAX, STAGES>;
+  auto kernel = grouped_gemm_wgmma_kernel<BTMAX, STAGES, SM90L>;
   static std::atomic<uint64_t> done_mask{0};
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -675,22 +693,10 @@ int pick_btmax(const GroupedGemmParams& p) {
   const int f = p.force_token_tile;
   if (f == 16 || f == 32) return 32;
   if (f == 64) return 64;
-  if (f == 128) return 128;
-#if JAX_NVFP4_WGMMA_BT256
-  if (f == 256) return 256;
-#else
-  if (f == 256) return 128;
-#endif
-  const int64_t avg = GroupedGemmAvgRows(p);
-  // Guesses, to be tuned on the H200: a small BTMAX leaves room for deep weight pipelines
-  // (decode is weight streaming); a large one halves the weight and activation re-reads.
-  if (avg <= 24) return 64;
-#if JAX_NVFP4_WGMMA_BT256
-  if (avg <= 96) return 128;
-  return 256;
-#else
-  return 128;
-#endif
+  if (f >= 128) return 128;
+  // A small BTMAX leaves room for deep weight pipelines (few rows: weight streaming); a large one
+  // halves the weight re-reads. Measured on the H200: 64 for <= 24 rows per expert, else 128.
+  return GroupedGemmAvgRows(p) <= 24 ? 64 : 128;
 }
 
 }  // namespace
@@ -717,7 +723,7 @@ int GroupedGemmWgmmaTokenTile(const GroupedGemmParams& p) {
 cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t stream) {
   if (GroupedGemmCheckParams(p) != nullptr) return cudaErrorInvalidValue;
   if (p.M == 0 || p.N == 0) return cudaSuccess;
-  if (!GroupedGemmWgmmaHandles(p)) return LaunchGroupedGemmSm90(p, stream);
+  if (!GroupedGemmWgmmaHandles(p)) return p.rhs_layout ? cudaErrorNotSupported : LaunchGroupedGemmSm90(p, stream);
 
   const int BT = pick_btmax(p);
   int* ws = static_cast<int*>(p.workspace);
@@ -740,11 +746,12 @@ cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t 
 
   // Stage bytes: 11 KB (32), 15 KB (64), 23 KB (128). The small tiles exist for depth: decode
   // streams weights, and more stages keep more weight bytes in flight per SM.
-  if (BT == 32) e = launch_wgmma<32, 20>(p, wp, stream);
+  if (p.rhs_layout == 1) {
+    if (BT == 32) e = launch_wgmma<32, 20, true>(p, wp, stream);
+    else if (BT == 64) e = launch_wgmma<64, 12, true>(p, wp, stream);
+    else e = launch_wgmma<128, 8, true>(p, wp, stream);
+  } else if (BT == 32) e = launch_wgmma<32, 20>(p, wp, stream);
   else if (BT == 64) e = launch_wgmma<64, 12>(p, wp, stream);
-#if JAX_NVFP4_WGMMA_BT256
-  else if (BT == 256) e = launch_wgmma<256, 5>(p, wp, stream);
-#endif
   else e = launch_wgmma<128, 8>(p, wp, stream);
   if (e != cudaSuccess) return e;
 

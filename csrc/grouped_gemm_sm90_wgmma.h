@@ -24,13 +24,13 @@ bool GroupedGemmWgmmaPreferred(const GroupedGemmParams& p);
 
 // Enqueues the grouped GEMM on `stream` (no allocation, no host sync, graph capturable), using the
 // WGMMA kernel when GroupedGemmWgmmaHandles(p), else the v1 kernel. Returns the first CUDA error,
-// or cudaErrorInvalidValue when GroupedGemmCheckParams rejects the parameters.
+// or cudaErrorInvalidValue when GroupedGemmCheckParams rejects the parameters. With
+// rhs_layout == 1 (sm90 layout) only v2 can run: cudaErrorNotSupported where it cannot.
 cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t stream);
 
-// For tools: the largest token tile (64 or 128; 256 only in a -DJAX_NVFP4_WGMMA_BT256=1 build) the
-// WGMMA launcher picks; every tile then runs the smallest WGMMA N in {32, 64, 128(, 256)} that
-// covers its rows. force_token_tile 64/128(/256) forces one (16 and 32 mean 64). Returns 0 when
-// the v1 fallback would run.
+// For tools: the largest token tile (32, 64 or 128) the WGMMA launcher picks; every tile then runs
+// the smallest WGMMA N in {32, 64, 128} that covers its rows. force_token_tile 32/64/128 forces
+// one (16 means 32, 256 means 128). Returns 0 when the v1 fallback would run.
 int GroupedGemmWgmmaTokenTile(const GroupedGemmParams& p);
 
 }  // namespace jax_nvfp4

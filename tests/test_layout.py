@@ -4,6 +4,8 @@ Oracle: ml_dtypes' float4_e2m1fn and bfloat16 decodes, and an index mapping writ
 from the layout's definition (loops over thread, tile and register), not the module's reshapes.
 """
 
+import os
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -63,3 +65,31 @@ def test_bad_input_names_the_argument():
         layout.prepare_sm90(np.zeros((128, 16), np.uint8))
     with pytest.raises(ValueError, match="data: expected uint8"):
         layout.unprepare_sm90(np.zeros((128, 32), np.int32))
+
+
+def test_selftest_host_copy_matches(rng, tmp_path):
+    """tools/sm90_layout_host.h (the GPU self-test's C++ copy of prepare_sm90) gives the same bytes."""
+    import shutil
+    import subprocess
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    src = tmp_path / "driver.cpp"
+    src.write_text(
+        '#include "tools/sm90_layout_host.h"\n#include <cstdio>\n#include <cstdlib>\n'
+        "int main(int, char** a) {\n"
+        "  long G = atol(a[1]), N = atol(a[2]), K = atol(a[3]);\n"
+        "  std::vector<uint8_t> in(G * N * K / 2);\n"
+        "  FILE* f = fopen(a[4], \"rb\"); if (fread(in.data(), 1, in.size(), f) != in.size()) return 3; fclose(f);\n"
+        "  auto out = jax_nvfp4_tools::prepare_sm90_host(in, G, N, K);\n"
+        "  f = fopen(a[5], \"wb\"); fwrite(out.data(), 1, out.size(), f); fclose(f);\n  return 0;\n}\n")
+    exe = tmp_path / "driver"
+    subprocess.run([cxx, "-O1", "-std=c++17", f"-I{root}", str(src), "-o", str(exe)], check=True)
+    for g, n, k in [(1, 128, 64), (3, 256, 192)]:
+        data = rng.integers(0, 256, (g, n, k // 2), dtype=np.uint8)
+        data.tofile(tmp_path / "in.bin")
+        subprocess.run([str(exe), str(g), str(n), str(k), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")],
+                       check=True)
+        got = np.fromfile(tmp_path / "out.bin", np.uint8).reshape(g, n, k // 2)
+        np.testing.assert_array_equal(got, np.asarray(layout.prepare_sm90(jnp.asarray(data))))

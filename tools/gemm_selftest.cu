@@ -7,6 +7,7 @@
 //        csrc/grouped_gemm_sm90_wgmma.cu -o gemm_selftest
 // Usage: gemm_selftest [--small] [--no-bench] [--bench-only] [--no-sweep] [--seed S] [--kernel mma|wgmma|both] [--only L1-1536]
 //                      [--force BT]  (bench only that token tile)
+//                      [--layout sm90]  (weights in the sm90 load-time layout: v2 W4A16 cases only)
 //   --small: only small shapes (for compute-sanitizer).
 //   --kernel: which launcher the self-test and the benchmark call (default mma = v1). "both" runs
 //     the self-test with each and benchmarks both side by side. v2 forwards the cases it does not
@@ -23,6 +24,7 @@
 
 #include "csrc/grouped_gemm_sm90.h"
 #include "csrc/grouped_gemm_sm90_wgmma.h"
+#include "tools/sm90_layout_host.h"
 
 #define CK(x)                                                                                        \
   do {                                                                                               \
@@ -176,7 +178,12 @@ static const char* kern_of(const GroupedGemmParams& p) {
   return (g_wgmma && jax_nvfp4::GroupedGemmWgmmaHandles(p)) ? "v2" : "v1";
 }
 
+static bool g_layout = false;  // --layout sm90: weights in the sm90 load-time layout (v2 W4A16 only)
+
 static void run_case(const Case& cs, bool a_fp4, bool out_f32, uint64_t seed, int force_bt = 0) {
+  // Under --layout sm90 only the cases v2 can take in that layout run (the reference below keeps
+  // using the checkpoint-layout bytes, so it checks the re-layout and the kernel's reading of it).
+  if (g_layout && (!g_wgmma || a_fp4 || cs.N % 128 != 0 || cs.K % 64 != 0)) return;
   Rng r(seed);
   const int64_t M = cs.M, N = cs.N, K = cs.K, G = cs.G;
   const int64_t KH = K / 2, KS = K / 16;
@@ -214,7 +221,12 @@ static void run_case(const Case& cs, bool a_fp4, bool out_f32, uint64_t seed, in
   CK(cudaMalloc(&d_gs, G * 4));
   CK(cudaMalloc(&d_ws, ws_bytes));
   CK(cudaMalloc(&d_out, std::max<size_t>(out_bytes, 16)));
-  CK(cudaMemcpy(d_rhs, rhs.data(), rhs.size(), cudaMemcpyHostToDevice));
+  if (g_layout) {
+    const std::vector<uint8_t> laid = jax_nvfp4_tools::prepare_sm90_host(rhs, G, N, K);
+    CK(cudaMemcpy(d_rhs, laid.data(), laid.size(), cudaMemcpyHostToDevice));
+  } else {
+    CK(cudaMemcpy(d_rhs, rhs.data(), rhs.size(), cudaMemcpyHostToDevice));
+  }
   CK(cudaMemcpy(d_rhs_s, rhs_s.data(), rhs_s.size(), cudaMemcpyHostToDevice));
   if (a_fp4) {
     CK(cudaMemcpy(d_lhs, lhs_q.data(), lhs_q.size(), cudaMemcpyHostToDevice));
@@ -230,6 +242,7 @@ static void run_case(const Case& cs, bool a_fp4, bool out_f32, uint64_t seed, in
   GroupedGemmParams p = make_params(d_lhs, d_lhs_s, d_rhs, d_rhs_s, d_alpha, d_gs, d_out, d_ws, ws_bytes, M, N,
                                     K, G, a_fp4, out_f32);
   p.force_token_tile = force_bt;
+  p.rhs_layout = g_layout ? 1 : 0;
   CK(launch(p, 0));
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
@@ -412,10 +425,13 @@ static void bench(std::vector<BenchRow>& table) {
         BenchRow best{}, chosen{};
         best.ms = 1e30;
         const bool v2 = g_wgmma && jax_nvfp4::GroupedGemmWgmmaHandles(p);
+        // timing only: the random bytes are valid codes in either layout
+        if (g_layout && !(v2 && !fp4)) continue;
+        p.rhs_layout = g_layout ? 1 : 0;
         for (int bt : {16, 32, 64, 128, 256}) {
           if (g_force_bt ? bt != g_force_bt : (g_sweep == 0 && bt != auto_bt)) continue;
           if (rows >= 6144 && bt == 16) continue;  // hopeless, saves time
-          if (v2 ? (bt < 32) : (bt > 128)) continue;  // v2 tiles: 32, 64, 128 (256 in a BT256 build)
+          if (v2 ? (bt < 32) : (bt > 128)) continue;  // v2 tiles: 32, 64, 128
           p.force_token_tile = bt;
           if (tile_of(p) != bt) continue;  // not available in this build
           for (int i = 0; i < 3; ++i) CK(launch(p, 0));
@@ -469,6 +485,11 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--no-sweep")) g_sweep = 0;
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) g_only = argv[++i];
     else if (!std::strcmp(argv[i], "--force") && i + 1 < argc) g_force_bt = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--layout") && i + 1 < argc) {
+      const char* l = argv[++i];
+      if (!std::strcmp(l, "sm90")) g_layout = true;
+      else if (std::strcmp(l, "checkpoint")) { std::fprintf(stderr, "--layout must be checkpoint or sm90\n"); return 2; }
+    }
     else if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--kernel") && i + 1 < argc) {
       const char* k = argv[++i];
@@ -497,6 +518,9 @@ int main(int argc, char** argv) {
           {1, 8, 64, 1, kExact},            {37, 8, 128, 3, kNegative},      {37, 8, 192, 3, kOversized},
           {300, 200, 192, 5, kSkewEmpty},   {300, 200, 192, 5, kOneGroupAll}, {70, 130, 64, 2, kSkewEmpty},
           {700, 72, 320, 9, kOversized},
+          // N % 128 == 0 shapes (the only ones --layout sm90 runs)
+          {1, 128, 64, 1, kExact},          {37, 128, 128, 3, kNegative},    {300, 256, 192, 5, kSkewEmpty},
+          {300, 256, 192, 5, kOneGroupAll}, {700, 384, 320, 9, kOversized},
       };
       if (!small) {
         cases.push_back({1000, 136, 7168, 64, kSkewEmpty});
@@ -514,7 +538,8 @@ int main(int argc, char** argv) {
       // every token-tile config on a few shapes
       const Case forced[] = {{37, 8, 96, 3, kNegative},       {300, 200, 160, 5, kSkewEmpty},
                              {1000, 136, 7168, 64, kOversized}, {300, 200, 192, 5, kSkewEmpty},
-                             {700, 72, 320, 9, kOversized}};
+                             {700, 72, 320, 9, kOversized},      {700, 384, 320, 9, kOversized},
+                             {300, 256, 192, 5, kSkewEmpty}};
       for (const Case& c : forced)
         for (int bt : {16, 32, 64, 128, 256}) {
           if (!kw && bt == 256) continue;
@@ -526,6 +551,13 @@ int main(int argc, char** argv) {
     std::vector<BenchRow> table;
     best_table.clear();
     if (do_bench && !small) bench(table);
+    if (g_layout) {  // W4A16 rows only
+      for (const BenchRow& a : table)
+        std::printf("| %s sm90 layout | %lld | BT %d | %.3f ms | %.1f TFLOP/s |\n", a.name.c_str(), (long long)a.rows,
+                    a.bt, a.ms, a.tflops);
+      table.clear();
+      best_table.clear();
+    }
     if (!table.empty()) {
       std::printf("\n[%s] auto token tile:\n| case | rows | BT | W4A16 ms | TFLOP/s | GB/s | W4A4 ms | TFLOP/s | GB/s |\n|---|---|---|---|---|---|---|---|---|\n",
                   kw ? "wgmma" : "mma");

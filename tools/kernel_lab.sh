@@ -10,7 +10,8 @@
 #            L1-192 L1-24576)
 #   ncu2     Nsight Compute throughput sections for CASE[:KERNEL[:TOKEN_TILE]] arguments
 #   wgmma    the wgmma microbenchmark (tools/wgmma_microbench.cu; argument alu: with ALU work)
-# NOBUILD=1 reuses /tmp/st from the previous command of the same device call.
+# NOBUILD=1 reuses /tmp/st from the previous command of the same device call; LAYOUT=sm90 runs the
+# self-test with the weights in the sm90 load-time layout (v2 W4A16 cases only).
 # Headers: CUTLASS_INC (default .cutlass_hdr, an unzipped nvidia-cutlass wheel's
 # cutlass_library/source, carried to the device). Logs in $OUT.
 set -uo pipefail
@@ -19,6 +20,7 @@ out=${OUT:-kernel-lab-out}; mkdir -p "$out"
 inc=${CUTLASS_INC:-.cutlass_hdr}
 cmd=${1:-check}; shift || true
 k=${KERNEL:-wgmma}
+lay=${LAYOUT:+--layout $LAYOUT}  # LAYOUT=sm90: weights in the sm90 load-time layout (v2 W4A16 cases)
 
 build() {
   [ -n "${NOBUILD:-}" ] && [ -x /tmp/st ] && return 0  # NOBUILD=1: reuse the last build
@@ -27,23 +29,23 @@ build() {
     tools/gemm_selftest.cu csrc/grouped_gemm_sm90.cu csrc/grouped_gemm_sm90_wgmma.cu >"$out/build.log" 2>&1 ||
     { tail "$out/build.log"; exit 1; }
 }
-small() { timeout 60 /tmp/st --small --no-bench --kernel "$k" >"$out/small.log" 2>&1
+small() { timeout 60 /tmp/st --small --no-bench --kernel "$k" $lay >"$out/small.log" 2>&1
   local rc=$?; echo "small rc=$rc $(tail -1 "$out/small.log")"; return $rc; }
 
 case $cmd in
   check)
     build; small || exit 1
     if [ -n "${FULL:-}" ]; then
-      timeout 240 /tmp/st --no-bench --kernel "$k" >"$out/full.log" 2>&1; echo "full rc=$? $(tail -1 "$out/full.log")"
+      timeout 240 /tmp/st --no-bench --kernel "$k" $lay >"$out/full.log" 2>&1; echo "full rc=$? $(tail -1 "$out/full.log")"
       grep -E "FAIL" "$out/full.log" | head
     fi ;;
   sweep)
     build; small || exit 1
-    timeout 300 /tmp/st --bench-only --kernel "$k" "$@" >"$out/bench.log" 2>&1; echo "bench rc=$?"
+    timeout 300 /tmp/st --bench-only --kernel "$k" $lay "$@" >"$out/bench.log" 2>&1; echo "bench rc=$?"
     grep -E "^bench" "$out/bench.log" | sed -E 's/K=[0-9]+ N=[0-9]+ //; s/\[min.*//' ;;
   memcheck)
     build
-    timeout 200 compute-sanitizer --tool memcheck --error-exitcode 1 /tmp/st --small --no-bench --kernel "$k" \
+    timeout 200 compute-sanitizer --tool memcheck --error-exitcode 1 /tmp/st --small --no-bench --kernel "$k" $lay \
       >"$out/memcheck.log" 2>&1; echo "memcheck rc=$?"; grep "ERROR SUMMARY" "$out/memcheck.log" | tail -1 ;;
   ncu)
     build

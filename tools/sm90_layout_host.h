@@ -1,0 +1,47 @@
+// Host-side copy of jax_nvfp4/layout.py's prepare_sm90 (the sm90 load-time layout of packed
+// e2m1 codes), for the self-test (tools/gemm_selftest.cu --layout sm90): rhs uint8 [G, N, K/2]
+// in the checkpoint layout -> the same bytes re-laid out (N % 128 == 0, K % 64 == 0).
+// tests/test_layout.py compiles it with the host C++ compiler and compares it with layout.py.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace jax_nvfp4_tools {
+
+inline std::vector<uint8_t> prepare_sm90_host(const std::vector<uint8_t>& rhs, int64_t G, int64_t N, int64_t K) {
+  // (sign, e1, e0, m0) bit of fragment registers a0..a3 in the low half of a word (layout.py _SLOTS)
+  static const int kSlots[4][4] = {{15, 8, 7, 6}, {12, 5, 4, 3}, {9, 2, 1, 0}, {14, 13, 11, 10}};
+  const int64_t KH = K / 2;
+  std::vector<uint8_t> out(rhs.size());
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t nb = 0; nb < N / 128; ++nb)
+      for (int64_t kbk = 0; kbk < K / 64; ++kbk)
+        for (int mt = 0; mt < 8; ++mt)
+          for (int lane = 0; lane < 32; ++lane)
+            for (int kb = 0; kb < 4; ++kb) {
+              const int g8 = lane / 4, t = lane % 4;
+              uint32_t w = 0;
+              for (int hi = 0; hi < 2; ++hi)
+                for (int half = 0; half < 2; ++half)
+                  for (int par = 0; par < 2; ++par) {
+                    const int64_t n = 128 * nb + 16 * mt + 8 * hi + g8;
+                    const int64_t k = 64 * kbk + 16 * kb + 8 * half + 2 * t + par;
+                    const uint8_t b = rhs[(g * N + n) * KH + k / 2];
+                    const uint32_t c = (k & 1) ? (b >> 4) : (b & 15);
+                    const int* sl = kSlots[hi + 2 * half];
+                    const int off = 16 * par;
+                    w |= ((c >> 3) & 1u) << (sl[0] + off) | ((c >> 2) & 1u) << (sl[1] + off) |
+                         ((c >> 1) & 1u) << (sl[2] + off) | (c & 1u) << (sl[3] + off);
+                  }
+              for (int byte = 0; byte < 4; ++byte) {
+                const int o = 512 * mt + 16 * lane + 4 * kb + byte;  // offset in the 4096-byte block
+                const int64_t row = 128 * nb + o / 32, col = 32 * kbk + o % 32;
+                out[(g * N + row) * KH + col] = static_cast<uint8_t>(w >> (8 * byte));
+              }
+            }
+  return out;
+}
+
+}  // namespace jax_nvfp4_tools
