@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include <cuda_runtime.h>
 
@@ -73,20 +74,18 @@ __device__ __forceinline__ void fence(float (&acc)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(acc[i])::"memory");
 }
 
-// Each warpgroup issues ITERS batches of 4 wgmmas (one 64-wide k-tile, like the GEMM), k-block
-// kb into chain kb % NACC, and waits for the previous batch before the next (wait_group 1).
-template <int N, bool RS, int NACC>
-__global__ void __launch_bounds__(256, 1) bench_kernel(int iters, long long* clk, float* sink) {
-  extern __shared__ __align__(1024) uint8_t smem[];
+// Zero the A (64 x 64 bf16) and B (up to 256 x 64 bf16) operand tiles; returns A's shared address.
+__device__ __forceinline__ uint32_t zero_operands(uint8_t* smem) {
   for (int i = threadIdx.x; i < (64 + 256) * 128 / 4; i += blockDim.x) reinterpret_cast<uint32_t*>(smem)[i] = 0;
   __syncthreads();
-  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const uint32_t a_smem = base, b_smem = base + 64 * 128;
-  float acc[NACC * N / 2];
-#pragma unroll
-  for (int i = 0; i < NACC * N / 2; ++i) acc[i] = 0.0f;
+  return static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+}
+
+// ITERS batches of 4 wgmmas (one 64-wide k-tile), k-block kb into accumulator chain kb % NACC,
+// each batch after wait_group 1 on the previous one (as the GEMM); zero A fragments for RS.
+template <int N, bool RS, int NACC>
+__device__ __forceinline__ void wgmma_batches(int iters, uint32_t a_smem, uint32_t b_smem, float (&acc)[NACC * N / 2]) {
   uint32_t a[4] = {0, 0, 0, 0};
-  long long t0 = clock64();
   for (int it = 0; it < iters; ++it) {
     uint64_t da[4], db[4];
 #pragma unroll
@@ -107,6 +106,19 @@ __global__ void __launch_bounds__(256, 1) bench_kernel(int iters, long long* clk
   }
   cute::warpgroup_wait<0>();
   fence(acc);
+}
+
+// Each warpgroup issues ITERS batches of 4 wgmmas (one 64-wide k-tile, like the GEMM), k-block
+// kb into chain kb % NACC, and waits for the previous batch before the next (wait_group 1).
+template <int N, bool RS, int NACC>
+__global__ void __launch_bounds__(256, 1) bench_kernel(int iters, long long* clk, float* sink) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const uint32_t a_smem = zero_operands(smem), b_smem = a_smem + 64 * 128;
+  float acc[NACC * N / 2];
+#pragma unroll
+  for (int i = 0; i < NACC * N / 2; ++i) acc[i] = 0.0f;
+  long long t0 = clock64();
+  wgmma_batches<N, RS, NACC>(iters, a_smem, b_smem, acc);
   long long t1 = clock64();
   float s = 0.0f;
 #pragma unroll
@@ -115,23 +127,36 @@ __global__ void __launch_bounds__(256, 1) bench_kernel(int iters, long long* clk
   if (threadIdx.x == 0) clk[blockIdx.x] = t1 - t0;
 }
 
+constexpr int kIters = 2048;
+constexpr int kSmemBytes = (64 + 256) * 128 + 1024;
+
+// Runs launch(16) as a warm-up, then launch(kIters); returns the clock counts the CTAs wrote to
+// d_clk[0 .. n).
+template <typename Launch>
+std::vector<long long> timed(long long* d_clk, int n, Launch launch) {
+  launch(16);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  launch(kIters);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  std::vector<long long> h(n);
+  CK(cudaMemcpy(h.data(), d_clk, sizeof(long long) * n, cudaMemcpyDeviceToHost));
+  return h;
+}
+
+long long max_of(const std::vector<long long>& v, int off, int n) {
+  long long m = 0;
+  for (int i = off; i < off + n; ++i) m = v[i] > m ? v[i] : m;
+  return m;
+}
+
 template <int N, bool RS, int NACC>
 void run(int sms, int wgs, long long* d_clk, float* d_sink) {
   auto k = bench_kernel<N, RS, NACC>;
-  const int smem = (64 + 256) * 128 + 1024;
-  CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const int iters = 2048;
-  k<<<sms, 128 * wgs, smem>>>(16, d_clk, d_sink);  // warm up
-  CK(cudaGetLastError());
-  CK(cudaDeviceSynchronize());
-  k<<<sms, 128 * wgs, smem>>>(iters, d_clk, d_sink);
-  CK(cudaGetLastError());
-  CK(cudaDeviceSynchronize());
-  long long h[1024];
-  CK(cudaMemcpy(h, d_clk, sizeof(long long) * sms, cudaMemcpyDeviceToHost));
-  long long mx = 0;
-  for (int i = 0; i < sms; ++i) mx = h[i] > mx ? h[i] : mx;
-  const double per = static_cast<double>(mx) / (iters * 4.0 * wgs);  // clk per wgmma per SM
+  CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  const auto h = timed(d_clk, sms, [&](int it) { k<<<sms, 128 * wgs, kSmemBytes>>>(it, d_clk, d_sink); });
+  const double per = static_cast<double>(max_of(h, 0, sms)) / (kIters * 4.0 * wgs);  // clk per wgmma per SM
   std::printf("| %3d | %s | %d | %d | %7.1f | %5.1f | %5.2f |\n", N, RS ? "RS" : "SS", NACC, wgs, per, N / 2.0,
               per / (N / 2.0));
 }
@@ -161,10 +186,7 @@ __device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive 
 template <int N, bool RS, int OPS, bool PP = false>
 __global__ void __launch_bounds__(256, 1) alu_kernel(int iters, long long* clk, float* sink, uint32_t seed) {
   extern __shared__ __align__(1024) uint8_t smem[];
-  for (int i = threadIdx.x; i < (64 + 256) * 128 / 4; i += blockDim.x) reinterpret_cast<uint32_t*>(smem)[i] = 0;
-  __syncthreads();
-  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const uint32_t a_smem = base, b_smem = base + 64 * 128;
+  const uint32_t a_smem = zero_operands(smem), b_smem = a_smem + 64 * 128;
   float acc[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
@@ -235,20 +257,9 @@ __global__ void __launch_bounds__(256, 1) alu_kernel(int iters, long long* clk, 
 template <int N, bool RS, int OPS, bool PP = false>
 void run_alu(int sms, long long* d_clk, float* d_sink) {
   auto k = alu_kernel<N, RS, OPS, PP>;
-  const int smem = (64 + 256) * 128 + 1024;
-  CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const int iters = 2048, wgs = 2;
-  k<<<sms, 128 * wgs, smem>>>(16, d_clk, d_sink, 12345u);
-  CK(cudaGetLastError());
-  CK(cudaDeviceSynchronize());
-  k<<<sms, 128 * wgs, smem>>>(iters, d_clk, d_sink, 12345u);
-  CK(cudaGetLastError());
-  CK(cudaDeviceSynchronize());
-  long long h[1024];
-  CK(cudaMemcpy(h, d_clk, sizeof(long long) * sms, cudaMemcpyDeviceToHost));
-  long long mx = 0;
-  for (int i = 0; i < sms; ++i) mx = h[i] > mx ? h[i] : mx;
-  const double per_batch = static_cast<double>(mx) / iters;  // clk per k-tile (both warpgroups)
+  CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  const auto h = timed(d_clk, sms, [&](int it) { k<<<sms, 256, kSmemBytes>>>(it, d_clk, d_sink, 12345u); });
+  const double per_batch = static_cast<double>(max_of(h, 0, sms)) / kIters;  // clk per k-tile, both warpgroups
   const double math = 2.0 * 4 * N / 2.0;                     // 8 wgmmas per SM per k-tile
   const double issue = 2.0 * (OPS + 40);                     // two warps per scheduler, ~40 fixed
   std::printf("| %3d | %s%s | %3d | %7.1f | %6.1f | %6.1f | %5.2f |\n", N, RS ? "RS" : "SS", PP ? " ping-pong" : "", OPS,
@@ -265,10 +276,7 @@ void run_alu(int sms, long long* d_clk, float* d_sink) {
 template <int N, int OPS>
 __global__ void __launch_bounds__(384, 1) split_kernel(int iters, long long* clk, float* sink, uint32_t seed) {
   extern __shared__ __align__(1024) uint8_t smem[];
-  for (int i = threadIdx.x; i < (64 + 256) * 128 / 4; i += blockDim.x) reinterpret_cast<uint32_t*>(smem)[i] = 0;
-  __syncthreads();
-  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const uint32_t a_smem = base, b_smem = base + 64 * 128;
+  const uint32_t a_smem = zero_operands(smem), b_smem = a_smem + 64 * 128;
   long long t0 = clock64();
   if (threadIdx.x >= 256) {  // ALU warpgroup
     const uint32_t c1 = seed, c2 = seed * 3u;
@@ -292,27 +300,7 @@ __global__ void __launch_bounds__(384, 1) split_kernel(int iters, long long* clk
   float acc[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
-  uint32_t a[4] = {0, 0, 0, 0};
-#pragma unroll 1
-  for (int it = 0; it < iters; ++it) {
-    uint64_t da[4], db[4];
-#pragma unroll
-    for (int kb = 0; kb < 4; ++kb) {
-      da[kb] = desc_sw128(a_smem + 32 * kb);
-      db[kb] = desc_sw128(b_smem + 32 * kb);
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) cute::warpgroup_fence_operand(a[i]);
-    fence(acc);
-    cute::warpgroup_arrive();
-#pragma unroll
-    for (int kb = 0; kb < 4; ++kb) mma<N, true>(a, da[kb], db[kb], acc, std::make_index_sequence<N / 2>{});
-    cute::warpgroup_commit_batch();
-    fence(acc);
-    cute::warpgroup_wait<1>();
-  }
-  cute::warpgroup_wait<0>();
-  fence(acc);
+  wgmma_batches<N, true, 1>(iters, a_smem, b_smem, acc);
   long long t1 = clock64();
   float sum = 0.0f;
 #pragma unroll
@@ -324,24 +312,11 @@ __global__ void __launch_bounds__(384, 1) split_kernel(int iters, long long* clk
 template <int N, int OPS>
 void run_split(int sms, long long* d_clk, float* d_sink) {
   auto k = split_kernel<N, OPS>;
-  const int smem = (64 + 256) * 128 + 1024;
-  CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const int iters = 2048;
-  k<<<sms, 384, smem>>>(16, d_clk, d_sink, 12345u);
-  CK(cudaGetLastError());
-  CK(cudaDeviceSynchronize());
-  k<<<sms, 384, smem>>>(iters, d_clk, d_sink, 12345u);
-  CK(cudaGetLastError());
-  CK(cudaDeviceSynchronize());
-  long long h[2048];
-  CK(cudaMemcpy(h, d_clk, sizeof(long long) * 2 * sms, cudaMemcpyDeviceToHost));
-  long long mw = 0, ma = 0;
-  for (int i = 0; i < sms; ++i) {
-    mw = h[i] > mw ? h[i] : mw;
-    ma = h[sms + i] > ma ? h[sms + i] : ma;
-  }
-  std::printf("| %3d | split | %3d | %7.1f | %7.1f | %6.1f |\n", N, OPS, static_cast<double>(mw) / iters,
-              static_cast<double>(ma) / iters, 2.0 * 4 * N / 2.0);
+  CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  const auto h = timed(d_clk, 2 * sms, [&](int it) { k<<<sms, 384, kSmemBytes>>>(it, d_clk, d_sink, 12345u); });
+  std::printf("| %3d | split | %3d | %7.1f | %7.1f | %6.1f |\n", N, OPS,
+              static_cast<double>(max_of(h, 0, sms)) / kIters, static_cast<double>(max_of(h, sms, sms)) / kIters,
+              2.0 * 4 * N / 2.0);
 }
 
 template <int N>
