@@ -1,4 +1,5 @@
-"""The "sm90" load-time layout of NVFP4 weight codes for the Hopper kernels (not used by them yet).
+"""The "sm90" load-time layout of NVFP4 weight codes for the Hopper kernels (v2 can read it, so far
+only from the GPU self-test: ``tools/gemm_selftest.cu --layout sm90``; not wired into the JAX API).
 
 Why: on Hopper both CUDA kernels are bound, at decode sizes, by the instructions that turn E2M1
 codes into bf16 MMA fragments (docs/perf-notes.md): in the checkpoint layout a thread needs byte t
