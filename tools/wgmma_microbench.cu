@@ -11,7 +11,9 @@
 // `wgmma_microbench alu` instead times v2's consumer pattern (wait_group 1, ALU work on the
 // next fragments, 4 wgmmas) with 0-192 integer ops per thread per k-tile: fused (the wgmma warps
 // do the ALU work), ping-pong (the two warpgroups take turns), and split (a third warpgroup does
-// the same ALU work). Results and what they mean: docs/perf-notes.md, session 3.
+// the same ALU work), and the fused pattern with SHF / PRMT / IMAD / HFMA2.BF16 / LOP3+IMAD in
+// place of LOP3 (which pipes the conversion can spread over; not yet run). Results and what they
+// mean: docs/perf-notes.md, session 3.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -183,7 +185,24 @@ void run_n(int sms, long long* c, float* s) {
 __device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 
-template <int N, bool RS, int OPS, bool PP = false>
+// One conversion-style op of kind OPK on x (c1, c2: run-time constants). Which pipe each kind
+// uses decides how conversion work can be spread (the "ops" mode compares them): 0 LOP3, 1 SHF,
+// 2 PRMT, 3 IMAD (shift as multiply-add), 4 HMUL2 (bf16x2), 5 LOP3 and IMAD alternating.
+template <int OPK>
+__device__ __forceinline__ void op(uint32_t& x, uint32_t c1, uint32_t c2, int i) {
+  if (OPK == 0 || (OPK == 5 && (i & 1) == 0))
+    asm volatile("lop3.b32 %0, %0, %1, %2, 0x96;\n" : "+r"(x) : "r"(c1), "r"(c2));
+  else if (OPK == 3 || OPK == 5)
+    asm volatile("mad.lo.u32 %0, %0, %1, %2;\n" : "+r"(x) : "r"(c1), "r"(c2));
+  else if (OPK == 1)
+    asm volatile("shf.r.wrap.b32 %0, %0, %1, %2;\n" : "+r"(x) : "r"(c1), "r"(c2));
+  else if (OPK == 2)
+    asm volatile("prmt.b32 %0, %0, %1, %2;\n" : "+r"(x) : "r"(c1), "r"(c2));
+  else
+    asm volatile("fma.rn.bf16x2 %0, %0, %1, %2;\n" : "+r"(x) : "r"(c1), "r"(c2));
+}
+
+template <int N, bool RS, int OPS, bool PP = false, int OPK = 0>
 __global__ void __launch_bounds__(256, 1) alu_kernel(int iters, long long* clk, float* sink, uint32_t seed) {
   extern __shared__ __align__(1024) uint8_t smem[];
   const uint32_t a_smem = zero_operands(smem), b_smem = a_smem + 64 * 128;
@@ -209,7 +228,7 @@ __global__ void __launch_bounds__(256, 1) alu_kernel(int iters, long long* clk, 
 #pragma unroll
     for (int r = 0; r < OPS / 16; ++r)
 #pragma unroll
-      for (int i = 0; i < 16; ++i) asm volatile("lop3.b32 %0, %0, %1, %2, 0x96;\n" : "+r"(x[i]) : "r"(c1), "r"(c2));
+      for (int i = 0; i < 16; ++i) op<OPK>(x[i], c1, c2, i);
     // Zero the values again (operands must stay zero for a timing-only run) without letting the
     // compiler drop the work: and with a mask that is zero at run time but unknown to it.
 #pragma unroll
@@ -254,15 +273,17 @@ __global__ void __launch_bounds__(256, 1) alu_kernel(int iters, long long* clk, 
   if (threadIdx.x == 0) clk[blockIdx.x] = t1 - t0;
 }
 
-template <int N, bool RS, int OPS, bool PP = false>
+template <int N, bool RS, int OPS, bool PP = false, int OPK = 0>
 void run_alu(int sms, long long* d_clk, float* d_sink) {
-  auto k = alu_kernel<N, RS, OPS, PP>;
+  auto k = alu_kernel<N, RS, OPS, PP, OPK>;
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   const auto h = timed(d_clk, sms, [&](int it) { k<<<sms, 256, kSmemBytes>>>(it, d_clk, d_sink, 12345u); });
   const double per_batch = static_cast<double>(max_of(h, 0, sms)) / kIters;  // clk per k-tile, both warpgroups
   const double math = 2.0 * 4 * N / 2.0;                     // 8 wgmmas per SM per k-tile
   const double issue = 2.0 * (OPS + 40);                     // two warps per scheduler, ~40 fixed
-  std::printf("| %3d | %s%s | %3d | %7.1f | %6.1f | %6.1f | %5.2f |\n", N, RS ? "RS" : "SS", PP ? " ping-pong" : "", OPS,
+  static const char* kOpName[] = {"", " SHF", " PRMT", " IMAD", " HFMA2.BF16", " LOP3+IMAD"};
+  std::printf("| %3d | %s%s%s | %3d | %7.1f | %6.1f | %6.1f | %5.2f |\n", N, RS ? "RS" : "SS", PP ? " ping-pong" : "",
+              kOpName[OPK], OPS,
               per_batch, math,
               issue, per_batch / (math > issue ? math : issue));
 }
@@ -332,6 +353,12 @@ void run_alu_n(int sms, long long* c, float* s) {
   run_alu<N, true, 64, true>(sms, c, s);
   run_alu<N, true, 128, true>(sms, c, s);
   run_alu<N, true, 192, true>(sms, c, s);
+  // the same 128 ops per thread per k-tile, by op kind (LOP3 is the first rows)
+  run_alu<N, true, 128, false, 1>(sms, c, s);
+  run_alu<N, true, 128, false, 2>(sms, c, s);
+  run_alu<N, true, 128, false, 3>(sms, c, s);
+  run_alu<N, true, 128, false, 4>(sms, c, s);
+  run_alu<N, true, 128, false, 5>(sms, c, s);
 }
 
 int main(int argc, char** argv) {
