@@ -315,6 +315,7 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
     mbar_wait(ready0 + s * 8, ph);
     mbar_wait(full0 + s * 8, ph);
     const uint32_t st = smem_u32(smem) + s * C::kStage;
+    // checkpoint layout: rows r0 and r0 + 8 of the weight tile, 32 bytes each
     const uint32_t rowa = st + C::kWOff + r0 * 32;
     const uint32_t rowb = rowa + 8 * 32;
     const uint4 sca = lds128(st + C::kS2Off + r0 * 16);        // (s, s) of k-blocks 0..3, row r0
@@ -335,35 +336,36 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
         frag[buf][kb][2] = bf16x2_mul(a2, sa[kb]);  // row g, k 2t + 8..
         frag[buf][kb][3] = bf16x2_mul(a3, sb[kb]);  // row g + 8
       }
+      (void)rowa;
       (void)rowb;
     } else {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {  // k-blocks 2h, 2h+1: 16 bytes of each row, loaded as needed (registers)
-      const uint4 wa = lds128(rowa + 16 * h);
-      const uint4 wb = lds128(rowb + 16 * h);
-      const uint32_t sa0 = h ? sca.z : sca.x, sa1 = h ? sca.w : sca.y;
-      const uint32_t sb0 = h ? scb.z : scb.x, sb1 = h ? scb.w : scb.y;
-      // k-block 2h: words x (core matrix 0), y (core matrix 1); k-block 2h+1: words z, w
+      for (int h = 0; h < 2; ++h) {  // k-blocks 2h, 2h+1: 16 bytes of each row, loaded as needed (registers)
+        const uint4 wa = lds128(rowa + 16 * h);
+        const uint4 wb = lds128(rowb + 16 * h);
+        const uint32_t sa0 = h ? sca.z : sca.x, sa1 = h ? sca.w : sca.y;
+        const uint32_t sb0 = h ? scb.z : scb.x, sb1 = h ? scb.w : scb.y;
+        // k-block 2h: words x (core matrix 0), y (core matrix 1); k-block 2h+1: words z, w
 #if JAX_NVFP4_V2_DIAG == 1  // diagnostic build: skip the e2m1 conversion (wrong results)
-      frag[buf][2 * h][0] = wa.x ^ sa0;
-      frag[buf][2 * h][1] = wb.x ^ sb0;
-      frag[buf][2 * h][2] = wa.y;
-      frag[buf][2 * h][3] = wb.y;
-      frag[buf][2 * h + 1][0] = wa.z ^ sa1;
-      frag[buf][2 * h + 1][1] = wb.z ^ sb1;
-      frag[buf][2 * h + 1][2] = wa.w;
-      frag[buf][2 * h + 1][3] = wb.w;
+        frag[buf][2 * h][0] = wa.x ^ sa0;
+        frag[buf][2 * h][1] = wb.x ^ sb0;
+        frag[buf][2 * h][2] = wa.y;
+        frag[buf][2 * h][3] = wb.y;
+        frag[buf][2 * h + 1][0] = wa.z ^ sa1;
+        frag[buf][2 * h + 1][1] = wb.z ^ sb1;
+        frag[buf][2 * h + 1][2] = wa.w;
+        frag[buf][2 * h + 1][3] = wb.w;
 #else
-      frag[buf][2 * h][0] = bf16x2_mul(e2m1_byte_pair(wa.x, sel), sa0);
-      frag[buf][2 * h][1] = bf16x2_mul(e2m1_byte_pair(wb.x, sel), sb0);
-      frag[buf][2 * h][2] = bf16x2_mul(e2m1_byte_pair(wa.y, sel), sa0);
-      frag[buf][2 * h][3] = bf16x2_mul(e2m1_byte_pair(wb.y, sel), sb0);
-      frag[buf][2 * h + 1][0] = bf16x2_mul(e2m1_byte_pair(wa.z, sel), sa1);
-      frag[buf][2 * h + 1][1] = bf16x2_mul(e2m1_byte_pair(wb.z, sel), sb1);
-      frag[buf][2 * h + 1][2] = bf16x2_mul(e2m1_byte_pair(wa.w, sel), sa1);
-      frag[buf][2 * h + 1][3] = bf16x2_mul(e2m1_byte_pair(wb.w, sel), sb1);
+        frag[buf][2 * h][0] = bf16x2_mul(e2m1_byte_pair(wa.x, sel), sa0);
+        frag[buf][2 * h][1] = bf16x2_mul(e2m1_byte_pair(wb.x, sel), sb0);
+        frag[buf][2 * h][2] = bf16x2_mul(e2m1_byte_pair(wa.y, sel), sa0);
+        frag[buf][2 * h][3] = bf16x2_mul(e2m1_byte_pair(wb.y, sel), sb0);
+        frag[buf][2 * h + 1][0] = bf16x2_mul(e2m1_byte_pair(wa.z, sel), sa1);
+        frag[buf][2 * h + 1][1] = bf16x2_mul(e2m1_byte_pair(wb.z, sel), sb1);
+        frag[buf][2 * h + 1][2] = bf16x2_mul(e2m1_byte_pair(wa.w, sel), sa1);
+        frag[buf][2 * h + 1][3] = bf16x2_mul(e2m1_byte_pair(wb.w, sel), sb1);
 #endif
-    }
+      }
     }
     const uint32_t act = st + C::kActOff;
     // Pin the conversions before wgmma.fence: otherwise the compiler may sink them between the
@@ -657,7 +659,7 @@ int num_sms() {
   return sms;
 }
 
-template <int BTMAX, int STAGES, bool SM90L = false>
+template <int BTMAX, int STAGES, bool SM90L>
 cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStream_t stream) {
   using C = WCfg<BTMAX, STAGES>;
   auto kernel = grouped_gemm_wgmma_kernel<BTMAX, STAGES, SM90L>;
@@ -687,6 +689,15 @@ cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStre
   }
   kernel<<<num_sms(), kThreads, C::kSmem, stream>>>(tm_a, wp);
   return cudaGetLastError();
+}
+
+// Stage bytes: 11 KB (32), 15 KB (64), 23 KB (128). The small tiles exist for depth: decode
+// streams weights, and more stages keep more weight bytes in flight per SM.
+template <bool SM90L>
+cudaError_t launch_for_tile(int BT, const GroupedGemmParams& p, const WParams& wp, cudaStream_t stream) {
+  if (BT == 32) return launch_wgmma<32, 20, SM90L>(p, wp, stream);
+  if (BT == 64) return launch_wgmma<64, 12, SM90L>(p, wp, stream);
+  return launch_wgmma<128, 8, SM90L>(p, wp, stream);
 }
 
 int pick_btmax(const GroupedGemmParams& p) {
@@ -744,15 +755,7 @@ cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t 
   wp.KT = static_cast<int>(p.K / kBK);
   wp.out_f32 = p.out_f32;
 
-  // Stage bytes: 11 KB (32), 15 KB (64), 23 KB (128). The small tiles exist for depth: decode
-  // streams weights, and more stages keep more weight bytes in flight per SM.
-  if (p.rhs_layout == 1) {
-    if (BT == 32) e = launch_wgmma<32, 20, true>(p, wp, stream);
-    else if (BT == 64) e = launch_wgmma<64, 12, true>(p, wp, stream);
-    else e = launch_wgmma<128, 8, true>(p, wp, stream);
-  } else if (BT == 32) e = launch_wgmma<32, 20>(p, wp, stream);
-  else if (BT == 64) e = launch_wgmma<64, 12>(p, wp, stream);
-  else e = launch_wgmma<128, 8>(p, wp, stream);
+  e = p.rhs_layout == 1 ? launch_for_tile<true>(BT, p, wp, stream) : launch_for_tile<false>(BT, p, wp, stream);
   if (e != cudaSuccess) return e;
 
   return launch_zero_tail(p, ws, stream);
