@@ -20,6 +20,11 @@
 // undone in the epilogue (x 2^7 per fp4 operand, exact power of two).
 // bf16 activations (W4A16) pick the same physical k with one prmt per pair.
 //
+// Weights in the sm90 load-time layout (jax_nvfp4/layout.py; W4A16 only, template SM90L) keep the
+// natural k order instead: each thread reads its m16 tile's four fragment words with one 16-byte
+// shared load, extracts them with e2m1_sm90_word (csrc/e2m1_sm90_layout.cuh), gets the other
+// three k-blocks' scales from its quad by shuffles, and reads the activation pairs directly.
+//
 // Schedule (no host sync): a setup kernel turns the device group sizes into clamped row offsets
 // and per-group token-tile prefix sums in the workspace; the GEMM grid is
 // (ceil(N/128), min(ceil(M/BT) + G, 65535)) and each CTA maps its tile index to (group, tile)
@@ -28,6 +33,7 @@
 
 #include "csrc/grouped_gemm_sm90.h"
 #include "csrc/grouped_gemm_schedule.cuh"
+#include "csrc/e2m1_sm90_layout.cuh"
 
 #include <atomic>
 
@@ -117,9 +123,10 @@ __device__ __forceinline__ uint32_t scale_pair(uint8_t b) {
   return bits | (bits << 16);
 }
 
-template <int BT, int WARPS_T, int STAGES, bool A_FP4, int MIN_BLOCKS>
+template <int BT, int WARPS_T, int STAGES, bool A_FP4, int MIN_BLOCKS, bool SM90L>
 __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads, MIN_BLOCKS)
     grouped_gemm_kernel(const KParams p) {
+  static_assert(!(SM90L && A_FP4), "the sm90 weight layout is read by the bf16-activation path only");
   using C = Cfg<BT, WARPS_T, A_FP4>;
   constexpr int NTH = C::kThreads;
   constexpr int NT = C::kNT;
@@ -299,59 +306,98 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads, MIN_BLOCKS)
         for (int nt = 0; nt < NT; ++nt) scT[nt] = scale_pair(sAS[(wj * WT + nt * 8 + g8) * 4 + t4]);
       }
 
-      uint2 wa[kMT], wb[kMT];
+      if constexpr (SM90L) {
+        // sm90 layout (jax_nvfp4/layout.py): natural k order, k-block kb = physical k 16kb..16kb+15.
+        // The stage holds the 4096-byte layout block as the copies above left it; m16 tile
+        // (2 wi + mt) of the block is 512 bytes, this lane's 4 words (k-blocks 0..3) 16 of them.
+        // Thread t4 converted the scale of block t4 above; the quad shares them by shuffles.
+        uint4 q[kMT];
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        const int rA = wi * kWM + mt * 16 + g8;
-        wa[mt] = *reinterpret_cast<const uint2*>(sW + rA * 32 + 8 * t4);
-        wb[mt] = *reinterpret_cast<const uint2*>(sW + (rA + 8) * 32 + 8 * t4);
-      }
+        for (int mt = 0; mt < kMT; ++mt)
+          q[mt] = *reinterpret_cast<const uint4*>(sW + (wi * (kWM / 16) + mt) * 512 + lane * 16);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        uint32_t qa[kMT], qb[kMT];
+        for (int kb = 0; kb < 4; ++kb) {
+          uint32_t b0[NT], b1[NT];  // natural k: (16kb + 2t, +1) and (16kb + 2t + 8, +9) of token g8
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          qa[mt] = h ? wa[mt].y : wa[mt].x;
-          qb[mt] = h ? wb[mt].y : wb[mt].x;
-        }
-        uint32_t b0[NT][2], b1[NT][2];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const int c = wj * WT + nt * 8 + g8;
-          if constexpr (A_FP4) {
-            const uint32_t q = *reinterpret_cast<const uint32_t*>(sA + c * 32 + 8 * t4 + 4 * h);
-            b0[nt][0] = bf16x2_mul(e2m1_pair<0>(q), scT[nt]);
-            b1[nt][0] = bf16x2_mul(e2m1_pair<1>(q), scT[nt]);
-            b0[nt][1] = bf16x2_mul(e2m1_pair<2>(q), scT[nt]);
-            b1[nt][1] = bf16x2_mul(e2m1_pair<3>(q), scT[nt]);
-          } else {
-            const uint4 w = *reinterpret_cast<const uint4*>(sA + c * kActPitchBf16 + 32 * t4 + 16 * h);
-            b0[nt][0] = prmt(w.y, w.w, 0x7632);
-            b1[nt][0] = prmt(w.y, w.w, 0x5410);
-            b0[nt][1] = prmt(w.x, w.z, 0x7632);
-            b1[nt][1] = prmt(w.x, w.z, 0x5410);
+          for (int nt = 0; nt < NT; ++nt) {
+            const uint8_t* a = sA + (wj * WT + nt * 8 + g8) * kActPitchBf16 + kb * 32 + 4 * t4;
+            b0[nt] = *reinterpret_cast<const uint32_t*>(a);
+            b1[nt] = *reinterpret_cast<const uint32_t*>(a + 16);
           }
-        }
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
+          const int src = (lane & ~3) | kb;
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
+            const uint32_t sa = __shfl_sync(0xffffffffu, scA[mt], src);
+            const uint32_t sb = __shfl_sync(0xffffffffu, scB[mt], src);
+            const uint32_t w = kb == 0 ? q[mt].x : kb == 1 ? q[mt].y : kb == 2 ? q[mt].z : q[mt].w;
             uint32_t a0, a1, a2, a3;
-            if (j == 0) {
-              a0 = bf16x2_mul(e2m1_pair<0>(qa[mt]), scA[mt]);
-              a1 = bf16x2_mul(e2m1_pair<0>(qb[mt]), scB[mt]);
-              a2 = bf16x2_mul(e2m1_pair<1>(qa[mt]), scA[mt]);
-              a3 = bf16x2_mul(e2m1_pair<1>(qb[mt]), scB[mt]);
-            } else {
-              a0 = bf16x2_mul(e2m1_pair<2>(qa[mt]), scA[mt]);
-              a1 = bf16x2_mul(e2m1_pair<2>(qb[mt]), scB[mt]);
-              a2 = bf16x2_mul(e2m1_pair<3>(qa[mt]), scA[mt]);
-              a3 = bf16x2_mul(e2m1_pair<3>(qb[mt]), scB[mt]);
-            }
+            e2m1_sm90_word(w, a0, a1, a2, a3);
+            a0 = bf16x2_mul(a0, sa);
+            a1 = bf16x2_mul(a1, sb);
+            a2 = bf16x2_mul(a2, sa);
+            a3 = bf16x2_mul(a3, sb);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
               float* d = acc[mt][nt];
-              Mma::fma(d[0], d[1], d[2], d[3], a0, a1, a2, a3, b0[nt][j], b1[nt][j], d[0], d[1], d[2], d[3]);
+              Mma::fma(d[0], d[1], d[2], d[3], a0, a1, a2, a3, b0[nt], b1[nt], d[0], d[1], d[2], d[3]);
+            }
+          }
+        }
+      } else {  // checkpoint layout
+        uint2 wa[kMT], wb[kMT];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          const int rA = wi * kWM + mt * 16 + g8;
+          wa[mt] = *reinterpret_cast<const uint2*>(sW + rA * 32 + 8 * t4);
+          wb[mt] = *reinterpret_cast<const uint2*>(sW + (rA + 8) * 32 + 8 * t4);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t qa[kMT], qb[kMT];
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            qa[mt] = h ? wa[mt].y : wa[mt].x;
+            qb[mt] = h ? wb[mt].y : wb[mt].x;
+          }
+          uint32_t b0[NT][2], b1[NT][2];
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            const int c = wj * WT + nt * 8 + g8;
+            if constexpr (A_FP4) {
+              const uint32_t q = *reinterpret_cast<const uint32_t*>(sA + c * 32 + 8 * t4 + 4 * h);
+              b0[nt][0] = bf16x2_mul(e2m1_pair<0>(q), scT[nt]);
+              b1[nt][0] = bf16x2_mul(e2m1_pair<1>(q), scT[nt]);
+              b0[nt][1] = bf16x2_mul(e2m1_pair<2>(q), scT[nt]);
+              b1[nt][1] = bf16x2_mul(e2m1_pair<3>(q), scT[nt]);
+            } else {
+              const uint4 w = *reinterpret_cast<const uint4*>(sA + c * kActPitchBf16 + 32 * t4 + 16 * h);
+              b0[nt][0] = prmt(w.y, w.w, 0x7632);
+              b1[nt][0] = prmt(w.y, w.w, 0x5410);
+              b0[nt][1] = prmt(w.x, w.z, 0x7632);
+              b1[nt][1] = prmt(w.x, w.z, 0x5410);
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+              uint32_t a0, a1, a2, a3;
+              if (j == 0) {
+                a0 = bf16x2_mul(e2m1_pair<0>(qa[mt]), scA[mt]);
+                a1 = bf16x2_mul(e2m1_pair<0>(qb[mt]), scB[mt]);
+                a2 = bf16x2_mul(e2m1_pair<1>(qa[mt]), scA[mt]);
+                a3 = bf16x2_mul(e2m1_pair<1>(qb[mt]), scB[mt]);
+              } else {
+                a0 = bf16x2_mul(e2m1_pair<2>(qa[mt]), scA[mt]);
+                a1 = bf16x2_mul(e2m1_pair<2>(qb[mt]), scB[mt]);
+                a2 = bf16x2_mul(e2m1_pair<3>(qa[mt]), scA[mt]);
+                a3 = bf16x2_mul(e2m1_pair<3>(qb[mt]), scB[mt]);
+              }
+#pragma unroll
+              for (int nt = 0; nt < NT; ++nt) {
+                float* d = acc[mt][nt];
+                Mma::fma(d[0], d[1], d[2], d[3], a0, a1, a2, a3, b0[nt][j], b1[nt][j], d[0], d[1], d[2], d[3]);
+              }
             }
           }
         }
@@ -386,10 +432,10 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads, MIN_BLOCKS)
 }
 
 // ---------------------------------------------------------------------------------------------
-template <int BT, int WARPS_T, int STAGES, bool A_FP4, int MIN_BLOCKS>
+template <int BT, int WARPS_T, int STAGES, bool A_FP4, int MIN_BLOCKS, bool SM90L = false>
 cudaError_t launch_gemm(const KParams& kp, int64_t M, int64_t G, cudaStream_t stream) {
   using C = Cfg<BT, WARPS_T, A_FP4>;
-  auto kernel = grouped_gemm_kernel<BT, WARPS_T, STAGES, A_FP4, MIN_BLOCKS>;
+  auto kernel = grouped_gemm_kernel<BT, WARPS_T, STAGES, A_FP4, MIN_BLOCKS, SM90L>;
   const int smem = STAGES * C::kStage;
   // Raise the dynamic shared-memory limit once per device (a host-side call, not a stream op).
   static std::atomic<uint64_t> done_mask{0};
@@ -446,7 +492,8 @@ const char* GroupedGemmCheckParams(const GroupedGemmParams& p) {
 
 cudaError_t LaunchGroupedGemmSm90(const GroupedGemmParams& p, cudaStream_t stream) {
   if (GroupedGemmCheckParams(p) != nullptr) return cudaErrorInvalidValue;
-  if (p.rhs_layout != 0) return cudaErrorNotSupported;  // v1 reads the checkpoint layout only
+  // the sm90 weight layout: bf16 activations only (W4A4 on the GPU runs through a bf16 pre-pass)
+  if (p.rhs_layout != 0 && p.a_fp4) return cudaErrorNotSupported;
   if (p.M == 0 || p.N == 0) return cudaSuccess;
 
   const int BT = pick_token_tile(p);
@@ -477,6 +524,11 @@ cudaError_t LaunchGroupedGemmSm90(const GroupedGemmParams& p, cudaStream_t strea
     else if (BT == 32) e = launch_gemm<32, 1, 5, true, 3>(kp, p.M, p.G, stream);
     else if (BT == 64) e = launch_gemm<64, 1, 4, true, 2>(kp, p.M, p.G, stream);
     else e = launch_gemm<128, 2, 4, true, 1>(kp, p.M, p.G, stream);
+  } else if (p.rhs_layout == 1) {
+    if (BT == 16) e = launch_gemm<16, 1, 4, false, 4, true>(kp, p.M, p.G, stream);
+    else if (BT == 32) e = launch_gemm<32, 1, 5, false, 3, true>(kp, p.M, p.G, stream);
+    else if (BT == 64) e = launch_gemm<64, 1, 4, false, 2, true>(kp, p.M, p.G, stream);
+    else e = launch_gemm<128, 2, 4, false, 1, true>(kp, p.M, p.G, stream);
   } else {
     if (BT == 16) e = launch_gemm<16, 1, 4, false, 4>(kp, p.M, p.G, stream);
     else if (BT == 32) e = launch_gemm<32, 1, 5, false, 3>(kp, p.M, p.G, stream);

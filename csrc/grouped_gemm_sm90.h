@@ -32,8 +32,8 @@ struct GroupedGemmParams {
   bool out_f32 = false;  // f32 output when true, bf16 when false
   int force_token_tile = 0;  // 0: automatic; 16/32/64/128 force a token tile (tools, tuning)
   // Byte layout of rhs: 0 the checkpoint layout; 1 the sm90 load-time layout of
-  // jax_nvfp4/layout.py (v2 only; needs N % 128 == 0 and K % 64 == 0). Tools only until the
-  // v2 path reading it is validated on a GPU (docs/perf-notes.md, session 3).
+  // jax_nvfp4/layout.py (needs N % 128 == 0 and K % 64 == 0; bf16 activations only: both kernels
+  // read it for W4A16, v1 returns cudaErrorNotSupported for W4A4 with it).
   int rhs_layout = 0;
   // Expected rows inside the groups (0: unknown, M is used). Only steers the kernel and token-tile
   // choice: under expert parallelism M counts every routed row but the groups hold the local ones.

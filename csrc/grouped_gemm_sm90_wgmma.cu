@@ -56,6 +56,7 @@
 
 #include "csrc/grouped_gemm_sm90_wgmma.h"
 #include "csrc/grouped_gemm_schedule.cuh"
+#include "csrc/e2m1_sm90_layout.cuh"
 
 #include <atomic>
 #include <cstdint>
@@ -183,17 +184,6 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
 __device__ __forceinline__ uint32_t e2m1_byte_pair(uint32_t w, uint32_t sel) {
   const uint32_t u = prmt(w << 4, w, sel);
   return (u & 0x80008000u) | ((u >> 6) & 0x01C001C0u);
-}
-
-// The four A-fragment registers of one k-block from one word of the sm90 layout
-// (jax_nvfp4/layout.py: bits pre-placed at load time), each bf16x2 (e2m1 * 2^-126): 11 integer
-// ops for 4 registers, against ~21 from the checkpoint layout.
-__device__ __forceinline__ void e2m1_sm90_word(uint32_t w, uint32_t& a0, uint32_t& a1, uint32_t& a2, uint32_t& a3) {
-  constexpr uint32_t M = 0x81C081C0u;
-  a0 = w & M;
-  a1 = (w << 3) & M;
-  a2 = (w << 6) & M;
-  a3 = ((w << 1) & 0x80008000u) | ((w >> 5) & 0x01000100u) | ((w >> 4) & 0x00C000C0u);
 }
 
 // Two e4m3 bytes (bytes 0 and 1 of x) -> bf16x2 (scale * 2^119) of each, returned duplicated:
@@ -734,7 +724,7 @@ int GroupedGemmWgmmaTokenTile(const GroupedGemmParams& p) {
 cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t stream) {
   if (GroupedGemmCheckParams(p) != nullptr) return cudaErrorInvalidValue;
   if (p.M == 0 || p.N == 0) return cudaSuccess;
-  if (!GroupedGemmWgmmaHandles(p)) return p.rhs_layout ? cudaErrorNotSupported : LaunchGroupedGemmSm90(p, stream);
+  if (!GroupedGemmWgmmaHandles(p)) return LaunchGroupedGemmSm90(p, stream);
 
   const int BT = pick_btmax(p);
   int* ws = static_cast<int*>(p.workspace);

@@ -7,7 +7,8 @@
 //        csrc/grouped_gemm_sm90_wgmma.cu -o gemm_selftest
 // Usage: gemm_selftest [--small] [--no-bench] [--bench-only] [--no-sweep] [--seed S] [--kernel mma|wgmma|both] [--only L1-1536]
 //                      [--force BT]  (bench only that token tile)
-//                      [--layout sm90]  (weights in the sm90 load-time layout: v2 W4A16 cases only)
+//                      [--layout sm90]  (weights in the sm90 load-time layout: W4A16 cases only)
+//                      [--kscan]  (v2 W4A16 time against K: per-k-tile vs per-tile cost)
 //   --small: only small shapes (for compute-sanitizer).
 //   --kernel: which launcher the self-test and the benchmark call (default mma = v1). "both" runs
 //     the self-test with each and benchmarks both side by side. v2 forwards the cases it does not
@@ -178,12 +179,13 @@ static const char* kern_of(const GroupedGemmParams& p) {
   return (g_wgmma && jax_nvfp4::GroupedGemmWgmmaHandles(p)) ? "v2" : "v1";
 }
 
-static bool g_layout = false;  // --layout sm90: weights in the sm90 load-time layout (v2 W4A16 only)
+static bool g_layout = false;  // --layout sm90: weights in the sm90 load-time layout (W4A16 only)
 
 static void run_case(const Case& cs, bool a_fp4, bool out_f32, uint64_t seed, int force_bt = 0) {
-  // Under --layout sm90 only the cases v2 can take in that layout run (the reference below keeps
-  // using the checkpoint-layout bytes, so it checks the re-layout and the kernel's reading of it).
-  if (g_layout && (!g_wgmma || a_fp4 || cs.N % 128 != 0 || cs.K % 64 != 0)) return;
+  // Under --layout sm90 only the W4A16 cases with N % 128 == 0 and K % 64 == 0 run, on v1 or v2
+  // (the reference below keeps using the checkpoint-layout bytes, so it checks the re-layout and
+  // the kernel's reading of it).
+  if (g_layout && (a_fp4 || cs.N % 128 != 0 || cs.K % 64 != 0)) return;
   Rng r(seed);
   const int64_t M = cs.M, N = cs.N, K = cs.K, G = cs.G;
   const int64_t KH = K / 2, KS = K / 16;
@@ -426,7 +428,7 @@ static void bench(std::vector<BenchRow>& table) {
         best.ms = 1e30;
         const bool v2 = g_wgmma && jax_nvfp4::GroupedGemmWgmmaHandles(p);
         // timing only: the random bytes are valid codes in either layout
-        if (g_layout && !(v2 && !fp4)) continue;
+        if (g_layout && fp4) continue;
         p.rhs_layout = g_layout ? 1 : 0;
         for (int bt : {16, 32, 64, 128, 256}) {
           if (g_force_bt ? bt != g_force_bt : (g_sweep == 0 && bt != auto_bt)) continue;
@@ -474,8 +476,77 @@ static void bench(std::vector<BenchRow>& table) {
   cudaFree(d_out);
 }
 
+// --kscan: v2 W4A16 time against K at fixed N, G and rows. A straight-line fit time = a + b * KT
+// per tile separates the per-k-tile cost from a per-tile cost (tile switches, epilogue, lookups).
+static void kscan() {
+  const int64_t G = 48, N = 6144, maxK = 7168, maxM = 24576;
+  uint8_t *d_rhs, *d_rhs_s, *d_lhs, *d_ws;
+  float* d_alpha;
+  int32_t* d_gs;
+  void* d_out;
+  CK(cudaMalloc(&d_rhs, G * N * maxK / 2));
+  CK(cudaMalloc(&d_rhs_s, G * N * maxK / 16));
+  CK(cudaMalloc(&d_lhs, maxM * maxK * 2));
+  CK(cudaMalloc(&d_alpha, G * 4));
+  CK(cudaMalloc(&d_gs, G * 4));
+  CK(cudaMalloc(&d_ws, jax_nvfp4::GroupedGemmWorkspaceBytes(G)));
+  CK(cudaMalloc(&d_out, maxM * N * 2));
+  CK(cudaMemset(d_rhs, 0x5a, G * N * maxK / 2));
+  CK(cudaMemset(d_rhs_s, 0x38, G * N * maxK / 16));
+  CK(cudaMemset(d_lhs, 0x3f, maxM * maxK * 2));
+  {
+    std::vector<float> al(G, 1.0f);
+    CK(cudaMemcpy(d_alpha, al.data(), G * 4, cudaMemcpyHostToDevice));
+  }
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  for (int64_t rows : {192, 1536, 24576}) {
+    Rng r(1000 + rows);
+    std::vector<int32_t> gs = make_group_sizes(r, rows, G, kExact);
+    CK(cudaMemcpy(d_gs, gs.data(), G * 4, cudaMemcpyHostToDevice));
+    for (int64_t K : {1024, 2048, 3072, 4096, 7168}) {
+      GroupedGemmParams p = make_params(d_lhs, nullptr, d_rhs, d_rhs_s, d_alpha, d_gs, d_out, d_ws,
+                                        jax_nvfp4::GroupedGemmWorkspaceBytes(G), rows, N, K, G, false, false);
+      p.rhs_layout = g_layout ? 1 : 0;
+      if (g_force_bt) p.force_token_tile = g_force_bt;
+      const int bt = tile_of(p);
+      int64_t tiles = 0;
+      for (int32_t g : gs) tiles += (std::max(g, 0) + bt - 1) / bt;
+      tiles *= (N + 127) / 128;
+      for (int i = 0; i < 3; ++i) CK(launch(p, 0));
+      CK(cudaDeviceSynchronize());
+      std::vector<float> t;
+      for (int i = 0; i < 20; ++i) {
+        CK(cudaEventRecord(e0, 0));
+        CK(launch(p, 0));
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        t.push_back(ms);
+      }
+      std::sort(t.begin(), t.end());
+      const double ms = t[t.size() / 2];
+      const double per_cta = static_cast<double>(tiles) / sms;
+      std::printf("kscan %s rows=%-6lld K=%-5lld BT=%-3d tiles/CTA=%6.1f %.4f ms  us/tile=%.3f\n", kern_of(p),
+                  (long long)rows, (long long)K, bt, per_cta, ms, 1000.0 * ms / std::ceil(per_cta));
+      std::fflush(stdout);
+    }
+  }
+  cudaFree(d_rhs);
+  cudaFree(d_rhs_s);
+  cudaFree(d_lhs);
+  cudaFree(d_alpha);
+  cudaFree(d_gs);
+  cudaFree(d_ws);
+  cudaFree(d_out);
+}
+
 int main(int argc, char** argv) {
-  bool small = false, do_bench = true, bench_only = false;
+  bool small = false, do_bench = true, bench_only = false, do_kscan = false;
   uint64_t seed = 42;
   std::vector<bool> kernels = {false};  // false: v1 (mma), true: v2 (wgmma)
   for (int i = 1; i < argc; ++i) {
@@ -483,6 +554,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--no-bench")) do_bench = false;
     else if (!std::strcmp(argv[i], "--bench-only")) bench_only = true;
     else if (!std::strcmp(argv[i], "--no-sweep")) g_sweep = 0;
+    else if (!std::strcmp(argv[i], "--kscan")) do_kscan = true;
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) g_only = argv[++i];
     else if (!std::strcmp(argv[i], "--force") && i + 1 < argc) g_force_bt = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--layout") && i + 1 < argc) {
@@ -503,6 +575,11 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  if (do_kscan) {  // v2 only
+    g_wgmma = true;
+    kscan();
+    return 0;
+  }
 
   for (bool kw : kernels) {
     g_wgmma = kw;

@@ -11,7 +11,7 @@
 #   ncu2     Nsight Compute throughput sections for CASE[:KERNEL[:TOKEN_TILE]] arguments
 #   wgmma    the wgmma microbenchmark (tools/wgmma_microbench.cu; argument alu: with ALU work)
 # NOBUILD=1 reuses /tmp/st from the previous command of the same device call; LAYOUT=sm90 runs the
-# self-test with the weights in the sm90 load-time layout (v2 W4A16 cases only).
+# self-test with the weights in the sm90 load-time layout (W4A16 cases only).
 # Headers: CUTLASS_INC (default .cutlass_hdr, an unzipped nvidia-cutlass wheel's
 # cutlass_library/source, carried to the device). Logs in $OUT.
 set -uo pipefail
@@ -20,7 +20,7 @@ out=${OUT:-kernel-lab-out}; mkdir -p "$out"
 inc=${CUTLASS_INC:-.cutlass_hdr}
 cmd=${1:-check}; shift || true
 k=${KERNEL:-wgmma}
-lay=${LAYOUT:+--layout $LAYOUT}  # LAYOUT=sm90: weights in the sm90 load-time layout (v2 W4A16 cases)
+lay=${LAYOUT:+--layout $LAYOUT}  # LAYOUT=sm90: weights in the sm90 load-time layout (W4A16 cases)
 
 build() {
   [ -n "${NOBUILD:-}" ] && [ -x /tmp/st ] && return 0  # NOBUILD=1: reuse the last build

@@ -1,0 +1,21 @@
+// Fragment extraction from the sm90 load-time weight layout (jax_nvfp4/layout.py), shared by the
+// v1 (mma.sync) and v2 (wgmma) kernels: both use the same m16k16 A-fragment register mapping.
+#pragma once
+
+#include <cstdint>
+
+namespace jax_nvfp4 {
+
+// The four A-fragment registers of one k16 block from one 32-bit word of the sm90 layout (bits
+// pre-placed at load time), each a bf16x2 of (e2m1 * 2^-126), sign kept: 11 integer ops for 4
+// registers, against ~21 from the checkpoint layout.
+//   a0 = (row g, k 2t..2t+1), a1 = (row g+8, same k), a2 = (row g, k 2t+8..), a3 = (row g+8, k 2t+8..)
+__device__ __forceinline__ void e2m1_sm90_word(uint32_t w, uint32_t& a0, uint32_t& a1, uint32_t& a2, uint32_t& a3) {
+  constexpr uint32_t M = 0x81C081C0u;
+  a0 = w & M;
+  a1 = (w << 3) & M;
+  a2 = (w << 6) & M;
+  a3 = ((w << 1) & 0x80008000u) | ((w >> 5) & 0x01000100u) | ((w >> 4) & 0x00C000C0u);
+}
+
+}  // namespace jax_nvfp4
