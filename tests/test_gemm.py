@@ -184,8 +184,9 @@ class TestSm90Layout:
     """Weights from jax_nvfp4.prepare_weights (layout "sm90", custom-call attribute rhs_layout=1).
 
     CPU: the handler reads the layout natively and must give bitwise the checkpoint-layout
-    result. CUDA: always the WGMMA kernel (v2), whatever the heuristic; within float32 summation
-    order of the checkpoint-layout run, which may be the other kernel.
+    result. CUDA: always the WGMMA kernel (v2), whatever the heuristic (the decode-sized shapes
+    would otherwise get v1, which cannot read the layout); checked against float64 only, since the
+    checkpoint-layout run may use the other kernel and sum in another order.
     """
 
     @pytest.mark.parametrize("m,n,k,sizes", SM90_SHAPES)
@@ -201,7 +202,7 @@ class TestSm90Layout:
         assert prepared.layout == "sm90"
         lhs, rhs, prepared, gs = jax.device_put((lhs, rhs, prepared, gs), dev)
         f = jax.jit(lambda a, b, c: jn.grouped_gemm(a, b, c, out_dtype=out_dtype, backend="ffi"))
-        base = np.asarray(f(lhs, rhs, gs), np.float64)
+        base = np.asarray(f(lhs, rhs, gs), np.float64) if platform == "cpu" else None
         poison(dev, m, n, out_dtype)
         out = f(lhs, prepared, gs)
         assert out.shape == (m, n) and out.dtype == out_dtype
@@ -212,8 +213,6 @@ class TestSm90Layout:
         assert rel_err(out, ref) <= tol
         if platform == "cpu":
             np.testing.assert_array_equal(out, base)
-        else:
-            assert rel_err(out, base) <= (1e-6 if out_dtype == jnp.float32 else 1e-2)
 
     @pytest.mark.parametrize("route", ["native", "via_bf16"])
     def test_w4a4_routes(self, rng, platform, route):
