@@ -2,11 +2,15 @@
 // jax_nvfp4/reference.py for the semantics). Straight loops, one 16-wide block at a time: each
 // block's partial sum is exact-ish in float32 and then scaled, which keeps the float32 rounding
 // small. Not fast; it makes the custom-call path testable and usable without a GPU.
+// rhs_layout 1 (the sm90 load-time layout, jax_nvfp4/layout.py) is read natively: each weight
+// row's codes are gathered through the layout's index mapping, then the same loops run, so the
+// result is bitwise the one of the checkpoint layout.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -40,6 +44,40 @@ float Bf16ToFloat(uint16_t b) {
   return f;
 }
 
+// The codes of weight row n (0 <= n < N) of one expert, data u8 [N, K/2], into codes[0..K).
+// Layout 0 (checkpoint): element 2j in the low nibble of byte j.
+void RowCodesCheckpoint(const uint8_t* data, int64_t K, int64_t n, uint8_t* codes) {
+  const uint8_t* row = data + n * (K / 2);
+  for (int64_t j = 0; j < K / 2; ++j) {
+    codes[2 * j] = row[j] & 0xF;
+    codes[2 * j + 1] = row[j] >> 4;
+  }
+}
+
+// Layout 1 (sm90; N % 128 == 0, K % 64 == 0), per jax_nvfp4/layout.py: with n = 128 NB + 16 mt +
+// 8 hi + g8 and k = 64 KB + 16 kb + 8 half + 2 t + parity, the code sits in the little-endian
+// 32-bit word at byte 512 mt + 16 (4 g8 + t) + 4 kb of the 4096-byte block that replaced
+// data[128 NB .. +128, 32 KB .. +32] (block byte o is data[128 NB + o / 32, 32 KB + o % 32]),
+// register slot hi + 2 half, its sign/e1/e0/m0 bits at kSlotBits[slot] + 16 parity.
+constexpr int kSlotBits[4][4] = {{15, 8, 7, 6}, {12, 5, 4, 3}, {9, 2, 1, 0}, {14, 13, 11, 10}};
+
+void RowCodesSm90(const uint8_t* data, int64_t K, int64_t n, uint8_t* codes) {
+  const int64_t nb = n / 128, r = n % 128;
+  const int64_t mt = r / 16, hi = (r / 8) % 2, g8 = r % 8;
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t kblk = k / 64, kk = k % 64;
+    const int64_t kb = kk / 16, half = (kk / 8) % 2, t = (kk / 2) % 4, parity = kk % 2;
+    const int64_t o = 512 * mt + 16 * (4 * g8 + t) + 4 * kb;  // a multiple of 4: one data row
+    const uint8_t* b = data + (128 * nb + o / 32) * (K / 2) + 32 * kblk + o % 32;
+    const uint32_t w =
+        b[0] | (uint32_t{b[1]} << 8) | (uint32_t{b[2]} << 16) | (uint32_t{b[3]} << 24);
+    const int* bits = kSlotBits[hi + 2 * half];
+    const int off = 16 * static_cast<int>(parity);
+    auto bit = [&](int i) { return (w >> (bits[i] + off)) & 1u; };  // sign, e1, e0, m0
+    codes[k] = static_cast<uint8_t>(bit(0) << 3 | bit(1) << 2 | bit(2) << 1 | bit(3));
+  }
+}
+
 uint16_t FloatToBf16(float f) {  // round to nearest even; NaN stays NaN
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -51,7 +89,8 @@ uint16_t FloatToBf16(float f) {  // round to nearest even; NaN stays NaN
 ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales,
                           U8Buffer3 rhs_data, ffi::AnyBuffer rhs_scales, F32Buffer1 alpha,
                           S32Buffer1 group_sizes, ffi::Result<ffi::AnyBuffer> out,
-                          ffi::Result<U8Buffer1>, int64_t /*rows_hint: a GPU tiling hint*/) {
+                          ffi::Result<U8Buffer1>, int64_t /*rows_hint: a GPU tiling hint*/,
+                          int64_t rhs_layout) {
   const auto rd = rhs_data.dimensions();
   const int64_t G = rd[0], N = rd[1], K = rd[2] * 2;
   const auto od = out->dimensions();
@@ -75,6 +114,13 @@ ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales,
   if (alpha.dimensions()[0] != G || group_sizes.dimensions()[0] != G)
     return ffi::Error::InvalidArgument("alpha, group_sizes: expected [G]");
   if (K % 32 != 0) return ffi::Error::InvalidArgument("K must be a multiple of 32");
+  if (rhs_layout != 0 && rhs_layout != 1)
+    return ffi::Error::InvalidArgument("rhs_layout: expected 0 (checkpoint) or 1 (sm90), got " +
+                                       std::to_string(rhs_layout));
+  if (rhs_layout == 1 && (N % 128 != 0 || K % 64 != 0))
+    return ffi::Error::InvalidArgument(
+        "rhs_data: the sm90 layout (rhs_layout 1) needs N % 128 == 0 and K % 64 == 0, got N = " +
+        std::to_string(N) + ", K = " + std::to_string(K));
   const bool out_f32 = out->element_type() == ffi::F32;
   if (!out_f32 && out->element_type() != ffi::BF16)
     return ffi::Error::InvalidArgument("out: expected bf16 or float32");
@@ -92,20 +138,22 @@ ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales,
   uint16_t* ob = static_cast<uint16_t*>(out->untyped_data());
   const int64_t KB = K / 16;
 
+  std::vector<uint8_t> wcodes(K);  // one weight row's codes, in k order
   int64_t start = 0;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t end = std::min<int64_t>(start + std::max<int32_t>(gs[g], 0), M);
-    for (int64_t r = start; r < end; ++r) {
-      for (int64_t n = 0; n < N; ++n) {
-        const uint8_t* wrow = w + (g * N + n) * (K / 2);
-        const uint8_t* wsrow = ws + (g * N + n) * KB;
+    for (int64_t n = 0; n < N && start < end; ++n) {
+      const uint8_t* wg = w + g * N * (K / 2);
+      if (rhs_layout == 1) RowCodesSm90(wg, K, n, wcodes.data());
+      else RowCodesCheckpoint(wg, K, n, wcodes.data());
+      const uint8_t* wsrow = ws + (g * N + n) * KB;
+      for (int64_t r = start; r < end; ++r) {
         float acc = 0.f;
         for (int64_t b = 0; b < KB; ++b) {
           float part = 0.f;
           float lhs_scale = w4a4 ? e4m3[as[r * KB + b]] : 1.f;
           for (int j = 0; j < 16; j += 2) {
             const int64_t k = b * 16 + j;
-            const uint8_t wb = wrow[k / 2];
             float x0, x1;
             if (w4a4) {
               const uint8_t ab = a8[r * (K / 2) + k / 2];
@@ -115,7 +163,7 @@ ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales,
               x0 = Bf16ToFloat(a16[r * K + k]);
               x1 = Bf16ToFloat(a16[r * K + k + 1]);
             }
-            part += x0 * kE2m1[wb & 0xF] + x1 * kE2m1[wb >> 4];
+            part += x0 * kE2m1[wcodes[k]] + x1 * kE2m1[wcodes[k + 1]];
           }
           acc += part * (lhs_scale * e4m3[wsrow[b]]);
         }
@@ -146,4 +194,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4GroupedGemmCpu, GroupedGemmCpu,
                                   .Arg<S32Buffer1>()  // group_sizes
                                   .Ret<ffi::AnyBuffer>()            // out
                                   .Ret<U8Buffer1>()   // workspace (unused on CPU)
-                                  .Attr<int64_t>("rows_hint"));
+                                  .Attr<int64_t>("rows_hint")
+                                  .Attr<int64_t>("rhs_layout"));  // 0 checkpoint, 1 sm90

@@ -7,6 +7,10 @@
 //   wgmma:      v2 wherever it can run (tests use this to exercise it on small shapes).
 //   mma:        v1 for everything (jax_nvfp4.grouped_gemm then also keeps W4A4 native instead of
 //               dequantizing the activations to bf16 first).
+// Weights in the sm90 load-time layout (attribute rhs_layout = 1, jax_nvfp4/layout.py) always run
+// on v2, whatever the heuristic says: v1 cannot read them. With JAX_NVFP4_KERNEL=mma, or where v2
+// cannot run the problem (W4A4 with a packed lhs, misaligned buffers), the call fails with
+// InvalidArgument instead.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -51,7 +55,8 @@ ffi::Error CudaError(const char* what, cudaError_t e) {
 ffi::Error GroupedGemmCudaImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales,
                                ffi::Buffer<ffi::U8, 3> rhs, ffi::AnyBuffer rhs_scales, ffi::Buffer<ffi::F32, 1> alpha,
                                ffi::Buffer<ffi::S32, 1> group_sizes, ffi::Result<ffi::AnyBuffer> out,
-                               ffi::Result<ffi::Buffer<ffi::U8, 1>> workspace, int64_t rows_hint) {
+                               ffi::Result<ffi::Buffer<ffi::U8, 1>> workspace, int64_t rows_hint,
+                               int64_t rhs_layout) {
   auto bad = [](const std::string& msg) { return ffi::Error::InvalidArgument("jax_nvfp4_grouped_gemm: " + msg); };
 
   const auto rd = rhs.dimensions();
@@ -131,10 +136,26 @@ ffi::Error GroupedGemmCudaImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::Any
   p.out_f32 = ot == ffi::DataType::F32;
   if (rows_hint < 0) return bad("rows_hint must be >= 0 (0: unknown), got " + std::to_string(rows_hint));
   p.rows_hint = rows_hint;
+  if (rhs_layout != 0 && rhs_layout != 1)
+    return bad("rhs_layout must be 0 (checkpoint) or 1 (sm90), got " + std::to_string(rhs_layout));
+  p.rhs_layout = static_cast<int>(rhs_layout);
   if (const char* why = jax_nvfp4::GroupedGemmCheckParams(p)) return bad(why);
 
   const KernelChoice kc = KernelFromEnv();
-  const bool v2 = kc == KernelChoice::kWgmma || (kc == KernelChoice::kAuto && jax_nvfp4::GroupedGemmWgmmaPreferred(p));
+  if (p.rhs_layout == 1) {
+    // Only v2 reads the sm90 layout; say why it cannot run rather than fail at launch.
+    if (kc == KernelChoice::kMma)
+      return bad("rhs_layout 1 (sm90 weights) needs the WGMMA kernel, but JAX_NVFP4_KERNEL=mma selects the "
+                 "mma.sync kernel, which reads only the checkpoint layout");
+    if (a_fp4)
+      return bad("rhs_layout 1 (sm90 weights) runs on the WGMMA kernel, which takes a bf16 lhs only, got packed "
+                 "e2m1 (jax_nvfp4.grouped_gemm dequantizes W4A4 activations to bf16 first on the GPU)");
+    if (!jax_nvfp4::GroupedGemmWgmmaHandles(p))
+      return bad("rhs_layout 1 (sm90 weights): the WGMMA kernel cannot run this problem (it needs rhs 16-byte and "
+                 "rhs_scales 4-byte aligned, M below 2^31 - 256, and the driver's cuTensorMapEncodeTiled)");
+  }
+  const bool v2 = p.rhs_layout == 1 || kc == KernelChoice::kWgmma ||
+                  (kc == KernelChoice::kAuto && jax_nvfp4::GroupedGemmWgmmaPreferred(p));
   cudaError_t e = v2 ? jax_nvfp4::LaunchGroupedGemmSm90Wgmma(p, stream) : jax_nvfp4::LaunchGroupedGemmSm90(p, stream);
   if (e != cudaSuccess) return CudaError("kernel launch failed", e);
   e = cudaGetLastError();
@@ -162,5 +183,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4GroupedGemmCuda, GroupedGemmCudaImpl,
                                   .Arg<S32Buffer1>() // group_sizes
                                   .Ret<ffi::AnyBuffer>()           // out
                                   .Ret<U8Buffer1>()  // workspace
-                                  .Attr<int64_t>("rows_hint"),
+                                  .Attr<int64_t>("rows_hint")
+                                  .Attr<int64_t>("rhs_layout"),  // 0 checkpoint, 1 sm90
                               {xla::ffi::Traits::kCmdBufferCompatible});

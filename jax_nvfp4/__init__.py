@@ -3,9 +3,10 @@
 See :mod:`jax_nvfp4.formats` for the storage convention.
 """
 
-from . import checkpoint, reference
-from .formats import NVFP4Tensor, scales_from_bytes
+from . import checkpoint, layout, reference
+from .formats import LAYOUTS, NVFP4Tensor, scales_from_bytes
 from .gemm import grouped_gemm
+from .layout import prepare_weights
 from .moe import moe, quantize_moe
 from .moe_params import MoEConfig, MoEWeights
 from .routing import route
@@ -16,7 +17,8 @@ from .swizzle import swizzle_scales, unswizzle_scales
 __version__ = "0.1.0"
 
 __all__ = [
-    "NVFP4Tensor", "MoEConfig", "MoEWeights", "checkpoint", "dequantize", "grouped_gemm", "moe", "quantize",
-    "moe_expert_parallel", "quantize_moe", "route", "shard_moe_weights",
+    "LAYOUTS", "NVFP4Tensor", "MoEConfig", "MoEWeights", "checkpoint", "dequantize", "grouped_gemm",
+    "layout", "moe", "quantize", "moe_expert_parallel", "prepare_weights", "quantize_moe", "route",
+    "shard_moe_weights",
     "reference", "scales_from_bytes", "stage_activation", "swizzle_scales", "unswizzle_scales",
 ]

@@ -3,7 +3,8 @@
     python -m jax_nvfp4.bench [--out docs] [--cases L1-192,L2-6144] [--impls w4a16,ragged_dot]
 
 Per case (48 experts, skewed random group sizes) it times: jax_nvfp4 W4A16 and W4A4 (the custom
-call), ``jax.lax.ragged_dot`` on bf16 weights, XLA dequantize + ragged_dot, and the Pallas
+call) with checkpoint-layout weights and with weights prepared once, outside the timed call, in the
+sm90 layout (``w4a16_sm90``, ``w4a4_sm90``; :func:`jax_nvfp4.prepare_weights`), ``jax.lax.ragged_dot`` on bf16 weights, XLA dequantize + ragged_dot, and the Pallas
 Mosaic-GPU ragged_dot on bf16 weights (best of a few tile configs). It prints median ms,
 TFLOP/s, weight GB/s and % of the floor (max of weight bytes / 4.05 TB/s and FLOPs / 711
 TFLOP/s, the H200 ceilings measured in ../shared/h200-baseline.md), writes JSON and a PNG plot.
@@ -22,14 +23,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import gemm, quantization
+from . import gemm, layout, quantization
 
 EXPERTS = 48
 LAYERS = {"L1": (7168, 6144), "L2": (3072, 7168)}          # (K, N) per expert
 ROWS = (192, 1536, 6144, 24576)
 HBM_BYTES_PER_S = 4.05e12
 BF16_FLOPS = 711e12
-IMPLS = ("w4a16", "w4a4", "ragged_dot", "dequant_ragged_dot", "pallas_mgpu")
+IMPLS = ("w4a16", "w4a16_sm90", "w4a4", "w4a4_sm90", "ragged_dot", "dequant_ragged_dot",
+         "pallas_mgpu")
+NVFP4_IMPLS = ("w4a16", "w4a16_sm90", "w4a4", "w4a4_sm90", "dequant_ragged_dot")  # 4.5-bit weights
 
 
 def skewed_group_sizes(rows, groups, seed):
@@ -77,11 +80,13 @@ def make_case(rows, k, n, seed):
 def impl_fns(x, rhs, sizes):
     """name -> (fn, args) for each implementation on one case."""
     fns = {}
-    fns["w4a16"] = (jax.jit(lambda a, w, s: gemm.grouped_gemm(a, w, s, backend="ffi")),
-                    (x, rhs, sizes))
+    ffi = jax.jit(lambda a, w, s: gemm.grouped_gemm(a, w, s, backend="ffi"))
     xq = jax.jit(quantization.quantize)(x)
-    fns["w4a4"] = (jax.jit(lambda a, w, s: gemm.grouped_gemm(a, w, s, backend="ffi")),
-                   (xq, rhs, sizes))
+    rhs_sm90 = jax.jit(layout.prepare_weights)(rhs)       # load-time cost: not timed
+    fns["w4a16"] = (ffi, (x, rhs, sizes))
+    fns["w4a16_sm90"] = (ffi, (x, rhs_sm90, sizes))
+    fns["w4a4"] = (ffi, (xq, rhs, sizes))
+    fns["w4a4_sm90"] = (ffi, (xq, rhs_sm90, sizes))
 
     def dequant_bf16(w):                                  # [G, N, K] -> [G, K, N] bf16
         return jnp.swapaxes(quantization.dequantize(w, jnp.bfloat16), 1, 2)
@@ -128,6 +133,9 @@ def main(argv=None):
     p.add_argument("--check", action="store_true", help="also check jax_nvfp4 vs ragged_dot")
     args = p.parse_args(argv)
     impls = [s for s in args.impls.split(",") if s]
+    unknown = [i for i in impls if i not in IMPLS]
+    if unknown:
+        p.error(f"--impls: unknown {unknown}; expected a comma list of {IMPLS}")
     cases = [(layer, rows) for layer in LAYERS for rows in ROWS]
     if args.cases:
         want = set(args.cases.split(","))
@@ -146,6 +154,9 @@ def main(argv=None):
             want = fns["ragged_dot"][0](*fns["ragged_dot"][1]).astype(jnp.float32)
             rel = float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
             print(f"  check {case}: rel err w4a16 vs ragged_dot {rel:.2e}", flush=True)
+            got_sm90 = fns["w4a16_sm90"][0](*fns["w4a16_sm90"][1]).astype(jnp.float32)
+            rel = float(jnp.linalg.norm(got_sm90 - want) / jnp.linalg.norm(want))
+            print(f"  check {case}: rel err w4a16_sm90 vs ragged_dot {rel:.2e}", flush=True)
         for impl in impls:
             extra = None
             if impl == "pallas_mgpu":
@@ -156,8 +167,7 @@ def main(argv=None):
                 f, a = fns[impl]
                 ms = time_ms(f, *a)
             flops = 2.0 * rows * k * n
-            wbytes = EXPERTS * n * k * (0.5625 if impl in ("w4a16", "w4a4",
-                                                           "dequant_ragged_dot") else 2.0)
+            wbytes = EXPERTS * n * k * (0.5625 if impl in NVFP4_IMPLS else 2.0)
             r = {"case": case, "impl": impl, "ms": round(ms, 4),
                  "tflops": round(flops / ms / 1e9, 1), "weight_gbs": round(wbytes / ms / 1e6, 1),
                  "floor_ms": round(floor_ms(rows, k, n), 4),

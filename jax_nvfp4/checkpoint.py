@@ -73,6 +73,7 @@ import ml_dtypes
 import numpy as np
 
 from .formats import BLOCK_SIZE, E2M1_VALUES, E4M3_MAX, E2M1_MAX, K_MULTIPLE, NVFP4Tensor
+from .layout import prepare_weights
 from .moe_params import MoEConfig, MoEWeights
 
 __all__ = [
@@ -695,7 +696,9 @@ def save_moe(weights: MoEWeights, config: MoEConfig, prefix: str, format: str = 
     :func:`load_moe`.
 
     Args:
-      weights: the layer (w13 global_scale ``[E]`` or ``[E, 2]``; shared ``[]`` or ``[2]``).
+      weights: the layer (w13 global_scale ``[E]`` or ``[E, 2]``; shared ``[]`` or ``[2]``), in
+        any layout: weights prepared by :func:`jax_nvfp4.prepare_weights` are written back in the
+        checkpoint layout (the bytes a ModelOpt/Quark reader expects).
       config: its :class:`MoEConfig`.
       prefix: name prefix, e.g. ``"model.layers.3.mlp"``.
       format: ``"modelopt"`` (input scales as ``*.input_scale``) or ``"quark"``
@@ -718,6 +721,9 @@ def save_moe(weights: MoEWeights, config: MoEConfig, prefix: str, format: str = 
     in_name = _INPUT_SCALE[format]
     I = config.intermediate_size
     out: dict[str, np.ndarray] = {}
+    # Checkpoints store the plain code order, and gate/up are split below by slicing rows,
+    # which is only meaningful in that order.
+    weights = prepare_weights(weights, "checkpoint")
 
     def sc(v) -> np.ndarray:
         return np.asarray(v, np.float32).reshape(scalar_shape)

@@ -11,6 +11,9 @@ Convention (the one every module, kernel and test in this package uses):
   and ``x ~= e2m1 * float(scale) * global_scale`` (the ModelOpt convention, and that of JAX's own
   nvfp4 quantizer). A stack of G experts carries ``global_scale`` of shape ``[G]``.
 * K must be a multiple of 32: 16 values per scale, 2 per byte, and what the kernels tile by.
+* ``NVFP4Tensor.layout`` names the byte order of ``data``: ``"checkpoint"`` (the order above) or
+  ``"sm90"``, a load-time permutation of the same bytes for the Hopper kernel
+  (:mod:`jax_nvfp4.layout`, :func:`jax_nvfp4.prepare_weights`). Scales are never re-laid-out.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ K_MULTIPLE = 32
 E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
                         -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=np.float32)
 """Value of each 4-bit code 0..15."""
+LAYOUTS = ("checkpoint", "sm90")
+"""Byte layouts of ``NVFP4Tensor.data`` (see :mod:`jax_nvfp4.layout`)."""
+SM90_BLOCK_N, SM90_BLOCK_K = 128, 64
+"""The sm90 layout permutes codes within blocks of 128 rows x 64 k: N and K must divide."""
 
 
 def check_k(k: int, name: str = "x") -> None:
@@ -71,20 +78,26 @@ class NVFP4Tensor:
       scales: float8_e4m3fn ``[..., K/16]``, one block scale per 16 values along K.
       global_scale: float32, broadcastable over the leading axes of ``data`` without K: ``[]``
         for one tensor, ``[G]`` for a stack of G experts ``[G, N, K]``.
+      layout: static str, the byte order of ``data``: ``"checkpoint"`` (default; element ``2j``
+        in the low nibble of byte ``j``) or ``"sm90"`` (the Hopper load-time layout of
+        :mod:`jax_nvfp4.layout`; needs N % 128 == 0 and K % 64 == 0 on the last two axes). It is
+        pytree aux data, not a leaf, so it survives jit, vmap, shard_map and tree_map.
 
-    Dequantized value: ``e2m1(data) * float32(scales) * global_scale``.
+    Dequantized value: ``e2m1(data) * float32(scales) * global_scale`` (codes read per
+    ``layout``).
     """
 
     data: jax.Array
     scales: jax.Array
     global_scale: jax.Array
+    layout: str = "checkpoint"
 
     def tree_flatten(self):
-        return (self.data, self.scales, self.global_scale), None
+        return (self.data, self.scales, self.global_scale), self.layout
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(*children)
+        return cls(*children, layout=aux)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -116,6 +129,15 @@ class NVFP4Tensor:
             raise ValueError(f"{name}.global_scale: shape {tuple(g.shape)} does not match the "
                              f"leading axes {lead} (use [] for one tensor, [G] for [G, N, K], "
                              f"[G, 2] for separate first/second halves of N)")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"{name}.layout: expected one of {LAYOUTS}, got {self.layout!r}")
+        if self.layout == "sm90":
+            # The layout permutes codes inside 128-row x 64-k blocks of the last two axes.
+            if d.ndim < 2 or d.shape[-2] % SM90_BLOCK_N or k % SM90_BLOCK_K:
+                n = d.shape[-2] if d.ndim >= 2 else None
+                raise ValueError(
+                    f"{name}: layout 'sm90' needs data [..., N, K/2] with N % {SM90_BLOCK_N} == 0 "
+                    f"and K % {SM90_BLOCK_K} == 0, got N = {n}, K = {k} (data {tuple(d.shape)})")
         return self
 
 

@@ -14,6 +14,8 @@ from . import _extension, quantization, reference
 from .formats import NVFP4Tensor
 
 BACKENDS = ("auto", "ffi", "reference")
+RHS_LAYOUT_CODES = {"checkpoint": 0, "sm90": 1}
+"""The custom call's ``rhs_layout`` attribute for each ``NVFP4Tensor.layout``."""
 
 
 def workspace_bytes(num_groups: int) -> int:
@@ -38,45 +40,48 @@ def _varying_type(args, shape, dtype):
 
 
 def _ffi_grouped_gemm(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, out_dtype,
-                      rows_hint):
+                      rows_hint, rhs_layout):
     m, n, g = lhs.shape[0], rhs_data.shape[1], rhs_data.shape[0]
     args = (lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes)
     out_t = _varying_type(args, (m, n), out_dtype)
     ws_t = _varying_type(args, (workspace_bytes(g),), jnp.uint8)
     out, _ = jax.ffi.ffi_call(_extension.TARGET, (out_t, ws_t), vmap_method="sequential")(
-        *args, rows_hint=np.int64(rows_hint))
+        *args, rows_hint=np.int64(rows_hint), rhs_layout=np.int64(rhs_layout))
     return out
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(6, 7))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(6, 7, 8))
 def _grouped_gemm_op(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, out_dtype,
-                     rows_hint):
+                     rows_hint, rhs_layout):
+    """The custom call; ``rhs_layout`` is the int code of rhs_data's layout (RHS_LAYOUT_CODES)."""
     return _ffi_grouped_gemm(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, out_dtype,
-                             rows_hint)
+                             rows_hint, rhs_layout)
 
 
 @_grouped_gemm_op.defjvp
-def _grouped_gemm_jvp(out_dtype, rows_hint, primals, tangents):
+def _grouped_gemm_jvp(out_dtype, rows_hint, rhs_layout, primals, tangents):
     raise NotImplementedError(
         "jax_nvfp4.grouped_gemm (backend 'ffi') is forward-only: NVFP4 weights are inference "
         "weights and the custom call has no derivative. Use backend='reference' to differentiate "
         "with respect to the float lhs.")
 
 
-def _w4a4_routes(out_dtype, rows_hint=0):
+def _w4a4_routes(out_dtype, rows_hint=0, rhs_layout="checkpoint"):
     """The two ways to run W4A4 through the custom call: ``(native, via_bf16)``, each taking
-    ``(lhs_data, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes)``."""
+    ``(lhs_data, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes)``; ``rhs_data`` is in
+    ``rhs_layout`` ("checkpoint" or "sm90")."""
     no_sf = jnp.zeros((0,), jnp.float8_e4m3fn)
+    code = RHS_LAYOUT_CODES[rhs_layout]
 
     def native(a, a_sf, w, w_sf, al, gs):
-        return _grouped_gemm_op(a, a_sf, w, w_sf, al, gs, out_dtype, rows_hint)
+        return _grouped_gemm_op(a, a_sf, w, w_sf, al, gs, out_dtype, rows_hint, code)
 
     def via_bf16(a, a_sf, w, w_sf, al, gs):
         # W4A4 on the GPU: a fused elementwise pre-pass dequantizes the activations exactly
         # (e2m1 x e4m3 has at most 6 significant bits, so bf16 holds it; the global scale stays
         # in alpha), then the W4A16 kernel runs. Costs 2*M*K bytes of transient memory.
         a16 = quantization.e2m1_scaled(NVFP4Tensor(a, a_sf, jnp.float32(1.0)), jnp.bfloat16)
-        return _grouped_gemm_op(a16, no_sf, w, w_sf, al, gs, out_dtype, rows_hint)
+        return _grouped_gemm_op(a16, no_sf, w, w_sf, al, gs, out_dtype, rows_hint, code)
 
     return native, via_bf16
 
@@ -115,7 +120,9 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         scalar global scale, e.g. from :func:`jax_nvfp4.stage_activation` ("W4A4"). The reference
         backend also takes float16/float32 lhs; the custom call takes bf16 only.
       rhs: NVFP4Tensor ``[G, N, K]``: data uint8 ``[G, N, K/2]``, scales float8_e4m3fn
-        ``[G, N, K/16]``, global_scale float32 ``[G]``.
+        ``[G, N, K/16]``, global_scale float32 ``[G]``; ``rhs.layout`` "checkpoint" or "sm90"
+        (from :func:`jax_nvfp4.prepare_weights`: on the GPU always the WGMMA kernel, which reads
+        it faster; incompatible with ``JAX_NVFP4_KERNEL=mma``, a ValueError).
       group_sizes: int32 ``[G]``; rows are grouped consecutively in group order. Negative sizes
         count as 0 and the running sum is clamped to M.
       out_dtype: bfloat16 or float32 (accumulation is always float32).
@@ -144,6 +151,14 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         return reference.grouped_gemm(lhs, rhs, group_sizes, out_dtype=out_dtype)
     m, k, g, n = reference.validate_gemm_args(lhs, rhs, group_sizes, out_dtype,
                                               float_lhs_dtypes=(jnp.bfloat16,))
+    mma = os.environ.get("JAX_NVFP4_KERNEL") == "mma"
+    if mma and rhs.layout != "checkpoint":
+        # Raised on every platform, so that a program fails the same way on CPU and on GPU.
+        raise ValueError(f"rhs.layout: {rhs.layout!r} weights need the WGMMA kernel, but "
+                         "JAX_NVFP4_KERNEL=mma selects the mma.sync kernel, which reads only the "
+                         "'checkpoint' layout; unset JAX_NVFP4_KERNEL or use "
+                         "jax_nvfp4.prepare_weights(rhs, 'checkpoint')")
+    code = RHS_LAYOUT_CODES[rhs.layout]
     out_dtype = jnp.dtype(out_dtype)
     rhs_gs = jnp.broadcast_to(rhs.global_scale.astype(jnp.float32), (g,))
     if m == 0:
@@ -151,10 +166,10 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
     no_sf = jnp.zeros((0,), jnp.float8_e4m3fn)
     if not isinstance(lhs, NVFP4Tensor):
         return _grouped_gemm_op(jnp.asarray(lhs), no_sf, rhs.data, rhs.scales, rhs_gs, group_sizes,
-                                out_dtype, int(rows_hint))
+                                out_dtype, int(rows_hint), code)
     alpha = lhs.global_scale.astype(jnp.float32) * rhs_gs
-    native, via_bf16 = _w4a4_routes(out_dtype, int(rows_hint))
+    native, via_bf16 = _w4a4_routes(out_dtype, int(rows_hint), rhs.layout)
     args = (lhs.data, lhs.scales, rhs.data, rhs.scales, alpha, group_sizes)
-    if os.environ.get("JAX_NVFP4_KERNEL") == "mma":   # the v1 kernel has a native W4A4 path
+    if mma:                                           # the v1 kernel has a native W4A4 path
         return native(*args)
     return jax.lax.platform_dependent(*args, cpu=native, default=via_bf16)

@@ -1,5 +1,10 @@
-"""The "sm90" load-time layout of NVFP4 weight codes for the Hopper kernels (v2 can read it, so far
-only from the GPU self-test: ``tools/gemm_selftest.cu --layout sm90``; not wired into the JAX API).
+"""The "sm90" load-time layout of NVFP4 weight codes for the Hopper kernel v2 (WGMMA).
+
+Use it through :func:`prepare_weights` (``jax_nvfp4.prepare_weights``): it re-lays-out the
+``data`` of an NVFP4Tensor (or of every NVFP4 weight of a :class:`~jax_nvfp4.MoEWeights`) and
+marks the tensor ``layout="sm90"``; every consumer (the custom call's CPU and CUDA handlers, the
+pure-jnp reference, dequantization, checkpoint export) then reads the codes accordingly. The GPU
+self-test reads it too (``tools/gemm_selftest.cu --layout sm90``).
 
 Why: on Hopper both CUDA kernels are bound, at decode sizes, by the instructions that turn E2M1
 codes into bf16 MMA fragments (docs/perf-notes.md): in the checkpoint layout a thread needs byte t
@@ -30,12 +35,17 @@ block ``data[g, 128 i : 128 i + 128, 32 j : 32 j + 32]`` was, read row-major as 
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-BLOCK_ROWS = 128   # weight rows per layout block
-BLOCK_K = 64       # k per layout block (32 bytes of codes per row)
+from .formats import LAYOUTS, SM90_BLOCK_K, SM90_BLOCK_N, NVFP4Tensor
+from .moe_params import MoEWeights
+
+BLOCK_ROWS = SM90_BLOCK_N   # weight rows per layout block (128)
+BLOCK_K = SM90_BLOCK_K      # k per layout block (64: 32 bytes of codes per row)
 
 # (sign bit, e1 bit, e0 bit, m0 bit) of each register slot a0..a3 in the low half of the word.
 _SLOTS = ((15, 8, 7, 6), (12, 5, 4, 3), (9, 2, 1, 0), (14, 13, 11, 10))
@@ -133,3 +143,56 @@ def fragments_sm90(block_words: np.ndarray) -> np.ndarray:
     a3 = (((w << np.uint32(1)) & np.uint32(0x80008000)) | ((w >> np.uint32(5)) & np.uint32(0x01000100))
           | ((w >> np.uint32(4)) & np.uint32(0x00C000C0)))
     return np.stack([a0, a1, a2, a3], axis=-1)
+
+
+def checkpoint_data(t: NVFP4Tensor) -> jax.Array:
+    """``t.data`` in the checkpoint layout (uint8 ``[..., K/2]``, element 2j in the low nibble of
+    byte j), whatever ``t.layout`` is: what every pure-jnp consumer of the codes reads."""
+    if t.layout == "checkpoint":
+        return t.data
+    if t.layout == "sm90":
+        return unprepare_sm90(t.data)
+    raise ValueError(f"layout: expected one of {LAYOUTS}, got {t.layout!r}")
+
+
+def _relayout(t: NVFP4Tensor, layout: str, name: str) -> NVFP4Tensor:
+    t.validate(name)
+    if t.layout == layout:                       # idempotent: nothing to move
+        return t
+    out = dataclasses.replace(t, layout=layout).validate(name)   # shape errors name the field
+    data = prepare_sm90(t.data) if layout == "sm90" else unprepare_sm90(t.data)
+    return dataclasses.replace(out, data=data)
+
+
+def prepare_weights(x, layout: str = "sm90"):
+    """Re-lay-out NVFP4 weights' code bytes for a kernel, once, at load time.
+
+    Args:
+      x: an :class:`~jax_nvfp4.NVFP4Tensor` ``[..., N, K]`` (data uint8 ``[..., N, K/2]``, scales
+        float8_e4m3fn ``[..., N, K/16]``, global_scale float32), or a
+        :class:`~jax_nvfp4.MoEWeights` (each NVFP4Tensor field is converted: w13 ``[E, 2I, H]``,
+        w2 ``[E, H, I]``, shared_w13 ``[2Is, H]``, shared_w2 ``[H, Is]``; other fields kept).
+      layout: ``"sm90"`` (default; the Hopper v2 kernel's layout, needs N % 128 == 0 and
+        K % 64 == 0 on each tensor's last two axes) or ``"checkpoint"`` (back to the stored order).
+
+    Returns:
+      The same type with ``data`` permuted (same shape and dtype, uint8) and ``layout`` set;
+      scales and global scales are untouched. A tensor already in ``layout`` is returned as is.
+
+    Why: the kernel's mainloop is bound by turning E2M1 codes into bf16 MMA fragments; the sm90
+    layout stores each thread's codes contiguously with their bits pre-placed (module docstring),
+    ~10% faster on the large-K layer on an H200. It is a one-time cost at load time, moves the
+    same bytes (no extra memory once done), and is a bijection: ``prepare_weights(w,
+    "checkpoint")`` recovers the checkpoint bytes exactly (``checkpoint.save_moe`` does that
+    itself). Jittable (``layout`` is static). The conversion's transient memory is several
+    times the size of ``data``, so convert layer by layer.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    if isinstance(x, NVFP4Tensor):
+        return _relayout(x, layout, "x")
+    if isinstance(x, MoEWeights):
+        new = {f.name: _relayout(getattr(x, f.name), layout, f"x.{f.name}")
+               for f in dataclasses.fields(x) if isinstance(getattr(x, f.name), NVFP4Tensor)}
+        return dataclasses.replace(x, **new)
+    raise ValueError(f"x: expected an NVFP4Tensor or a MoEWeights, got {type(x).__name__}")

@@ -18,6 +18,8 @@ its own factor on the float32 GEMM output, never by re-rounding block scales.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
@@ -66,7 +68,8 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
         # A real bf16 rounding (the kernel's operand type) in every backend: without the barrier
         # XLA may keep excess precision for the reference backend on GPU.
         lhs = jax.lax.optimization_barrier(x_rows.astype(jnp.bfloat16))
-    out = grouped_gemm(lhs, NVFP4Tensor(w.data, w.scales, alpha), group_sizes,
+    # replace keeps w.layout: prepared (sm90) weights reach the kernel as they are.
+    out = grouped_gemm(lhs, dataclasses.replace(w, global_scale=alpha), group_sizes,
                        out_dtype=jnp.float32, backend=backend, rows_hint=rows_hint)
     if per_half:
         e = jnp.minimum(row_expert, g - 1)
@@ -129,7 +132,8 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
 def shared_expert(x, weights: MoEWeights, config: MoEConfig, *, backend="auto"):
     """The shared expert (a plain SwiGLU MLP over all tokens), float32 ``[T, H]``."""
     t = x.shape[0]
-    one = lambda w: NVFP4Tensor(w.data[None], w.scales[None], w.global_scale[None])  # noqa: E731
+    one = lambda w: NVFP4Tensor(w.data[None], w.scales[None], w.global_scale[None],  # noqa: E731
+                                w.layout)  # a new leading axis: the [N, K] blocks are unchanged
     zeros = jnp.zeros((t,), jnp.int32)
     sizes = jnp.full((1,), t, jnp.int32)
     h1 = _expert_gemm(x, zeros, one(weights.shared_w13),
@@ -176,7 +180,8 @@ def moe(x, weights: MoEWeights, config: MoEConfig, *, token_ids=None, backend="a
 
     Args:
       x: ``[T, H]`` float tokens (bf16 typical).
-      weights: :class:`MoEWeights` (w13 ``[E, 2I, H]``, w2 ``[E, H, I]`` NVFP4).
+      weights: :class:`MoEWeights` (w13 ``[E, 2I, H]``, w2 ``[E, H, I]`` NVFP4), in the
+        checkpoint layout or prepared by :func:`jax_nvfp4.prepare_weights` (same result).
       config: :class:`MoEConfig` (static).
       token_ids: int ``[T]`` input token ids, for hash-routed layers.
       backend: grouped GEMM backend, see :func:`jax_nvfp4.grouped_gemm`.

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from .formats import (BLOCK_SIZE, E2M1_MAX, E4M3_MAX, NVFP4Tensor, check_k, expand_global_scale,
                       pack_codes, unpack_codes)
+from .layout import checkpoint_data
 
 
 def _as_float(x, name: str) -> jax.Array:
@@ -84,9 +85,10 @@ def quantize(x: jax.Array, global_scale=None) -> NVFP4Tensor:
 def e2m1_scaled(t: NVFP4Tensor, dtype=jnp.float32) -> jax.Array:
     """``e2m1(t.data) * float(t.scales)`` without the global scale, ``[..., K]`` in ``dtype``.
 
-    Exact in bfloat16 (an E2M1 value times an e4m3 value has at most 6 significant bits).
+    Exact in bfloat16 (an E2M1 value times an e4m3 value has at most 6 significant bits). Reads
+    the codes in either layout (``t.layout``): sm90 data is put back in checkpoint order first.
     """
-    codes = unpack_codes(t.data).astype(jnp.float32)
+    codes = unpack_codes(checkpoint_data(t)).astype(jnp.float32)
     k = codes.shape[-1]
     blocks = codes.reshape(codes.shape[:-1] + (k // BLOCK_SIZE, BLOCK_SIZE))
     out = blocks * t.scales.astype(jnp.float32)[..., None]

@@ -47,6 +47,10 @@ def validate_gemm_args(lhs, rhs, group_sizes, out_dtype, *, float_lhs_dtypes=Non
         raise ValueError(f"rhs.global_scale: expected shape [{g}] (one per group), "
                          f"got {tuple(rhs.global_scale.shape)}")
     if isinstance(lhs, NVFP4Tensor):
+        if lhs.layout != "checkpoint":
+            # The sm90 layout is a weight (rhs) layout; activations are quantized on the fly.
+            raise ValueError(f"lhs.layout: expected 'checkpoint' (the sm90 layout is for rhs "
+                             f"weights), got {lhs.layout!r}")
         lhs.validate("lhs")
         if lhs.data.ndim != 2:
             raise ValueError(f"lhs: expected an NVFP4Tensor [M, K], got data {lhs.data.shape}")
@@ -80,7 +84,7 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
     Args:
       lhs: float ``[M, K]`` or an NVFP4Tensor ``[M, K]`` with a scalar global scale.
       rhs: NVFP4Tensor ``[G, N, K]`` (data ``[G, N, K/2]``, scales ``[G, N, K/16]``, global_scale
-        ``[G]``).
+        ``[G]``), in either layout (``rhs.layout``, see :func:`jax_nvfp4.prepare_weights`).
       group_sizes: int32 ``[G]``; see :func:`group_bounds` for negative sizes and sums past M.
       out_dtype: bfloat16 or float32.
 

@@ -45,7 +45,11 @@ def _ep_size(mesh, axis_name):
 
 def shard_moe_weights(weights: MoEWeights, mesh: jax.sharding.Mesh, axis_name: str = "ep"):
     """Place the weights on the mesh: experts (w13, w2, their input scales) split along
-    ``axis_name`` on the expert axis, router, bias, hash table and shared expert replicated."""
+    ``axis_name`` on the expert axis, router, bias, hash table and shared expert replicated.
+
+    Only the expert axis is split, never N or K, so weights prepared in the sm90 layout
+    (:func:`jax_nvfp4.prepare_weights`, whose blocks are 128 rows x 64 k of one expert) keep it.
+    """
     ep = _ep_size(mesh, axis_name)
     e = weights.w13.data.shape[0]
     if e % ep:

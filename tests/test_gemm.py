@@ -168,6 +168,79 @@ class TestGroupedGemmHandler:
                                                backend="ffi").sum())(lhs)
 
 
+SM90_SHAPES = [  # (M, N, K, group sizes); the sm90 layout needs N % 128 == 0 and K % 64 == 0
+    (1, 128, 64, [1]),
+    (37, 128, 192, [5, 0, 20]),                # decode-sized (the GPU heuristic alone picks v1)
+    (300, 256, 320, [7, 0, 150, 1, 99]),       # sizes not a multiple of any tile, empty group
+    (50, 384, 128, [0, 0, 0]),                 # every group empty: all rows 0
+    (60, 128, 256, [-5, 30, 100]),             # negative size counts as 0, sum clamped to M
+    (200, 128, 64, list(np.diff(np.linspace(0, 190, 17).astype(int)))),  # G = 16
+    (2048, 256, 1024, [900, 4, 0, 600, 300, 244]),   # several 128-row token tiles per group
+]
+
+
+@pytest.mark.parametrize("platform", ["cpu", "cuda"])
+class TestSm90Layout:
+    """Weights from jax_nvfp4.prepare_weights (layout "sm90", custom-call attribute rhs_layout=1).
+
+    CPU: the handler reads the layout natively and must give bitwise the checkpoint-layout
+    result. CUDA: always the WGMMA kernel (v2), whatever the heuristic (the decode-sized shapes
+    would otherwise get v1, which cannot read the layout); checked against float64 only, since the
+    checkpoint-layout run may use the other kernel and sum in another order.
+    """
+
+    @pytest.mark.parametrize("m,n,k,sizes", SM90_SHAPES)
+    @pytest.mark.parametrize("w4a4", [False, True], ids=["w4a16", "w4a4"])
+    @pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+    def test_against_float64_and_checkpoint_layout(self, rng, platform, m, n, k, sizes, w4a4,
+                                                   out_dtype):
+        dev = platform_device(platform)
+        if platform == "cpu" and m * n * k > 1e8:
+            pytest.skip("too slow for the scalar CPU handler")
+        lhs, rhs, gs, ref = make_problem(rng, m, n, k, sizes, w4a4)
+        prepared = jn.prepare_weights(rhs)
+        assert prepared.layout == "sm90"
+        lhs, rhs, prepared, gs = jax.device_put((lhs, rhs, prepared, gs), dev)
+        f = jax.jit(lambda a, b, c: jn.grouped_gemm(a, b, c, out_dtype=out_dtype, backend="ffi"))
+        base = np.asarray(f(lhs, rhs, gs), np.float64) if platform == "cpu" else None
+        poison(dev, m, n, out_dtype)
+        out = f(lhs, prepared, gs)
+        assert out.shape == (m, n) and out.dtype == out_dtype
+        out = np.asarray(out, np.float64)
+        total = min(sum(max(s, 0) for s in sizes), m)
+        assert np.all(out[total:] == 0), "rows past the groups must be 0"
+        tol = 1e-5 if out_dtype == jnp.float32 else 1e-2
+        assert rel_err(out, ref) <= tol
+        if platform == "cpu":
+            np.testing.assert_array_equal(out, base)
+
+    @pytest.mark.parametrize("route", ["native", "via_bf16"])
+    def test_w4a4_routes(self, rng, platform, route):
+        dev = platform_device(platform)
+        lhs, rhs, gs, ref = make_problem(rng, 150, 256, 320, [40, 0, 70, 30], True)
+        lhs, prepared, gs = jax.device_put((lhs, jn.prepare_weights(rhs), gs), dev)
+        f = dict(zip(("native", "via_bf16"),
+                     jn.gemm._w4a4_routes(jnp.dtype(jnp.float32), 0, "sm90")))[route]
+        alpha = lhs.global_scale * prepared.global_scale
+        args = (lhs.data, lhs.scales, prepared.data, prepared.scales, alpha, gs)
+        if platform == "cuda" and route == "native":
+            # v2, the only kernel that reads sm90 weights, takes bf16 activations; grouped_gemm
+            # never sends this (the GPU runs W4A4 via bf16), and the handler says so clearly.
+            with pytest.raises(jax.errors.JaxRuntimeError, match="takes a bf16 lhs only"):
+                jax.block_until_ready(jax.jit(f)(*args))
+            return
+        assert rel_err(jax.jit(f)(*args), ref) <= 1e-5
+
+    def test_vmap_sequential(self, rng, platform):
+        dev = platform_device(platform)
+        lhs, rhs, gs, ref = make_problem(rng, 16, 128, 64, [8, 8], False)
+        lhs, prepared, gs = jax.device_put((lhs, jn.prepare_weights(rhs), gs), dev)
+        out = jax.vmap(lambda a: jn.grouped_gemm(a, prepared, gs, out_dtype=jnp.float32,
+                                                 backend="ffi"))(jnp.stack([lhs, lhs * 2]))
+        assert rel_err(out[0], ref) <= 1e-5
+        np.testing.assert_allclose(np.asarray(out[1]), 2 * np.asarray(out[0]), rtol=1e-6)
+
+
 class TestShardMap:
     def test_inside_shard_map_on_8_cpu_devices(self, rng):
         if jax.device_count("cpu") < 8:
@@ -199,6 +272,21 @@ class TestShardMap:
                                    out.sum(0), rtol=1e-5, atol=1e-5)
 
 
+    def test_sm90_weights_inside_shard_map(self, rng):
+        """Prepared weights split on the expert axis keep their layout on every device."""
+        mesh = jax.make_mesh((8,), ("ep",), axis_types=(jax.sharding.AxisType.Auto,),
+                             devices=jax.devices("cpu")[:8])
+        lhs, rhs, _, _ = make_problem(rng, 40, 128, 128, [0] * 8, False)
+        sizes = jnp.asarray([5, 0, 9, 40, 1, 0, 7, 3], jnp.int32)
+        f = jax.jit(jax.shard_map(
+            lambda a, b, s: jn.grouped_gemm(a, b, s, out_dtype=jnp.float32, backend="ffi"),
+            mesh=mesh, in_specs=(P(), P("ep"), P("ep")), out_specs=P("ep")))
+        want = np.asarray(f(lhs, rhs, sizes))
+        got = np.asarray(f(lhs, jn.prepare_weights(rhs), sizes))
+        assert np.abs(want).max() > 0
+        np.testing.assert_array_equal(got, want)
+
+
 def test_cuda_graph_capture_and_replay():
     """The CUDA handler is declared command-buffer compatible: with custom calls captured into
     XLA's CUDA graphs, replays with new buffers and new device-side group sizes stay correct."""
@@ -213,6 +301,38 @@ def test_cuda_graph_capture_and_replay():
     r = subprocess.run([sys.executable, "-P", worker], env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
+
+
+_MMA_WORKER = """
+import jax, jax.numpy as jnp, numpy as np
+import jax_nvfp4 as jn
+from jax_nvfp4 import _extension
+_extension.load()
+rng = np.random.default_rng(0)
+rhs = jn.prepare_weights(jax.vmap(jn.quantize)(jnp.asarray(rng.standard_normal((2, 128, 64)),
+                                                           jnp.float32)))
+x = jnp.asarray(rng.standard_normal((8, 64)), jnp.bfloat16)
+try:  # past the Python check, straight to the handler
+    jax.block_until_ready(jn.gemm._grouped_gemm_op(
+        x, jnp.zeros((0,), jnp.float8_e4m3fn), rhs.data, rhs.scales, rhs.global_scale,
+        jnp.asarray([4, 4], jnp.int32), jnp.dtype(jnp.float32), 0, 1))
+    print("NO ERROR")
+except jax.errors.JaxRuntimeError as e:
+    print("ERROR", e)
+"""
+
+
+def test_cuda_handler_rejects_sm90_under_mma_env():
+    """JAX_NVFP4_KERNEL=mma (read once per process by the CUDA handler) with rhs_layout=1."""
+    if not gpu_devices():
+        skip_or_fail("no GPU: the CUDA handler's mma/sm90 check is not exercised")
+    if not _extension.has_cuda():
+        skip_or_fail("the extension was built without the CUDA handler")
+    env = dict(os.environ, JAX_NVFP4_KERNEL="mma")
+    r = subprocess.run([sys.executable, "-P", "-c", _MMA_WORKER], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "ERROR" in r.stdout and "JAX_NVFP4_KERNEL=mma" in r.stdout, r.stdout[-2000:]
 
 
 class TestBadInput:
@@ -261,3 +381,58 @@ class TestBadInput:
         assert "rows_hint = 3 : i64" in f(3).lower(lhs).as_text()
         assert "rows_hint = 0 : i64" in f(None).lower(lhs).as_text()
         np.testing.assert_array_equal(np.asarray(f(3)(lhs)), np.asarray(f(None)(lhs)))
+
+    def test_sm90_layout_errors(self, monkeypatch):
+        lhs, rhs, gs = self.lhs, self.rhs, self.gs                 # rhs N = 16
+        with pytest.raises(ValueError, match=r"rhs: layout 'sm90' needs .*got N = 16, K = 64"):
+            jn.grouped_gemm(lhs, jn.NVFP4Tensor(rhs.data, rhs.scales, rhs.global_scale, "sm90"),
+                            gs, backend="ffi")
+        with pytest.raises(ValueError, match=r"rhs.layout: expected one of \('checkpoint', "
+                                             r"'sm90'\), got 'SM90'"):
+            jn.grouped_gemm(lhs, jn.NVFP4Tensor(rhs.data, rhs.scales, rhs.global_scale, "SM90"),
+                            gs, backend="ffi")
+        a4 = jn.quantize(lhs.astype(jnp.float32))
+        with pytest.raises(ValueError, match="lhs.layout: expected 'checkpoint'"):
+            jn.grouped_gemm(jn.NVFP4Tensor(a4.data, a4.scales, a4.global_scale, "sm90"), rhs, gs,
+                            backend="ffi")
+
+    def test_mma_env_rejects_sm90_weights(self, monkeypatch):
+        rng = np.random.default_rng(1)
+        lhs, rhs, gs, ref = make_problem(rng, 8, 128, 64, [4, 4], False)
+        prepared = jn.prepare_weights(rhs)
+        a4 = jn.quantize(lhs.astype(jnp.float32))
+        monkeypatch.setenv("JAX_NVFP4_KERNEL", "mma")
+        for a in (lhs, a4):
+            with pytest.raises(ValueError, match=r"rhs.layout: 'sm90' weights need the WGMMA "
+                                                 r"kernel, but JAX_NVFP4_KERNEL=mma"):
+                jn.grouped_gemm(a, prepared, gs, backend="ffi")
+        # only the custom call is concerned: the reference, and checkpoint weights, still run
+        out = jn.grouped_gemm(lhs, prepared, gs, out_dtype=jnp.float32, backend="reference")
+        assert rel_err(out, ref) <= 1e-5
+        out = jn.grouped_gemm(lhs, rhs, gs, out_dtype=jnp.float32, backend="ffi")
+        assert rel_err(out, ref) <= 1e-5
+
+    def test_rhs_layout_reaches_the_call(self):
+        rng = np.random.default_rng(2)
+        lhs, rhs, gs, _ = make_problem(rng, 8, 128, 64, [4, 4], False)
+        f = jax.jit(lambda a, b: jn.grouped_gemm(a, b, gs, backend="ffi"))
+        assert "rhs_layout = 0 : i64" in f.lower(lhs, rhs).as_text()
+        assert "rhs_layout = 1 : i64" in f.lower(lhs, jn.prepare_weights(rhs)).as_text()
+
+    def test_cpu_handler_checks_rhs_layout(self):
+        """The handler's own checks, for callers that bypass grouped_gemm's validation."""
+        platform_device("cpu")
+        rng = np.random.default_rng(3)
+        lhs, rhs, gs, _ = make_problem(rng, 8, 16, 64, [4, 4], False)
+        no_sf = jnp.zeros((0,), jnp.float8_e4m3fn)
+        call = lambda code: jax.block_until_ready(jn.gemm._grouped_gemm_op(  # noqa: E731
+            lhs, no_sf, rhs.data, rhs.scales, rhs.global_scale, gs, jnp.dtype(jnp.float32), 0,
+            code))
+        with pytest.raises(jax.errors.JaxRuntimeError,
+                           match=r"rhs_layout: expected 0 \(checkpoint\) or 1 \(sm90\), got 2"):
+            call(2)
+        with pytest.raises(jax.errors.JaxRuntimeError,
+                           match=r"sm90 layout \(rhs_layout 1\) needs N % 128 == 0 and K % 64 == "
+                                 r"0, got N = 16, K = 64"):
+            call(1)
+        assert np.all(np.isfinite(np.asarray(call(0))))

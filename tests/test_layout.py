@@ -93,3 +93,91 @@ def test_selftest_host_copy_matches(rng, tmp_path):
                        check=True)
         got = np.fromfile(tmp_path / "out.bin", np.uint8).reshape(g, n, k // 2)
         np.testing.assert_array_equal(got, np.asarray(layout.prepare_sm90(jnp.asarray(data))))
+
+
+# ------------------------------------------------------------------ prepare_weights (public API)
+
+import jax_nvfp4 as jn  # noqa: E402
+
+
+def quantized(rng, shape):
+    w = rng.standard_normal(shape).astype(np.float32) * rng.uniform(0.1, 10, shape[:-2] + (1, 1))
+    q = jax.vmap(jn.quantize) if len(shape) == 3 else jn.quantize
+    return q(jnp.asarray(w))
+
+
+@pytest.mark.parametrize("shape", [(128, 64), (3, 256, 192), (2, 384, 128)])
+def test_prepare_weights_round_trip(rng, shape):
+    t = quantized(rng, shape)
+    p = jax.jit(jn.prepare_weights)(t)
+    assert p.layout == "sm90" and p.data.shape == t.data.shape and p.data.dtype == jnp.uint8
+    np.testing.assert_array_equal(np.asarray(p.data), np.asarray(layout.prepare_sm90(t.data)))
+    assert not np.array_equal(np.asarray(p.data), np.asarray(t.data))
+    # scales and global scales are not re-laid-out
+    np.testing.assert_array_equal(np.asarray(p.scales).view(np.uint8),
+                                  np.asarray(t.scales).view(np.uint8))
+    np.testing.assert_array_equal(np.asarray(p.global_scale), np.asarray(t.global_scale))
+    back = jax.jit(jn.prepare_weights, static_argnames="layout")(p, layout="checkpoint")
+    assert back.layout == "checkpoint"
+    np.testing.assert_array_equal(np.asarray(back.data), np.asarray(t.data))
+
+
+def test_prepare_weights_idempotent(rng):
+    t = quantized(rng, (2, 128, 64))
+    assert jn.prepare_weights(t, "checkpoint") is t
+    p = jn.prepare_weights(t)
+    assert jn.prepare_weights(p, "sm90") is p
+    # under jit too: preparing twice moves the bytes once
+    twice = jax.jit(lambda t: jn.prepare_weights(jn.prepare_weights(t)))(t)
+    np.testing.assert_array_equal(np.asarray(twice.data), np.asarray(p.data))
+
+
+def moe_weights(rng, e=4, h=128, i=64, per_half=False):
+    f = lambda *s: rng.standard_normal(s).astype(np.float32) * 0.05  # noqa: E731
+    w = jn.quantize_moe(f(e, h), f(e, 2 * i, h), f(e, h, i), router_bias=f(e),
+                        shared_w13=f(2 * i, h), shared_w2=f(h, i),
+                        w13_input_scale=np.full(e, 0.01, np.float32))
+    if per_half:
+        w13 = jn.NVFP4Tensor(w.w13.data, w.w13.scales,
+                             jnp.stack([w.w13.global_scale, 2 * w.w13.global_scale], 1))
+        w = jn.MoEWeights(**{**w.__dict__, "w13": w13})
+    return w
+
+
+def test_prepare_weights_moe(rng):
+    w = moe_weights(rng, per_half=True)
+    p = jax.jit(jn.prepare_weights)(w)
+    assert isinstance(p, jn.MoEWeights)
+    names = ("w13", "w2", "shared_w13", "shared_w2")
+    for name in names:
+        a, b = getattr(w, name), getattr(p, name)
+        assert b.layout == "sm90", name
+        np.testing.assert_array_equal(np.asarray(b.data), np.asarray(layout.prepare_sm90(a.data)))
+        np.testing.assert_array_equal(np.asarray(b.global_scale), np.asarray(a.global_scale))
+    for name in ("router_weight", "router_bias", "w13_input_scale"):
+        np.testing.assert_array_equal(np.asarray(getattr(p, name)), np.asarray(getattr(w, name)))
+    assert p.w2_input_scale is None and p.hash_table is None
+    back = jn.prepare_weights(p, "checkpoint")
+    for a, b in zip(jax.tree.leaves(w), jax.tree.leaves(back)):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8))
+    assert jax.tree.structure(back) == jax.tree.structure(w)
+
+
+def test_prepare_weights_bad_input(rng):
+    t = quantized(rng, (2, 128, 64))
+    with pytest.raises(ValueError, match=r"layout: expected one of \('checkpoint', 'sm90'\), "
+                                         r"got 'sm100'"):
+        jn.prepare_weights(t, "sm100")
+    with pytest.raises(ValueError, match=r"x: layout 'sm90' needs .*got N = 96, K = 64"):
+        jn.prepare_weights(quantized(rng, (2, 96, 64)))
+    with pytest.raises(ValueError, match=r"got N = 128, K = 96"):
+        jn.prepare_weights(quantized(rng, (128, 96)))
+    # a MoE layer names the field that does not fit: w13 [E, 128, 192] does, w2 [E, 192, 64] not
+    with pytest.raises(ValueError, match=r"x\.w2: layout 'sm90' needs .*got N = 192, K = 64"):
+        jn.prepare_weights(moe_weights(rng, h=192, i=64))
+    with pytest.raises(ValueError, match="x: expected an NVFP4Tensor or a MoEWeights, got ndarray"):
+        jn.prepare_weights(np.zeros((128, 32), np.uint8))
+    with pytest.raises(ValueError, match=r"x\.data: expected uint8"):
+        jn.prepare_weights(jn.NVFP4Tensor(t.data.astype(jnp.int32), t.scales, t.global_scale))

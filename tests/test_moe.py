@@ -290,6 +290,44 @@ def test_checkpoint_round_trip_runs_the_same_layer(rng, tmp_path):
                                    np.asarray(want), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", ["reference", "ffi"])
+@pytest.mark.parametrize("activation,scale", CASES)
+def test_prepared_weights_give_the_same_layer(rng, backend, activation, scale):
+    """Weights in the sm90 layout (jax_nvfp4.prepare_weights): the same answer, bit for bit on
+    the CPU (the handler reads both layouts into the same loops), with gate/up global scales
+    [E, 2] and a shared expert."""
+    f = float_layer(rng, per_half=True)
+    w = quantized(f, per_half=True, w13_input_scale=np.full(E, 3.0 / 2688, np.float32),
+                  w2_input_scale=np.full(E, 0.05 / 2688, np.float32),
+                  shared_w13_input_scale=np.float32(3.0 / 2688),
+                  shared_w2_input_scale=np.float32(0.05 / 2688))
+    p = jn.prepare_weights(w)
+    assert {p.w13.layout, p.w2.layout, p.shared_w13.layout, p.shared_w2.layout} == {"sm90"}
+    c = cfg(activation=activation, activation_scale=scale)
+    x = jnp.asarray(rng.standard_normal((T, H)).astype(np.float32))
+    run = jax.jit(lambda x, w: jn.moe(x, w, c, backend=backend))
+    want, got = np.asarray(run(x, w)), np.asarray(run(x, p))
+    ref, _ = np_moe(np.asarray(x), w, c)
+    assert rel_err(got, ref) <= (1e-5 if activation == "w4a16" else 1e-2)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_save_moe_writes_the_checkpoint_layout(rng):
+    """save_moe of prepared weights writes the bytes of the original checkpoint."""
+    w = quantized(float_layer(rng), w13_input_scale=np.full(E, 2.0 / 2688, np.float32),
+                  w2_input_scale=np.full(E, 0.1 / 2688, np.float32),
+                  shared_w13_input_scale=np.float32(2.0 / 2688),
+                  shared_w2_input_scale=np.float32(0.1 / 2688))
+    c = cfg(activation_scale="static")
+    want = checkpoint.save_moe(w, c, "model.layers.5.mlp")
+    got = checkpoint.save_moe(jn.prepare_weights(w), c, "model.layers.5.mlp")
+    assert got.keys() == want.keys()
+    for name in want:
+        assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape, name
+        np.testing.assert_array_equal(got[name].reshape(-1).view(np.uint8),
+                                      want[name].reshape(-1).view(np.uint8), err_msg=name)
+
+
 def test_bad_input(rng):
     w = quantized(float_layer(rng, shared=False))
     x = jnp.ones((4, H))

@@ -268,3 +268,18 @@ def test_dequantize_half_split_global_scale(rng):
     d = np.asarray(jn.dequantize(t))
     np.testing.assert_array_equal(d[:, :8], np.asarray(jn.dequantize(gate)))
     np.testing.assert_array_equal(d[:, 8:], np.asarray(jn.dequantize(up)))
+
+
+@pytest.mark.parametrize("shape", [(256, 128), (3, 128, 320)])
+def test_dequantize_reads_the_sm90_layout(rng, shape):
+    """Weights prepared by jax_nvfp4.prepare_weights dequantize to the same values."""
+    w = rng.standard_normal(shape).astype(np.float32)
+    t = (jax.vmap(jn.quantize) if len(shape) == 3 else jn.quantize)(jnp.asarray(w))
+    p = jn.prepare_weights(t)
+    want = dequant64(t.data, t.scales, t.global_scale)        # ml_dtypes on checkpoint bytes
+    for x in (t, p):
+        np.testing.assert_allclose(np.asarray(jn.dequantize(x), np.float64), want, rtol=2 ** -24)
+    np.testing.assert_array_equal(np.asarray(jn.dequantize(p)), np.asarray(jn.dequantize(t)))
+    if len(shape) == 3:                                       # per expert, under vmap
+        np.testing.assert_array_equal(np.asarray(jax.vmap(jn.dequantize)(p)),
+                                      np.asarray(jn.dequantize(t)))

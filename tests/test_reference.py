@@ -43,3 +43,32 @@ def test_against_float64(rng, m, n, k, sizes, w4a4):
     assert np.all(np.asarray(out)[total:] == 0)
     out16 = jn.reference.grouped_gemm(lhs, rhs, gs)
     assert out16.dtype == jnp.bfloat16 and rel_err(out16, ref) <= 1e-2
+
+
+@pytest.mark.parametrize("w4a4", [False, True])
+def test_sm90_layout_rhs(rng, w4a4):
+    """Prepared (sm90) weights: the same float64 answer, and bitwise the checkpoint-layout one."""
+    sizes = [9, 0, 30, -2, 25]
+    rhs = make_rhs(rng, len(sizes), 256, 192)
+    prepared = jn.prepare_weights(rhs)
+    x = rng.standard_normal((70, 192)).astype(np.float32)
+    lhs = jn.quantize(jnp.asarray(x)) if w4a4 else jnp.asarray(x)
+    a64 = dequant64(lhs.data, lhs.scales, lhs.global_scale) if w4a4 else x.astype(np.float64)
+    ref = grouped_gemm64(a64, dequant64(rhs.data, rhs.scales),
+                         np.asarray(rhs.global_scale, np.float64), sizes)
+    gs = jnp.asarray(sizes, jnp.int32)
+    f = jax.jit(lambda a, b, c: jn.reference.grouped_gemm(a, b, c, out_dtype=jnp.float32))
+    out = f(lhs, prepared, gs)
+    assert rel_err(out, ref) <= 1e-6
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(f(lhs, rhs, gs)))
+
+
+def test_sm90_layout_is_for_rhs_only(rng):
+    rhs = make_rhs(rng, 2, 128, 64)
+    lhs = jn.quantize(jnp.asarray(rng.standard_normal((128, 64)).astype(np.float32)))
+    bad = jn.NVFP4Tensor(lhs.data, lhs.scales, lhs.global_scale, "sm90")
+    with pytest.raises(ValueError, match="lhs.layout: expected 'checkpoint'"):
+        jn.reference.grouped_gemm(bad, rhs, jnp.asarray([64, 64], jnp.int32))
+    odd = jn.NVFP4Tensor(rhs.data, rhs.scales, rhs.global_scale, "sm100")
+    with pytest.raises(ValueError, match=r"rhs.layout: expected one of"):
+        jn.reference.grouped_gemm(lhs, odd, jnp.asarray([64, 64], jnp.int32))

@@ -328,6 +328,32 @@ def test_bfloat16_input(rng):
                                atol=1e-2 * np.abs(ref).max())
 
 
+@pytest.mark.parametrize("mode", ["w4a4-dynamic", "w4a16"])
+def test_prepared_sm90_weights(mode, rng):
+    """Weights in the sm90 layout (jax_nvfp4.prepare_weights) through the 8-device layer: the
+    layout travels with each NVFP4Tensor, the shards are the prepared experts, and the answer
+    is bit for bit that of the checkpoint-layout weights (both combines), and the single-device
+    one up to the combine's summation order."""
+    activation, _, scale = mode.partition("-")
+    cfg, w, x, _ = make_layer(rng, per_half=True, activation=activation,
+                              activation_scale=scale or "dynamic")
+    p = jn.prepare_weights(w)
+    mesh = ep_mesh(8)
+    ps = jn.shard_moe_weights(p, mesh)
+    for name in ("w13", "w2", "shared_w13", "shared_w2"):
+        assert getattr(ps, name).layout == "sm90", name
+    for d, shard in enumerate(ps.w13.data.addressable_shards):   # each device: its experts
+        rows = shard.index[0]
+        np.testing.assert_array_equal(np.asarray(shard.data), np.asarray(p.w13.data)[rows])
+        assert np.asarray(shard.data).shape[0] == E // 8, d
+    ref = single(x, w, cfg)
+    for combine in ("psum", "psum_scatter"):
+        want = np.asarray(run_ep(x, w, cfg, mesh, combine))
+        got = np.asarray(ep_fn(cfg, mesh, combine)(x, ps, None))
+        np.testing.assert_array_equal(got, want, err_msg=combine)
+        assert_close(got, ref, f"sm90 combine={combine}")
+
+
 # ----------------------------------------------------------------------------- placement / HLO
 
 
