@@ -7,10 +7,9 @@
 //   wgmma:      v2 wherever it can run (tests use this to exercise it on small shapes).
 //   mma:        v1 for everything (jax_nvfp4.grouped_gemm then also keeps W4A4 native instead of
 //               dequantizing the activations to bf16 first).
-// Weights in the sm90 load-time layout (attribute rhs_layout = 1, jax_nvfp4/layout.py) always run
-// on v2, whatever the heuristic says: v1 cannot read them. With JAX_NVFP4_KERNEL=mma, or where v2
-// cannot run the problem (W4A4 with a packed lhs, misaligned buffers), the call fails with
-// InvalidArgument instead.
+// Weights in the sm90 load-time layout (attribute rhs_layout = 1, jax_nvfp4/layout.py) take the
+// same choice: both kernels read them with a bf16 lhs. A packed e2m1 lhs (native W4A4, only sent
+// under JAX_NVFP4_KERNEL=mma) with sm90 weights fails with InvalidArgument.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -142,20 +141,11 @@ ffi::Error GroupedGemmCudaImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::Any
   if (const char* why = jax_nvfp4::GroupedGemmCheckParams(p)) return bad(why);
 
   const KernelChoice kc = KernelFromEnv();
-  if (p.rhs_layout == 1) {
-    // Only v2 reads the sm90 layout; say why it cannot run rather than fail at launch.
-    if (kc == KernelChoice::kMma)
-      return bad("rhs_layout 1 (sm90 weights) needs the WGMMA kernel, but JAX_NVFP4_KERNEL=mma selects the "
-                 "mma.sync kernel, which reads only the checkpoint layout");
-    if (a_fp4)
-      return bad("rhs_layout 1 (sm90 weights) runs on the WGMMA kernel, which takes a bf16 lhs only, got packed "
-                 "e2m1 (jax_nvfp4.grouped_gemm dequantizes W4A4 activations to bf16 first on the GPU)");
-    if (!jax_nvfp4::GroupedGemmWgmmaHandles(p))
-      return bad("rhs_layout 1 (sm90 weights): the WGMMA kernel cannot run this problem (it needs rhs 16-byte and "
-                 "rhs_scales 4-byte aligned, M below 2^31 - 256, and the driver's cuTensorMapEncodeTiled)");
-  }
-  const bool v2 = p.rhs_layout == 1 || kc == KernelChoice::kWgmma ||
-                  (kc == KernelChoice::kAuto && jax_nvfp4::GroupedGemmWgmmaPreferred(p));
+  if (p.rhs_layout == 1 && a_fp4)
+    return bad("rhs_layout 1 (sm90 weights) takes a bf16 lhs only (both kernels read the layout for W4A16), got "
+               "packed e2m1 (jax_nvfp4.grouped_gemm dequantizes W4A4 activations to bf16 first on the GPU "
+               "unless JAX_NVFP4_KERNEL=mma)");
+  const bool v2 = kc == KernelChoice::kWgmma || (kc == KernelChoice::kAuto && jax_nvfp4::GroupedGemmWgmmaPreferred(p));
   cudaError_t e = v2 ? jax_nvfp4::LaunchGroupedGemmSm90Wgmma(p, stream) : jax_nvfp4::LaunchGroupedGemmSm90(p, stream);
   if (e != cudaSuccess) return CudaError("kernel launch failed", e);
   e = cudaGetLastError();

@@ -152,12 +152,12 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
     m, k, g, n = reference.validate_gemm_args(lhs, rhs, group_sizes, out_dtype,
                                               float_lhs_dtypes=(jnp.bfloat16,))
     mma = os.environ.get("JAX_NVFP4_KERNEL") == "mma"
-    if mma and rhs.layout != "checkpoint":
-        # Raised on every platform, so that a program fails the same way on CPU and on GPU.
-        raise ValueError(f"rhs.layout: {rhs.layout!r} weights need the WGMMA kernel, but "
-                         "JAX_NVFP4_KERNEL=mma selects the mma.sync kernel, which reads only the "
-                         "'checkpoint' layout; unset JAX_NVFP4_KERNEL or use "
-                         "jax_nvfp4.prepare_weights(rhs, 'checkpoint')")
+    if mma and rhs.layout != "checkpoint" and isinstance(lhs, NVFP4Tensor):
+        # Under mma W4A4 stays native (packed e2m1 activations), which neither kernel reads with
+        # sm90 weights. Raised on every platform, so a program fails the same way on CPU and GPU.
+        raise ValueError(f"rhs.layout: {rhs.layout!r} weights with an NVFP4 lhs need the bf16 "
+                         "activation path, but JAX_NVFP4_KERNEL=mma keeps W4A4 native; unset "
+                         "JAX_NVFP4_KERNEL or use jax_nvfp4.prepare_weights(rhs, 'checkpoint')")
     code = RHS_LAYOUT_CODES[rhs.layout]
     out_dtype = jnp.dtype(out_dtype)
     rhs_gs = jnp.broadcast_to(rhs.global_scale.astype(jnp.float32), (g,))

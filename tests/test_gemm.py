@@ -184,9 +184,9 @@ class TestSm90Layout:
     """Weights from jax_nvfp4.prepare_weights (layout "sm90", custom-call attribute rhs_layout=1).
 
     CPU: the handler reads the layout natively and must give bitwise the checkpoint-layout
-    result. CUDA: always the WGMMA kernel (v2), whatever the heuristic (the decode-sized shapes
-    would otherwise get v1, which cannot read the layout); checked against float64 only, since the
-    checkpoint-layout run may use the other kernel and sum in another order.
+    result. CUDA: the usual kernel choice (v1 for the decode-sized shapes, v2 above; both read the
+    layout for W4A16; gpu_check.sh also runs these with JAX_NVFP4_KERNEL=wgmma); checked against
+    float64 only, since the layouts sum the k-blocks in different orders on v1.
     """
 
     @pytest.mark.parametrize("m,n,k,sizes", SM90_SHAPES)
@@ -224,8 +224,8 @@ class TestSm90Layout:
         alpha = lhs.global_scale * prepared.global_scale
         args = (lhs.data, lhs.scales, prepared.data, prepared.scales, alpha, gs)
         if platform == "cuda" and route == "native":
-            # v2, the only kernel that reads sm90 weights, takes bf16 activations; grouped_gemm
-            # never sends this (the GPU runs W4A4 via bf16), and the handler says so clearly.
+            # neither kernel reads sm90 weights with packed e2m1 activations; grouped_gemm never
+            # sends this (the GPU runs W4A4 via bf16), and the handler says so clearly.
             with pytest.raises(jax.errors.JaxRuntimeError, match="takes a bf16 lhs only"):
                 jax.block_until_ready(jax.jit(f)(*args))
             return
@@ -306,33 +306,43 @@ def test_cuda_graph_capture_and_replay():
 _MMA_WORKER = """
 import jax, jax.numpy as jnp, numpy as np
 import jax_nvfp4 as jn
-from jax_nvfp4 import _extension
-_extension.load()
 rng = np.random.default_rng(0)
-rhs = jn.prepare_weights(jax.vmap(jn.quantize)(jnp.asarray(rng.standard_normal((2, 128, 64)),
-                                                           jnp.float32)))
+ckpt = jax.vmap(jn.quantize)(jnp.asarray(rng.standard_normal((2, 128, 64)), jnp.float32))
+rhs = jn.prepare_weights(ckpt)
 x = jnp.asarray(rng.standard_normal((8, 64)), jnp.bfloat16)
-try:  # past the Python check, straight to the handler
+gs = jnp.asarray([3, 4], jnp.int32)
+out = np.asarray(jn.grouped_gemm(x, rhs, gs, out_dtype=jnp.float32, backend="ffi"), np.float64)
+w = np.asarray(jn.dequantize(ckpt, jnp.float32), np.float64)
+xf = np.asarray(x.astype(jnp.float32), np.float64)
+ref = np.zeros((8, 128))
+ref[0:3] = xf[0:3] @ w[0].T
+ref[3:7] = xf[3:7] @ w[1].T
+print("W4A16 REL", np.abs(out - ref).max() / np.abs(ref).max())
+xq = jn.quantize(x.astype(jnp.float32))
+try:  # native W4A4 with sm90 weights, past the Python check, straight to the handler
     jax.block_until_ready(jn.gemm._grouped_gemm_op(
-        x, jnp.zeros((0,), jnp.float8_e4m3fn), rhs.data, rhs.scales, rhs.global_scale,
-        jnp.asarray([4, 4], jnp.int32), jnp.dtype(jnp.float32), 0, 1))
-    print("NO ERROR")
+        xq.data, xq.scales, rhs.data, rhs.scales, rhs.global_scale, gs, jnp.dtype(jnp.float32), 0, 1))
+    print("W4A4 NO ERROR")
 except jax.errors.JaxRuntimeError as e:
-    print("ERROR", e)
+    print("W4A4 ERROR", e)
 """
 
 
-def test_cuda_handler_rejects_sm90_under_mma_env():
-    """JAX_NVFP4_KERNEL=mma (read once per process by the CUDA handler) with rhs_layout=1."""
+def test_cuda_handler_sm90_under_mma_env():
+    """JAX_NVFP4_KERNEL=mma (read once per process by the CUDA handler) with rhs_layout=1: v1 reads
+    the layout for a bf16 lhs (checked against float64) and rejects a packed e2m1 lhs clearly."""
     if not gpu_devices():
-        skip_or_fail("no GPU: the CUDA handler's mma/sm90 check is not exercised")
+        skip_or_fail("no GPU: the CUDA handler's mma/sm90 path is not exercised")
     if not _extension.has_cuda():
         skip_or_fail("the extension was built without the CUDA handler")
     env = dict(os.environ, JAX_NVFP4_KERNEL="mma")
     r = subprocess.run([sys.executable, "-P", "-c", _MMA_WORKER], env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    assert "ERROR" in r.stdout and "JAX_NVFP4_KERNEL=mma" in r.stdout, r.stdout[-2000:]
+    assert "W4A16 REL" in r.stdout, r.stdout[-2000:]
+    rel = float(r.stdout.split("W4A16 REL")[1].split()[0])
+    assert rel <= 1e-5, r.stdout[-2000:]
+    assert "W4A4 ERROR" in r.stdout and "takes a bf16 lhs only" in r.stdout, r.stdout[-2000:]
 
 
 class TestBadInput:
@@ -396,21 +406,22 @@ class TestBadInput:
             jn.grouped_gemm(jn.NVFP4Tensor(a4.data, a4.scales, a4.global_scale, "sm90"), rhs, gs,
                             backend="ffi")
 
-    def test_mma_env_rejects_sm90_weights(self, monkeypatch):
+    def test_mma_env_rejects_sm90_weights_with_nvfp4_lhs(self, monkeypatch):
         rng = np.random.default_rng(1)
         lhs, rhs, gs, ref = make_problem(rng, 8, 128, 64, [4, 4], False)
         prepared = jn.prepare_weights(rhs)
         a4 = jn.quantize(lhs.astype(jnp.float32))
         monkeypatch.setenv("JAX_NVFP4_KERNEL", "mma")
-        for a in (lhs, a4):
-            with pytest.raises(ValueError, match=r"rhs.layout: 'sm90' weights need the WGMMA "
-                                                 r"kernel, but JAX_NVFP4_KERNEL=mma"):
-                jn.grouped_gemm(a, prepared, gs, backend="ffi")
-        # only the custom call is concerned: the reference, and checkpoint weights, still run
+        with pytest.raises(ValueError, match=r"rhs.layout: 'sm90' weights with an NVFP4 lhs .*"
+                                             r"JAX_NVFP4_KERNEL=mma keeps W4A4 native"):
+            jn.grouped_gemm(a4, prepared, gs, backend="ffi")
+        # a bf16 lhs, the reference, and checkpoint weights still run
+        out = jn.grouped_gemm(lhs, prepared, gs, out_dtype=jnp.float32, backend="ffi")
+        assert rel_err(out, ref) <= 1e-5
         out = jn.grouped_gemm(lhs, prepared, gs, out_dtype=jnp.float32, backend="reference")
         assert rel_err(out, ref) <= 1e-5
-        out = jn.grouped_gemm(lhs, rhs, gs, out_dtype=jnp.float32, backend="ffi")
-        assert rel_err(out, ref) <= 1e-5
+        out = jn.grouped_gemm(a4, rhs, gs, out_dtype=jnp.float32, backend="ffi")
+        assert out.shape == (8, 128)
 
     def test_rhs_layout_reaches_the_call(self):
         rng = np.random.default_rng(2)
