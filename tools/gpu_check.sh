@@ -2,13 +2,15 @@
 # One GPU session's validation: install from this tree (CUTLASS headers from the carried wheel),
 # GPU tests with the default kernel choice and with JAX_NVFP4_KERNEL=wgmma (v2 wherever it can
 # run), the v2 self-test (small shapes) under compute-sanitizer, and the benchmark. Logs in $OUT.
-#   usage: tools/gpu_check.sh [bench args...]   (fits one 10-minute device call; ~7 min on an H200)
+#   usage: tools/gpu_check.sh [bench args...]   (~8-9 min on an H200: close to one 10-minute
+#   device call; STEPS="install tests_auto tests_wgmma" runs only the named steps, e.g. split in two)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-check-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 summary=()
 step() { local name=$1 lim=$2; shift 2; local t0=$SECONDS
+  [ -n "${STEPS:-}" ] && [[ " $STEPS " != *" $name "* ]] && return 0
   if timeout "$lim" "$@" >"$out/$name.log" 2>&1; then summary+=("$name|ok|$((SECONDS - t0)) s")
   else summary+=("$name|FAILED (rc $?)|$((SECONDS - t0)) s"); fi
   tail -n 4 "$out/$name.log"; }
@@ -20,7 +22,8 @@ inc=$(python3 -c "import cutlass_library,os;print(os.path.join(os.path.dirname(c
 step selftest_build 60 nvcc -std=c++17 -O3 -Xcompiler -fopenmp -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
   -I. -I"$inc/include" -o /tmp/st tools/gemm_selftest.cu csrc/grouped_gemm_sm90.cu csrc/grouped_gemm_sm90_wgmma.cu
 step memcheck_v2 60 compute-sanitizer --tool memcheck --error-exitcode 1 /tmp/st --small --no-bench --kernel wgmma
+step memcheck_sm90 90 compute-sanitizer --tool memcheck --error-exitcode 1 /tmp/st --small --no-bench --kernel both --layout sm90
 step bench 200 python3 -P -m jax_nvfp4.bench --out "$out" --check "$@"
 step tests_wgmma 100 env JAX_NVFP4_REQUIRE_GPU=1 JAX_NVFP4_KERNEL=wgmma python3 -P -m pytest -q -p no:cacheprovider tests/test_gemm.py -k cuda
-echo; sed -n '/^case /,$p' "$out/bench.log" | head -40
+[ -f "$out/bench.log" ] && { echo; sed -n '/^case /,$p' "$out/bench.log" | head -40; }
 echo "== summary"; for row in "${summary[@]}"; do IFS='|' read -r a b c <<<"$row"; printf '%-15s %-15s %s\n' "$a" "$b" "$c"; done
