@@ -295,7 +295,9 @@ def test_checkpoint_round_trip_runs_the_same_layer(rng, tmp_path):
 def test_prepared_weights_give_the_same_layer(rng, backend, activation, scale):
     """Weights in the sm90 layout (jax_nvfp4.prepare_weights): the same answer, bit for bit on
     the CPU (the handler reads both layouts into the same loops), with gate/up global scales
-    [E, 2] and a shared expert."""
+    [E, 2] and a shared expert. On a GPU only against the float64 oracle: the kernels sum the
+    k-blocks in a layout-dependent order, and XLA may compile the reference's re-layout into
+    different fusions (measured on the H200: not bitwise equal there)."""
     f = float_layer(rng, per_half=True)
     w = quantized(f, per_half=True, w13_input_scale=np.full(E, 3.0 / 2688, np.float32),
                   w2_input_scale=np.full(E, 0.05 / 2688, np.float32),
@@ -309,7 +311,9 @@ def test_prepared_weights_give_the_same_layer(rng, backend, activation, scale):
     want, got = np.asarray(run(x, w)), np.asarray(run(x, p))
     ref, _ = np_moe(np.asarray(x), w, c)
     assert rel_err(got, ref) <= (1e-5 if activation == "w4a16" else 1e-2)
-    np.testing.assert_array_equal(got, want)
+    assert rel_err(want, ref) <= (1e-5 if activation == "w4a16" else 1e-2)
+    if jax.default_backend() == "cpu":
+        np.testing.assert_array_equal(got, want)
 
 
 def test_save_moe_writes_the_checkpoint_layout(rng):

@@ -2,7 +2,7 @@
 # One GPU session's validation: install from this tree (CUTLASS headers from the carried wheel),
 # GPU tests with the default kernel choice and with JAX_NVFP4_KERNEL=wgmma (v2 wherever it can
 # run), the v2 self-test (small shapes) under compute-sanitizer, and the benchmark. Logs in $OUT.
-#   usage: tools/gpu_check.sh [bench args...]   (~8-9 min on an H200: close to one 10-minute
+#   usage: tools/gpu_check.sh [bench args...]   (~10 min on an H200: more than one 10-minute
 #   device call; STEPS="install tests_auto tests_wgmma" runs only the named steps, e.g. split in two)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +24,6 @@ step selftest_build 60 nvcc -std=c++17 -O3 -Xcompiler -fopenmp -gencode=arch=com
 step memcheck_v2 60 compute-sanitizer --tool memcheck --error-exitcode 1 /tmp/st --small --no-bench --kernel wgmma
 step memcheck_sm90 90 compute-sanitizer --tool memcheck --error-exitcode 1 /tmp/st --small --no-bench --kernel both --layout sm90
 step bench 200 python3 -P -m jax_nvfp4.bench --out "$out" --check "$@"
-step tests_wgmma 100 env JAX_NVFP4_REQUIRE_GPU=1 JAX_NVFP4_KERNEL=wgmma python3 -P -m pytest -q -p no:cacheprovider tests/test_gemm.py -k cuda
+step tests_wgmma 200 env JAX_NVFP4_REQUIRE_GPU=1 JAX_NVFP4_KERNEL=wgmma python3 -P -m pytest -q -p no:cacheprovider tests/test_gemm.py -k cuda
 [ -f "$out/bench.log" ] && { echo; sed -n '/^case /,$p' "$out/bench.log" | head -40; }
 echo "== summary"; for row in "${summary[@]}"; do IFS='|' read -r a b c <<<"$row"; printf '%-15s %-15s %s\n' "$a" "$b" "$c"; done
