@@ -23,7 +23,7 @@ step selftest_build 60 nvcc -std=c++17 -O3 -Xcompiler -fopenmp -gencode=arch=com
   -I. -I"$inc/include" -o /tmp/st tools/gemm_selftest.cu csrc/grouped_gemm_sm90.cu csrc/grouped_gemm_sm90_wgmma.cu
 step memcheck_v2 60 compute-sanitizer --tool memcheck --error-exitcode 1 /tmp/st --small --no-bench --kernel wgmma
 step memcheck_sm90 90 compute-sanitizer --tool memcheck --error-exitcode 1 /tmp/st --small --no-bench --kernel both --layout sm90
-step bench 200 python3 -P -m jax_nvfp4.bench --out "$out" --check "$@"
+step bench 300 python3 -P -m jax_nvfp4.bench --out "$out" --check "$@"
 step tests_wgmma 200 env JAX_NVFP4_REQUIRE_GPU=1 JAX_NVFP4_KERNEL=wgmma python3 -P -m pytest -q -p no:cacheprovider tests/test_gemm.py -k cuda
 [ -f "$out/bench.log" ] && { echo; sed -n '/^case /,$p' "$out/bench.log" | head -40; }
 echo "== summary"; for row in "${summary[@]}"; do IFS='|' read -r a b c <<<"$row"; printf '%-15s %-15s %s\n' "$a" "$b" "$c"; done
