@@ -1,4 +1,4 @@
-"""The "sm90" load-time layout of NVFP4 weight codes for the Hopper kernel v2 (WGMMA).
+"""The "sm90" load-time layout of NVFP4 weight codes for the Hopper kernels (v1 mma.sync, v2 WGMMA).
 
 Use it through :func:`prepare_weights` (``jax_nvfp4.prepare_weights``): it re-lays-out the
 ``data`` of an NVFP4Tensor (or of every NVFP4 weight of a :class:`~jax_nvfp4.MoEWeights`) and
@@ -160,7 +160,15 @@ def _relayout(t: NVFP4Tensor, layout: str, name: str) -> NVFP4Tensor:
     if t.layout == layout:                       # idempotent: nothing to move
         return t
     out = dataclasses.replace(t, layout=layout).validate(name)   # shape errors name the field
-    data = prepare_sm90(t.data) if layout == "sm90" else unprepare_sm90(t.data)
+    fn = prepare_sm90 if layout == "sm90" else unprepare_sm90
+    d = t.data
+    if d.ndim > 2 and d.shape[0] > 1:
+        # One [N, K/2] matrix at a time: the conversion widens codes to uint32, so its transient
+        # memory is several times its input; per expert that stays small next to the stack.
+        flat = d.reshape((-1,) + d.shape[-2:])
+        data = jax.lax.map(fn, flat).reshape(d.shape)
+    else:
+        data = fn(d)
     return dataclasses.replace(out, data=data)
 
 
@@ -172,20 +180,21 @@ def prepare_weights(x, layout: str = "sm90"):
         float8_e4m3fn ``[..., N, K/16]``, global_scale float32), or a
         :class:`~jax_nvfp4.MoEWeights` (each NVFP4Tensor field is converted: w13 ``[E, 2I, H]``,
         w2 ``[E, H, I]``, shared_w13 ``[2Is, H]``, shared_w2 ``[H, Is]``; other fields kept).
-      layout: ``"sm90"`` (default; the Hopper v2 kernel's layout, needs N % 128 == 0 and
+      layout: ``"sm90"`` (default; the Hopper kernels' layout, needs N % 128 == 0 and
         K % 64 == 0 on each tensor's last two axes) or ``"checkpoint"`` (back to the stored order).
 
     Returns:
       The same type with ``data`` permuted (same shape and dtype, uint8) and ``layout`` set;
       scales and global scales are untouched. A tensor already in ``layout`` is returned as is.
 
-    Why: the kernel's mainloop is bound by turning E2M1 codes into bf16 MMA fragments; the sm90
-    layout stores each thread's codes contiguously with their bits pre-placed (module docstring),
-    ~10% faster on the large-K layer on an H200. It is a one-time cost at load time, moves the
-    same bytes (no extra memory once done), and is a bijection: ``prepare_weights(w,
-    "checkpoint")`` recovers the checkpoint bytes exactly (``checkpoint.save_moe`` does that
-    itself). Jittable (``layout`` is static). The conversion's transient memory is several
-    times the size of ``data``, so convert layer by layer.
+    Why: the kernels' mainloops are bound by turning E2M1 codes into bf16 MMA fragments; the sm90
+    layout stores each thread's codes contiguously with their bits pre-placed (module docstring):
+    6-9% faster from 1536 rows up on an H200 (docs/benchmarks.md), decode unchanged. It is a
+    one-time cost at load time, moves the same bytes (no extra memory once done), and is a
+    bijection: ``prepare_weights(w, "checkpoint")`` recovers the checkpoint bytes exactly
+    (``checkpoint.save_moe`` does that itself). Jittable (``layout`` is static). Stacks are
+    converted one matrix at a time (``lax.map``), so the transient memory is several times one
+    expert's ``data``, not the stack's.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
