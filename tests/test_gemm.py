@@ -57,6 +57,17 @@ def poison(device, m, n, dtype):
     jax.device_put(jnp.full((m, n), jnp.nan, dtype), device).block_until_ready().delete()
 
 
+def check_output(out, m, n, sizes, out_dtype, ref):
+    """Shape, dtype, zero rows past the groups, and the float64 oracle; returns out as float64."""
+    assert out.shape == (m, n) and out.dtype == out_dtype
+    out = np.asarray(out, np.float64)
+    total = min(sum(max(s, 0) for s in sizes), m)
+    assert np.all(out[total:] == 0), "rows past the groups must be 0"
+    tol = 1e-5 if out_dtype == jnp.float32 else 1e-2
+    assert rel_err(out, ref) <= tol
+    return out
+
+
 SHAPES = [  # (M, N, K, group sizes)
     (1, 8, 32, [1]),
     (37, 8, 96, [5, 0, 20]),                   # sum < M, empty group
@@ -85,13 +96,7 @@ class TestGroupedGemmHandler:
         lhs, rhs, gs = jax.device_put((lhs, rhs, gs), dev)
         poison(dev, m, n, out_dtype)
         f = jax.jit(lambda a, b, c: jn.grouped_gemm(a, b, c, out_dtype=out_dtype, backend="ffi"))
-        out = f(lhs, rhs, gs)
-        assert out.shape == (m, n) and out.dtype == out_dtype
-        out = np.asarray(out, np.float64)
-        total = min(sum(max(s, 0) for s in sizes), m)
-        assert np.all(out[total:] == 0), "rows past the groups must be 0"
-        tol = 1e-5 if out_dtype == jnp.float32 else 1e-2
-        assert rel_err(out, ref) <= tol
+        check_output(f(lhs, rhs, gs), m, n, sizes, out_dtype, ref)
 
     def test_empty_and_clamped_groups(self, rng, platform):
         dev = platform_device(platform)
@@ -204,13 +209,7 @@ class TestSm90Layout:
         f = jax.jit(lambda a, b, c: jn.grouped_gemm(a, b, c, out_dtype=out_dtype, backend="ffi"))
         base = np.asarray(f(lhs, rhs, gs), np.float64) if platform == "cpu" else None
         poison(dev, m, n, out_dtype)
-        out = f(lhs, prepared, gs)
-        assert out.shape == (m, n) and out.dtype == out_dtype
-        out = np.asarray(out, np.float64)
-        total = min(sum(max(s, 0) for s in sizes), m)
-        assert np.all(out[total:] == 0), "rows past the groups must be 0"
-        tol = 1e-5 if out_dtype == jnp.float32 else 1e-2
-        assert rel_err(out, ref) <= tol
+        out = check_output(f(lhs, prepared, gs), m, n, sizes, out_dtype, ref)
         if platform == "cpu":
             np.testing.assert_array_equal(out, base)
 

@@ -368,6 +368,24 @@ static const char* g_only = nullptr;  // --only L1-1536: bench just that case (f
 static int g_force_bt = 0;             // --force 128: bench only this token tile (for profilers)
 static std::vector<BenchRow> best_table;
 
+// 3 warm-up launches, then 20 timed ones (CUDA events); the times in ms, sorted.
+static std::vector<float> time_launches(const GroupedGemmParams& p, cudaEvent_t e0, cudaEvent_t e1) {
+  for (int i = 0; i < 3; ++i) CK(launch(p, 0));
+  CK(cudaDeviceSynchronize());
+  std::vector<float> t;
+  for (int i = 0; i < 20; ++i) {
+    CK(cudaEventRecord(e0, 0));
+    CK(launch(p, 0));
+    CK(cudaEventRecord(e1, 0));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    t.push_back(ms);
+  }
+  std::sort(t.begin(), t.end());
+  return t;
+}
+
 static void bench(std::vector<BenchRow>& table) {
   const int64_t G = 48;
   const int64_t shapes[2][2] = {{7168, 6144}, {3072, 7168}};  // (K, N) for L1, L2
@@ -436,19 +454,7 @@ static void bench(std::vector<BenchRow>& table) {
           if (v2 ? (bt < 32) : (bt > 128)) continue;  // v2 tiles: 32, 64, 128
           p.force_token_tile = bt;
           if (tile_of(p) != bt) continue;  // not available in this build
-          for (int i = 0; i < 3; ++i) CK(launch(p, 0));
-          CK(cudaDeviceSynchronize());
-          std::vector<float> t;
-          for (int i = 0; i < 20; ++i) {
-            CK(cudaEventRecord(e0, 0));
-            CK(launch(p, 0));
-            CK(cudaEventRecord(e1, 0));
-            CK(cudaEventSynchronize(e1));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            t.push_back(ms);
-          }
-          std::sort(t.begin(), t.end());
+          const std::vector<float> t = time_launches(p, e0, e1);
           const double ms = t[t.size() / 2];
           const double flops = 2.0 * rows * K * N;
           const double wbytes = G * N * K * 0.5625;
@@ -516,19 +522,7 @@ static void kscan() {
       int64_t tiles = 0;
       for (int32_t g : gs) tiles += (std::max(g, 0) + bt - 1) / bt;
       tiles *= (N + 127) / 128;
-      for (int i = 0; i < 3; ++i) CK(launch(p, 0));
-      CK(cudaDeviceSynchronize());
-      std::vector<float> t;
-      for (int i = 0; i < 20; ++i) {
-        CK(cudaEventRecord(e0, 0));
-        CK(launch(p, 0));
-        CK(cudaEventRecord(e1, 0));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        t.push_back(ms);
-      }
-      std::sort(t.begin(), t.end());
+      const std::vector<float> t = time_launches(p, e0, e1);
       const double ms = t[t.size() / 2];
       const double per_cta = static_cast<double>(tiles) / sms;
       std::printf("kscan %s rows=%-6lld K=%-5lld BT=%-3d tiles/CTA=%6.1f %.4f ms  us/tile=%.3f\n", kern_of(p),
