@@ -72,7 +72,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 import ml_dtypes
 import numpy as np
 
-from .formats import BLOCK_SIZE, E2M1_VALUES, E4M3_MAX, E2M1_MAX, K_MULTIPLE, NVFP4Tensor
+from .formats import BLOCK_SIZE, E2M1_VALUES, E4M3_MAX, E2M1_MAX, K_MULTIPLE, LAYOUTS, NVFP4Tensor
 from .layout import prepare_weights
 from .moe_params import MoEConfig, MoEWeights
 
@@ -491,7 +491,8 @@ def _input_scales(name: str, values: list[Optional[np.float32]], names: list[str
 
 
 def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
-             experts: Optional[Sequence[int]] = None, check: bool = True) -> MoEWeights:
+             experts: Optional[Sequence[int]] = None, check: bool = True,
+             layout: str = "checkpoint") -> MoEWeights:
     """Load one NVFP4 MoE layer from a ModelOpt or Quark checkpoint into :class:`MoEWeights`.
 
     Args:
@@ -507,6 +508,8 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
         weight, bias and hash table stay global (``[E, ...]``, ids in ``[0, E)``).
       check: warn when the scales do not look like the ModelOpt/Quark convention (cheap,
         vectorized over experts; see the module docstring).
+      layout: ``"checkpoint"`` (the stored byte order) or ``"sm90"``: the NVFP4 weights come back
+        through :func:`jax_nvfp4.prepare_weights` (the Hopper kernels' load-time layout).
 
     Returns:
       MoEWeights with (E = config.num_experts or len(experts), I = intermediate_size,
@@ -525,6 +528,8 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
     """
     import jax.numpy as jnp
 
+    if layout not in LAYOUTS:   # before reading gigabytes
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
     src = _as_source(source)
     prefix = prefix.rstrip(".")
     E, H, I = config.num_experts, config.hidden_size, config.intermediate_size
@@ -683,7 +688,8 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
         if sg.inp is not None:
             fields["shared_w13_input_scale"] = j(np.asarray(max(sg.inp, su.inp), np.float32))
             fields["shared_w2_input_scale"] = j(np.asarray(sd.inp, np.float32))
-    return MoEWeights(**fields)
+    weights = MoEWeights(**fields)
+    return weights if layout == "checkpoint" else prepare_weights(weights, layout)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -332,6 +332,29 @@ def test_save_moe_writes_the_checkpoint_layout(rng):
                                       want[name].reshape(-1).view(np.uint8), err_msg=name)
 
 
+def test_load_moe_layout_sm90(rng):
+    """load_moe(..., layout="sm90") equals prepare_weights of the plain load, and round-trips."""
+    w = quantized(float_layer(rng), w13_input_scale=np.full(E, 2.0 / 2688, np.float32),
+                  w2_input_scale=np.full(E, 0.1 / 2688, np.float32),
+                  shared_w13_input_scale=np.float32(2.0 / 2688),
+                  shared_w2_input_scale=np.float32(0.1 / 2688))
+    c = cfg(activation_scale="static")
+    tensors = checkpoint.save_moe(w, c, "model.layers.5.mlp")
+    plain = checkpoint.load_moe(tensors, "model.layers.5.mlp", c)
+    got = checkpoint.load_moe(tensors, "model.layers.5.mlp", c, layout="sm90")
+    want = jn.prepare_weights(plain)
+    for name in ("w13", "w2", "shared_w13", "shared_w2"):
+        g, wt = getattr(got, name), getattr(want, name)
+        assert g.layout == "sm90", name
+        np.testing.assert_array_equal(np.asarray(g.data), np.asarray(wt.data), err_msg=name)
+        np.testing.assert_array_equal(np.asarray(g.scales).view(np.uint8),
+                                      np.asarray(getattr(plain, name).scales).view(np.uint8))
+    back = jn.prepare_weights(got, "checkpoint")
+    np.testing.assert_array_equal(np.asarray(back.w13.data), np.asarray(plain.w13.data))
+    with pytest.raises(ValueError, match="layout"):
+        checkpoint.load_moe(tensors, "model.layers.5.mlp", c, layout="nope")
+
+
 def test_bad_input(rng):
     w = quantized(float_layer(rng, shared=False))
     x = jnp.ones((4, H))
