@@ -9,7 +9,8 @@
 #   ncu      Nsight Compute stall reasons and per-SASS stall samples for bench cases (args, default
 #            L1-192 L1-24576)
 #   ncu2     Nsight Compute throughput sections for CASE[:KERNEL[:TOKEN_TILE]] arguments
-#   wgmma    the wgmma microbenchmark (tools/wgmma_microbench.cu; argument alu: with ALU work)
+#   wgmma    the wgmma microbenchmark (tools/wgmma_microbench.cu; argument alu: with ALU work,
+#            conv: converter warpgroups beside SS wgmmas)
 # NOBUILD=1 reuses /tmp/st from the previous command of the same device call; LAYOUT=sm90 runs the
 # self-test with the weights in the sm90 load-time layout (W4A16 cases only).
 # Headers: CUTLASS_INC (default .cutlass_hdr, an unzipped nvidia-cutlass wheel's

@@ -5,15 +5,16 @@
 //
 // Build and run (GPU machine):
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
-//        -I<cutlass>/include -o wgmma_microbench tools/wgmma_microbench.cu && ./wgmma_microbench [alu]
+//        -I<cutlass>/include -o wgmma_microbench tools/wgmma_microbench.cu && ./wgmma_microbench [alu|conv]
 // Prints one row per configuration: clk per wgmma per SM (all warpgroups of the SM together),
 // the math-only figure N/2, and their ratio. Operand values are zero (timing only).
 // `wgmma_microbench alu` instead times v2's consumer pattern (wait_group 1, ALU work on the
 // next fragments, 4 wgmmas) with 0-192 integer ops per thread per k-tile: fused (the wgmma warps
 // do the ALU work), ping-pong (the two warpgroups take turns), and split (a third warpgroup does
 // the same ALU work), and the fused pattern with SHF / PRMT / IMAD / HFMA2.BF16 / LOP3+IMAD in
-// place of LOP3 (which pipes the conversion can spread over; not yet run). Results and what they
-// mean: docs/perf-notes.md, session 3.
+// place of LOP3 (which pipes the conversion can spread over). `wgmma_microbench conv` times
+// converter warpgroups beside SS wgmmas (see conv_kernel; written in session 4, not yet run).
+// Results and what they mean: docs/perf-notes.md, sessions 3 and 4.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -361,8 +362,136 @@ void run_alu_n(int sms, long long* c, float* s) {
   run_alu<N, true, 128, false, 5>(sms, c, s);
 }
 
+// --- "conv" mode: converter warpgroups feeding SS wgmmas (the design session 4 proposes) ---------
+// Warpgroups 0-1 issue SS wgmma batches (A: their own 64 x 64 bf16 weight tile, B: the N-token
+// tile, both in shared memory), as a kernel whose weights were converted to bf16 in shared memory
+// would. CWG converter warpgroups meanwhile do the conversion of one 128 x 64 weight tile per
+// k-tile: one 16-byte shared load per 4 source words, the sm90-layout extraction (11 integer ops
+// per word), one bf16x2 multiply per register and stmatrix.x4 stores of the 16 KB of bf16 into a
+// separate buffer. With PROD, one more warp streams the stage's ~20 KB (activations + weights +
+// scales) into shared memory with 16-byte cp.async from an L2-resident buffer, as the producer
+// would. Nothing synchronizes the roles: each times its own ITERS k-tiles, so the table shows
+// whether the wgmmas keep their no-conversion time while the shared-memory traffic of the
+// conversion runs beside them, and whether the converters keep up (clk per k-tile <= the wgmmas').
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
+constexpr int kConvA = 0;              // 2 x 8 KB: the two wgmma warpgroups' A tiles (zero)
+constexpr int kConvB = 16 * 1024;      // up to 16 KB: B (N <= 128 tokens x 64 k, zero)
+constexpr int kConvDst = 32 * 1024;    // 16 KB: the converters' bf16 output
+constexpr int kConvSrc = 48 * 1024;    // 4 KB: the converters' packed source words
+constexpr int kConvProd = 52 * 1024;   // 24 KB: the producer's cp.async destination
+constexpr int kConvSmem = 76 * 1024 + 1024;
+constexpr int kProdBytes = 20 * 1024;  // per k-tile: 16 KB activations + 4 KB weights (scales ~0.5 KB)
+
+template <int N, int CWG, bool PROD>
+__global__ void __launch_bounds__(128 * (2 + CWG + (PROD ? 1 : 0)), 1)
+    conv_kernel(int iters, long long* clk, float* sink, uint32_t seed, const uint4* gsrc) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  for (int i = threadIdx.x; i < (kConvSmem - 1024) / 4; i += blockDim.x) reinterpret_cast<uint32_t*>(smem)[i] = 0;
+  __syncthreads();
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const int wg = threadIdx.x >> 7, lane = threadIdx.x & 31;
+  long long t0 = clock64();
+  if (wg < 2) {
+    float acc[N / 2];
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
+    wgmma_batches<N, false, 1>(iters, base + kConvA + wg * 8192, base + kConvB, acc);
+    long long t1 = clock64();
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) sum += acc[i];
+    if (sum != 0.0f) sink[0] = sum;
+    if (threadIdx.x == 0) clk[blockIdx.x] = t1 - t0;
+    return;
+  }
+  if constexpr (CWG > 0) {
+    if (wg < 2 + CWG) {
+    // 4096 output words per k-tile over CWG * 128 threads: 32 / CWG per thread, from 8 / CWG words.
+    constexpr int kWords = 8 / CWG;
+    const int ct = threadIdx.x - 256;  // 0 .. 128 CWG - 1
+    const uint32_t scale = 0x3F803F80u ^ (seed & 1u);
+    uint32_t keep = 0;
+#pragma unroll 1
+    for (int it = 0; it < iters; ++it) {
+#pragma unroll
+      for (int q = 0; q < kWords / 4; ++q) {
+        uint4 w;
+        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
+                     : "r"(base + kConvSrc + ((ct * (kWords / 4) + q) & 255) * 16)
+                     : "memory");
+        const uint32_t ws[4] = {w.x ^ it, w.y ^ it, w.z ^ it, w.w ^ it};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          constexpr uint32_t M = 0x81C081C0u;
+          uint32_t a0 = ws[j] & M, a1 = (ws[j] << 3) & M, a2 = (ws[j] << 6) & M;
+          uint32_t a3 = ((ws[j] << 1) & 0x80008000u) | ((ws[j] >> 5) & 0x01000100u) | ((ws[j] >> 4) & 0x00C000C0u);
+          asm volatile("mul.rn.bf16x2 %0, %0, %1;\n" : "+r"(a0) : "r"(scale));
+          asm volatile("mul.rn.bf16x2 %0, %0, %1;\n" : "+r"(a1) : "r"(scale));
+          asm volatile("mul.rn.bf16x2 %0, %0, %1;\n" : "+r"(a2) : "r"(scale));
+          asm volatile("mul.rn.bf16x2 %0, %0, %1;\n" : "+r"(a3) : "r"(scale));
+          // 16 rows of 16 bytes per matrix quad: lane l gives row l's address (conflict-free)
+          const uint32_t dst = base + kConvDst + (((ct * kWords + 4 * q + j) * 512 + lane * 16) & 16383);
+          stmatrix_x4(dst, a0, a1, a2, a3);
+          keep ^= a0 ^ a3;
+        }
+      }
+    }
+    if (keep == 0x12345678u) sink[0] = keep;
+    long long t1 = clock64();
+    if (threadIdx.x == 256) clk[gridDim.x + blockIdx.x] = t1 - t0;
+    return;
+    }
+  }
+  if (PROD && (threadIdx.x & 127) < 32) {  // one producer warp; the other three exit
+    const uint4* src = gsrc + (blockIdx.x & 7) * (kProdBytes / 16);
+#pragma unroll 1
+    for (int it = 0; it < iters; ++it) {
+      for (int i = lane; i < kProdBytes / 16; i += 32)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(base + kConvProd + i * 16), "l"(src + i)
+                     : "memory");
+      asm volatile("cp.async.commit_group;\n" ::: "memory");
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // two k-tiles in flight
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    long long t1 = clock64();
+    if (lane == 0) clk[2 * gridDim.x + blockIdx.x] = t1 - t0;
+  }
+}
+
+template <int N, int CWG, bool PROD>
+void run_conv(int sms, long long* d_clk, float* d_sink, const uint4* d_src) {
+  auto k = conv_kernel<N, CWG, PROD>;
+  CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kConvSmem));
+  CK(cudaMemset(d_clk, 0, sizeof(long long) * 3 * sms));
+  const int threads = 128 * (2 + CWG + (PROD ? 1 : 0));
+  const auto h = timed(d_clk, 3 * sms,
+                       [&](int it) { k<<<sms, threads, kConvSmem>>>(it, d_clk, d_sink, 12345u, d_src); });
+  const double mm = static_cast<double>(max_of(h, 0, sms)) / kIters;
+  const double cv = CWG ? static_cast<double>(max_of(h, sms, sms)) / kIters : 0.0;
+  const double pr = PROD ? static_cast<double>(max_of(h, 2 * sms, sms)) / kIters : 0.0;
+  std::printf("| %3d | %d | %s | %7.1f | %7.1f | %7.1f | %6.1f |\n", N, CWG, PROD ? "yes" : "no", mm, cv, pr,
+              2.0 * 4 * N / 2.0);
+}
+
+template <int N>
+void run_conv_n(int sms, long long* c, float* s, const uint4* src) {
+  run_conv<N, 0, false>(sms, c, s, src);
+  run_conv<N, 0, true>(sms, c, s, src);
+  run_conv<N, 1, false>(sms, c, s, src);
+  run_conv<N, 1, true>(sms, c, s, src);
+  run_conv<N, 2, false>(sms, c, s, src);
+  run_conv<N, 2, true>(sms, c, s, src);
+}
+
 int main(int argc, char** argv) {
   const bool alu = argc > 1 && std::strcmp(argv[1], "alu") == 0;
+  const bool conv = argc > 1 && std::strcmp(argv[1], "conv") == 0;
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
@@ -371,6 +500,18 @@ int main(int argc, char** argv) {
   float* d_sink;
   CK(cudaMalloc(&d_clk, sizeof(long long) * 1024));
   CK(cudaMalloc(&d_sink, sizeof(float)));
+  if (conv) {
+    uint4* d_src;
+    CK(cudaMalloc(&d_src, 8 * kProdBytes));
+    CK(cudaMemset(d_src, 0, 8 * kProdBytes));
+    std::printf("conv mode: 2 SS-wgmma warpgroups + converter warpgroups (+ a producer warp), unsynchronized;\n"
+                "clk per 128 x N x 64 k-tile per SM (max over SMs) of each role\n"
+                "| N | converter WGs | producer | wgmma WGs | converters | producer | math clk |\n"
+                "|---|---|---|---|---|---|---|\n");
+    run_conv_n<64>(sms, d_clk, d_sink, d_src);
+    run_conv_n<128>(sms, d_clk, d_sink, d_src);
+    return 0;
+  }
   if (alu) {
     std::printf("alu mode: 2 warpgroups per SM, clk per k-tile (4 wgmmas per warpgroup) per SM\n");
     std::printf("| N | A | ALU ops/thread/k-tile | clk/k-tile | math clk | issue clk (est.) | ratio to max |\n"
