@@ -9,6 +9,7 @@
 //                      [--force BT]  (bench only that token tile)
 //                      [--layout sm90]  (weights in the sm90 load-time layout: W4A16 cases only)
 //                      [--kscan]  (v2 W4A16 time against K: per-k-tile vs per-tile cost)
+//                      [--conv]  (with --layout sm90: v2's experimental converter-warpgroup variant)
 //   --small: only small shapes (for compute-sanitizer).
 //   --kernel: which launcher the self-test and the benchmark call (default mma = v1). "both" runs
 //     the self-test with each and benchmarks both side by side. v2 forwards the cases it does not
@@ -180,6 +181,7 @@ static const char* kern_of(const GroupedGemmParams& p) {
 }
 
 static bool g_layout = false;  // --layout sm90: weights in the sm90 load-time layout (W4A16 only)
+static bool g_conv = false;    // --conv: v2's experimental converter-warpgroup variant (needs --layout sm90)
 
 static void run_case(const Case& cs, bool a_fp4, bool out_f32, uint64_t seed, int force_bt = 0) {
   // Under --layout sm90 only the W4A16 cases with N % 128 == 0 and K % 64 == 0 run, on v1 or v2
@@ -245,6 +247,7 @@ static void run_case(const Case& cs, bool a_fp4, bool out_f32, uint64_t seed, in
                                     K, G, a_fp4, out_f32);
   p.force_token_tile = force_bt;
   p.rhs_layout = g_layout ? 1 : 0;
+  p.v2_converter = g_conv;
   CK(launch(p, 0));
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
@@ -448,6 +451,7 @@ static void bench(std::vector<BenchRow>& table) {
         // timing only: the random bytes are valid codes in either layout
         if (g_layout && fp4) continue;
         p.rhs_layout = g_layout ? 1 : 0;
+        p.v2_converter = g_conv;
         for (int bt : {16, 32, 64, 128, 256}) {
           if (g_force_bt ? bt != g_force_bt : (g_sweep == 0 && bt != auto_bt)) continue;
           if (rows >= 6144 && bt == 16) continue;  // hopeless, saves time
@@ -517,6 +521,7 @@ static void kscan() {
       GroupedGemmParams p = make_params(d_lhs, nullptr, d_rhs, d_rhs_s, d_alpha, d_gs, d_out, d_ws,
                                         jax_nvfp4::GroupedGemmWorkspaceBytes(G), rows, N, K, G, false, false);
       p.rhs_layout = g_layout ? 1 : 0;
+      p.v2_converter = g_conv;
       if (g_force_bt) p.force_token_tile = g_force_bt;
       const int bt = tile_of(p);
       int64_t tiles = 0;
@@ -549,6 +554,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--bench-only")) bench_only = true;
     else if (!std::strcmp(argv[i], "--no-sweep")) g_sweep = 0;
     else if (!std::strcmp(argv[i], "--kscan")) do_kscan = true;
+    else if (!std::strcmp(argv[i], "--conv")) g_conv = true;
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) g_only = argv[++i];
     else if (!std::strcmp(argv[i], "--force") && i + 1 < argc) g_force_bt = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--layout") && i + 1 < argc) {
@@ -565,6 +571,7 @@ int main(int argc, char** argv) {
       else { std::fprintf(stderr, "--kernel must be mma, wgmma or both\n"); return 2; }
     }
   }
+  if (g_conv && !g_layout) { std::fprintf(stderr, "--conv needs --layout sm90\n"); return 2; }
   init_luts();
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));

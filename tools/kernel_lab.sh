@@ -12,7 +12,8 @@
 #   wgmma    the wgmma microbenchmark (tools/wgmma_microbench.cu; argument alu: with ALU work,
 #            conv: converter warpgroups beside SS wgmmas)
 # NOBUILD=1 reuses /tmp/st from the previous command of the same device call; LAYOUT=sm90 runs the
-# self-test with the weights in the sm90 load-time layout (W4A16 cases only).
+# self-test with the weights in the sm90 load-time layout (W4A16 cases only); CONV=1 with it runs
+# v2's experimental converter-warpgroup variant.
 # Headers: CUTLASS_INC (default .cutlass_hdr, an unzipped nvidia-cutlass wheel's
 # cutlass_library/source, carried to the device). Logs in $OUT.
 set -uo pipefail
@@ -21,7 +22,7 @@ out=${OUT:-kernel-lab-out}; mkdir -p "$out"
 inc=${CUTLASS_INC:-.cutlass_hdr}
 cmd=${1:-check}; shift || true
 k=${KERNEL:-wgmma}
-lay=${LAYOUT:+--layout $LAYOUT}  # LAYOUT=sm90: weights in the sm90 load-time layout (W4A16 cases)
+lay="${LAYOUT:+--layout $LAYOUT}${CONV:+ --conv}"  # LAYOUT=sm90: weights in the sm90 layout (W4A16 cases); CONV=1 (with it): v2's converter variant
 
 build() {
   [ -n "${NOBUILD:-}" ] && [ -x /tmp/st ] && return 0  # NOBUILD=1: reuse the last build
