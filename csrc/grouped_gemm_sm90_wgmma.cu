@@ -226,41 +226,30 @@ __device__ __forceinline__ void advance_stage(int& s, uint32_t& ph) {
   }
 }
 
-// WGMMA m64nNk16, A (bf16) from registers, B (bf16) from shared memory, both K-major.
+// WGMMA m64nNk16, both operands K-major: RS (A, bf16, from registers; B from shared memory) and
+// SS (both from shared memory; the CONV variant).
 template <int NN>
-struct WgOp;
+struct WgOps;
 template <>
-struct WgOp<32> {
-  using Op = gmma::MMA_64x32x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
+struct WgOps<32> {
+  using RS = gmma::MMA_64x32x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
+  using SS = gmma::MMA_64x32x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
 };
 template <>
-struct WgOp<64> {
-  using Op = gmma::MMA_64x64x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
+struct WgOps<64> {
+  using RS = gmma::MMA_64x64x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
+  using SS = gmma::MMA_64x64x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
 };
 template <>
-struct WgOp<128> {
-  using Op = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
-};
-
-template <int NN>
-struct WgOpSS;
-template <>
-struct WgOpSS<32> {
-  using Op = gmma::MMA_64x32x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
-};
-template <>
-struct WgOpSS<64> {
-  using Op = gmma::MMA_64x64x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
-};
-template <>
-struct WgOpSS<128> {
-  using Op = gmma::MMA_64x128x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
+struct WgOps<128> {
+  using RS = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
+  using SS = gmma::MMA_64x128x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
 };
 
 template <int NN, typename Acc, size_t... I>
 __device__ __forceinline__ void wgmma_ss(uint64_t da, uint64_t db, Acc& acc, gmma::ScaleOut sc,
                                          std::index_sequence<I...>) {
-  WgOpSS<NN>::Op::fma(da, db, acc[I]..., sc);
+  WgOps<NN>::SS::fma(da, db, acc[I]..., sc);
 }
 
 // Four 8x8 b16 matrices from the mma fragment registers; lane l gives row l % 8 of matrix l / 8.
@@ -273,7 +262,7 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
 template <int NN, typename Acc, size_t... I>
 __device__ __forceinline__ void wgmma_rs(const uint32_t (&a)[4], uint64_t desc, Acc& acc, gmma::ScaleOut sc,
                                          std::index_sequence<I...>) {
-  WgOp<NN>::Op::fma(a[0], a[1], a[2], a[3], desc, acc[I]..., sc);
+  WgOps<NN>::RS::fma(a[0], a[1], a[2], a[3], desc, acc[I]..., sc);
 }
 
 // Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.

@@ -316,13 +316,18 @@ def test_prepared_weights_give_the_same_layer(rng, backend, activation, scale):
         np.testing.assert_array_equal(got, want)
 
 
-def test_save_moe_writes_the_checkpoint_layout(rng):
-    """save_moe of prepared weights writes the bytes of the original checkpoint."""
+def static_scaled_layer(rng):
+    """Quantized weights with static input scales (every optional field set) and their config."""
     w = quantized(float_layer(rng), w13_input_scale=np.full(E, 2.0 / 2688, np.float32),
                   w2_input_scale=np.full(E, 0.1 / 2688, np.float32),
                   shared_w13_input_scale=np.float32(2.0 / 2688),
                   shared_w2_input_scale=np.float32(0.1 / 2688))
-    c = cfg(activation_scale="static")
+    return w, cfg(activation_scale="static")
+
+
+def test_save_moe_writes_the_checkpoint_layout(rng):
+    """save_moe of prepared weights writes the bytes of the original checkpoint."""
+    w, c = static_scaled_layer(rng)
     want = checkpoint.save_moe(w, c, "model.layers.5.mlp")
     got = checkpoint.save_moe(jn.prepare_weights(w), c, "model.layers.5.mlp")
     assert got.keys() == want.keys()
@@ -334,11 +339,7 @@ def test_save_moe_writes_the_checkpoint_layout(rng):
 
 def test_load_moe_layout_sm90(rng):
     """load_moe(..., layout="sm90") equals prepare_weights of the plain load, and round-trips."""
-    w = quantized(float_layer(rng), w13_input_scale=np.full(E, 2.0 / 2688, np.float32),
-                  w2_input_scale=np.full(E, 0.1 / 2688, np.float32),
-                  shared_w13_input_scale=np.float32(2.0 / 2688),
-                  shared_w2_input_scale=np.float32(0.1 / 2688))
-    c = cfg(activation_scale="static")
+    w, c = static_scaled_layer(rng)
     tensors = checkpoint.save_moe(w, c, "model.layers.5.mlp")
     plain = checkpoint.load_moe(tensors, "model.layers.5.mlp", c)
     got = checkpoint.load_moe(tensors, "model.layers.5.mlp", c, layout="sm90")

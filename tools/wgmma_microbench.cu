@@ -111,6 +111,23 @@ __device__ __forceinline__ void wgmma_batches(int iters, uint32_t a_smem, uint32
   fence(acc);
 }
 
+// wgmma_batches on one accumulator chain, then thread 0 writes the clocks since t0 to clk[block]
+// (the accumulators kept alive through sink).
+template <int N, bool RS>
+__device__ __forceinline__ void timed_batches(int iters, uint32_t a_smem, uint32_t b_smem, long long t0,
+                                              long long* clk, float* sink) {
+  float acc[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
+  wgmma_batches<N, RS, 1>(iters, a_smem, b_smem, acc);
+  long long t1 = clock64();
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) sum += acc[i];
+  if (sum != 0.0f) sink[0] = sum;
+  if (threadIdx.x == 0) clk[blockIdx.x] = t1 - t0;
+}
+
 // Each warpgroup issues ITERS batches of 4 wgmmas (one 64-wide k-tile, like the GEMM), k-block
 // kb into chain kb % NACC, and waits for the previous batch before the next (wait_group 1).
 template <int N, bool RS, int NACC>
@@ -319,16 +336,7 @@ __global__ void __launch_bounds__(384, 1) split_kernel(int iters, long long* clk
     if (threadIdx.x == 256) clk[gridDim.x + blockIdx.x] = t1 - t0;
     return;
   }
-  float acc[N / 2];
-#pragma unroll
-  for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
-  wgmma_batches<N, true, 1>(iters, a_smem, b_smem, acc);
-  long long t1 = clock64();
-  float sum = 0.0f;
-#pragma unroll
-  for (int i = 0; i < N / 2; ++i) sum += acc[i];
-  if (sum != 0.0f) sink[0] = sum;
-  if (threadIdx.x == 0) clk[blockIdx.x] = t1 - t0;
+  timed_batches<N, true>(iters, a_smem, b_smem, t0, clk, sink);
 }
 
 template <int N, int OPS>
@@ -397,16 +405,7 @@ __global__ void __launch_bounds__(128 * (2 + CWG + (PROD ? 1 : 0)), 1)
   const int wg = threadIdx.x >> 7, lane = threadIdx.x & 31;
   long long t0 = clock64();
   if (wg < 2) {
-    float acc[N / 2];
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
-    wgmma_batches<N, false, 1>(iters, base + kConvA + wg * 8192, base + kConvB, acc);
-    long long t1 = clock64();
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i) sum += acc[i];
-    if (sum != 0.0f) sink[0] = sum;
-    if (threadIdx.x == 0) clk[blockIdx.x] = t1 - t0;
+    timed_batches<N, false>(iters, base + kConvA + wg * 8192, base + kConvB, t0, clk, sink);
     return;
   }
   if constexpr (CWG > 0) {
