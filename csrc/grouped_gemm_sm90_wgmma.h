@@ -24,8 +24,8 @@ bool GroupedGemmWgmmaPreferred(const GroupedGemmParams& p);
 
 // Enqueues the grouped GEMM on `stream` (no allocation, no host sync, graph capturable), using the
 // WGMMA kernel when GroupedGemmWgmmaHandles(p), else the v1 kernel. Returns the first CUDA error,
-// or cudaErrorInvalidValue when GroupedGemmCheckParams rejects the parameters. With
-// rhs_layout == 1 (sm90 layout) only v2 can run: cudaErrorNotSupported where it cannot.
+// or cudaErrorInvalidValue when GroupedGemmCheckParams rejects the parameters. rhs_layout == 1
+// (sm90 layout) is read by both kernels for W4A16; v1 returns cudaErrorNotSupported for W4A4 with it.
 cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t stream);
 
 // For tools: the largest token tile (32, 64 or 128) the WGMMA launcher picks; every tile then runs

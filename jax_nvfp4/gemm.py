@@ -121,8 +121,9 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         backend also takes float16/float32 lhs; the custom call takes bf16 only.
       rhs: NVFP4Tensor ``[G, N, K]``: data uint8 ``[G, N, K/2]``, scales float8_e4m3fn
         ``[G, N, K/16]``, global_scale float32 ``[G]``; ``rhs.layout`` "checkpoint" or "sm90"
-        (from :func:`jax_nvfp4.prepare_weights`: on the GPU always the WGMMA kernel, which reads
-        it faster; incompatible with ``JAX_NVFP4_KERNEL=mma``, a ValueError).
+        (from :func:`jax_nvfp4.prepare_weights`: both CUDA kernels read it, with fewer
+        instructions; with ``JAX_NVFP4_KERNEL=mma`` a W4A4 lhs is a ValueError, since that mode
+        keeps W4A4 native and no kernel reads packed activations with sm90 weights).
       group_sizes: int32 ``[G]``; rows are grouped consecutively in group order. Negative sizes
         count as 0 and the running sum is clamped to M.
       out_dtype: bfloat16 or float32 (accumulation is always float32).
