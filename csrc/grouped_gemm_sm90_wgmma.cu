@@ -110,6 +110,32 @@ constexpr int kConverterRegs = 96;
 #define JAX_NVFP4_V2_DIAG 0
 #endif
 
+// 3 (tools only, results correct): clock64 trace of the tile switches (GroupedGemmWgmmaSetTrace;
+// self-test --trace): per tile of each CTA, slots 0-3 = first consumer warp before its mainloop,
+// after it, after the next tile's lookup, after the epilogue; slots 4-5 = the weight loader at the
+// tile's first empty-slot wait and after its last copies.
+#if JAX_NVFP4_V2_DIAG == 3
+__device__ unsigned long long* g_v2_trace = nullptr;
+constexpr int kTraceTiles = 256;  // tiles per CTA recorded
+#define V2_TRACE(ok, ti, slot)                                                                          \
+  do {                                                                                                   \
+    if ((ok) && (ti) < kTraceTiles)                                                                      \
+      g_v2_trace[(static_cast<size_t>(blockIdx.x) * kTraceTiles + (ti)) * 8 + (slot)] = clock64();       \
+  } while (0)
+#define V2_TRACE_COUNTER(ti) int ti = 0
+#define V2_TRACE_NEXT(ti) ++ti
+#else
+#define V2_TRACE(ok, ti, slot) \
+  do {                         \
+  } while (0)
+#define V2_TRACE_COUNTER(ti) \
+  do {                       \
+  } while (0)
+#define V2_TRACE_NEXT(ti) \
+  do {                    \
+  } while (0)
+#endif
+
 // Workspace layout, setup and tail kernels: csrc/grouped_gemm_schedule.cuh (shared with v1).
 
 template <int BTMAX, int STAGES, bool CONV = false>
@@ -558,11 +584,13 @@ __global__ void __launch_bounds__(CONV ? kThreadsConv : kThreads, 1)
       uint32_t ph = 0;
       int gcur = 0;
       Tile t;
+      V2_TRACE_COUNTER(ti);
       for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t); L += gridDim.x) {
         // Lane pairs copy one row's 32 bytes (two 16-byte halves): 16 rows per instruction.
         const int half = lane & 1;
         const uint8_t* base = p.rhs + (static_cast<int64_t>(t.g) * N + t.n0) * KH + 16 * half;
         const int rows_ok = static_cast<int>(N - t.n0 < kRowsW ? N - t.n0 : kRowsW);
+        V2_TRACE(lane == 0, ti, 4);
 #pragma unroll 1
         for (int kt = 0; kt < KT; ++kt) {
           mbar_wait(empty0 + s * 8, ph ^ 1);
@@ -578,6 +606,8 @@ __global__ void __launch_bounds__(CONV ? kThreadsConv : kThreads, 1)
           cp_async_mbar_arrive(full0 + s * 8);
           advance_stage<STAGES>(s, ph);
         }
+        V2_TRACE(lane == 0, ti, 5);
+        V2_TRACE_NEXT(ti);
       }
       return;
     }
@@ -672,7 +702,9 @@ __global__ void __launch_bounds__(CONV ? kThreadsConv : kThreads, 1)
     Tile t, nxt;
     int L = blockIdx.x;
     bool have = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t);
+    V2_TRACE_COUNTER(ti);
     while (have) {
+      V2_TRACE(cw == 0 && lane == 0, ti, 0);
       // smallest WGMMA N covering the tile's rows (every branch is warpgroup-uniform)
       if (BTMAX >= 128 && t.rows > 64) {
         if constexpr (CONV)
@@ -690,8 +722,10 @@ __global__ void __launch_bounds__(CONV ? kThreadsConv : kThreads, 1)
         else
           consumer_mainloop<32, BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph);
       }
+      V2_TRACE(cw == 0 && lane == 0, ti, 1);
       L += gridDim.x;
       const bool have_next = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, nxt);
+      V2_TRACE(cw == 0 && lane == 0, ti, 2);
       if (BTMAX >= 128 && t.rows > 64) {
         consumer_epilogue<(BTMAX >= 128 ? 128 : 32), BTMAX>(acc, p, t, r0);
       } else if (BTMAX >= 64 && t.rows > 32) {
@@ -699,6 +733,8 @@ __global__ void __launch_bounds__(CONV ? kThreadsConv : kThreads, 1)
       } else {
         consumer_epilogue<32, BTMAX>(acc, p, t, r0);
       }
+      V2_TRACE(cw == 0 && lane == 0, ti, 3);
+      V2_TRACE_NEXT(ti);
       t = nxt;
       have = have_next;
     }
@@ -838,6 +874,12 @@ int pick_btmax(const GroupedGemmParams& p) {
 }
 
 }  // namespace
+
+#if JAX_NVFP4_V2_DIAG == 3
+cudaError_t GroupedGemmWgmmaSetTrace(unsigned long long* trace) {
+  return cudaMemcpyToSymbol(g_v2_trace, &trace, sizeof(trace));
+}
+#endif
 
 bool GroupedGemmWgmmaHandles(const GroupedGemmParams& p) {
   if (p.a_fp4) return false;

@@ -33,4 +33,9 @@ cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t 
 // one (16 means 32, 256 means 128). Returns 0 when the v1 fallback would run.
 int GroupedGemmWgmmaTokenTile(const GroupedGemmParams& p);
 
+#if defined(JAX_NVFP4_V2_DIAG) && JAX_NVFP4_V2_DIAG == 3
+// Diagnostic builds only: device buffer [SMs][256 tiles][8] of clock64 stamps (see the kernel).
+cudaError_t GroupedGemmWgmmaSetTrace(unsigned long long* trace);
+#endif
+
 }  // namespace jax_nvfp4

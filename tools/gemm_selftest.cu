@@ -10,6 +10,7 @@
 //                      [--layout sm90]  (weights in the sm90 load-time layout: W4A16 cases only)
 //                      [--kscan]  (v2 W4A16 time against K: per-k-tile vs per-tile cost)
 //                      [--conv]  (with --layout sm90: v2's experimental converter-warpgroup variant)
+//                      [--trace L1-192]  (build with -DJAX_NVFP4_V2_DIAG=3: clock64 trace of v2's tile switches)
 //   --small: only small shapes (for compute-sanitizer).
 //   --kernel: which launcher the self-test and the benchmark call (default mma = v1). "both" runs
 //     the self-test with each and benchmarks both side by side. v2 forwards the cases it does not
@@ -544,8 +545,88 @@ static void kscan() {
   cudaFree(d_out);
 }
 
+#if JAX_NVFP4_V2_DIAG == 3
+// --trace L1-192 (build with -DJAX_NVFP4_V2_DIAG=3): one v2 launch of a bench shape with the
+// kernel's clock64 trace of the tile switches; prints medians over tiles of the first consumer
+// warp's mainloop, lookup, epilogue and the gap to its next tile, and how far ahead the weight
+// loader started each tile.
+static void trace_case(const char* name) {
+  const int64_t G = 48;
+  const bool l1 = !std::strncmp(name, "L1-", 3);
+  const int64_t K = l1 ? 7168 : 3072, N = l1 ? 6144 : 7168, rows = std::atoll(name + 3);
+  uint8_t *d_rhs, *d_rhs_s, *d_lhs, *d_ws;
+  float* d_alpha;
+  int32_t* d_gs;
+  void* d_out;
+  unsigned long long* d_tr;
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const size_t ntr = static_cast<size_t>(sms) * 256 * 8;
+  CK(cudaMalloc(&d_rhs, G * N * K / 2));
+  CK(cudaMalloc(&d_rhs_s, G * N * K / 16));
+  CK(cudaMalloc(&d_lhs, rows * K * 2));
+  CK(cudaMalloc(&d_alpha, G * 4));
+  CK(cudaMalloc(&d_gs, G * 4));
+  CK(cudaMalloc(&d_ws, jax_nvfp4::GroupedGemmWorkspaceBytes(G)));
+  CK(cudaMalloc(&d_out, rows * N * 2));
+  CK(cudaMalloc(&d_tr, ntr * 8));
+  CK(cudaMemset(d_rhs, 0x5a, G * N * K / 2));
+  CK(cudaMemset(d_rhs_s, 0x38, G * N * K / 16));
+  CK(cudaMemset(d_lhs, 0x3f, rows * K * 2));
+  CK(cudaMemset(d_alpha, 0, G * 4));
+  Rng r(1000 + rows);
+  std::vector<int32_t> gs = make_group_sizes(r, rows, G, kExact);
+  CK(cudaMemcpy(d_gs, gs.data(), G * 4, cudaMemcpyHostToDevice));
+  GroupedGemmParams p = make_params(d_lhs, nullptr, d_rhs, d_rhs_s, d_alpha, d_gs, d_out, d_ws,
+                                    jax_nvfp4::GroupedGemmWorkspaceBytes(G), rows, N, K, G, false, false);
+  p.rhs_layout = g_layout ? 1 : 0;
+  p.v2_converter = g_conv;
+  if (g_force_bt) p.force_token_tile = g_force_bt;
+  CK(jax_nvfp4::GroupedGemmWgmmaSetTrace(d_tr));
+  CK(launch(p, 0));  // warm-up
+  CK(cudaMemset(d_tr, 0, ntr * 8));
+  CK(cudaDeviceSynchronize());
+  CK(launch(p, 0));
+  CK(cudaDeviceSynchronize());
+  std::vector<unsigned long long> h(ntr);
+  CK(cudaMemcpy(h.data(), d_tr, ntr * 8, cudaMemcpyDeviceToHost));
+  const double kt = static_cast<double>(K / 64);
+  std::vector<double> mainl, look, epi, gap, lead, span;
+  for (int b = 0; b < sms; ++b)
+    for (int ti = 0; ti < 256; ++ti) {
+      const unsigned long long* e = &h[(static_cast<size_t>(b) * 256 + ti) * 8];
+      if (!e[0] || !e[3]) break;
+      mainl.push_back(static_cast<double>(e[1] - e[0]) / kt);
+      look.push_back(static_cast<double>(e[2] - e[1]));
+      epi.push_back(static_cast<double>(e[3] - e[2]));
+      if (e[4]) lead.push_back(static_cast<double>(e[0]) - static_cast<double>(e[4]));
+      if (e[4] && e[5]) span.push_back(static_cast<double>(e[5] - e[4]) / kt);
+      if (ti + 1 < 256 && e[8]) gap.push_back(static_cast<double>(e[8]) - static_cast<double>(e[3]));
+    }
+  auto med = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::printf("trace %s (%s layout%s, token tile %d): %zu tiles; medians in clk: mainloop per k-tile %.0f, "
+              "next-tile lookup %.0f, epilogue %.0f, gap to next tile %.0f; weight loader started the tile "
+              "%.0f clk before the consumer and issued at %.0f clk per k-tile\n",
+              name, g_layout ? "sm90" : "checkpoint", g_conv ? ", converter variant" : "", tile_of(p), mainl.size(),
+              med(mainl), med(look), med(epi), med(gap), med(lead), med(span));
+  cudaFree(d_rhs);
+  cudaFree(d_rhs_s);
+  cudaFree(d_lhs);
+  cudaFree(d_alpha);
+  cudaFree(d_gs);
+  cudaFree(d_ws);
+  cudaFree(d_out);
+  cudaFree(d_tr);
+}
+#endif
+
 int main(int argc, char** argv) {
   bool small = false, do_bench = true, bench_only = false, do_kscan = false;
+  const char* trace_name = nullptr;
   uint64_t seed = 42;
   std::vector<bool> kernels = {false};  // false: v1 (mma), true: v2 (wgmma)
   for (int i = 1; i < argc; ++i) {
@@ -555,6 +636,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--no-sweep")) g_sweep = 0;
     else if (!std::strcmp(argv[i], "--kscan")) do_kscan = true;
     else if (!std::strcmp(argv[i], "--conv")) g_conv = true;
+    else if (!std::strcmp(argv[i], "--trace") && i + 1 < argc) trace_name = argv[++i];
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) g_only = argv[++i];
     else if (!std::strcmp(argv[i], "--force") && i + 1 < argc) g_force_bt = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--layout") && i + 1 < argc) {
@@ -576,6 +658,16 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  if (trace_name) {  // v2 only
+#if JAX_NVFP4_V2_DIAG == 3
+    g_wgmma = true;
+    trace_case(trace_name);
+    return 0;
+#else
+    std::fprintf(stderr, "--trace needs a build with -DJAX_NVFP4_V2_DIAG=3\n");
+    return 2;
+#endif
+  }
   if (do_kscan) {  // v2 only
     g_wgmma = true;
     kscan();

@@ -9,6 +9,7 @@
 #   ncu      Nsight Compute stall reasons and per-SASS stall samples for bench cases (args, default
 #            L1-192 L1-24576)
 #   ncu2     Nsight Compute throughput sections for CASE[:KERNEL[:TOKEN_TILE]] arguments
+#   trace    clock64 trace of v2's tile switches per bench case (a -DJAX_NVFP4_V2_DIAG=3 build)
 #   wgmma    the wgmma microbenchmark (tools/wgmma_microbench.cu; argument alu: with ALU work,
 #            conv: converter warpgroups beside SS wgmmas)
 # NOBUILD=1 reuses /tmp/st from the previous command of the same device call; LAYOUT=sm90 runs the
@@ -78,9 +79,17 @@ case $cmd in
         "$out/ncu2_$tag.log" | awk '{$1=$1};1' | head -20
       grep -iE "bank.conflict|shared (load|store)" "$out/ncu2_$tag.log" | awk '{$1=$1};1' | head -6
     done ;;
+  trace)
+    # clock64 trace of v2's tile switches (a -DJAX_NVFP4_V2_DIAG=3 build) for bench cases (args,
+    # default L1-192 L2-192 L1-24576 L2-24576); LAYOUT / CONV apply. Overwrites /tmp/st: a later
+    # NOBUILD=1 command would reuse the diagnostic build
+    NVFLAGS="${NVFLAGS:-} -DJAX_NVFP4_V2_DIAG=3" NOBUILD= build
+    for c in ${*:-L1-192 L2-192 L1-24576 L2-24576}; do
+      timeout 60 /tmp/st --trace "$c" $lay 2>&1 | tee -a "$out/trace.log" | grep -E "^trace|rror"
+    done ;;
   wgmma)
     nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -I"$inc/include" \
       -o /tmp/wgmma_microbench tools/wgmma_microbench.cu >"$out/build.log" 2>&1 || { tail "$out/build.log"; exit 1; }
     timeout 120 /tmp/wgmma_microbench "$@" | tee "$out/wgmma.log" ;;
-  *) echo "unknown command $cmd (check | sweep | memcheck | ncu | wgmma)"; exit 2 ;;
+  *) echo "unknown command $cmd (check | sweep | memcheck | ncu | ncu2 | trace | wgmma)"; exit 2 ;;
 esac
