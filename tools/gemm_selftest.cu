@@ -487,28 +487,50 @@ static void bench(std::vector<BenchRow>& table) {
   cudaFree(d_out);
 }
 
+// Device buffers of a timing-only W4A16 problem (constant bytes: valid codes and scales in either
+// layout; alpha 1), sized for the largest G x N x K and M x K the caller runs.
+struct TimingBuffers {
+  uint8_t *rhs, *rhs_s, *lhs, *ws;
+  float* alpha;
+  int32_t* gs;
+  void* out;
+  TimingBuffers(int64_t G, int64_t N, int64_t K, int64_t M) {
+    CK(cudaMalloc(&rhs, G * N * K / 2));
+    CK(cudaMalloc(&rhs_s, G * N * K / 16));
+    CK(cudaMalloc(&lhs, M * K * 2));
+    CK(cudaMalloc(&alpha, G * 4));
+    CK(cudaMalloc(&gs, G * 4));
+    CK(cudaMalloc(&ws, jax_nvfp4::GroupedGemmWorkspaceBytes(G)));
+    CK(cudaMalloc(&out, M * N * 2));
+    CK(cudaMemset(rhs, 0x5a, G * N * K / 2));
+    CK(cudaMemset(rhs_s, 0x38, G * N * K / 16));
+    CK(cudaMemset(lhs, 0x3f, M * K * 2));
+    std::vector<float> al(G, 1.0f);
+    CK(cudaMemcpy(alpha, al.data(), G * 4, cudaMemcpyHostToDevice));
+  }
+  ~TimingBuffers() {
+    for (void* q : {static_cast<void*>(rhs), static_cast<void*>(rhs_s), static_cast<void*>(lhs),
+                    static_cast<void*>(ws), static_cast<void*>(alpha), static_cast<void*>(gs), out})
+      cudaFree(q);
+  }
+  // params of `rows` rows of the problem (G, N, K) with these group sizes (copied to the device)
+  GroupedGemmParams params(const std::vector<int32_t>& sizes, int64_t rows, int64_t N, int64_t K) {
+    const int64_t G = static_cast<int64_t>(sizes.size());
+    CK(cudaMemcpy(gs, sizes.data(), G * 4, cudaMemcpyHostToDevice));
+    GroupedGemmParams p = make_params(lhs, nullptr, rhs, rhs_s, alpha, gs, out, ws,
+                                      jax_nvfp4::GroupedGemmWorkspaceBytes(G), rows, N, K, G, false, false);
+    p.rhs_layout = g_layout ? 1 : 0;
+    p.v2_converter = g_conv;
+    if (g_force_bt) p.force_token_tile = g_force_bt;
+    return p;
+  }
+};
+
 // --kscan: v2 W4A16 time against K at fixed N, G and rows. A straight-line fit time = a + b * KT
 // per tile separates the per-k-tile cost from a per-tile cost (tile switches, epilogue, lookups).
 static void kscan() {
   const int64_t G = 48, N = 6144, maxK = 7168, maxM = 24576;
-  uint8_t *d_rhs, *d_rhs_s, *d_lhs, *d_ws;
-  float* d_alpha;
-  int32_t* d_gs;
-  void* d_out;
-  CK(cudaMalloc(&d_rhs, G * N * maxK / 2));
-  CK(cudaMalloc(&d_rhs_s, G * N * maxK / 16));
-  CK(cudaMalloc(&d_lhs, maxM * maxK * 2));
-  CK(cudaMalloc(&d_alpha, G * 4));
-  CK(cudaMalloc(&d_gs, G * 4));
-  CK(cudaMalloc(&d_ws, jax_nvfp4::GroupedGemmWorkspaceBytes(G)));
-  CK(cudaMalloc(&d_out, maxM * N * 2));
-  CK(cudaMemset(d_rhs, 0x5a, G * N * maxK / 2));
-  CK(cudaMemset(d_rhs_s, 0x38, G * N * maxK / 16));
-  CK(cudaMemset(d_lhs, 0x3f, maxM * maxK * 2));
-  {
-    std::vector<float> al(G, 1.0f);
-    CK(cudaMemcpy(d_alpha, al.data(), G * 4, cudaMemcpyHostToDevice));
-  }
+  TimingBuffers buf(G, N, maxK, maxM);
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
@@ -516,14 +538,9 @@ static void kscan() {
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   for (int64_t rows : {192, 1536, 24576}) {
     Rng r(1000 + rows);
-    std::vector<int32_t> gs = make_group_sizes(r, rows, G, kExact);
-    CK(cudaMemcpy(d_gs, gs.data(), G * 4, cudaMemcpyHostToDevice));
+    const std::vector<int32_t> gs = make_group_sizes(r, rows, G, kExact);
     for (int64_t K : {1024, 2048, 3072, 4096, 7168}) {
-      GroupedGemmParams p = make_params(d_lhs, nullptr, d_rhs, d_rhs_s, d_alpha, d_gs, d_out, d_ws,
-                                        jax_nvfp4::GroupedGemmWorkspaceBytes(G), rows, N, K, G, false, false);
-      p.rhs_layout = g_layout ? 1 : 0;
-      p.v2_converter = g_conv;
-      if (g_force_bt) p.force_token_tile = g_force_bt;
+      const GroupedGemmParams p = buf.params(gs, rows, N, K);
       const int bt = tile_of(p);
       int64_t tiles = 0;
       for (int32_t g : gs) tiles += (std::max(g, 0) + bt - 1) / bt;
@@ -536,13 +553,6 @@ static void kscan() {
       std::fflush(stdout);
     }
   }
-  cudaFree(d_rhs);
-  cudaFree(d_rhs_s);
-  cudaFree(d_lhs);
-  cudaFree(d_alpha);
-  cudaFree(d_gs);
-  cudaFree(d_ws);
-  cudaFree(d_out);
 }
 
 #if JAX_NVFP4_V2_DIAG == 3
@@ -554,34 +564,14 @@ static void trace_case(const char* name) {
   const int64_t G = 48;
   const bool l1 = !std::strncmp(name, "L1-", 3);
   const int64_t K = l1 ? 7168 : 3072, N = l1 ? 6144 : 7168, rows = std::atoll(name + 3);
-  uint8_t *d_rhs, *d_rhs_s, *d_lhs, *d_ws;
-  float* d_alpha;
-  int32_t* d_gs;
-  void* d_out;
-  unsigned long long* d_tr;
+  TimingBuffers buf(G, N, K, rows);
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const size_t ntr = static_cast<size_t>(sms) * 256 * 8;
-  CK(cudaMalloc(&d_rhs, G * N * K / 2));
-  CK(cudaMalloc(&d_rhs_s, G * N * K / 16));
-  CK(cudaMalloc(&d_lhs, rows * K * 2));
-  CK(cudaMalloc(&d_alpha, G * 4));
-  CK(cudaMalloc(&d_gs, G * 4));
-  CK(cudaMalloc(&d_ws, jax_nvfp4::GroupedGemmWorkspaceBytes(G)));
-  CK(cudaMalloc(&d_out, rows * N * 2));
+  unsigned long long* d_tr;
   CK(cudaMalloc(&d_tr, ntr * 8));
-  CK(cudaMemset(d_rhs, 0x5a, G * N * K / 2));
-  CK(cudaMemset(d_rhs_s, 0x38, G * N * K / 16));
-  CK(cudaMemset(d_lhs, 0x3f, rows * K * 2));
-  CK(cudaMemset(d_alpha, 0, G * 4));
   Rng r(1000 + rows);
-  std::vector<int32_t> gs = make_group_sizes(r, rows, G, kExact);
-  CK(cudaMemcpy(d_gs, gs.data(), G * 4, cudaMemcpyHostToDevice));
-  GroupedGemmParams p = make_params(d_lhs, nullptr, d_rhs, d_rhs_s, d_alpha, d_gs, d_out, d_ws,
-                                    jax_nvfp4::GroupedGemmWorkspaceBytes(G), rows, N, K, G, false, false);
-  p.rhs_layout = g_layout ? 1 : 0;
-  p.v2_converter = g_conv;
-  if (g_force_bt) p.force_token_tile = g_force_bt;
+  const GroupedGemmParams p = buf.params(make_group_sizes(r, rows, G, kExact), rows, N, K);
   CK(jax_nvfp4::GroupedGemmWgmmaSetTrace(d_tr));
   CK(launch(p, 0));  // warm-up
   CK(cudaMemset(d_tr, 0, ntr * 8));
@@ -613,13 +603,6 @@ static void trace_case(const char* name) {
               "%.0f clk before the consumer and issued at %.0f clk per k-tile\n",
               name, g_layout ? "sm90" : "checkpoint", g_conv ? ", converter variant" : "", tile_of(p), mainl.size(),
               med(mainl), med(look), med(epi), med(gap), med(lead), med(span));
-  cudaFree(d_rhs);
-  cudaFree(d_rhs_s);
-  cudaFree(d_lhs);
-  cudaFree(d_alpha);
-  cudaFree(d_gs);
-  cudaFree(d_ws);
-  cudaFree(d_out);
   cudaFree(d_tr);
 }
 #endif
