@@ -4,8 +4,9 @@
 
 Per case (48 experts, skewed random group sizes) it times: jax_nvfp4 W4A16 and W4A4 (the custom
 call) with checkpoint-layout weights and with weights prepared once, outside the timed call, in the
-sm90 layout (``w4a16_sm90``, ``w4a4_sm90``; :func:`jax_nvfp4.prepare_weights`), ``jax.lax.ragged_dot`` on bf16 weights, XLA dequantize + ragged_dot, and the Pallas
-Mosaic-GPU ragged_dot on bf16 weights (best of a few tile configs). It prints median ms,
+sm90 layout (``w4a16_sm90``, ``w4a4_sm90``; :func:`jax_nvfp4.prepare_weights`),
+``jax.lax.ragged_dot`` on bf16 weights, XLA dequantize + ragged_dot, and the Pallas Mosaic-GPU
+ragged_dot on bf16 weights (best of a few tile configs). It prints median ms,
 TFLOP/s, weight GB/s and % of the floor (max of weight bytes / 4.05 TB/s and FLOPs / 711
 TFLOP/s, the H200 ceilings measured in ../shared/h200-baseline.md), writes JSON and a PNG plot.
 """
