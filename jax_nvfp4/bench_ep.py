@@ -1,0 +1,179 @@
+"""Benchmark and check of the expert-parallel MoE layer on the devices present.
+
+    python -m jax_nvfp4.bench_ep [--tokens 256,8192] [--ep 8] [--out bench-ep-out]
+
+DeepSeek-V4-Pro layer shapes (H 7168, I 3072, 384 experts, top-6, one shared expert) with random
+NVFP4 weights. Per token count it runs the layer on one device (:func:`jax_nvfp4.moe`, all
+experts there) and on ``--ep`` devices (:func:`jax_nvfp4.moe_expert_parallel`, E/ep experts
+each) with both combines, and prints:
+
+- max |EP - single| over the output, against the bound for float32 summation-order rounding
+  (float32 tokens, so the output is float32 and not rounded to bf16): ``--rtol`` times the
+  largest output magnitude, per token row;
+- median ms of the whole layer, of the collective alone (the same psum / psum_scatter on a
+  float32 ``[T, H]`` per device, what the layer's combine moves) and the collective's share.
+
+On CPU, use small shapes (``--experts 16 --hidden 256 --inter 128``) and 8 host devices
+(``XLA_FLAGS=--xla_force_host_platform_device_count=8``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from . import layout, moe_params, quantization, sharding
+from .moe import moe as moe_layer
+from .bench import _driver_version, time_ms
+
+
+def random_layer(config: moe_params.MoEConfig, seed: int = 0, device=None):
+    """Random DeepSeek-style NVFP4 MoE weights (Gaussian, std 1/sqrt(fan_in), quantized).
+
+    Experts are made and quantized one at a time (``lax.map``), so only one expert's float
+    weights exist at once: 384 V4-Pro experts are 13 GB in NVFP4 but 51 GB in bf16.
+    """
+    e, h, i = config.num_experts, config.hidden_size, config.intermediate_size
+    si = i * config.n_shared_experts
+    keys = jax.random.split(jax.random.key(seed), 7)
+
+    def normal(key, shape, fan_in):
+        return (jax.random.normal(key, shape, jnp.float32) * fan_in ** -0.5).astype(jnp.bfloat16)
+
+    @jax.jit
+    def make():
+        w13 = jax.lax.map(lambda k: quantization.quantize(normal(k, (2 * i, h), h)),
+                          jax.random.split(keys[1], e))
+        w2 = jax.lax.map(lambda k: quantization.quantize(normal(k, (h, i), i)),
+                         jax.random.split(keys[2], e))
+        return moe_params.MoEWeights(
+            router_weight=jax.random.normal(keys[0], (e, h), jnp.float32) * h ** -0.5,
+            w13=w13, w2=w2,
+            router_bias=jax.random.normal(keys[3], (e,), jnp.float32) * 0.01,
+            shared_w13=None if not si else quantization.quantize(normal(keys[4], (2 * si, h), h)),
+            shared_w2=None if not si else quantization.quantize(normal(keys[5], (h, si), si)))
+
+    with jax.default_device(device or jax.devices()[0]):
+        return make()
+
+
+def collective_fn(mesh, combine, axis_name="ep"):
+    """The layer's combine alone: psum / psum_scatter of a float32 [T, H] per device."""
+    out_spec = P() if combine == "psum" else P(axis_name)
+
+    def body(part):
+        part = part[0]
+        if combine == "psum":
+            return jax.lax.psum(part, axis_name)
+        return jax.lax.psum_scatter(part, axis_name, scatter_dimension=0, tiled=True)
+
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(axis_name), out_specs=out_spec))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", default="256,8192", help="comma list of token counts T")
+    p.add_argument("--ep", type=int, default=None, help="devices on the expert axis (default all)")
+    p.add_argument("--experts", type=int, default=384)
+    p.add_argument("--hidden", type=int, default=7168)
+    p.add_argument("--inter", type=int, default=3072)
+    p.add_argument("--activation", choices=("w4a4", "w4a16"), default="w4a4")
+    p.add_argument("--layout", choices=layout.LAYOUTS, default="sm90",
+                   help="weight layout (sm90: prepared once at load time, the fast path)")
+    p.add_argument("--rtol", type=float, default=1e-5,
+                   help="bound on |EP - single| relative to the row's largest |output|")
+    p.add_argument("--out", default=None, help="folder for bench_ep.json")
+    args = p.parse_args(argv)
+
+    ndev = jax.device_count()
+    ep = args.ep or ndev
+    if not 1 <= ep <= ndev:
+        p.error(f"--ep {ep}: expected 1..{ndev} (devices present)")
+    tokens = [int(t) for t in args.tokens.split(",") if t]
+    config = moe_params.MoEConfig.deepseek_v4_pro(
+        num_experts=args.experts, hidden_size=args.hidden, intermediate_size=args.inter,
+        activation=args.activation)
+    if config.num_experts % ep:
+        p.error(f"--experts {config.num_experts} is not divisible by --ep {ep}")
+    dev0 = jax.devices()[0]
+    print(f"devices: {ndev} x {dev0.device_kind} ({dev0.platform}), jax {jax.__version__}; "
+          f"layer E={config.num_experts} top-{config.top_k} H={config.hidden_size} "
+          f"I={config.intermediate_size} +{config.n_shared_experts} shared, {config.activation}, "
+          f"{args.layout} layout; ep={ep} ({config.num_experts // ep} experts/device)", flush=True)
+
+    weights = random_layer(config, device=dev0)
+    if args.layout != "checkpoint":
+        with jax.default_device(dev0):
+            weights = layout.prepare_weights(weights, args.layout)
+    mesh = jax.make_mesh((ep,), ("ep",), devices=jax.devices()[:ep])
+    sharded = sharding.shard_moe_weights(weights, mesh)
+    single = jax.jit(lambda x, w: moe_layer(x, w, config))
+    results = []
+    for t in tokens:
+        x = jax.device_put(jax.random.normal(jax.random.key(t), (t, config.hidden_size),
+                                             jnp.float32), dev0)
+        ref = np.asarray(single(x, weights))
+        bound = args.rtol * np.abs(ref).max(axis=1, keepdims=True) + 1e-30
+        ms_single = time_ms(single, x, weights)
+        row = {"tokens": t, "single_ms": round(ms_single, 4)}
+        print(f"T={t:6d} single device ({config.num_experts} experts): {ms_single:8.3f} ms",
+              flush=True)
+        xr = jax.device_put(x, NamedSharding(mesh, P()))
+        for combine in sharding.COMBINES:
+            if combine == "psum_scatter" and t % ep:
+                print(f"  {combine}: skipped (T={t} not divisible by {ep})")
+                continue
+            f = jax.jit(lambda x, w, c=combine: sharding.moe_expert_parallel(
+                x, w, config, mesh, combine=c))
+            out = np.asarray(f(xr, sharded))
+            diff = np.abs(out - ref)
+            ok = bool(np.all(diff <= bound))
+            ms = time_ms(f, xr, sharded)
+            part = jax.device_put(jnp.ones((ep, t, config.hidden_size), jnp.float32),
+                                  NamedSharding(mesh, P("ep")))
+            ms_coll = time_ms(collective_fn(mesh, combine), part)
+            row[combine] = {"ms": round(ms, 4), "collective_ms": round(ms_coll, 4),
+                            "collective_share": round(ms_coll / ms, 3),
+                            "max_abs_diff": float(diff.max()),
+                            "max_rel_diff": float((diff / (bound / args.rtol)).max()),
+                            "within_rtol": ok}
+            print(f"  ep={ep} {combine:12s}: {ms:8.3f} ms, collective alone {ms_coll:7.3f} ms "
+                  f"({100 * ms_coll / ms:4.1f}%), max |EP - single| {diff.max():.2e} "
+                  f"(max rel {row[combine]['max_rel_diff']:.1e}, "
+                  f"{'OK' if ok else 'FAIL'} at rtol {args.rtol:g})", flush=True)
+            del part
+        results.append(row)
+    meta = {"device": dev0.device_kind, "devices": ndev, "ep": ep, "jax": jax.__version__,
+            "driver": _driver_version(), "config": {
+                "experts": config.num_experts, "top_k": config.top_k,
+                "hidden": config.hidden_size, "inter": config.intermediate_size,
+                "activation": config.activation, "layout": args.layout},
+            "results": results}
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "bench_ep.json"), "w") as fh:
+            json.dump(meta, fh, indent=1)
+    print(f"\n| T | single (ms) | ep={ep} psum (ms) | psum alone | ep={ep} psum_scatter (ms) "
+          f"| psum_scatter alone | max rel diff | ok |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        a, b = r.get("psum", {}), r.get("psum_scatter", {})
+        rel = max(a.get("max_rel_diff", 0), b.get("max_rel_diff", 0))
+        ok = a.get("within_rtol", True) and b.get("within_rtol", True)
+        print(f"| {r['tokens']} | {r['single_ms']:.3f} | {a.get('ms', float('nan')):.3f} | "
+              f"{a.get('collective_ms', float('nan')):.3f} | {b.get('ms', float('nan')):.3f} | "
+              f"{b.get('collective_ms', float('nan')):.3f} | {rel:.1e} | {ok} |")
+    if not all(r.get(c, {}).get("within_rtol", True) for r in results for c in sharding.COMBINES):
+        raise SystemExit("expert-parallel output differs from the single-device layer")
+    return meta
+
+
+if __name__ == "__main__":
+    main()
