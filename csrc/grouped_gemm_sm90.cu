@@ -152,9 +152,16 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads, MIN_BLOCKS)
   const float fp4_fix = A_FP4 ? 16384.0f : 128.0f;
 
   for (int tile = blockIdx.y; tile < total_tiles; tile += gridDim.y) {
-    int cnt = 0;
-    for (int64_t j = 1 + tid; j <= G; j += NTH) cnt += prefix[j] <= tile;
-    const int g = __syncthreads_count(cnt);
+    // g = #{j in 1..G : prefix[j] <= tile}, counted NTH entries per round. __syncthreads_count
+    // counts threads, not a per-thread sum, so each thread tests one entry per round; prefix is
+    // nondecreasing, so a round that is not full ends the count (c is block-uniform).
+    int g = 0;
+    for (int64_t j0 = 1; j0 <= G; j0 += NTH) {
+      const int64_t j = j0 + tid;
+      const int c = __syncthreads_count(j <= G && prefix[j] <= tile);
+      g += c;
+      if (c < NTH) break;
+    }
     const int64_t row0 = starts[g] + static_cast<int64_t>(tile - prefix[g]) * BT;
     const int64_t rend = ends[g];
 

@@ -68,6 +68,13 @@ def check_output(out, m, n, sizes, out_dtype, ref):
     return out
 
 
+def _many_groups(g, rows, seed):
+    """g skewed group sizes (some 0) summing to rows."""
+    r = np.random.default_rng(seed)
+    p = np.exp(r.normal(0.0, 1.0, g))
+    return [int(v) for v in r.multinomial(rows, p / p.sum())]
+
+
 SHAPES = [  # (M, N, K, group sizes)
     (1, 8, 32, [1]),
     (37, 8, 96, [5, 0, 20]),                   # sum < M, empty group
@@ -80,6 +87,11 @@ SHAPES = [  # (M, N, K, group sizes)
     # several 128-row token tiles per group, sum of sizes < M)
     (700, 200, 320, [100, 0, 250, 3, 97, 0, 130, 20, 50]),
     (2048, 256, 1024, [900, 4, 0, 600, 300, 244]),
+    # more groups than a CTA has threads (v1: 128 at token tiles 16-64, 256 at 128): the tile ->
+    # group lookup counts in rounds (a V4-Pro layer on one GPU has 384 experts)
+    (1200, 128, 64, _many_groups(384, 1150, seed=1)),   # ~3 rows each: v1, token tile 16
+    (15000, 8, 96, _many_groups(300, 14900, seed=2)),   # ~50 rows each, K % 64 != 0: v1, tile 64
+    (10400, 128, 128, _many_groups(260, 10400, seed=3)),  # ~40 rows each: v2
 ]
 
 
@@ -181,6 +193,7 @@ SM90_SHAPES = [  # (M, N, K, group sizes); the sm90 layout needs N % 128 == 0 an
     (60, 128, 256, [-5, 30, 100]),             # negative size counts as 0, sum clamped to M
     (200, 128, 64, list(np.diff(np.linspace(0, 190, 17).astype(int)))),  # G = 16
     (2048, 256, 1024, [900, 4, 0, 600, 300, 244]),   # several 128-row token tiles per group
+    (1200, 128, 64, _many_groups(384, 1150, seed=4)),   # G > threads per CTA (v1, tile 16)
 ]
 
 

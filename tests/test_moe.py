@@ -157,6 +157,20 @@ def test_moe_against_float64(rng, backend, activation, scale):
     assert out16.dtype == jnp.bfloat16
 
 
+def test_many_experts_against_float64(rng):
+    # More experts than a GEMM CTA has threads (V4-Pro on one GPU holds 384): every expert's
+    # rows must come out right, not only the first ones (a v1 tile lookup bug once lost them).
+    e, h, i, t = 320, 64, 32, 192
+    f = float_layer(rng, e=e, h=h, i=i)
+    w = quantized(f)
+    c = cfg(num_experts=e, hidden_size=h, intermediate_size=i, activation="w4a16")
+    x = rng.standard_normal((t, h)).astype(np.float32)
+    out = np.asarray(jax.jit(lambda x, w: jn.moe(x, w, c))(jnp.asarray(x), w))
+    ref, ids = np_moe(x, w, c)
+    assert np.unique(ids).size > 256
+    assert np.isfinite(out).all() and rel_err(out, ref) <= 1e-5
+
+
 def test_gate_up_with_different_global_scales(rng):
     f = float_layer(rng, per_half=True)
     w = quantized(f, per_half=True)

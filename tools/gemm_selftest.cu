@@ -680,6 +680,9 @@ int main(int argc, char** argv) {
         cases.push_back({1000, 136, 7168, 64, kOversized});
         cases.push_back({4096, 7168, 3072, 48, kSkewEmpty});
         cases.push_back({20000, 384, 1024, 8, kSkewEmpty});
+        // V4-Pro decode on one GPU: 384 experts, ~4 rows each (L1 and L2 shapes)
+        cases.push_back({1536, 7168, 3072, 384, kSkewEmpty});
+        cases.push_back({1536, 6144, 7168, 384, kSkewEmpty});
       }
       uint64_t s = seed;
       for (const Case& c : cases)
