@@ -168,7 +168,8 @@ def test_many_experts_against_float64(rng):
     out = np.asarray(jax.jit(lambda x, w: jn.moe(x, w, c))(jnp.asarray(x), w))
     ref, ids = np_moe(x, w, c)
     assert np.unique(ids).size > 256
-    assert np.isfinite(out).all() and rel_err(out, ref) <= 1e-5
+    # float32 accumulation vs float64 (1.2e-5 measured on the H200); the bug gave NaN / O(1)
+    assert np.isfinite(out).all() and rel_err(out, ref) <= 5e-5
 
 
 def test_gate_up_with_different_global_scales(rng):
