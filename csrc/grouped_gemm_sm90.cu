@@ -232,19 +232,25 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads, MIN_BLOCKS)
     // k-tiles whose 4 scale bytes can be fetched with one 4-byte cp.async
     const int kt_vec = p.scales_vec ? static_cast<int>(KS / 4) : 0;
 
-    auto load_scales = [&](uint8_t* st, const Cp& cp, int kt, const uint8_t* base) {
-      if (cp.lim < 0) return;
+    // A chunk's src is a valid address for every k-tile: past lim the copy zero-fills from src
+    // itself (offset 0), so the k loop needs no pointer select. Chunk counts that divide NTH give
+    // every thread its chunks (lim >= 0): the "no chunk" test is then compiled out.
+    constexpr bool kWAll = (kBW * 2) % NTH == 0, kWSAll = kBW % NTH == 0;
+    constexpr bool kAAll = (A_FP4 ? BT * 2 : BT * 8) % NTH == 0, kASAll = BT % NTH == 0;
+    auto load_scales = [&](uint8_t* st, const Cp& cp, int kt, bool all) {
+      if (!all && cp.lim < 0) return;
       uint8_t* dst = st + cp.dst;
-      if (cp.lim == 0) {
-        cp4(dst, base, false);
-      } else if (kt < kt_vec) {
-        cp4(dst, cp.src + kt * 4, true);
+      if (kt < kt_vec) {
+        const bool v = cp.lim > 0;
+        cp4(dst, cp.src + (v ? kt * 4 : 0), v);
       } else {
         const int64_t kg0 = static_cast<int64_t>(kt) * 4;
         uint32_t v = 0;
+        if (cp.lim > 0) {
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
-          if (kg0 + q < KS) v |= static_cast<uint32_t>(__ldg(cp.src + kg0 + q)) << (8 * q);
+          for (int q = 0; q < 4; ++q)
+            if (kg0 + q < KS) v |= static_cast<uint32_t>(__ldg(cp.src + kg0 + q)) << (8 * q);
+        }
         *reinterpret_cast<uint32_t*>(dst) = v;
       }
     };
@@ -253,22 +259,22 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads, MIN_BLOCKS)
       uint8_t* st = smem + stage * C::kStage;
 #pragma unroll
       for (int j = 0; j < kWCh; ++j) {
-        if (wcp[j].lim < 0) continue;
+        if (!kWAll && wcp[j].lim < 0) continue;
         const bool v = kt < wcp[j].lim;
-        cp16(st + wcp[j].dst, v ? wcp[j].src + kt * 32 : p.rhs, v);
+        cp16(st + wcp[j].dst, wcp[j].src + (v ? kt * 32 : 0), v);
       }
 #pragma unroll
-      for (int j = 0; j < kWSr; ++j) load_scales(st, wscp[j], kt, p.rhs_scales);
+      for (int j = 0; j < kWSr; ++j) load_scales(st, wscp[j], kt, kWSAll);
       constexpr int kStep = A_FP4 ? 32 : 128;  // global bytes per k-tile of one activation row
 #pragma unroll
       for (int j = 0; j < kACh; ++j) {
-        if (acp[j].lim < 0) continue;
+        if (!kAAll && acp[j].lim < 0) continue;
         const bool v = kt < acp[j].lim;
-        cp16(st + acp[j].dst, v ? acp[j].src + static_cast<int64_t>(kt) * kStep : p.lhs, v);
+        cp16(st + acp[j].dst, acp[j].src + (v ? static_cast<int64_t>(kt) * kStep : 0), v);
       }
       if constexpr (A_FP4) {
 #pragma unroll
-        for (int j = 0; j < kASr; ++j) load_scales(st, ascp[j], kt, p.lhs_scales);
+        for (int j = 0; j < kASr; ++j) load_scales(st, ascp[j], kt, kASAll);
       }
     };
 
