@@ -35,12 +35,15 @@ import jax_nvfp4 as jn  # noqa: E402
 
 
 def time_call(f, *args, n=5):
-    """Seconds per call of an already-compiled f (after one warm-up call)."""
+    """Seconds per call of an already-compiled f (after one warm-up call).
+
+    Each call is waited for: with several multi-device calls in flight, XLA:CPU's collectives
+    can starve on a small machine's thread pool (the all-reduce rendezvous then aborts).
+    """
     jax.block_until_ready(f(*args))
     t0 = time.perf_counter()
     for _ in range(n):
-        out = f(*args)
-    jax.block_until_ready(out)
+        jax.block_until_ready(f(*args))
     return (time.perf_counter() - t0) / n
 
 

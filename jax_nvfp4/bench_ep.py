@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import time
 
 import jax
 import jax.numpy as jnp
@@ -62,6 +64,17 @@ def random_layer(config: moe_params.MoEConfig, seed: int = 0, device=None):
 
     with jax.default_device(device or jax.devices()[0]):
         return make()
+
+
+def blocking_time_ms(f, *args, repeats=5):
+    """Median ms of single calls, each waited for (see :func:`main`: CPU meshes)."""
+    jax.block_until_ready(f(*args))
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples)
 
 
 def collective_fn(mesh, combine, axis_name="ep"):
@@ -108,6 +121,10 @@ def main(argv=None):
           f"I={config.intermediate_size} +{config.n_shared_experts} shared, {config.activation}, "
           f"{args.layout} layout; ep={ep} ({config.num_experts // ep} experts/device)", flush=True)
 
+    # XLA:CPU runs each device's part of a collective on a shared thread pool: with several
+    # multi-device calls in flight on a small machine the all-reduce rendezvous can starve and
+    # abort, so on CPU every timed call is waited for.
+    timer = blocking_time_ms if dev0.platform == "cpu" else time_ms
     weights = random_layer(config, device=dev0)
     if args.layout != "checkpoint":
         with jax.default_device(dev0):
@@ -121,7 +138,7 @@ def main(argv=None):
                                              jnp.float32), dev0)
         ref = np.asarray(single(x, weights))
         bound = args.rtol * np.abs(ref).max(axis=1, keepdims=True) + 1e-30
-        ms_single = time_ms(single, x, weights)
+        ms_single = timer(single, x, weights)
         row = {"tokens": t, "single_ms": round(ms_single, 4)}
         print(f"T={t:6d} single device ({config.num_experts} experts): {ms_single:8.3f} ms",
               flush=True)
@@ -135,10 +152,10 @@ def main(argv=None):
             out = np.asarray(f(xr, sharded))
             diff = np.abs(out - ref)
             ok = bool(np.all(diff <= bound))
-            ms = time_ms(f, xr, sharded)
+            ms = timer(f, xr, sharded)
             part = jax.device_put(jnp.ones((ep, t, config.hidden_size), jnp.float32),
                                   NamedSharding(mesh, P("ep")))
-            ms_coll = time_ms(collective_fn(mesh, combine), part)
+            ms_coll = timer(collective_fn(mesh, combine), part)
             row[combine] = {"ms": round(ms, 4), "collective_ms": round(ms_coll, 4),
                             "collective_share": round(ms_coll / ms, 3),
                             "max_abs_diff": float(diff.max()),

@@ -1,0 +1,62 @@
+"""jax_nvfp4.bench_ep (the expert-parallel benchmark and check) on 8 CPU devices, small shapes.
+
+The benchmark is also the check that the multi-GPU layer equals the one-device layer, so it must
+fail loudly when they differ; these tests run it end to end and feed it a wrong layer.
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_nvfp4 as jn
+from jax_nvfp4 import bench_ep, sharding
+
+SMALL = ["--experts", "16", "--hidden", "128", "--inter", "64"]
+
+
+def test_runs_both_combines_and_writes_json(tmp_path):
+    meta = bench_ep.main(SMALL + ["--tokens", "24,20", "--ep", "8", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "bench_ep.json").read_text())
+    assert saved["results"] == meta["results"] and saved["ep"] == 8
+    by_t = {r["tokens"]: r for r in meta["results"]}
+    for combine in sharding.COMBINES:
+        r = by_t[24][combine]
+        assert r["within_rtol"] and r["max_rel_diff"] <= 1e-5
+        assert r["ms"] > 0 and r["collective_ms"] > 0
+    assert "psum" in by_t[20] and "psum_scatter" not in by_t[20]   # 20 tokens do not split 8 ways
+
+
+def test_a_wrong_expert_parallel_layer_fails(monkeypatch):
+    real = sharding.moe_expert_parallel
+
+    def off_by_a_bit(x, w, config, mesh, **kw):
+        out = real(x, w, config, mesh, **kw)
+        return out + 1e-3 * jnp.abs(out).max()
+
+    monkeypatch.setattr(sharding, "moe_expert_parallel", off_by_a_bit)
+    with pytest.raises(SystemExit, match="differs from the single-device layer"):
+        bench_ep.main(SMALL + ["--tokens", "16", "--ep", "4"])
+
+
+def test_random_layer_is_a_sane_nvfp4_layer():
+    c = jn.MoEConfig.deepseek_v4_pro(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64)
+    w = bench_ep.random_layer(c, seed=3)
+    assert w.w13.shape == (4, 128, 128) and w.w2.shape == (4, 128, 64)
+    assert w.shared_w13.shape == (128, 128) and w.shared_w2.shape == (128, 64)
+    for t, fan_in in ((w.w13, 128), (w.w2, 64)):
+        d = np.asarray(jn.dequantize(t))
+        assert np.isfinite(d).all()
+        # Gaussian with std fan_in^-0.5, through 4-bit rounding
+        assert 0.85 < d.std() * fan_in ** 0.5 < 1.15
+    again = bench_ep.random_layer(c, seed=3)
+    assert all(jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), w, again)))
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(SystemExit):
+        bench_ep.main(SMALL + ["--ep", "3"])          # 16 experts do not split over 3
+    with pytest.raises(SystemExit):
+        bench_ep.main(SMALL + ["--ep", "9"])          # only 8 devices
