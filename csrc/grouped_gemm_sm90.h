@@ -35,10 +35,6 @@ struct GroupedGemmParams {
   // jax_nvfp4/layout.py (needs N % 128 == 0 and K % 64 == 0; bf16 activations only: both kernels
   // read it for W4A16, v1 returns cudaErrorNotSupported for W4A4 with it).
   int rhs_layout = 0;
-  // Tools only: the experimental converter-warpgroup variant of v2 (sm90 layout, W4A16; a fourth
-  // warpgroup converts the weights to bf16 in shared memory for SS wgmmas; docs/perf-notes.md,
-  // session 4). Not validated on a GPU yet; nothing in the library sets it.
-  bool v2_converter = false;
   // Expected rows inside the groups (0: unknown, M is used). Only steers the kernel and token-tile
   // choice: under expert parallelism M counts every routed row but the groups hold the local ones.
   int64_t rows_hint = 0;

@@ -54,13 +54,9 @@
 // (32 prefix entries per step, ballot), so the lookup is one or two L2 loads per tile.
 // A tail kernel zeroes rows past the last group, as in v1.
 //
-// Experimental converter variant (template CONV, GroupedGemmParams::v2_converter, tools only, NOT
-// yet run on a GPU): 512 threads; warpgroup 3 converts each stage's sm90-layout weights (times the
-// scale warps' scales) to bf16 with stmatrix into a 16 KB 128B-swizzled tile in the stage, fences
-// them for the async proxy and arrives on conv[s] (128 threads); the consumers wait conv[s] and
-// full[s] and issue SS wgmmas with no integer work. Built for 128-token tiles, 5 stages of 39 KB.
-// Why: integer work in the wgmma-issuing warps barely overlaps the tensor pipe, in other warps it
-// does (docs/perf-notes.md, sessions 3-4); the question is whether shared memory keeps up.
+// A converter-warpgroup variant (a fourth warpgroup converting the weights to bf16 in shared
+// memory for SS wgmmas) was 16-27% slower on the H200 and was removed in session 5
+// (docs/perf-notes.md, session 5; tools/wgmma_microbench.cu conv mode shows why).
 
 #include "csrc/grouped_gemm_sm90_wgmma.h"
 #include "csrc/grouped_gemm_schedule.cuh"
@@ -96,12 +92,6 @@ constexpr int kConsumerWarps = 8;
 constexpr int kProducerRegs = 56;
 constexpr int kConsumerRegs = 224;
 constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales for the consumers
-// Experimental converter variant (CONV, tools only; docs/perf-notes.md session 4): a fourth
-// warpgroup converts each stage's weights to bf16 in shared memory and the consumers issue SS
-// wgmmas, so that no integer work sits in the warps that issue the wgmmas.
-constexpr int kThreadsConv = 512;
-constexpr int kConsumerRegsConv = 152;
-constexpr int kConverterRegs = 96;
 
 // A 256-token tile (m64n256: 128 f32 accumulators per thread) made ptxas serialize the wgmmas
 // (C7512, too few registers beside the double-buffered fragments); removed in session 3.
@@ -138,16 +128,15 @@ constexpr int kTraceTiles = 256;  // tiles per CTA recorded
 
 // Workspace layout, setup and tail kernels: csrc/grouped_gemm_schedule.cuh (shared with v1).
 
-template <int BTMAX, int STAGES, bool CONV = false>
+template <int BTMAX, int STAGES>
 struct WCfg {
   static constexpr int kActOff = 0;                          // bf16 [BTMAX][64], 128B swizzle
   static constexpr int kWOff = BTMAX * kBK * 2;              // u8 [128][32] packed e2m1
   static constexpr int kSOff = kWOff + kRowsW * kBK / 2;     // u8 [128][4] e4m3 scales (raw)
   static constexpr int kS2Off = kSOff + kRowsW * 4;          // u32 [128][4] bf16x2 (s, s) * 2^119
-  static constexpr int kAbfOff = (kS2Off + kRowsW * 16 + 1023) / 1024 * 1024;  // CONV: bf16 [128][64], 128B swizzle
-  static constexpr int kStage = CONV ? kAbfOff + kRowsW * kBK * 2 : kAbfOff;
-  static constexpr int kBarOff = STAGES * kStage;            // full[], ready[], empty[] (, conv[])
-  static constexpr int kSmem = kBarOff + (CONV ? 4 : 3) * STAGES * 8 + 1024;  // + slack for 1024B alignment
+  static constexpr int kStage = (kS2Off + kRowsW * 16 + 1023) / 1024 * 1024;  // 128B swizzle needs 1024B-aligned tiles
+  static constexpr int kBarOff = STAGES * kStage;            // full[], ready[], empty[]
+  static constexpr int kSmem = kBarOff + 3 * STAGES * 8 + 1024;  // + slack for 1024B alignment
   static_assert(kSmem <= 232448 - 1024, "shared memory");
   static_assert(BTMAX % kBoxT == 0 && BTMAX <= 128, "token tile");
 };
@@ -252,38 +241,21 @@ __device__ __forceinline__ void advance_stage(int& s, uint32_t& ph) {
   }
 }
 
-// WGMMA m64nNk16, both operands K-major: RS (A, bf16, from registers; B from shared memory) and
-// SS (both from shared memory; the CONV variant).
+// WGMMA m64nNk16 RS, both operands K-major: A (bf16) from registers, B from shared memory.
 template <int NN>
 struct WgOps;
 template <>
 struct WgOps<32> {
   using RS = gmma::MMA_64x32x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
-  using SS = gmma::MMA_64x32x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
 };
 template <>
 struct WgOps<64> {
   using RS = gmma::MMA_64x64x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
-  using SS = gmma::MMA_64x64x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
 };
 template <>
 struct WgOps<128> {
   using RS = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
-  using SS = gmma::MMA_64x128x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
 };
-
-template <int NN, typename Acc, size_t... I>
-__device__ __forceinline__ void wgmma_ss(uint64_t da, uint64_t db, Acc& acc, gmma::ScaleOut sc,
-                                         std::index_sequence<I...>) {
-  WgOps<NN>::SS::fma(da, db, acc[I]..., sc);
-}
-
-// Four 8x8 b16 matrices from the mma fragment registers; lane l gives row l % 8 of matrix l / 8.
-__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
-               "r"(r2), "r"(r3)
-               : "memory");
-}
 
 template <int NN, typename Acc, size_t... I>
 __device__ __forceinline__ void wgmma_rs(const uint32_t (&a)[4], uint64_t desc, Acc& acc, gmma::ScaleOut sc,
@@ -464,50 +436,6 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
   if (lane == 0) mbar_arrive(empty0 + prev_s * 8);
 }
 
-// CONV: the converter warpgroup left the stage's weights as bf16 (K-major, 128-byte swizzle) in
-// the stage; consumer warpgroup wg (0/1) issues SS wgmmas on its 64 rows. Consumes KT stages.
-template <int NN, int BTMAX, int STAGES>
-__device__ __forceinline__ void consumer_mainloop_ss(float (&acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
-                                                     int wg, int& s, uint32_t& ph) {
-  using C = WCfg<BTMAX, STAGES, true>;
-  const uint32_t full0 = bar_base;
-  const uint32_t empty0 = bar_base + 2 * STAGES * 8;
-  const uint32_t conv0 = bar_base + 3 * STAGES * 8;
-  const int lane = threadIdx.x & 31;
-  int prev_s = 0;
-#pragma unroll 1
-  for (int kt = 0; kt < KT; ++kt) {
-    mbar_wait(conv0 + s * 8, ph);
-    mbar_wait(full0 + s * 8, ph);  // the activation tile (TMA), made visible to this thread
-    const uint32_t st = smem_u32(smem) + s * C::kStage;
-    uint64_t da[4], db[4];
-#pragma unroll
-    for (int kb = 0; kb < 4; ++kb) {
-      da[kb] = smem_desc_sw128(st + C::kAbfOff + wg * 64 * 128 + kb * 32);
-      db[kb] = smem_desc_sw128(st + C::kActOff + kb * 32);
-      asm volatile("" : "+l"(da[kb]), "+l"(db[kb])::"memory");
-    }
-    uint32_t first = kt > 0 ? 1u : 0u;
-    uint32_t one = 1u;
-    asm volatile("" : "+r"(first), "+r"(one)::"memory");
-    fence_acc(acc);
-    cute::warpgroup_arrive();
-#pragma unroll
-    for (int kb = 0; kb < 4; ++kb)
-      wgmma_ss<NN>(da[kb], db[kb], acc, static_cast<gmma::ScaleOut>(kb == 0 ? first : one),
-                   std::make_index_sequence<NN / 2>{});
-    cute::warpgroup_commit_batch();
-    fence_acc(acc);
-    cute::warpgroup_wait<1>();
-    if (kt > 0 && lane == 0) mbar_arrive(empty0 + prev_s * 8);
-    prev_s = s;
-    advance_stage<STAGES>(s, ph);
-  }
-  cute::warpgroup_wait<0>();
-  fence_acc(acc);
-  if (lane == 0) mbar_arrive(empty0 + prev_s * 8);
-}
-
 template <int NN, int BTMAX>
 __device__ __forceinline__ void consumer_epilogue(const float (&acc)[BTMAX / 2], const WParams& p, const Tile& t,
                                                   int r0) {
@@ -535,13 +463,12 @@ __device__ __forceinline__ void consumer_epilogue(const float (&acc)[BTMAX / 2],
 }
 
 // ---------------------------------------------------------------------------------------------
-template <int BTMAX, int STAGES, bool SM90L, bool CONV = false>
-__global__ void __launch_bounds__(CONV ? kThreadsConv : kThreads, 1)
+template <int BTMAX, int STAGES, bool SM90L>
+__global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tm_a,
                               const WParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(!CONV || SM90L, "the converter variant reads the sm90 layout");
-  using C = WCfg<BTMAX, STAGES, CONV>;
+  using C = WCfg<BTMAX, STAGES>;
   extern __shared__ uint8_t smem_raw[];
   // Align by an offset from smem_raw (not by casting an integer back to a pointer), so that the
   // compiler keeps the shared address space and emits LDS rather than generic loads.
@@ -557,7 +484,6 @@ __global__ void __launch_bounds__(CONV ? kThreadsConv : kThreads, 1)
       mbar_init(full0 + s * 8, 1 + 32 + 32);       // arrive.expect_tx + scale and weight cp.async lanes
       mbar_init(ready0 + s * 8, kScaleWarps * 32); // every thread of the scale warps
       mbar_init(empty0 + s * 8, kConsumerWarps);   // one per consumer warp
-      if (CONV) mbar_init(empty0 + (STAGES + s) * 8, 128);  // conv[s]: every converter thread
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_a)) : "memory");
@@ -683,12 +609,9 @@ __global__ void __launch_bounds__(CONV ? kThreadsConv : kThreads, 1)
         advance_stage<STAGES>(s, ph);
       }
     }
-  } else if (!CONV || warp < 12) {
+  } else {
     // ------------------------------- consumer warpgroups -------------------------------
-    if constexpr (CONV)
-      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegsConv));
-    else
-      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
     const int cw = warp - 4;                    // consumer warp 0..7
     const int g8 = lane >> 2, t4 = lane & 3;
     const int r0 = cw * 16 + g8;                // tile rows r0 and r0 + 8 (warp cw covers 16cw..16cw+15)
@@ -707,20 +630,11 @@ __global__ void __launch_bounds__(CONV ? kThreadsConv : kThreads, 1)
       V2_TRACE(cw == 0 && lane == 0, ti, 0);
       // smallest WGMMA N covering the tile's rows (every branch is warpgroup-uniform)
       if (BTMAX >= 128 && t.rows > 64) {
-        if constexpr (CONV)
-          consumer_mainloop_ss<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES>(acc, smem, bar_base, KT, cw >> 2, s, ph);
-        else
-          consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph);
+        consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph);
       } else if (BTMAX >= 64 && t.rows > 32) {
-        if constexpr (CONV)
-          consumer_mainloop_ss<(BTMAX >= 64 ? 64 : 32), BTMAX, STAGES>(acc, smem, bar_base, KT, cw >> 2, s, ph);
-        else
-          consumer_mainloop<(BTMAX >= 64 ? 64 : 32), BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph);
+        consumer_mainloop<(BTMAX >= 64 ? 64 : 32), BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph);
       } else {
-        if constexpr (CONV)
-          consumer_mainloop_ss<32, BTMAX, STAGES>(acc, smem, bar_base, KT, cw >> 2, s, ph);
-        else
-          consumer_mainloop<32, BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph);
+        consumer_mainloop<32, BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph);
       }
       V2_TRACE(cw == 0 && lane == 0, ti, 1);
       L += gridDim.x;
@@ -737,52 +651,6 @@ __global__ void __launch_bounds__(CONV ? kThreadsConv : kThreads, 1)
       V2_TRACE_NEXT(ti);
       t = nxt;
       have = have_next;
-    }
-  } else {
-    // ------------------------------- converter warpgroup (CONV) -------------------------------
-    // Warp c converts m16 tiles c and c + 4 of each stage: the sm90 words (one LDS.128 per tile),
-    // times the scales the scale warps converted, stored as bf16 with stmatrix into the stage's
-    // 128B-swizzled K-major weight tile (row r, 16-byte chunk j at r * 128 + ((j ^ (r % 8)) * 16)).
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kConverterRegs));
-    const uint32_t conv0 = bar_base + 3 * STAGES * 8;
-    const int c = warp - 12;
-    const int g8 = lane >> 2;
-    const int mrow = (lane & 7) + ((lane >> 3) & 1) * 8;  // stmatrix: row of the matrix this lane addresses
-    const int mhalf = lane >> 4;                          // matrices 2, 3: k 8..15 of the k-block
-    int s = 0;
-    uint32_t ph = 0;
-    int gcur = 0;
-    Tile t;
-    for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t); L += gridDim.x) {
-#pragma unroll 1
-      for (int kt = 0; kt < KT; ++kt) {
-        mbar_wait(ready0 + s * 8, ph);
-        mbar_wait(full0 + s * 8, ph);  // the weight bytes, made visible to this thread
-        const uint32_t st = smem_u32(smem) + s * C::kStage;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int mt = c + 4 * h;
-          const uint4 wq = lds128(st + C::kWOff + mt * 512 + lane * 16);
-          const uint4 sca = lds128(st + C::kS2Off + (16 * mt + g8) * 16);
-          const uint4 scb = lds128(st + C::kS2Off + (16 * mt + g8 + 8) * 16);
-          const uint32_t wv[4] = {wq.x, wq.y, wq.z, wq.w};
-          const uint32_t sa[4] = {sca.x, sca.y, sca.z, sca.w};
-          const uint32_t sb[4] = {scb.x, scb.y, scb.z, scb.w};
-          const int row = 16 * mt + mrow;
-#pragma unroll
-          for (int kb = 0; kb < 4; ++kb) {
-            uint32_t a0, a1, a2, a3;
-            e2m1_sm90_word(wv[kb], a0, a1, a2, a3);
-            const int chunk = 2 * kb + mhalf;
-            stmatrix_x4(st + C::kAbfOff + row * 128 + ((chunk ^ (row & 7)) << 4), bf16x2_mul(a0, sa[kb]),
-                        bf16x2_mul(a1, sb[kb]), bf16x2_mul(a2, sa[kb]), bf16x2_mul(a3, sb[kb]));
-          }
-        }
-        // generic-proxy stores, read next by wgmma (async proxy)
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        mbar_arrive(conv0 + s * 8);
-        advance_stage<STAGES>(s, ph);
-      }
     }
   }
 #endif
@@ -821,10 +689,10 @@ int num_sms() {
   return sms;
 }
 
-template <int BTMAX, int STAGES, bool SM90L, bool CONV = false>
+template <int BTMAX, int STAGES, bool SM90L>
 cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStream_t stream) {
-  using C = WCfg<BTMAX, STAGES, CONV>;
-  auto kernel = grouped_gemm_wgmma_kernel<BTMAX, STAGES, SM90L, CONV>;
+  using C = WCfg<BTMAX, STAGES>;
+  auto kernel = grouped_gemm_wgmma_kernel<BTMAX, STAGES, SM90L>;
   static std::atomic<uint64_t> done_mask{0};
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -849,7 +717,7 @@ cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStre
                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return cudaErrorInvalidValue;
   }
-  kernel<<<num_sms(), CONV ? kThreadsConv : kThreads, C::kSmem, stream>>>(tm_a, wp);
+  kernel<<<num_sms(), kThreads, C::kSmem, stream>>>(tm_a, wp);
   return cudaGetLastError();
 }
 
@@ -863,7 +731,6 @@ cudaError_t launch_for_tile(int BT, const GroupedGemmParams& p, const WParams& w
 }
 
 int pick_btmax(const GroupedGemmParams& p) {
-  if (p.v2_converter) return 128;  // the experimental variant is built for 128-token tiles only
   const int f = p.force_token_tile;
   if (f == 16 || f == 32) return 32;
   if (f == 64) return 64;
@@ -905,7 +772,6 @@ cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t 
   if (p.M == 0 || p.N == 0) return cudaSuccess;
   if (!GroupedGemmWgmmaHandles(p)) return LaunchGroupedGemmSm90(p, stream);
 
-  if (p.v2_converter && p.rhs_layout != 1) return cudaErrorNotSupported;
   const int BT = pick_btmax(p);
   int* ws = static_cast<int*>(p.workspace);
   cudaError_t e = launch_setup(p, BT, ws, stream);
@@ -925,10 +791,7 @@ cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t 
   wp.KT = static_cast<int>(p.K / kBK);
   wp.out_f32 = p.out_f32;
 
-  if (p.v2_converter)  // experimental (tools only): 128-token tiles, 5 stages of 39 KB
-    e = launch_wgmma<128, 5, true, true>(p, wp, stream);
-  else
-    e = p.rhs_layout == 1 ? launch_for_tile<true>(BT, p, wp, stream) : launch_for_tile<false>(BT, p, wp, stream);
+  e = p.rhs_layout == 1 ? launch_for_tile<true>(BT, p, wp, stream) : launch_for_tile<false>(BT, p, wp, stream);
   if (e != cudaSuccess) return e;
 
   return launch_zero_tail(p, ws, stream);

@@ -9,7 +9,6 @@
 //                      [--force BT]  (bench only that token tile)
 //                      [--layout sm90]  (weights in the sm90 load-time layout: W4A16 cases only)
 //                      [--kscan]  (v2 W4A16 time against K: per-k-tile vs per-tile cost)
-//                      [--conv]  (with --layout sm90: v2's experimental converter-warpgroup variant)
 //                      [--trace L1-192]  (build with -DJAX_NVFP4_V2_DIAG=3: clock64 trace of v2's tile switches)
 //   --small: only small shapes (for compute-sanitizer).
 //   --kernel: which launcher the self-test and the benchmark call (default mma = v1). "both" runs
@@ -182,7 +181,6 @@ static const char* kern_of(const GroupedGemmParams& p) {
 }
 
 static bool g_layout = false;  // --layout sm90: weights in the sm90 load-time layout (W4A16 only)
-static bool g_conv = false;    // --conv: v2's experimental converter-warpgroup variant (needs --layout sm90)
 
 static void run_case(const Case& cs, bool a_fp4, bool out_f32, uint64_t seed, int force_bt = 0) {
   // Under --layout sm90 only the W4A16 cases with N % 128 == 0 and K % 64 == 0 run, on v1 or v2
@@ -248,7 +246,6 @@ static void run_case(const Case& cs, bool a_fp4, bool out_f32, uint64_t seed, in
                                     K, G, a_fp4, out_f32);
   p.force_token_tile = force_bt;
   p.rhs_layout = g_layout ? 1 : 0;
-  p.v2_converter = g_conv;
   CK(launch(p, 0));
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
@@ -452,7 +449,6 @@ static void bench(std::vector<BenchRow>& table) {
         // timing only: the random bytes are valid codes in either layout
         if (g_layout && fp4) continue;
         p.rhs_layout = g_layout ? 1 : 0;
-        p.v2_converter = g_conv;
         for (int bt : {16, 32, 64, 128, 256}) {
           if (g_force_bt ? bt != g_force_bt : (g_sweep == 0 && bt != auto_bt)) continue;
           if (rows >= 6144 && bt == 16) continue;  // hopeless, saves time
@@ -520,7 +516,6 @@ struct TimingBuffers {
     GroupedGemmParams p = make_params(lhs, nullptr, rhs, rhs_s, alpha, gs, out, ws,
                                       jax_nvfp4::GroupedGemmWorkspaceBytes(G), rows, N, K, G, false, false);
     p.rhs_layout = g_layout ? 1 : 0;
-    p.v2_converter = g_conv;
     if (g_force_bt) p.force_token_tile = g_force_bt;
     return p;
   }
@@ -598,10 +593,10 @@ static void trace_case(const char* name) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  std::printf("trace %s (%s layout%s, token tile %d): %zu tiles; medians in clk: mainloop per k-tile %.0f, "
+  std::printf("trace %s (%s layout, token tile %d): %zu tiles; medians in clk: mainloop per k-tile %.0f, "
               "next-tile lookup %.0f, epilogue %.0f, gap to next tile %.0f; weight loader started the tile "
               "%.0f clk before the consumer and issued at %.0f clk per k-tile\n",
-              name, g_layout ? "sm90" : "checkpoint", g_conv ? ", converter variant" : "", tile_of(p), mainl.size(),
+              name, g_layout ? "sm90" : "checkpoint", tile_of(p), mainl.size(),
               med(mainl), med(look), med(epi), med(gap), med(lead), med(span));
   cudaFree(d_tr);
 }
@@ -618,7 +613,6 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--bench-only")) bench_only = true;
     else if (!std::strcmp(argv[i], "--no-sweep")) g_sweep = 0;
     else if (!std::strcmp(argv[i], "--kscan")) do_kscan = true;
-    else if (!std::strcmp(argv[i], "--conv")) g_conv = true;
     else if (!std::strcmp(argv[i], "--trace") && i + 1 < argc) trace_name = argv[++i];
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) g_only = argv[++i];
     else if (!std::strcmp(argv[i], "--force") && i + 1 < argc) g_force_bt = std::atoi(argv[++i]);
@@ -636,7 +630,6 @@ int main(int argc, char** argv) {
       else { std::fprintf(stderr, "--kernel must be mma, wgmma or both\n"); return 2; }
     }
   }
-  if (g_conv && !g_layout) { std::fprintf(stderr, "--conv needs --layout sm90\n"); return 2; }
   init_luts();
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));

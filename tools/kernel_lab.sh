@@ -13,8 +13,7 @@
 #   wgmma    the wgmma microbenchmark (tools/wgmma_microbench.cu; argument alu: with ALU work,
 #            conv: converter warpgroups beside SS wgmmas)
 # NOBUILD=1 reuses /tmp/st from the previous command of the same device call; LAYOUT=sm90 runs the
-# self-test with the weights in the sm90 load-time layout (W4A16 cases only); CONV=1 with it runs
-# v2's experimental converter-warpgroup variant.
+# self-test with the weights in the sm90 load-time layout (W4A16 cases only).
 # Headers: CUTLASS_INC (default .cutlass_hdr, an unzipped nvidia-cutlass wheel's
 # cutlass_library/source, carried to the device). Logs in $OUT.
 set -uo pipefail
@@ -23,7 +22,7 @@ out=${OUT:-kernel-lab-out}; mkdir -p "$out"
 inc=${CUTLASS_INC:-.cutlass_hdr}
 cmd=${1:-check}; shift || true
 k=${KERNEL:-wgmma}
-lay="${LAYOUT:+--layout $LAYOUT}${CONV:+ --conv}"  # LAYOUT=sm90: weights in the sm90 layout (W4A16 cases); CONV=1 (with it): v2's converter variant
+lay="${LAYOUT:+--layout $LAYOUT}"  # LAYOUT=sm90: weights in the sm90 layout (W4A16 cases)
 
 build() {
   [ -n "${NOBUILD:-}" ] && [ -x /tmp/st ] && return 0  # NOBUILD=1: reuse the last build
@@ -81,7 +80,7 @@ case $cmd in
     done ;;
   trace)
     # clock64 trace of v2's tile switches (a -DJAX_NVFP4_V2_DIAG=3 build) for bench cases (args,
-    # default L1-192 L2-192 L1-24576 L2-24576); LAYOUT / CONV apply. Overwrites /tmp/st: a later
+    # default L1-192 L2-192 L1-24576 L2-24576); LAYOUT applies. Overwrites /tmp/st: a later
     # NOBUILD=1 command would reuse the diagnostic build
     NVFLAGS="${NVFLAGS:-} -DJAX_NVFP4_V2_DIAG=3" NOBUILD= build
     for c in ${*:-L1-192 L2-192 L1-24576 L2-24576}; do
