@@ -13,8 +13,9 @@
 // do the ALU work), ping-pong (the two warpgroups take turns), and split (a third warpgroup does
 // the same ALU work), and the fused pattern with SHF / PRMT / IMAD / HFMA2.BF16 / LOP3+IMAD in
 // place of LOP3 (which pipes the conversion can spread over). `wgmma_microbench conv` times
-// converter warpgroups beside SS wgmmas (see conv_kernel; written in session 4, not yet run).
-// Results and what they mean: docs/perf-notes.md, sessions 3 and 4.
+// converter warpgroups beside SS wgmmas (see conv_kernel; run in session 5: one converter
+// warpgroup cannot keep up, so v2 keeps converting inline). Results and what they mean:
+// docs/perf-notes.md, sessions 3-5.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
