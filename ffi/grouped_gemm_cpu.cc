@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
-#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -89,7 +88,7 @@ uint16_t FloatToBf16(float f) {  // round to nearest even; NaN stays NaN
 ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales,
                           U8Buffer3 rhs_data, ffi::AnyBuffer rhs_scales, F32Buffer1 alpha,
                           S32Buffer1 group_sizes, ffi::Result<ffi::AnyBuffer> out,
-                          ffi::Result<U8Buffer1>, int64_t /*rows_hint: a GPU tiling hint*/,
+                          ffi::Result<U8Buffer1> workspace, int64_t /*rows_hint: a GPU tiling hint*/,
                           int64_t rhs_layout) {
   const auto rd = rhs_data.dimensions();
   const int64_t G = rd[0], N = rd[1], K = rd[2] * 2;
@@ -124,6 +123,10 @@ ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales,
   const bool out_f32 = out->element_type() == ffi::F32;
   if (!out_f32 && out->element_type() != ffi::BF16)
     return ffi::Error::InvalidArgument("out: expected bf16 or float32");
+  if (workspace->dimensions()[0] < K)
+    return ffi::Error::InvalidArgument("workspace: expected at least K = " + std::to_string(K) +
+                                       " bytes (one weight row's codes), got " +
+                                       std::to_string(workspace->dimensions()[0]));
 
   float e4m3[256];
   for (int i = 0; i < 256; ++i) e4m3[i] = E4m3ToFloat(static_cast<uint8_t>(i));
@@ -138,14 +141,14 @@ ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales,
   uint16_t* ob = static_cast<uint16_t*>(out->untyped_data());
   const int64_t KB = K / 16;
 
-  std::vector<uint8_t> wcodes(K);  // one weight row's codes, in k order
+  uint8_t* wcodes = workspace->typed_data();  // one weight row's codes, in k order
   int64_t start = 0;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t end = std::min<int64_t>(start + std::max<int32_t>(gs[g], 0), M);
     for (int64_t n = 0; n < N && start < end; ++n) {
       const uint8_t* wg = w + g * N * (K / 2);
-      if (rhs_layout == 1) RowCodesSm90(wg, K, n, wcodes.data());
-      else RowCodesCheckpoint(wg, K, n, wcodes.data());
+      if (rhs_layout == 1) RowCodesSm90(wg, K, n, wcodes);
+      else RowCodesCheckpoint(wg, K, n, wcodes);
       const uint8_t* wsrow = ws + (g * N + n) * KB;
       for (int64_t r = start; r < end; ++r) {
         float acc = 0.f;
@@ -193,6 +196,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4GroupedGemmCpu, GroupedGemmCpu,
                                   .Arg<F32Buffer1>()  // alpha
                                   .Arg<S32Buffer1>()  // group_sizes
                                   .Ret<ffi::AnyBuffer>()            // out
-                                  .Ret<U8Buffer1>()   // workspace (unused on CPU)
+                                  .Ret<U8Buffer1>()   // workspace (CPU: one row's codes)
                                   .Attr<int64_t>("rows_hint")
                                   .Attr<int64_t>("rhs_layout"));  // 0 checkpoint, 1 sm90

@@ -18,9 +18,11 @@ RHS_LAYOUT_CODES = {"checkpoint": 0, "sm90": 1}
 """The custom call's ``rhs_layout`` attribute for each ``NVFP4Tensor.layout``."""
 
 
-def workspace_bytes(num_groups: int) -> int:
-    """Bytes of the workspace output the CUDA handler needs for ``num_groups`` groups."""
-    return 4096 + 16 * num_groups
+def workspace_bytes(num_groups: int, k: int = 0) -> int:
+    """Bytes of the custom call's workspace output: ``4096 + 16 * num_groups`` for the CUDA
+    handler's schedule, plus ``k`` where the CPU handler decodes one weight row's codes (the
+    handlers allocate nothing themselves)."""
+    return 4096 + 16 * num_groups + k
 
 
 def _varying_type(args, shape, dtype):
@@ -44,7 +46,7 @@ def _ffi_grouped_gemm(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes,
     m, n, g = lhs.shape[0], rhs_data.shape[1], rhs_data.shape[0]
     args = (lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes)
     out_t = _varying_type(args, (m, n), out_dtype)
-    ws_t = _varying_type(args, (workspace_bytes(g),), jnp.uint8)
+    ws_t = _varying_type(args, (workspace_bytes(g, 2 * rhs_data.shape[2]),), jnp.uint8)
     out, _ = jax.ffi.ffi_call(_extension.TARGET, (out_t, ws_t), vmap_method="sequential")(
         *args, rows_hint=np.int64(rows_hint), rhs_layout=np.int64(rhs_layout))
     return out

@@ -459,3 +459,17 @@ class TestBadInput:
                                  r"0, got N = 16, K = 64"):
             call(1)
         assert np.all(np.isfinite(np.asarray(call(0))))
+
+    def test_cpu_handler_checks_its_workspace(self, monkeypatch):
+        """The CPU handler decodes a weight row into the workspace output (it allocates
+        nothing): one smaller than K is an error naming it, not a buffer overrun."""
+        platform_device("cpu")
+        rng = np.random.default_rng(4)
+        lhs, rhs, gs, ref = make_problem(rng, 8, 16, 4096 + 64, [4, 4], False)
+        f = lambda: jn.grouped_gemm(lhs, rhs, gs, out_dtype=jnp.float32,  # noqa: E731
+                                    backend="ffi")
+        assert rel_err(np.asarray(f(), np.float64), ref) <= 1e-5
+        monkeypatch.setattr(jn.gemm, "workspace_bytes", lambda g, k=0: 4096 + 16 * g)
+        with pytest.raises(jax.errors.JaxRuntimeError,
+                           match=r"workspace: expected at least K = 4160 bytes"):
+            jax.block_until_ready(f())
