@@ -467,6 +467,14 @@ cudaError_t launch_gemm(const KParams& kp, int64_t M, int64_t G, cudaStream_t st
   return cudaGetLastError();
 }
 
+// Pipeline depth of the 16-token (decode) configs; a compile-time knob for A/B runs of the
+// self-test (NVFLAGS=-DJAX_NVFP4_V1_STAGES16=6 tools/kernel_lab.sh sweep): 4 stages of ~7 KB
+// keep ~3 k-tiles (~55 KB per SM at 4 CTAs) in flight, which may not cover HBM latency.
+#ifndef JAX_NVFP4_V1_STAGES16
+#define JAX_NVFP4_V1_STAGES16 4
+#endif
+constexpr int kStages16 = JAX_NVFP4_V1_STAGES16;
+
 int pick_token_tile(const GroupedGemmParams& p) {
   const int force = p.force_token_tile;
   if (force == 16 || force == 32 || force == 64 || force == 128) return force;
@@ -533,17 +541,17 @@ cudaError_t LaunchGroupedGemmSm90(const GroupedGemmParams& p, cudaStream_t strea
 
   // <BT, WARPS_T, STAGES, A_FP4, MIN_BLOCKS>
   if (p.a_fp4) {
-    if (BT == 16) e = launch_gemm<16, 1, 4, true, 4>(kp, p.M, p.G, stream);
+    if (BT == 16) e = launch_gemm<16, 1, kStages16, true, 4>(kp, p.M, p.G, stream);
     else if (BT == 32) e = launch_gemm<32, 1, 5, true, 3>(kp, p.M, p.G, stream);
     else if (BT == 64) e = launch_gemm<64, 1, 4, true, 2>(kp, p.M, p.G, stream);
     else e = launch_gemm<128, 2, 4, true, 1>(kp, p.M, p.G, stream);
   } else if (p.rhs_layout == 1) {
-    if (BT == 16) e = launch_gemm<16, 1, 4, false, 4, true>(kp, p.M, p.G, stream);
+    if (BT == 16) e = launch_gemm<16, 1, kStages16, false, 4, true>(kp, p.M, p.G, stream);
     else if (BT == 32) e = launch_gemm<32, 1, 5, false, 3, true>(kp, p.M, p.G, stream);
     else if (BT == 64) e = launch_gemm<64, 1, 4, false, 2, true>(kp, p.M, p.G, stream);
     else e = launch_gemm<128, 2, 4, false, 1, true>(kp, p.M, p.G, stream);
   } else {
-    if (BT == 16) e = launch_gemm<16, 1, 4, false, 4>(kp, p.M, p.G, stream);
+    if (BT == 16) e = launch_gemm<16, 1, kStages16, false, 4>(kp, p.M, p.G, stream);
     else if (BT == 32) e = launch_gemm<32, 1, 5, false, 3>(kp, p.M, p.G, stream);
     else if (BT == 64) e = launch_gemm<64, 1, 4, false, 2>(kp, p.M, p.G, stream);
     else e = launch_gemm<128, 2, 4, false, 1>(kp, p.M, p.G, stream);
