@@ -125,8 +125,13 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
     act = swiglu(h1, config.swiglu_limit)
     y = _expert_gemm(act, row_expert, weights.w2, _static_scale(weights, "w2_input_scale", config),
                      group_sizes, config, backend, hint)
-    rw = jnp.where(is_local, route_weights.reshape(-1), 0.0)[order]
-    return jnp.zeros((t, h), jnp.float32).at[token_of].add(y * rw[:, None])
+    # Combine: back to (token, slot) order by the inverse permutation (a gather), then a
+    # weighted sum over the k slots in slot order. Deterministic (a scatter-add over token_of
+    # would use atomics on the GPU, summing in a different order from run to run), and a plain
+    # read of y instead of T*k*H atomic adds.
+    inv = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
+    rw = jnp.where(is_local, route_weights.reshape(-1), 0.0).reshape(t, k, 1)
+    return jnp.sum(y[inv].reshape(t, k, h) * rw, axis=1)
 
 
 def shared_expert(x, weights: MoEWeights, config: MoEConfig, *, backend="auto"):
