@@ -12,6 +12,7 @@
 #   trace    clock64 trace of v2's tile switches per bench case (a -DJAX_NVFP4_V2_DIAG=3 build)
 #   wgmma    the wgmma microbenchmark (tools/wgmma_microbench.cu; argument alu: with ALU work,
 #            conv: converter warpgroups beside SS wgmmas)
+#   stream   v1's decode copy pipeline without its math (tools/stream_microbench.cu; args: K, CTAs)
 # NOBUILD=1 reuses /tmp/st from the previous command of the same device call; LAYOUT=sm90 runs the
 # self-test with the weights in the sm90 load-time layout (W4A16 cases only).
 # Headers: CUTLASS_INC (default .cutlass_hdr, an unzipped nvidia-cutlass wheel's
@@ -90,5 +91,9 @@ case $cmd in
     nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -I"$inc/include" \
       -o /tmp/wgmma_microbench tools/wgmma_microbench.cu >"$out/build.log" 2>&1 || { tail "$out/build.log"; exit 1; }
     timeout 120 /tmp/wgmma_microbench "$@" | tee "$out/wgmma.log" ;;
-  *) echo "unknown command $cmd (check | sweep | memcheck | ncu | ncu2 | trace | wgmma)"; exit 2 ;;
+  stream)
+    nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/stream_microbench \
+      tools/stream_microbench.cu >"$out/build.log" 2>&1 || { tail "$out/build.log"; exit 1; }
+    timeout 120 /tmp/stream_microbench "$@" | tee "$out/stream.log" ;;
+  *) echo "unknown command $cmd (check | sweep | memcheck | ncu | ncu2 | trace | wgmma | stream)"; exit 2 ;;
 esac

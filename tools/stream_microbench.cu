@@ -1,0 +1,139 @@
+// Streaming ceiling of v1's decode pipeline shape, without its math (Hopper, sm_90a).
+//
+// Question it answers (docs/perf-notes.md, session 5): is v1 at decode (L1 192 rows: 2.3-2.6 TB/s
+// of weights) limited by the bytes its cp.async pipeline keeps in flight, or by its instruction
+// issue? This kernel copies exactly what v1's 16-token config copies per 64-wide k-tile (per CTA of
+// 128 threads: 128 weight rows x 32 B as two 16-B cp.async per thread, 128 x 4 B of block scales,
+// 16 activation rows x 128 B that every CTA shares from L2), with the same wait / barrier / issue
+// order, but consumes each stage with one shared load per thread. If this stays near v1's speed
+// at 4 stages and rises with more, the pipeline depth is the limit; if it runs far ahead at 4
+// stages, the math is.
+//
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/smb tools/stream_microbench.cu
+//   /tmp/smb            # L1 decode shape: 2016 CTAs (42 experts x 48 n-tiles), K 7168
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#define CK(x)                                                                                   \
+  do {                                                                                          \
+    cudaError_t e_ = (x);                                                                       \
+    if (e_ != cudaSuccess) {                                                                    \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                             \
+    }                                                                                           \
+  } while (0)
+
+constexpr int kThreads = 128;
+constexpr int kStage = 4096 + 512 + 16 * 144;  // weights, scales, activations (v1's pitch)
+
+__device__ __forceinline__ void cp16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void wait_group() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+template <int STAGES, int MIN_BLOCKS>
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
+    stream_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ ws, const uint8_t* __restrict__ act,
+                  int K, float* __restrict__ sink) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int tid = threadIdx.x, KH = K / 2, KS = K / 16, KT = K / 64;
+  const int64_t tile = blockIdx.x;
+  const uint8_t* wrow = w + (tile * 128 + tid) * KH;  // thread tid copies weight row tid
+  const uint8_t* srow = ws + (tile * 128 + tid) * KS;
+  const uint8_t* arow = act + static_cast<int64_t>(tid >> 3) * K * 2 + (tid & 7) * 16;  // shared by all CTAs
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  auto load = [&](int s, int kt) {
+    const uint32_t st = base + s * kStage;
+    cp16(st + tid * 32, wrow + kt * 32);
+    cp16(st + tid * 32 + 16, wrow + kt * 32 + 16);
+    cp4(st + 4096 + tid * 4, srow + kt * 4);
+    cp16(st + 4608 + (tid >> 3) * 144 + (tid & 7) * 16, arow + kt * 128);
+  };
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < KT) load(s, s);
+    commit();
+  }
+  uint32_t acc = 0;
+  for (int kt = 0; kt < KT; ++kt) {
+    wait_group<STAGES - 2>();
+    __syncthreads();
+    if (kt + STAGES - 1 < KT) load((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+    commit();
+    const uint8_t* st = smem + (kt % STAGES) * kStage;
+    const uint4 v = *reinterpret_cast<const uint4*>(st + tid * 32);
+    acc += v.x ^ v.y ^ v.z ^ v.w ^ *reinterpret_cast<const uint32_t*>(st + 4096 + tid * 4);
+  }
+  wait_group<0>();
+  sink[tile * kThreads + tid] = static_cast<float>(acc);
+}
+
+template <int STAGES, int MIN_BLOCKS>
+float run(const uint8_t* w, const uint8_t* ws, const uint8_t* act, int K, int tiles, float* sink) {
+  auto k = stream_kernel<STAGES, MIN_BLOCKS>;
+  const int smem = STAGES * kStage;
+  CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  int per_sm = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kThreads, smem));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) k<<<tiles, kThreads, smem>>>(w, ws, act, K, sink);
+  CK(cudaGetLastError());
+  const int reps = 20;
+  CK(cudaEventRecord(a));
+  for (int i = 0; i < reps; ++i) k<<<tiles, kThreads, smem>>>(w, ws, act, K, sink);
+  CK(cudaEventRecord(b));
+  CK(cudaEventSynchronize(b));
+  CK(cudaGetLastError());
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  ms /= reps;
+  const double bytes = static_cast<double>(tiles) * 128 * (K / 2 + K / 16);
+  std::printf("| %d | %d | %d | %.1f | %.4f | %.0f |\n", STAGES, MIN_BLOCKS, per_sm,
+              per_sm * (STAGES - 1) * kStage / 1024.0, ms, bytes / ms / 1e6);
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return ms;
+}
+
+int main(int argc, char** argv) {
+  const int K = argc > 1 ? std::atoi(argv[1]) : 7168;      // L1: 7168, L2: 3072
+  const int tiles = argc > 2 ? std::atoi(argv[2]) : 2016;  // 42 active experts x 48 n-tiles (L1)
+  const size_t wbytes = static_cast<size_t>(tiles) * 128 * (K / 2), sbytes = static_cast<size_t>(tiles) * 128 * (K / 16);
+  uint8_t *w, *ws, *act;
+  float* sink;
+  CK(cudaMalloc(&w, wbytes));
+  CK(cudaMalloc(&ws, sbytes));
+  CK(cudaMalloc(&act, static_cast<size_t>(16) * K * 2));
+  CK(cudaMalloc(&sink, static_cast<size_t>(tiles) * kThreads * sizeof(float)));
+  CK(cudaMemset(w, 0x11, wbytes));
+  CK(cudaMemset(ws, 0x38, sbytes));
+  CK(cudaMemset(act, 0, static_cast<size_t>(16) * K * 2));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("%s, %d SMs; K %d, %d CTAs, %.0f MB of weights + scales per call\n", prop.name,
+              prop.multiProcessorCount, K, tiles, (wbytes + sbytes) / 1e6);
+  std::printf("| stages | min blocks | CTAs/SM | KB in flight/SM | ms | GB/s (weights + scales) |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  run<2, 4>(w, ws, act, K, tiles, sink);
+  run<3, 4>(w, ws, act, K, tiles, sink);
+  run<4, 4>(w, ws, act, K, tiles, sink);  // v1's decode config
+  run<6, 4>(w, ws, act, K, tiles, sink);
+  run<8, 4>(w, ws, act, K, tiles, sink);
+  run<4, 8>(w, ws, act, K, tiles, sink);
+  run<6, 6>(w, ws, act, K, tiles, sink);
+  CK(cudaFree(w));
+  CK(cudaFree(ws));
+  CK(cudaFree(act));
+  CK(cudaFree(sink));
+  return 0;
+}
