@@ -40,7 +40,7 @@ def random_layer(config: moe_params.MoEConfig, seed: int = 0, device=None):
     """Random DeepSeek-style NVFP4 MoE weights (Gaussian, std 1/sqrt(fan_in), quantized).
 
     Experts are made and quantized one at a time (``lax.map``), so only one expert's float
-    weights exist at once: 384 V4-Pro experts are 13 GB in NVFP4 but 51 GB in bf16.
+    weights exist at once: 384 V4-Pro experts are 14 GB in NVFP4 but 51 GB in bf16.
     """
     e, h, i = config.num_experts, config.hidden_size, config.intermediate_size
     si = i * config.n_shared_experts
