@@ -93,6 +93,21 @@ __global__ void __launch_bounds__(256) zero_tail_kernel(T* __restrict__ out, con
 
 // ---------------------------------------------------------------------------------------------
 
+// The fields both kernels' parameter blocks (v1 KParams, v2 WParams) copy from the launch params.
+template <typename KernelParams>
+inline void fill_common_params(KernelParams& k, const GroupedGemmParams& p, const int* ws) {
+  k.rhs = p.rhs;
+  k.rhs_scales = p.rhs_scales;
+  k.alpha = p.alpha;
+  k.out = p.out;
+  k.ws = ws;
+  k.M = p.M;
+  k.N = p.N;
+  k.K = p.K;
+  k.G = p.G;
+  k.out_f32 = p.out_f32;
+}
+
 // Enqueues the setup kernel for token tiles of BT rows (before the GEMM kernel).
 inline cudaError_t launch_setup(const GroupedGemmParams& p, int BT, int* ws, cudaStream_t stream) {
   setup_kernel<<<1, 1024, 0, stream>>>(p.group_sizes, p.G, p.M, BT, ws);

@@ -523,18 +523,9 @@ cudaError_t LaunchGroupedGemmSm90(const GroupedGemmParams& p, cudaStream_t strea
   if (e != cudaSuccess) return e;
 
   KParams kp;
+  fill_common_params(kp, p, ws);
   kp.lhs = static_cast<const uint8_t*>(p.lhs);
   kp.lhs_scales = p.lhs_scales;
-  kp.rhs = p.rhs;
-  kp.rhs_scales = p.rhs_scales;
-  kp.alpha = p.alpha;
-  kp.out = p.out;
-  kp.ws = ws;
-  kp.M = p.M;
-  kp.N = p.N;
-  kp.K = p.K;
-  kp.G = p.G;
-  kp.out_f32 = p.out_f32;
   const uintptr_t sp = reinterpret_cast<uintptr_t>(p.rhs_scales) |
                        (p.a_fp4 ? reinterpret_cast<uintptr_t>(p.lhs_scales) : uintptr_t(0));
   kp.scales_vec = ((p.K / 16) % 4 == 0) && ((sp & 3) == 0);

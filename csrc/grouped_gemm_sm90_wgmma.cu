@@ -778,18 +778,9 @@ cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t 
   if (e != cudaSuccess) return e;
 
   WParams wp;
-  wp.rhs = p.rhs;
-  wp.rhs_scales = p.rhs_scales;
-  wp.alpha = p.alpha;
-  wp.out = p.out;
-  wp.ws = ws;
-  wp.M = p.M;
-  wp.N = p.N;
-  wp.K = p.K;
-  wp.G = p.G;
+  fill_common_params(wp, p, ws);
   wp.NT = static_cast<int>((p.N + kRowsW - 1) / kRowsW);
   wp.KT = static_cast<int>(p.K / kBK);
-  wp.out_f32 = p.out_f32;
 
   e = p.rhs_layout == 1 ? launch_for_tile<true>(BT, p, wp, stream) : launch_for_tile<false>(BT, p, wp, stream);
   if (e != cudaSuccess) return e;
