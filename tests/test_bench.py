@@ -1,0 +1,50 @@
+"""jax_nvfp4.bench's pieces on small shapes: every timed implementation computes the same GEMM
+(a benchmark of different computations would compare nothing), and the helpers are right."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_nvfp4 as jn
+from jax_nvfp4 import bench
+from oracles import dequant64, grouped_gemm64, rel_err
+
+
+def test_every_implementation_computes_the_same_gemm():
+    g, n, k, rows = 4, 128, 128, 40
+    key = jax.random.key(0)
+    rhs = jax.vmap(jn.quantize)(jax.random.normal(key, (g, n, k), jnp.float32))
+    x = jax.random.normal(jax.random.key(1), (rows, k), jnp.bfloat16)
+    sizes = jnp.asarray(bench.skewed_group_sizes(rows, g, seed=2))
+    fns, _ = bench.impl_fns(x, rhs, sizes)
+    assert set(fns) == set(bench.IMPLS) - {"pallas_mgpu"}
+    w64 = dequant64(rhs.data, rhs.scales, rhs.global_scale)
+    ref16 = grouped_gemm64(np.asarray(x, np.float64), w64, np.ones(g), np.asarray(sizes))
+    xq = jn.quantize(x.astype(jnp.float32))
+    ref4 = grouped_gemm64(dequant64(xq.data, xq.scales, xq.global_scale), w64, np.ones(g),
+                          np.asarray(sizes))
+    for name, (f, args) in fns.items():
+        out = np.asarray(f(*args), np.float64)
+        assert out.shape == (rows, n), name
+        ref = ref4 if name.startswith("w4a4") else ref16
+        assert rel_err(out, ref) <= 1e-2, name          # bf16 outputs
+
+
+def test_skewed_group_sizes():
+    s = bench.skewed_group_sizes(192, 48, seed=0)
+    assert s.dtype == np.int32 and s.shape == (48,) and s.sum() == 192 and (s >= 0).all()
+    assert np.array_equal(s, bench.skewed_group_sizes(192, 48, seed=0))
+
+
+def test_floor_is_the_larger_of_bytes_and_flops():
+    # L1 192 rows: weight-bound; L1 24576: FLOP-bound (numbers in docs/benchmarks.md)
+    assert bench.floor_ms(192, 7168, 6144) == pytest.approx(
+        48 * 6144 * 7168 * 0.5625 / 4.05e12 * 1e3)
+    assert bench.floor_ms(24576, 7168, 6144) == pytest.approx(
+        2 * 24576 * 7168 * 6144 / 711e12 * 1e3)
+
+
+def test_unknown_impl_is_an_error():
+    with pytest.raises(SystemExit):
+        bench.main(["--impls", "w4a16,nope"])
