@@ -103,7 +103,8 @@ constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales
 // 3 (tools only, results correct): clock64 trace of the tile switches (GroupedGemmWgmmaSetTrace;
 // self-test --trace): per tile of each CTA, slots 0-3 = first consumer warp before its mainloop,
 // after it, after the next tile's lookup, after the epilogue; slots 4-5 = the weight loader at the
-// tile's first empty-slot wait and after its last copies.
+// tile's first empty-slot wait and after its last copies; slot 6 = clocks that consumer warp spent
+// in the mainloop waiting for its stages (full / ready barriers): producer-bound time.
 #if JAX_NVFP4_V2_DIAG == 3
 __device__ unsigned long long* g_v2_trace = nullptr;
 constexpr int kTraceTiles = 256;  // tiles per CTA recorded
@@ -112,9 +113,17 @@ constexpr int kTraceTiles = 256;  // tiles per CTA recorded
     if ((ok) && (ti) < kTraceTiles)                                                                      \
       g_v2_trace[(static_cast<size_t>(blockIdx.x) * kTraceTiles + (ti)) * 8 + (slot)] = clock64();       \
   } while (0)
+#define V2_TRACE_VALUE(ok, ti, slot, v)                                                                 \
+  do {                                                                                                   \
+    if ((ok) && (ti) < kTraceTiles)                                                                      \
+      g_v2_trace[(static_cast<size_t>(blockIdx.x) * kTraceTiles + (ti)) * 8 + (slot)] = (v);             \
+  } while (0)
 #define V2_TRACE_COUNTER(ti) int ti = 0
 #define V2_TRACE_NEXT(ti) ++ti
 #else
+#define V2_TRACE_VALUE(ok, ti, slot, v) \
+  do {                                  \
+  } while (0)
 #define V2_TRACE(ok, ti, slot) \
   do {                         \
   } while (0)
@@ -319,7 +328,8 @@ __device__ __forceinline__ bool find_tile(int L, int total, const int* __restric
 // Consumer: one tile's mainloop with WGMMA N = NN. Consumes KT stages starting at (s, ph).
 template <int NN, int BTMAX, int STAGES, bool SM90L>
 __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
-                                                  int r0, uint32_t sel, int& s, uint32_t& ph) {
+                                                  int r0, uint32_t sel, int& s, uint32_t& ph,
+                                                  long long& waited) {  // DIAG 3 only: clk in waits
   using C = WCfg<BTMAX, STAGES>;
   const uint32_t full0 = bar_base;
   const uint32_t ready0 = bar_base + STAGES * 8;
@@ -332,8 +342,16 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
     constexpr int buf = decltype(buf_c)::value;
     // ready[s] completes after full[s] (the scale warps wait for it); waiting on full[s] too is
     // one try_wait that succeeds at once and makes the TMA writes visible to this thread directly.
+#if JAX_NVFP4_V2_DIAG == 3
+    const long long w0 = clock64();
+#endif
     mbar_wait(ready0 + s * 8, ph);
     mbar_wait(full0 + s * 8, ph);
+#if JAX_NVFP4_V2_DIAG == 3
+    waited += clock64() - w0;
+#else
+    (void)waited;
+#endif
     const uint32_t st = smem_u32(smem) + s * C::kStage;
     // checkpoint layout: rows r0 and r0 + 8 of the weight tile, 32 bytes each
     const uint32_t rowa = st + C::kWOff + r0 * 32;
@@ -628,15 +646,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     V2_TRACE_COUNTER(ti);
     while (have) {
       V2_TRACE(cw == 0 && lane == 0, ti, 0);
+      long long waited = 0;
       // smallest WGMMA N covering the tile's rows (every branch is warpgroup-uniform)
       if (BTMAX >= 128 && t.rows > 64) {
-        consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph);
+        consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph,
+                                                                 waited);
       } else if (BTMAX >= 64 && t.rows > 32) {
-        consumer_mainloop<(BTMAX >= 64 ? 64 : 32), BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph);
+        consumer_mainloop<(BTMAX >= 64 ? 64 : 32), BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph,
+                                                                 waited);
       } else {
-        consumer_mainloop<32, BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph);
+        consumer_mainloop<32, BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph,
+                                                                 waited);
       }
       V2_TRACE(cw == 0 && lane == 0, ti, 1);
+      V2_TRACE_VALUE(cw == 0 && lane == 0, ti, 6, static_cast<unsigned long long>(waited));
       L += gridDim.x;
       const bool have_next = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, nxt);
       V2_TRACE(cw == 0 && lane == 0, ti, 2);
