@@ -49,8 +49,9 @@ def floor_ms(rows, k, n, groups=EXPERTS):
     return max(weight_bytes / HBM_BYTES_PER_S, flops / BF16_FLOPS) * 1e3
 
 
-def time_ms(f, *args, target_s=0.25, repeats=5):
-    """Median ms per call: back-to-back calls, one block at the end, repeated."""
+def time_ms(f, *args, target_s=0.25, repeats=5, wait_each=False):
+    """Median ms per call: back-to-back calls, one block at the end, repeated. ``wait_each``
+    blocks on every call instead (multi-device CPU runs: see :mod:`jax_nvfp4.bench_ep`)."""
     jax.block_until_ready(f(*args))                      # compile + warm up
     t0 = time.perf_counter()
     jax.block_until_ready(f(*args))
@@ -62,6 +63,8 @@ def time_ms(f, *args, target_s=0.25, repeats=5):
         out = None
         for _ in range(n):
             out = f(*args)
+            if wait_each:
+                jax.block_until_ready(out)
         jax.block_until_ready(out)
         samples.append((time.perf_counter() - t0) / n * 1e3)
     return statistics.median(samples)
