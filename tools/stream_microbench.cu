@@ -2,12 +2,13 @@
 //
 // Question it answers (docs/perf-notes.md, session 5): is v1 at decode (L1 192 rows: 2.3-2.6 TB/s
 // of weights) limited by the bytes its cp.async pipeline keeps in flight, or by its instruction
-// issue? This kernel copies exactly what v1's 16-token config copies per 64-wide k-tile (per CTA of
-// 128 threads: 128 weight rows x 32 B as two 16-B cp.async per thread, 128 x 4 B of block scales,
-// 16 activation rows x 128 B that every CTA shares from L2), with the same wait / barrier / issue
-// order, but consumes each stage with one shared load per thread. If this stays near v1's speed
-// at 4 stages and rises with more, the pipeline depth is the limit; if it runs far ahead at 4
-// stages, the math is.
+// issue? This kernel copies what v1's 16-token config copies per 64-wide k-tile (per CTA of 128
+// threads: 128 weight rows x 32 B, 128 x 4 B of block scales, 16 activation rows x 128 B that every
+// CTA shares from L2), with the same wait / barrier / issue order, but consumes each stage with one
+// shared load per thread. (Its first version, run in session 6, gave each thread a whole row: 32
+// rows and 32 half-used sectors per instruction. It ran at 1.6-1.9 TB/s, slower than v1 itself, so
+// it modelled nothing; lanes now pair up on a row as in v1.) A second placement, "tiled", makes each
+// 128 x 64 block's 4096 bytes contiguous: does a tile-major weight layout stream faster?
 //
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/smb tools/stream_microbench.cu
 //   /tmp/smb            # L1 decode shape: 2016 CTAs (42 experts x 48 n-tiles), K 7168
@@ -39,21 +40,30 @@ __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\
 template <int N>
 __device__ __forceinline__ void wait_group() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-template <int STAGES, int MIN_BLOCKS>
+// TILED = false: the checkpoint (and sm90) placement, a 128-row x 64-k block is 128 runs of 32 bytes
+// K/2 apart; lane pairs copy one row's two 16-byte halves (as v1 does: 16 rows per instruction).
+// TILED = true: the block's 4096 bytes are contiguous (a tile-major layout), one 16-byte run per
+// lane per instruction, 512 contiguous bytes per warp instruction.
+template <int STAGES, int MIN_BLOCKS, bool TILED>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
     stream_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ ws, const uint8_t* __restrict__ act,
                   int K, float* __restrict__ sink) {
   extern __shared__ __align__(128) uint8_t smem[];
   const int tid = threadIdx.x, KH = K / 2, KS = K / 16, KT = K / 64;
   const int64_t tile = blockIdx.x;
-  const uint8_t* wrow = w + (tile * 128 + tid) * KH;  // thread tid copies weight row tid
+  const uint8_t* wtile = w + tile * 128 * KH;
   const uint8_t* srow = ws + (tile * 128 + tid) * KS;
   const uint8_t* arow = act + static_cast<int64_t>(tid >> 3) * K * 2 + (tid & 7) * 16;  // shared by all CTAs
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   auto load = [&](int s, int kt) {
     const uint32_t st = base + s * kStage;
-    cp16(st + tid * 32, wrow + kt * 32);
-    cp16(st + tid * 32 + 16, wrow + kt * 32 + 16);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int i = tid + j * kThreads;  // 16-byte chunk i of the block's 256
+      const uint8_t* src = TILED ? wtile + static_cast<int64_t>(kt) * 4096 + i * 16
+                                 : wtile + static_cast<int64_t>(i >> 1) * KH + kt * 32 + (i & 1) * 16;
+      cp16(st + i * 16, src);
+    }
     cp4(st + 4096 + tid * 4, srow + kt * 4);
     cp16(st + 4608 + (tid >> 3) * 144 + (tid & 7) * 16, arow + kt * 128);
   };
@@ -76,9 +86,9 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
   sink[tile * kThreads + tid] = static_cast<float>(acc);
 }
 
-template <int STAGES, int MIN_BLOCKS>
+template <int STAGES, int MIN_BLOCKS, bool TILED>
 float run(const uint8_t* w, const uint8_t* ws, const uint8_t* act, int K, int tiles, float* sink) {
-  auto k = stream_kernel<STAGES, MIN_BLOCKS>;
+  auto k = stream_kernel<STAGES, MIN_BLOCKS, TILED>;
   const int smem = STAGES * kStage;
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int per_sm = 0;
@@ -98,7 +108,7 @@ float run(const uint8_t* w, const uint8_t* ws, const uint8_t* act, int K, int ti
   CK(cudaEventElapsedTime(&ms, a, b));
   ms /= reps;
   const double bytes = static_cast<double>(tiles) * 128 * (K / 2 + K / 16);
-  std::printf("| %d | %d | %d | %.1f | %.4f | %.0f |\n", STAGES, MIN_BLOCKS, per_sm,
+  std::printf("| %s | %d | %d | %d | %.1f | %.4f | %.0f |\n", TILED ? "tiled" : "rows", STAGES, MIN_BLOCKS, per_sm,
               per_sm * (STAGES - 1) * kStage / 1024.0, ms, bytes / ms / 1e6);
   CK(cudaEventDestroy(a));
   CK(cudaEventDestroy(b));
@@ -122,15 +132,18 @@ int main(int argc, char** argv) {
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s, %d SMs; K %d, %d CTAs, %.0f MB of weights + scales per call\n", prop.name,
               prop.multiProcessorCount, K, tiles, (wbytes + sbytes) / 1e6);
-  std::printf("| stages | min blocks | CTAs/SM | KB in flight/SM | ms | GB/s (weights + scales) |\n");
-  std::printf("|---|---|---|---|---|---|\n");
-  run<2, 4>(w, ws, act, K, tiles, sink);
-  run<3, 4>(w, ws, act, K, tiles, sink);
-  run<4, 4>(w, ws, act, K, tiles, sink);  // v1's decode config
-  run<6, 4>(w, ws, act, K, tiles, sink);
-  run<8, 4>(w, ws, act, K, tiles, sink);
-  run<4, 8>(w, ws, act, K, tiles, sink);
-  run<6, 6>(w, ws, act, K, tiles, sink);
+  std::printf("| placement | stages | min blocks | CTAs/SM | KB in flight/SM | ms | GB/s (weights + scales) |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  run<2, 4, false>(w, ws, act, K, tiles, sink);
+  run<3, 4, false>(w, ws, act, K, tiles, sink);
+  run<4, 4, false>(w, ws, act, K, tiles, sink);  // v1's decode config
+  run<6, 4, false>(w, ws, act, K, tiles, sink);
+  run<4, 8, false>(w, ws, act, K, tiles, sink);
+  run<2, 4, true>(w, ws, act, K, tiles, sink);
+  run<3, 4, true>(w, ws, act, K, tiles, sink);
+  run<4, 4, true>(w, ws, act, K, tiles, sink);
+  run<6, 4, true>(w, ws, act, K, tiles, sink);
+  run<4, 8, true>(w, ws, act, K, tiles, sink);
   CK(cudaFree(w));
   CK(cudaFree(ws));
   CK(cudaFree(act));
