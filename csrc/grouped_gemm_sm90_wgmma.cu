@@ -63,7 +63,6 @@
 #include "csrc/e2m1_sm90_layout.cuh"
 
 #include <atomic>
-#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -98,6 +97,8 @@ constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales
 // (C7512, too few registers beside the double-buffered fragments); removed in session 3.
 // Diagnostic builds (tools only, wrong results): 1 skips the e2m1 conversion, 2 the wgmmas,
 // 4 all consumer work (the time is the producers' supply rate), 5 as 4 without the activation loads.
+// A 2-CTA cluster variant multicasting the activation tile (commit c776747) halved the activation
+// reads from L2 but left every size within 3% (docs/perf-notes.md, session 6); not kept.
 #ifndef JAX_NVFP4_V2_DIAG
 #define JAX_NVFP4_V2_DIAG 0
 #endif
@@ -204,45 +205,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
           dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
       : "memory");
-}
-// The same box multicast into the shared memory of every CTA in ctas (a cluster rank mask), at the
-// same offset, completing on each CTA's mbarrier at offset bar.
-__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0,
-                                                      int c1, uint16_t ctas) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
-      "%4}], [%2], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "h"(ctas)
-      : "memory");
-}
-// Arrive on the mbarrier at offset bar in the shared memory of cluster CTA `rank` (this CTA's own
-// rank included). Default semantics (release, CTA scope), as CUTLASS's cluster pipelines use: a
-// .release.cluster arrive per consumer warp and k-tile doubled v2's k-tile time (session 6).
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
-  asm volatile(
-      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-      "r"(rank)
-      : "memory");
-}
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ uint32_t cluster_id_x() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ uint32_t cluster_count_x() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
-  return r;
-}
-// Every thread of the cluster that has not exited (exited threads do not hold it up).
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
 __device__ __forceinline__ uint4 lds128(uint32_t a) {
   uint4 v;
@@ -367,7 +329,7 @@ __device__ __forceinline__ bool find_tile(int L, int total, const int* __restric
 
 // ---------------------------------------------------------------------------------------------
 // Consumer: one tile's mainloop with WGMMA N = NN. Consumes KT stages starting at (s, ph).
-template <int NN, int BTMAX, int STAGES, bool SM90L, int CL>
+template <int NN, int BTMAX, int STAGES, bool SM90L>
 __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
                                                   int r0, uint32_t sel, int& s, uint32_t& ph,
                                                   long long& waited) {  // DIAG 3 only: clk in waits
@@ -378,15 +340,6 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
   const int lane = threadIdx.x & 31;
   uint32_t frag[2][4][4];
   int prev_s = 0;
-  // A stage is free once the consumers of every CTA it was multicast to are done with it.
-  auto release = [&](int stage) {
-    if constexpr (CL == 2) {
-      // lane 0 arrives here, lane 1 on the peer: one instruction
-      if (lane < 2) mbar_arrive_cluster(empty0 + stage * 8, cluster_ctarank() ^ static_cast<uint32_t>(lane));
-    } else if (lane == 0) {
-      mbar_arrive(empty0 + stage * 8);
-    }
-  };
 
   auto body = [&](int kt, auto buf_c) {
     constexpr int buf = decltype(buf_c)::value;
@@ -403,7 +356,7 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
     (void)waited;
 #endif
 #if JAX_NVFP4_V2_DIAG >= 4  // diagnostic build: supply only, the stage is released unread (wrong results)
-    release(s);
+    if (lane == 0) mbar_arrive(empty0 + s * 8);
     advance_stage<STAGES>(s, ph);
     (void)buf;
     (void)kt;
@@ -494,7 +447,7 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
     cute::warpgroup_commit_batch();
     fence_acc(acc);
     cute::warpgroup_wait<1>();  // the wgmmas of k-tile kt-1 are done: its stage and fragments are free
-    if (kt > 0) release(prev_s);
+    if (kt > 0 && lane == 0) mbar_arrive(empty0 + prev_s * 8);
     prev_s = s;
     advance_stage<STAGES>(s, ph);
   };
@@ -509,7 +462,7 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
   cute::warpgroup_wait<0>();
   fence_acc(acc);
 #if JAX_NVFP4_V2_DIAG < 4
-  release(prev_s);
+  if (lane == 0) mbar_arrive(empty0 + prev_s * 8);
 #endif
 }
 
@@ -540,7 +493,7 @@ __device__ __forceinline__ void consumer_epilogue(const float (&acc)[BTMAX / 2],
 }
 
 // ---------------------------------------------------------------------------------------------
-template <int BTMAX, int STAGES, bool SM90L, int CL>
+template <int BTMAX, int STAGES, bool SM90L>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tm_a,
                               const WParams p) {
@@ -560,34 +513,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full0 + s * 8, 1 + 32 + 32);       // arrive.expect_tx + scale and weight cp.async lanes
       mbar_init(ready0 + s * 8, kScaleWarps * 32); // every thread of the scale warps
-      mbar_init(empty0 + s * 8, kConsumerWarps * CL);  // one per consumer warp of each CTA the stage feeds
+      mbar_init(empty0 + s * 8, kConsumerWarps);   // one per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_a)) : "memory");
   }
-  // The peer CTA arrives on these barriers and multicasts into this CTA's stages: it must see them
-  // initialized.
-  if constexpr (CL == 2) cluster_sync();
-  else __syncthreads();
+  __syncthreads();
 
   const int G = static_cast<int>(p.G);
   const int* prefix = p.ws + kWsPrefix;
   const int* starts = p.ws + ws_start_off(p.G);
   const int* ends = p.ws + ws_end_off(p.G);
-  // Clusters of CL CTAs take the same (group, token tile) with adjacent n-tiles, so that the
-  // activation tile is read from L2 once for both (multicast): cluster c walks tile pairs c, c +
-  // #clusters, ...; CTA rank r takes n-tile CL * pair + r (past N when NT is odd: the weights and
-  // scales are zero-filled and the epilogue stores nothing).
-  const int NTc = (p.NT + CL - 1) / CL;
-  const int total = __ldcg(p.ws + kWsTotalTiles) * NTc;
-  const int rank = CL == 2 ? static_cast<int>(cluster_ctarank()) : 0;
-  const int L0 = CL == 2 ? static_cast<int>(cluster_id_x()) : static_cast<int>(blockIdx.x);
-  const int Lstep = CL == 2 ? static_cast<int>(cluster_count_x()) : static_cast<int>(gridDim.x);
-  auto next_tile = [&](int L, int& gcur, Tile& t) {
-    if (!find_tile(L, total, prefix, starts, ends, G, NTc, BTMAX, gcur, t)) return false;
-    if constexpr (CL == 2) t.n0 = t.n0 * CL + rank * kRowsW;
-    return true;
-  };
+  const int total = __ldcg(p.ws + kWsTotalTiles) * p.NT;
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int KT = p.KT;
@@ -604,12 +541,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       int gcur = 0;
       Tile t;
       V2_TRACE_COUNTER(ti);
-      for (int L = L0; next_tile(L, gcur, t); L += Lstep) {
+      for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t); L += gridDim.x) {
         // Lane pairs copy one row's 32 bytes (two 16-byte halves): 16 rows per instruction.
         const int half = lane & 1;
-        const int rows_ok = static_cast<int>(N - t.n0 < kRowsW ? N - t.n0 : kRowsW);  // <= 0: a cluster's spare n-tile
-        const uint8_t* base =
-            (CL == 1 || rows_ok > 0 ? p.rhs + (static_cast<int64_t>(t.g) * N + t.n0) * KH : p.rhs) + 16 * half;
+        const uint8_t* base = p.rhs + (static_cast<int64_t>(t.g) * N + t.n0) * KH + 16 * half;
+        const int rows_ok = static_cast<int>(N - t.n0 < kRowsW ? N - t.n0 : kRowsW);
         V2_TRACE(lane == 0, ti, 4);
 #pragma unroll 1
         for (int kt = 0; kt < KT; ++kt) {
@@ -641,7 +577,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t ph = 0;
       int gcur = 0;
       Tile t;
-      for (int L = L0; next_tile(L, gcur, t); L += Lstep) {
+      for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t); L += gridDim.x) {
 #pragma unroll 1
         for (int kt = 0; kt < KT; ++kt) {
           mbar_wait(full0 + s * 8, ph);
@@ -670,7 +606,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t ph = 0;
     int gcur = 0;
     Tile t;
-    for (int L = L0; next_tile(L, gcur, t); L += Lstep) {
+    for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t); L += gridDim.x) {
       // Only the 32-row boxes that hold the tile's rows. (Loading just ceil(rows / 8) * 8 rows with
       // extra 8-row boxes did not speed up decode and slowed 1536 rows by 13%: more TMA issues.)
 #if JAX_NVFP4_V2_DIAG == 5
@@ -696,16 +632,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         uint8_t* st = smem + s * C::kStage;
         const uint32_t full = full0 + s * 8;
         if (lane == 0) {
-          mbar_arrive_expect_tx(full, bytes);  // every box lands here, half of them sent by the peer
-          if constexpr (CL == 2) {
-            for (int b = rank; b < nb; b += 2)
-              tma_load_2d_multicast(smem_u32(st + C::kActOff + b * (kBoxT * kBK * 2)), &tm_a, full, kt * kBK,
-                                    row0 + b * kBoxT, 0x3);
-          } else {
-            for (int b = 0; b < nb; ++b)
-              tma_load_2d(smem_u32(st + C::kActOff + b * (kBoxT * kBK * 2)), &tm_a, full, kt * kBK,
-                          row0 + b * kBoxT);
-          }
+          mbar_arrive_expect_tx(full, bytes);
+          for (int b = 0; b < nb; ++b)
+            tma_load_2d(smem_u32(st + C::kActOff + b * (kBoxT * kBK * 2)), &tm_a, full, kt * kBK, row0 + b * kBoxT);
         }
 #pragma unroll
         for (int i = 0; i < 4; ++i)
@@ -728,27 +657,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t ph = 0;
     int gcur = 0;
     Tile t, nxt;
-    int L = L0;
-    bool have = next_tile(L, gcur, t);
+    int L = blockIdx.x;
+    bool have = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t);
     V2_TRACE_COUNTER(ti);
     while (have) {
       V2_TRACE(cw == 0 && lane == 0, ti, 0);
       long long waited = 0;
       // smallest WGMMA N covering the tile's rows (every branch is warpgroup-uniform)
       if (BTMAX >= 128 && t.rows > 64) {
-        consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES, SM90L, CL>(acc, smem, bar_base, KT, r0, sel, s, ph,
+        consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph,
                                                                  waited);
       } else if (BTMAX >= 64 && t.rows > 32) {
-        consumer_mainloop<(BTMAX >= 64 ? 64 : 32), BTMAX, STAGES, SM90L, CL>(acc, smem, bar_base, KT, r0, sel, s, ph,
+        consumer_mainloop<(BTMAX >= 64 ? 64 : 32), BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph,
                                                                  waited);
       } else {
-        consumer_mainloop<32, BTMAX, STAGES, SM90L, CL>(acc, smem, bar_base, KT, r0, sel, s, ph,
+        consumer_mainloop<32, BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph,
                                                                  waited);
       }
       V2_TRACE(cw == 0 && lane == 0, ti, 1);
       V2_TRACE_VALUE(cw == 0 && lane == 0, ti, 6, static_cast<unsigned long long>(waited));
-      L += Lstep;
-      const bool have_next = next_tile(L, gcur, nxt);
+      L += gridDim.x;
+      const bool have_next = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, nxt);
       V2_TRACE(cw == 0 && lane == 0, ti, 2);
       if (BTMAX >= 128 && t.rows > 64) {
         consumer_epilogue<(BTMAX >= 128 ? 128 : 32), BTMAX>(acc, p, t, r0);
@@ -762,9 +691,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       t = nxt;
       have = have_next;
     }
-    // The peer still arrives on this CTA's empty barriers until its last k-tile: stay resident
-    // until it is done (the producer warps have exited and do not hold the barrier up).
-    if constexpr (CL == 2) cluster_sync();
   }
 #endif
 }
@@ -802,10 +728,10 @@ int num_sms() {
   return sms;
 }
 
-template <int BTMAX, int STAGES, bool SM90L, int CL>
+template <int BTMAX, int STAGES, bool SM90L>
 cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStream_t stream) {
   using C = WCfg<BTMAX, STAGES>;
-  auto kernel = grouped_gemm_wgmma_kernel<BTMAX, STAGES, SM90L, CL>;
+  auto kernel = grouped_gemm_wgmma_kernel<BTMAX, STAGES, SM90L>;
   static std::atomic<uint64_t> done_mask{0};
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -830,57 +756,17 @@ cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStre
                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return cudaErrorInvalidValue;
   }
-  if constexpr (CL == 1) {
-    kernel<<<num_sms(), kThreads, C::kSmem, stream>>>(tm_a, wp);
-    return cudaGetLastError();
-  } else {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = CL;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = C::kSmem;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    // Persistent grid: as many clusters as fit at once (pairs of SMs of one GPC; a GPC with an odd
-    // SM count leaves one idle), queried once per device.
-    static std::atomic<int> clusters[64];
-    int ncl = dev < 64 ? clusters[dev].load(std::memory_order_relaxed) : 0;
-    if (ncl <= 0) {
-      cfg.gridDim = dim3(num_sms() / CL * CL);
-      e = cudaOccupancyMaxActiveClusters(&ncl, kernel, &cfg);
-      if (e != cudaSuccess) return e;
-      if (ncl <= 0) return cudaErrorNotSupported;
-      if (dev < 64) clusters[dev].store(ncl, std::memory_order_relaxed);
-#ifdef JAX_NVFP4_V2_PRINT_GRID  // tools only
-      std::fprintf(stderr, "v2 BT%d: %d clusters of %d CTAs on %d SMs\n", BTMAX, ncl, CL, num_sms());
-#endif
-    }
-    cfg.gridDim = dim3(ncl * CL);
-    e = cudaLaunchKernelEx(&cfg, kernel, tm_a, wp);
-    if (e != cudaSuccess) return e;
-    return cudaGetLastError();
-  }
+  kernel<<<num_sms(), kThreads, C::kSmem, stream>>>(tm_a, wp);
+  return cudaGetLastError();
 }
-
-// CTAs per cluster of the 128-token config: 2 multicasts each activation tile to a pair of CTAs
-// that take adjacent weight tiles (half the activation reads from L2; docs/perf-notes.md, session 6).
-#ifndef JAX_NVFP4_V2_CLUSTER
-#define JAX_NVFP4_V2_CLUSTER 1
-#endif
-constexpr int kClusterBT128 = JAX_NVFP4_V2_CLUSTER;
-static_assert(kClusterBT128 == 1 || kClusterBT128 == 2, "JAX_NVFP4_V2_CLUSTER must be 1 or 2");
 
 // Stage bytes: 11 KB (32), 15 KB (64), 23 KB (128). The small tiles exist for depth: decode
 // streams weights, and more stages keep more weight bytes in flight per SM.
 template <bool SM90L>
 cudaError_t launch_for_tile(int BT, const GroupedGemmParams& p, const WParams& wp, cudaStream_t stream) {
-  if (BT == 32) return launch_wgmma<32, 20, SM90L, 1>(p, wp, stream);
-  if (BT == 64) return launch_wgmma<64, 12, SM90L, 1>(p, wp, stream);
-  return launch_wgmma<128, 8, SM90L, kClusterBT128>(p, wp, stream);
+  if (BT == 32) return launch_wgmma<32, 20, SM90L>(p, wp, stream);
+  if (BT == 64) return launch_wgmma<64, 12, SM90L>(p, wp, stream);
+  return launch_wgmma<128, 8, SM90L>(p, wp, stream);
 }
 
 int pick_btmax(const GroupedGemmParams& p) {
