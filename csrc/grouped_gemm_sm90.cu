@@ -188,7 +188,10 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads, MIN_BLOCKS)
       const int row = i >> 1, c = i & 1;
       const int64_t n = n0 + row;
       const bool rv = n < N;
-      wcp[j].src = rv ? rhs_g + n * KH + c * 16 : p.rhs;
+      // sm90 layout: the tile's 128 x 64 blocks are 4096 contiguous bytes each, one after another
+      // (N % 128 == 0, so every row of the tile is valid); chunk i is bytes 16i.. of the block.
+      if constexpr (SM90L) wcp[j].src = rhs_g + n0 * KH + i * 16;
+      else wcp[j].src = rv ? rhs_g + n * KH + c * 16 : p.rhs;
       wcp[j].lim = i < kBW * 2 ? (rv ? klim(K - c * 32) : 0) : -1;
       wcp[j].dst = C::kWOff + row * 32 + c * 16;
     }
@@ -261,7 +264,8 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads, MIN_BLOCKS)
       for (int j = 0; j < kWCh; ++j) {
         if (!kWAll && wcp[j].lim < 0) continue;
         const bool v = kt < wcp[j].lim;
-        cp16(st + wcp[j].dst, wcp[j].src + (v ? kt * 32 : 0), v);
+        constexpr int kWStep = SM90L ? 4096 : 32;  // global bytes per k-tile of one copy chunk
+        cp16(st + wcp[j].dst, wcp[j].src + (v ? static_cast<int64_t>(kt) * kWStep : 0), v);
       }
 #pragma unroll
       for (int j = 0; j < kWSr; ++j) load_scales(st, wscp[j], kt, kWSAll);
@@ -321,7 +325,7 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads, MIN_BLOCKS)
 
       if constexpr (SM90L) {
         // sm90 layout (jax_nvfp4/layout.py): natural k order, k-block kb = physical k 16kb..16kb+15.
-        // The stage holds the 4096-byte layout block as the copies above left it; m16 tile
+        // The stage holds the 4096-byte layout block in its global byte order; m16 tile
         // (2 wi + mt) of the block is 512 bytes, this lane's 4 words (k-blocks 0..3) 16 of them.
         // Thread t4 converted the scale of block t4 above; the quad shares them by shuffles.
         uint4 q[kMT];

@@ -370,7 +370,7 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
     const uint4 scb = lds128(st + C::kS2Off + (r0 + 8) * 16);  // row r0 + 8
     if constexpr (SM90L) {
       // sm90 layout: this thread's 4 words (k-blocks 0..3) of m16 tile r0 / 16 are 16 contiguous
-      // bytes of the 4096-byte block the loader copied row by row (jax_nvfp4/layout.py).
+      // bytes of the 4096-byte block the loader copied in order (jax_nvfp4/layout.py).
       const uint4 wq = lds128(st + C::kWOff + (r0 >> 4) * 512 + lane * 16);
       const uint32_t wv[4] = {wq.x, wq.y, wq.z, wq.w};
       const uint32_t sa[4] = {sca.x, sca.y, sca.z, sca.w};
@@ -542,7 +542,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       Tile t;
       V2_TRACE_COUNTER(ti);
       for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t); L += gridDim.x) {
-        // Lane pairs copy one row's 32 bytes (two 16-byte halves): 16 rows per instruction.
+        // Checkpoint layout: lane pairs copy one row's 32 bytes (two 16-byte halves), 16 rows per
+        // instruction. sm90 layout: the k-tile's block is 4096 contiguous bytes (the tile's blocks
+        // follow each other; N % 128 == 0), 512 per instruction, landing in the same order.
         const int half = lane & 1;
         const uint8_t* base = p.rhs + (static_cast<int64_t>(t.g) * N + t.n0) * KH + 16 * half;
         const int rows_ok = static_cast<int>(N - t.n0 < kRowsW ? N - t.n0 : kRowsW);
@@ -555,8 +557,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int i = 0; i < 8; ++i) {
             const int q = (lane >> 1) + 16 * i;
             const bool ok = q < rows_ok;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + q * 32),
-                         "l"(base + (ok ? q * KH + kt * 32 : 0)), "r"(ok ? 16u : 0u)
+            const uint8_t* src = SM90L ? base + static_cast<int64_t>(kt) * 4096 + q * 32
+                                       : base + (ok ? q * KH + kt * 32 : 0);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + q * 32), "l"(src),
+                         "r"(SM90L || ok ? 16u : 0u)
                          : "memory");
           }
           cp_async_mbar_arrive(full0 + s * 8);

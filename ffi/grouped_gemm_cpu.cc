@@ -55,9 +55,10 @@ void RowCodesCheckpoint(const uint8_t* data, int64_t K, int64_t n, uint8_t* code
 
 // Layout 1 (sm90; N % 128 == 0, K % 64 == 0), per jax_nvfp4/layout.py: with n = 128 NB + 16 mt +
 // 8 hi + g8 and k = 64 KB + 16 kb + 8 half + 2 t + parity, the code sits in the little-endian
-// 32-bit word at byte 512 mt + 16 (4 g8 + t) + 4 kb of the 4096-byte block that replaced
-// data[128 NB .. +128, 32 KB .. +32] (block byte o is data[128 NB + o / 32, 32 KB + o % 32]),
-// register slot hi + 2 half, its sign/e1/e0/m0 bits at kSlotBits[slot] + 16 parity.
+// 32-bit word at byte 512 mt + 16 (4 g8 + t) + 4 kb of 4096-byte block KB of row stripe NB (the
+// stripe's 128 rows x K/2 bytes hold its K/64 blocks one after another: block byte o is byte
+// 4096 KB + o of the stripe), register slot hi + 2 half, its sign/e1/e0/m0 bits at
+// kSlotBits[slot] + 16 parity.
 constexpr int kSlotBits[4][4] = {{15, 8, 7, 6}, {12, 5, 4, 3}, {9, 2, 1, 0}, {14, 13, 11, 10}};
 
 void RowCodesSm90(const uint8_t* data, int64_t K, int64_t n, uint8_t* codes) {
@@ -67,7 +68,7 @@ void RowCodesSm90(const uint8_t* data, int64_t K, int64_t n, uint8_t* codes) {
     const int64_t kblk = k / 64, kk = k % 64;
     const int64_t kb = kk / 16, half = (kk / 8) % 2, t = (kk / 2) % 4, parity = kk % 2;
     const int64_t o = 512 * mt + 16 * (4 * g8 + t) + 4 * kb;  // a multiple of 4: one data row
-    const uint8_t* b = data + (128 * nb + o / 32) * (K / 2) + 32 * kblk + o % 32;
+    const uint8_t* b = data + 128 * nb * (K / 2) + 4096 * kblk + o;
     const uint32_t w =
         b[0] | (uint32_t{b[1]} << 8) | (uint32_t{b[2]} << 16) | (uint32_t{b[3]} << 24);
     const int* bits = kSlotBits[hi + 2 * half];

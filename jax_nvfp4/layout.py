@@ -14,8 +14,12 @@ fragment registers come out of one AND or one shift + AND, and one LDS.128 feeds
 k-tile. It is a bijection on the bytes (0.5 byte per code, scales untouched): checkpoints are
 recovered with :func:`unprepare_sm90`.
 
-The layout, per expert and per block of 128 weight rows x 64 k (4096 bytes, stored where the plain
-block ``data[g, 128 i : 128 i + 128, 32 j : 32 j + 32]`` was, read row-major as 4096 bytes):
+The layout, per expert and per block of 128 weight rows x 64 k (4096 bytes). Each 128-row stripe
+``data[g, 128 i : 128 i + 128, :]`` (128 * K/2 contiguous bytes) holds its K/64 blocks one after
+another: block ``j`` (the codes of ``k`` in ``64 j .. 64 j + 63``) is bytes ``4096 j .. 4096 j +
+4095`` of the stripe, so a kernel streams a weight tile as contiguous 4 KB runs (on the H200 a
+copy microbenchmark streamed contiguous 4 KB blocks at up to 1.8x the rate of 128 rows x 32 bytes;
+docs/perf-notes.md, session 6). Within a block:
 
 - byte offset ``512 * mt + 16 * lane + 4 * kb + byte`` holds the codes that thread ``lane`` (``g8 =
   lane // 4``, ``t = lane % 4``) needs for m16 row tile ``mt`` (rows ``16 mt .. 16 mt + 15``) and
@@ -96,8 +100,7 @@ def prepare_sm90(data: jax.Array) -> jax.Array:
     p = nl
     word = word.transpose(*range(nl), p, p + 3, p + 1, p + 2, p + 5, p + 4)
     blk = jax.lax.bitcast_convert_type(word, jnp.uint8)          # [..., NB, KB, 8, 8, 4, 4, 4]
-    blk = blk.reshape(*lead, n // BLOCK_ROWS, 2 * kh // BLOCK_K, BLOCK_ROWS, BLOCK_K // 2)
-    blk = jnp.moveaxis(blk, p + 1, p + 2)                          # [..., NB, 128, KB, 32]
+    # [..., NB, KB, 4096]: each 128-row stripe holds its blocks one after another
     return blk.reshape(*lead, n, kh)
 
 
@@ -109,9 +112,7 @@ def unprepare_sm90(data: jax.Array) -> jax.Array:
     n, kh = data.shape[-2:]
     nl = len(lead)
     p = nl
-    blk = data.reshape(*lead, n // BLOCK_ROWS, BLOCK_ROWS, 2 * kh // BLOCK_K, BLOCK_K // 2)
-    blk = jnp.moveaxis(blk, p + 2, p + 1).reshape(*lead, n // BLOCK_ROWS, 2 * kh // BLOCK_K,
-                                                  8, 8, 4, 4, 4)
+    blk = data.reshape(*lead, n // BLOCK_ROWS, 2 * kh // BLOCK_K, 8, 8, 4, 4, 4)
     word = jax.lax.bitcast_convert_type(blk, jnp.uint32)          # [..., NB, KB, mt, g8, t, kb]
     word = word.transpose(*range(nl), p, p + 2, p + 3, p + 1, p + 5, p + 4)  # NB, mt, g8, KB, kb, t
     out = jnp.zeros(_split(lead + (n, 2 * kh)), jnp.uint32)

@@ -40,7 +40,9 @@ def test_kernel_extraction_gives_e2m1_times_2_pow_minus_126(rng):
     checked = 0
     for nb in range(n // 128):
         for kblk in range(k // 64):
-            block = prep[128 * nb:128 * nb + 128, 32 * kblk:32 * kblk + 32].reshape(-1)
+            # the stripe's blocks follow each other: block kblk is bytes 4096 kblk.. of the stripe
+            stripe = prep[128 * nb:128 * nb + 128].reshape(-1)
+            block = stripe[4096 * kblk:4096 * kblk + 4096]
             words = block.view("<u4")                                  # little-endian words
             for mt in range(8):
                 for lane in range(32):

@@ -37,8 +37,8 @@ inline std::vector<uint8_t> prepare_sm90_host(const std::vector<uint8_t>& rhs, i
                   }
               for (int byte = 0; byte < 4; ++byte) {
                 const int o = 512 * mt + 16 * lane + 4 * kb + byte;  // offset in the 4096-byte block
-                const int64_t row = 128 * nb + o / 32, col = 32 * kbk + o % 32;
-                out[(g * N + row) * KH + col] = static_cast<uint8_t>(w >> (8 * byte));
+                // the 128-row stripe's blocks follow each other
+                out[(g * N + 128 * nb) * KH + 4096 * kbk + o] = static_cast<uint8_t>(w >> (8 * byte));
               }
             }
   return out;
