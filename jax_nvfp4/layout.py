@@ -17,9 +17,9 @@ recovered with :func:`unprepare_sm90`.
 The layout, per expert and per block of 128 weight rows x 64 k (4096 bytes). Each 128-row stripe
 ``data[g, 128 i : 128 i + 128, :]`` (128 * K/2 contiguous bytes) holds its K/64 blocks one after
 another: block ``j`` (the codes of ``k`` in ``64 j .. 64 j + 63``) is bytes ``4096 j .. 4096 j +
-4095`` of the stripe, so a kernel streams a weight tile as contiguous 4 KB runs (on the H200 a
-copy microbenchmark streamed contiguous 4 KB blocks at up to 1.8x the rate of 128 rows x 32 bytes;
-docs/perf-notes.md, session 6). Within a block:
+4095`` of the stripe, so a kernel streams a weight tile as contiguous 4 KB runs instead of 128
+runs of 32 bytes (on the H200: decode 8% faster, prefill 1-8%; docs/perf-notes.md, session 6).
+Within a block:
 
 - byte offset ``512 * mt + 16 * lane + 4 * kb + byte`` holds the codes that thread ``lane`` (``g8 =
   lane // 4``, ``t = lane % 4``) needs for m16 row tile ``mt`` (rows ``16 mt .. 16 mt + 15``) and
@@ -188,9 +188,10 @@ def prepare_weights(x, layout: str = "sm90"):
       The same type with ``data`` permuted (same shape and dtype, uint8) and ``layout`` set;
       scales and global scales are untouched. A tensor already in ``layout`` is returned as is.
 
-    Why: the kernels' mainloops are bound by turning E2M1 codes into bf16 MMA fragments; the sm90
-    layout stores each thread's codes contiguously with their bits pre-placed (module docstring):
-    6-9% faster from 1536 rows up on an H200 (docs/benchmarks.md), decode unchanged. It is a
+    Why: the kernels' mainloops are bound by turning E2M1 codes into bf16 MMA fragments and by
+    streaming the weights; the sm90 layout stores each thread's codes contiguously with their bits
+    pre-placed, and each 128 x 64 block as one 4 KB run (module docstring): 4-17% faster than the
+    checkpoint layout at every size on an H200 (docs/benchmarks.md). It is a
     one-time cost at load time, moves the same bytes (no extra memory once done), and is a
     bijection: ``prepare_weights(w, "checkpoint")`` recovers the checkpoint bytes exactly
     (``checkpoint.save_moe`` does that itself). Jittable (``layout`` is static). Stacks are

@@ -3,7 +3,7 @@
 # GPU tests with the default kernel choice and with JAX_NVFP4_KERNEL=wgmma (v2 wherever it can
 # run), the self-test (small shapes, both kernels, both weight layouts) under compute-sanitizer, the
 # benchmark, and with 2+ GPUs the multi-GPU tests and the expert-parallel benchmark. Logs in $OUT.
-#   usage: tools/gpu_check.sh [bench args...]   (~10 min on an H200: more than one 10-minute
+#   usage: tools/gpu_check.sh [bench args...]   (~15 min on an H200: more than one 10-minute
 #   device call; STEPS="install tests_auto tests_wgmma" runs only the named steps, e.g. split in two;
 #   on 8 GPUs: STEPS="install tests_gpus bench_ep")
 set -uo pipefail
@@ -19,7 +19,7 @@ step() { local name=$1 lim=$2; shift 2; local t0=$SECONDS
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 step install 150 bash -c "python3 -m pip install -q --no-index --no-deps .cutlass_wheel/nvidia_cutlass-*.whl &&
   python3 -m pip install -q --no-index --no-deps --no-build-isolation ."
-step tests_auto 300 env JAX_NVFP4_REQUIRE_GPU=1 python3 -P -m pytest -q -p no:cacheprovider tests/test_gemm.py tests/test_moe.py -k "not cpu"
+step tests_auto 540 env JAX_NVFP4_REQUIRE_GPU=1 python3 -P -m pytest -q -p no:cacheprovider tests/test_gemm.py tests/test_moe.py -k "not cpu"
 inc=$(python3 -c "import cutlass_library,os;print(os.path.join(os.path.dirname(cutlass_library.__file__),'source'))")
 step selftest_build 60 nvcc -std=c++17 -O3 -Xcompiler -fopenmp -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
   -I. -I"$inc/include" -o /tmp/st tools/gemm_selftest.cu csrc/grouped_gemm_sm90.cu csrc/grouped_gemm_sm90_wgmma.cu

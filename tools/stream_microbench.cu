@@ -5,10 +5,11 @@
 // issue? This kernel copies what v1's 16-token config copies per 64-wide k-tile (per CTA of 128
 // threads: 128 weight rows x 32 B, 128 x 4 B of block scales, 16 activation rows x 128 B that every
 // CTA shares from L2), with the same wait / barrier / issue order, but consumes each stage with one
-// shared load per thread. (Its first version, run in session 6, gave each thread a whole row: 32
-// rows and 32 half-used sectors per instruction. It ran at 1.6-1.9 TB/s, slower than v1 itself, so
-// it modelled nothing; lanes now pair up on a row as in v1.) A second placement, "tiled", makes each
-// 128 x 64 block's 4096 bytes contiguous: does a tile-major weight layout stream faster?
+// shared load per thread. A second placement, "tiled", makes each 128 x 64 block's 4096 bytes
+// contiguous: does a tile-major weight layout stream faster? Session 6 on the H200 (L1 shape): rows
+// 1.6-1.7 TB/s at every depth (slower than v1 itself, ~2.2 TB/s on the same bytes: this kernel does
+// not model v1's speed, for reasons not found), tiled 1.9-3.0 TB/s (best at 3 stages). The tiled
+// placement, adopted by the sm90 layout, then gave v1 -8% at decode (docs/perf-notes.md).
 //
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/smb tools/stream_microbench.cu
 //   /tmp/smb            # L1 decode shape: 2016 CTAs (42 experts x 48 n-tiles), K 7168
