@@ -41,8 +41,9 @@ __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\
 template <int N>
 __device__ __forceinline__ void wait_group() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-// TILED = false: the checkpoint (and sm90) placement, a 128-row x 64-k block is 128 runs of 32 bytes
-// K/2 apart; lane pairs copy one row's two 16-byte halves (as v1 does: 16 rows per instruction).
+// TILED = false: the checkpoint placement (and the sm90 layout's before session 6), a 128-row x
+// 64-k block is 128 runs of 32 bytes K/2 apart; lane pairs copy one row's two 16-byte halves (as v1
+// does: 16 rows per instruction).
 // TILED = true: the block's 4096 bytes are contiguous (a tile-major layout), one 16-byte run per
 // lane per instruction, 512 contiguous bytes per warp instruction.
 template <int STAGES, int MIN_BLOCKS, bool TILED>
