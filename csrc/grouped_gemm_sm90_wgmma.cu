@@ -138,6 +138,13 @@ constexpr int kTraceTiles = 256;  // tiles per CTA recorded
   } while (0)
 #endif
 
+// 1 (session-6 experiment, compiled, not yet run on a GPU): with the sm90 layout the weight loader
+// fetches each k-tile's 4096-byte block with one bulk copy from one lane instead of 256 16-byte
+// cp.async over 32 lanes (fewer requests on the supply path; docs/perf-notes.md, session 6).
+#ifndef JAX_NVFP4_V2_BULK_W
+#define JAX_NVFP4_V2_BULK_W 0
+#endif
+
 // Workspace layout, setup and tail kernels: csrc/grouped_gemm_schedule.cuh (shared with v1).
 
 template <int BTMAX, int STAGES>
@@ -205,6 +212,13 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
           dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
       : "memory");
+}
+// Bulk copy (no tensor map) of `bytes` (a multiple of 16, both addresses 16-byte aligned),
+// completing on the mbarrier at bar. Used by the JAX_NVFP4_V2_BULK_W experiment only.
+[[maybe_unused]] __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
 }
 __device__ __forceinline__ uint4 lds128(uint32_t a) {
   uint4 v;
@@ -499,6 +513,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                               const WParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = WCfg<BTMAX, STAGES>;
+  constexpr bool kBulkW = SM90L && JAX_NVFP4_V2_BULK_W != 0;
   extern __shared__ uint8_t smem_raw[];
   // Align by an offset from smem_raw (not by casting an integer back to a pointer), so that the
   // compiler keeps the shared address space and emits LDS rather than generic loads.
@@ -511,7 +526,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
 #pragma unroll 1
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full0 + s * 8, 1 + 32 + 32);       // arrive.expect_tx + scale and weight cp.async lanes
+      // arrive.expect_tx + scale cp.async lanes + weight cp.async lanes (or one bulk-copy arrival)
+      mbar_init(full0 + s * 8, 1 + 32 + (kBulkW ? 1 : 32));
       mbar_init(ready0 + s * 8, kScaleWarps * 32); // every thread of the scale warps
       mbar_init(empty0 + s * 8, kConsumerWarps);   // one per consumer warp
     }
@@ -544,27 +560,42 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t); L += gridDim.x) {
         // Checkpoint layout: lane pairs copy one row's 32 bytes (two 16-byte halves), 16 rows per
         // instruction. sm90 layout: the k-tile's block is 4096 contiguous bytes (the tile's blocks
-        // follow each other; N % 128 == 0), 512 per instruction, landing in the same order.
+        // follow each other; N % 128 == 0), 512 per instruction, landing in the same order (or, with
+        // JAX_NVFP4_V2_BULK_W, one bulk copy from lane 0).
         const int half = lane & 1;
         const uint8_t* base = p.rhs + (static_cast<int64_t>(t.g) * N + t.n0) * KH + 16 * half;
         const int rows_ok = static_cast<int>(N - t.n0 < kRowsW ? N - t.n0 : kRowsW);
         V2_TRACE(lane == 0, ti, 4);
+        if constexpr (kBulkW) {
 #pragma unroll 1
-        for (int kt = 0; kt < KT; ++kt) {
-          mbar_wait(empty0 + s * 8, ph ^ 1);
-          const uint32_t dst = smem_u32(smem) + s * C::kStage + C::kWOff + 16 * half;
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            const int q = (lane >> 1) + 16 * i;
-            const bool ok = q < rows_ok;
-            const uint8_t* src = SM90L ? base + static_cast<int64_t>(kt) * 4096 + q * 32
-                                       : base + (ok ? q * KH + kt * 32 : 0);
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + q * 32), "l"(src),
-                         "r"(SM90L || ok ? 16u : 0u)
-                         : "memory");
+          for (int kt = 0; kt < KT; ++kt) {
+            if (lane == 0) {  // the other lanes only walk the tiles with lane 0 (find_tile's ballots)
+              mbar_wait(empty0 + s * 8, ph ^ 1);
+              const uint32_t full = full0 + s * 8;
+              mbar_arrive_expect_tx(full, 4096);
+              const uint8_t* src = base - 16 * half + static_cast<int64_t>(kt) * 4096;
+              bulk_load(smem_u32(smem) + s * C::kStage + C::kWOff, src, 4096, full);
+            }
+            advance_stage<STAGES>(s, ph);
           }
-          cp_async_mbar_arrive(full0 + s * 8);
-          advance_stage<STAGES>(s, ph);
+        } else {
+#pragma unroll 1
+          for (int kt = 0; kt < KT; ++kt) {
+            mbar_wait(empty0 + s * 8, ph ^ 1);
+            const uint32_t dst = smem_u32(smem) + s * C::kStage + C::kWOff + 16 * half;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+              const int q = (lane >> 1) + 16 * i;
+              const bool ok = q < rows_ok;
+              const uint8_t* src = SM90L ? base + static_cast<int64_t>(kt) * 4096 + q * 32
+                                         : base + (ok ? q * KH + kt * 32 : 0);
+              asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + q * 32), "l"(src),
+                           "r"(SM90L || ok ? 16u : 0u)
+                           : "memory");
+            }
+            cp_async_mbar_arrive(full0 + s * 8);
+            advance_stage<STAGES>(s, ph);
+          }
         }
         V2_TRACE(lane == 0, ti, 5);
         V2_TRACE_NEXT(ti);
