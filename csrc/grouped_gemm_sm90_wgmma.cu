@@ -98,7 +98,7 @@ constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales
 // Diagnostic builds (tools only, wrong results): 1 skips the e2m1 conversion, 2 the wgmmas,
 // 4 all consumer work (the time is the producers' supply rate), 5 as 4 without the activation loads.
 // A 2-CTA cluster variant multicasting the activation tile (commit c776747) halved the activation
-// reads from L2 but left every size within 3% (docs/perf-notes.md, session 6); not kept.
+// reads from L2 but gained nothing (-4..+6% per size; docs/perf-notes.md, session 6); not kept.
 #ifndef JAX_NVFP4_V2_DIAG
 #define JAX_NVFP4_V2_DIAG 0
 #endif
