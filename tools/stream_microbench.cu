@@ -9,7 +9,8 @@
 // contiguous: does a tile-major weight layout stream faster? Session 6 on the H200 (L1 shape): rows
 // 1.6-1.7 TB/s at every depth (slower than v1 itself, ~2.2 TB/s on the same bytes: this kernel does
 // not model v1's speed, for reasons not found), tiled 1.9-3.0 TB/s (best at 3 stages). The tiled
-// placement, adopted by the sm90 layout, then gave v1 -8% at decode (docs/perf-notes.md).
+// placement, adopted by the sm90 layout, then gave v1 -8% at decode (docs/perf-notes.md). The
+// third placement, kmajor, is not yet run.
 //
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/smb tools/stream_microbench.cu
 //   /tmp/smb            # L1 decode shape: 2016 CTAs (42 experts x 48 n-tiles), K 7168
@@ -46,14 +47,21 @@ __device__ __forceinline__ void wait_group() { asm volatile("cp.async.wait_group
 // does: 16 rows per instruction).
 // TILED = true: the block's 4096 bytes are contiguous (a tile-major layout), one 16-byte run per
 // lane per instruction, 512 contiguous bytes per warp instruction.
-template <int STAGES, int MIN_BLOCKS, bool TILED>
+// P = kRows / kTiled / kKMajor: kKMajor orders one expert's blocks k-tile first, (k-tile, n-tile),
+// so that the CTAs of one expert, which run in near lockstep, read one contiguous 48 x 4 KB region
+// per k-tile (DRAM row locality) instead of 48 regions 458 KB apart.
+enum Placement { kRows = 0, kTiled = 1, kKMajor = 2 };
+constexpr int kTilesPerExpert = 48;  // L1: N 6144 / 128
+template <int STAGES, int MIN_BLOCKS, int P>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
     stream_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ ws, const uint8_t* __restrict__ act,
                   int K, float* __restrict__ sink) {
   extern __shared__ __align__(128) uint8_t smem[];
   const int tid = threadIdx.x, KH = K / 2, KS = K / 16, KT = K / 64;
   const int64_t tile = blockIdx.x;
-  const uint8_t* wtile = w + tile * 128 * KH;
+  const int64_t ex = tile / kTilesPerExpert, nt = tile % kTilesPerExpert;
+  // kKMajor: the expert's region, then block (kt, nt) at (kt * 48 + nt) * 4096
+  const uint8_t* wtile = P == kKMajor ? w + ex * kTilesPerExpert * 128 * KH + nt * 4096 : w + tile * 128 * KH;
   const uint8_t* srow = ws + (tile * 128 + tid) * KS;
   const uint8_t* arow = act + static_cast<int64_t>(tid >> 3) * K * 2 + (tid & 7) * 16;  // shared by all CTAs
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -62,8 +70,9 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int i = tid + j * kThreads;  // 16-byte chunk i of the block's 256
-      const uint8_t* src = TILED ? wtile + static_cast<int64_t>(kt) * 4096 + i * 16
-                                 : wtile + static_cast<int64_t>(i >> 1) * KH + kt * 32 + (i & 1) * 16;
+      const uint8_t* src = P == kKMajor ? wtile + static_cast<int64_t>(kt) * kTilesPerExpert * 4096 + i * 16
+                           : P == kTiled  ? wtile + static_cast<int64_t>(kt) * 4096 + i * 16
+                                          : wtile + static_cast<int64_t>(i >> 1) * KH + kt * 32 + (i & 1) * 16;
       cp16(st + i * 16, src);
     }
     cp4(st + 4096 + tid * 4, srow + kt * 4);
@@ -88,9 +97,9 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
   sink[tile * kThreads + tid] = static_cast<float>(acc);
 }
 
-template <int STAGES, int MIN_BLOCKS, bool TILED>
+template <int STAGES, int MIN_BLOCKS, int P>
 float run(const uint8_t* w, const uint8_t* ws, const uint8_t* act, int K, int tiles, float* sink) {
-  auto k = stream_kernel<STAGES, MIN_BLOCKS, TILED>;
+  auto k = stream_kernel<STAGES, MIN_BLOCKS, P>;
   const int smem = STAGES * kStage;
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int per_sm = 0;
@@ -110,7 +119,7 @@ float run(const uint8_t* w, const uint8_t* ws, const uint8_t* act, int K, int ti
   CK(cudaEventElapsedTime(&ms, a, b));
   ms /= reps;
   const double bytes = static_cast<double>(tiles) * 128 * (K / 2 + K / 16);
-  std::printf("| %s | %d | %d | %d | %.1f | %.4f | %.0f |\n", TILED ? "tiled" : "rows", STAGES, MIN_BLOCKS, per_sm,
+  std::printf("| %s | %d | %d | %d | %.1f | %.4f | %.0f |\n", P == kKMajor ? "kmajor" : P == kTiled ? "tiled" : "rows", STAGES, MIN_BLOCKS, per_sm,
               per_sm * (STAGES - 1) * kStage / 1024.0, ms, bytes / ms / 1e6);
   CK(cudaEventDestroy(a));
   CK(cudaEventDestroy(b));
@@ -136,16 +145,25 @@ int main(int argc, char** argv) {
               prop.multiProcessorCount, K, tiles, (wbytes + sbytes) / 1e6);
   std::printf("| placement | stages | min blocks | CTAs/SM | KB in flight/SM | ms | GB/s (weights + scales) |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
-  run<2, 4, false>(w, ws, act, K, tiles, sink);
-  run<3, 4, false>(w, ws, act, K, tiles, sink);
-  run<4, 4, false>(w, ws, act, K, tiles, sink);  // v1's decode config
-  run<6, 4, false>(w, ws, act, K, tiles, sink);
-  run<4, 8, false>(w, ws, act, K, tiles, sink);
-  run<2, 4, true>(w, ws, act, K, tiles, sink);
-  run<3, 4, true>(w, ws, act, K, tiles, sink);
-  run<4, 4, true>(w, ws, act, K, tiles, sink);
-  run<6, 4, true>(w, ws, act, K, tiles, sink);
-  run<4, 8, true>(w, ws, act, K, tiles, sink);
+  run<2, 4, kRows>(w, ws, act, K, tiles, sink);
+  run<3, 4, kRows>(w, ws, act, K, tiles, sink);
+  run<4, 4, kRows>(w, ws, act, K, tiles, sink);  // v1's decode config
+  run<6, 4, kRows>(w, ws, act, K, tiles, sink);
+  run<4, 8, kRows>(w, ws, act, K, tiles, sink);
+  run<2, 4, kTiled>(w, ws, act, K, tiles, sink);
+  run<3, 4, kTiled>(w, ws, act, K, tiles, sink);
+  run<4, 4, kTiled>(w, ws, act, K, tiles, sink);
+  run<6, 4, kTiled>(w, ws, act, K, tiles, sink);
+  run<4, 8, kTiled>(w, ws, act, K, tiles, sink);
+  if (tiles % kTilesPerExpert == 0) {  // whole experts only
+    run<2, 4, kKMajor>(w, ws, act, K, tiles, sink);
+    run<3, 4, kKMajor>(w, ws, act, K, tiles, sink);
+    run<4, 4, kKMajor>(w, ws, act, K, tiles, sink);
+    run<6, 4, kKMajor>(w, ws, act, K, tiles, sink);
+    run<4, 8, kKMajor>(w, ws, act, K, tiles, sink);
+  } else {
+    std::printf("(kmajor skipped: CTAs %d not a multiple of %d)\n", tiles, kTilesPerExpert);
+  }
   CK(cudaFree(w));
   CK(cudaFree(ws));
   CK(cudaFree(act));
