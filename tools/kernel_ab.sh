@@ -4,6 +4,10 @@
 # ROUNDS times, the variants interleaved, and prints min ms per case and the ratio to variant 0.
 #   tools/kernel_ab.sh "-DJAX_NVFP4_V1_STAGES16=4" "-DJAX_NVFP4_V1_STAGES16=6"
 #   BASE_REV=HEAD~1 tools/kernel_ab.sh ""   # variant 0: the kernels of a git revision; then this tree
+#   BASE_DIR=.dbg/base tools/kernel_ab.sh "" # variant 0: self-test, host encoder and kernels of another
+#     tree (csrc/ and tools/ under BASE_DIR, e.g. `git archive REV csrc tools | tar -x -C .dbg/base`,
+#     carried to the device: its copy of the tree has no git history); use it when the weight
+#     layout differs, so that each variant encodes its own
 # Env: KERNEL (mma | wgmma | both, default mma), LAYOUTS (default "checkpoint sm90"), ROUNDS (2),
 # CUTLASS_INC (default .cutlass_hdr). Logs in $OUT.
 set -uo pipefail
@@ -13,13 +17,25 @@ inc=${CUTLASS_INC:-.cutlass_hdr}
 k=${KERNEL:-mma}; rounds=${ROUNDS:-2}; layouts=${LAYOUTS:-checkpoint sm90}
 variants=("$@"); srcs=()
 for i in "${!variants[@]}"; do srcs+=("csrc/grouped_gemm_sm90.cu csrc/grouped_gemm_sm90_wgmma.cu"); done
-if [ -n "${BASE_REV:-}" ]; then   # variant 0 from the revision's kernel sources (headers from this tree)
+base_dir=""
+if [ -n "${BASE_DIR:-}" ]; then   # variant 0: another tree's self-test and kernels, built there
+  base_dir=$(cd "$BASE_DIR" && pwd) || exit 1
+  variants=("" "${variants[@]}"); srcs=("" "${srcs[@]}")
+elif [ -n "${BASE_REV:-}" ]; then   # variant 0 from the revision's kernel sources (headers from this tree)
   mkdir -p /tmp/ab_base/csrc
   for f in grouped_gemm_sm90.cu grouped_gemm_sm90_wgmma.cu; do git show "$BASE_REV:csrc/$f" > /tmp/ab_base/csrc/$f || exit 1; done
   variants=("" "${variants[@]}"); srcs=("/tmp/ab_base/csrc/grouped_gemm_sm90.cu /tmp/ab_base/csrc/grouped_gemm_sm90_wgmma.cu" "${srcs[@]}")
 fi
 [ ${#variants[@]} -ge 2 ] || { echo "need two or more variants"; exit 2; }
+inc=$(cd "$inc" && pwd); outabs=$(cd "$out" && pwd)
+for i in "${!variants[@]}"; do rm -f /tmp/ab_$i; done  # a failed build must not leave an older binary
 for i in "${!variants[@]}"; do
+  if [ "$i" = 0 ] && [ -n "$base_dir" ]; then
+    (cd "$base_dir" && nvcc -std=c++17 -O3 -Xcompiler -fopenmp -gencode=arch=compute_90a,code=sm_90a \
+      --expt-relaxed-constexpr -I. -I"$inc/include" -I"$inc/util/include" -o /tmp/ab_0 tools/gemm_selftest.cu \
+      csrc/grouped_gemm_sm90.cu csrc/grouped_gemm_sm90_wgmma.cu >"$outabs/build_0.log" 2>&1) &
+    continue
+  fi
   # shellcheck disable=SC2086
   nvcc -std=c++17 -O3 -Xcompiler -fopenmp -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
     ${variants[$i]} -I. -I"$inc/include" -I"$inc/util/include" -o /tmp/ab_$i tools/gemm_selftest.cu ${srcs[$i]} \
