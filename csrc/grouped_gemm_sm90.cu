@@ -472,8 +472,9 @@ cudaError_t launch_gemm(const KParams& kp, int64_t M, int64_t G, cudaStream_t st
 }
 
 // Pipeline depth of the 16-token (decode) configs; a compile-time knob for A/B runs of the
-// self-test (NVFLAGS=-DJAX_NVFP4_V1_STAGES16=6 tools/kernel_lab.sh sweep): 4 stages of ~7 KB
-// keep ~3 k-tiles (~55 KB per SM at 4 CTAs) in flight, which may not cover HBM latency.
+// self-test (tools/kernel_ab.sh -DJAX_NVFP4_V1_STAGES16=4 -DJAX_NVFP4_V1_STAGES16=6): 4 stages of
+// ~7 KB keep ~3 k-tiles (~55 KB per SM at 4 CTAs) in flight. On the H200, 6 and 8 stages were
+// 2-33% slower at decode (docs/perf-notes.md, session 6).
 #ifndef JAX_NVFP4_V1_STAGES16
 #define JAX_NVFP4_V1_STAGES16 4
 #endif
