@@ -23,7 +23,8 @@
 // Weights in the sm90 load-time layout (jax_nvfp4/layout.py; W4A16 only, template SM90L) keep the
 // natural k order instead: each thread reads its m16 tile's four fragment words with one 16-byte
 // shared load, extracts them with e2m1_sm90_word (csrc/e2m1_sm90_layout.cuh), gets the other
-// three k-blocks' scales from its quad by shuffles, and reads the activation pairs directly.
+// three k-blocks' scales from its quad by shuffles, and reads the activation pairs directly. The
+// layout's scales come as one contiguous 512-byte [128 rows][4] record per k-tile.
 //
 // Schedule (no host sync): a setup kernel turns the device group sizes into clamped row offsets
 // and per-group token-tile prefix sums in the workspace; the GEMM grid is
@@ -200,7 +201,9 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads, MIN_BLOCKS)
       const int i = tid + j * NTH;
       const int64_t n = n0 + i;
       const bool rv = n < N;
-      wscp[j].src = rv ? rhs_s_g + n * KS : p.rhs_scales;
+      // sm90 layout: the stripe's k-tile kt scales are one 512-byte [128 rows][4] record at 512 kt
+      if constexpr (SM90L) wscp[j].src = rhs_s_g + n0 * KS + i * 4;
+      else wscp[j].src = rv ? rhs_s_g + n * KS : p.rhs_scales;
       wscp[j].lim = i < kBW ? (rv ? 1 : 0) : -1;
       wscp[j].dst = C::kWSOff + i * 4;
     }
@@ -243,16 +246,19 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads, MIN_BLOCKS)
     auto load_scales = [&](uint8_t* st, const Cp& cp, int kt, bool all) {
       if (!all && cp.lim < 0) return;
       uint8_t* dst = st + cp.dst;
+      // bytes from one k-tile's 4 scales of a row to the next's: 4 (checkpoint), 512 (sm90 weight
+      // scales; SM90L kernels have no activation scales)
+      constexpr int64_t step = SM90L ? 512 : 4;
       if (kt < kt_vec) {
         const bool v = cp.lim > 0;
-        cp4(dst, cp.src + (v ? kt * 4 : 0), v);
+        cp4(dst, cp.src + (v ? kt * step : 0), v);
       } else {
         const int64_t kg0 = static_cast<int64_t>(kt) * 4;
         uint32_t v = 0;
         if (cp.lim > 0) {
 #pragma unroll
           for (int q = 0; q < 4; ++q)
-            if (kg0 + q < KS) v |= static_cast<uint32_t>(__ldg(cp.src + kg0 + q)) << (8 * q);
+            if (kg0 + q < KS) v |= static_cast<uint32_t>(__ldg(cp.src + kt * step + q)) << (8 * q);
         }
         *reinterpret_cast<uint32_t*>(dst) = v;
       }

@@ -11,9 +11,10 @@ Convention (the one every module, kernel and test in this package uses):
   and ``x ~= e2m1 * float(scale) * global_scale`` (the ModelOpt convention, and that of JAX's own
   nvfp4 quantizer). A stack of G experts carries ``global_scale`` of shape ``[G]``.
 * K must be a multiple of 32: 16 values per scale, 2 per byte, and what the kernels tile by.
-* ``NVFP4Tensor.layout`` names the byte order of ``data``: ``"checkpoint"`` (the order above) or
-  ``"sm90"``, a load-time permutation of the same bytes for the Hopper kernel
-  (:mod:`jax_nvfp4.layout`, :func:`jax_nvfp4.prepare_weights`). Scales are never re-laid-out.
+* ``NVFP4Tensor.layout`` names the byte order of ``data`` and ``scales``: ``"checkpoint"`` (the
+  order above) or ``"sm90"``, a load-time permutation of the same bytes for the Hopper kernels
+  (:mod:`jax_nvfp4.layout`, :func:`jax_nvfp4.prepare_weights`): codes re-laid-out within 128 x 64
+  blocks, scales reordered into one 512-byte record per 128 rows x 64 k. Shapes are unchanged.
 """
 
 from __future__ import annotations
@@ -78,13 +79,14 @@ class NVFP4Tensor:
       scales: float8_e4m3fn ``[..., K/16]``, one block scale per 16 values along K.
       global_scale: float32, broadcastable over the leading axes of ``data`` without K: ``[]``
         for one tensor, ``[G]`` for a stack of G experts ``[G, N, K]``.
-      layout: static str, the byte order of ``data``: ``"checkpoint"`` (default; element ``2j``
-        in the low nibble of byte ``j``) or ``"sm90"`` (the Hopper load-time layout of
-        :mod:`jax_nvfp4.layout`; needs N % 128 == 0 and K % 64 == 0 on the last two axes). It is
+      layout: static str, the byte order of ``data`` and ``scales``: ``"checkpoint"`` (default;
+        element ``2j`` in the low nibble of byte ``j``, scale ``b`` for elements ``16 b ..``) or
+        ``"sm90"`` (the Hopper load-time layout of :mod:`jax_nvfp4.layout`; needs N % 128 == 0
+        and K % 64 == 0 on the last two axes). It is
         pytree aux data, not a leaf, so it survives jit, vmap, shard_map and tree_map.
 
-    Dequantized value: ``e2m1(data) * float32(scales) * global_scale`` (codes read per
-    ``layout``).
+    Dequantized value: ``e2m1(data) * float32(scales) * global_scale`` (codes and scales read
+    per ``layout``).
     """
 
     data: jax.Array

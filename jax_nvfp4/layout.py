@@ -11,8 +11,8 @@ codes into bf16 MMA fragments (docs/perf-notes.md): in the checkpoint layout a t
 of scattered words and spends ~4.5 integer ops per bf16x2 register. This layout stores, once at load
 time, each thread's codes contiguously and with their bits pre-placed, so that three of every four
 fragment registers come out of one AND or one shift + AND, and one LDS.128 feeds a thread's whole
-k-tile. It is a bijection on the bytes (0.5 byte per code, scales untouched): checkpoints are
-recovered with :func:`unprepare_sm90`.
+k-tile. It is a bijection on the bytes (0.5 byte per code; the scales are only reordered, see below):
+checkpoints are recovered with :func:`unprepare_sm90` and :func:`unprepare_scales_sm90`.
 
 The layout, per expert and per block of 128 weight rows x 64 k (4096 bytes). Each 128-row stripe
 ``data[g, 128 i : 128 i + 128, :]`` (128 * K/2 contiguous bytes) holds its K/64 blocks one after
@@ -35,6 +35,15 @@ Within a block:
   exact ``mul.rn.bf16x2`` by ``bf16(scale * 2^119)`` the kernels already do.
 
 :func:`fragments_sm90` is that extraction in numpy, for tests (and as the specification).
+
+The block scales (``scales [..., N, K/16]``, e4m3, one per 16 codes) keep their shape and values
+but are reordered the same way, per 128-row stripe: the stripe's 128 x K/16 bytes hold K/64
+records of 512 bytes, record ``j`` being the scales of k-tile ``j`` (``k`` in ``64 j .. 64 j +
+63``) as ``[128 rows][4 k-blocks]``: the scale of stripe row ``r`` and 16-wide k-block ``b`` is
+byte ``512 (b // 4) + 4 r + b % 4`` of the stripe. A kernel then fetches a k-tile's scales as
+one contiguous 512-byte run instead of 128 separate 4-byte pieces, one per row: on the H200 a
+persistent weight stream of the decode case ran 23% faster that way (4.3 vs 3.5 TB/s,
+tools/stream_bulk_microbench.cu, docs/perf-notes.md session 7).
 """
 
 from __future__ import annotations
@@ -131,6 +140,39 @@ def unprepare_sm90(data: jax.Array) -> jax.Array:
     return pairs[..., 0] | (pairs[..., 1] << 4)
 
 
+def _check_scales(scales, what):
+    if scales.ndim < 2:
+        raise ValueError(f"{what}: expected block scales [..., N, K/16], got shape {tuple(scales.shape)}")
+    n, ks = scales.shape[-2], scales.shape[-1]
+    if n % BLOCK_ROWS or (16 * ks) % BLOCK_K:
+        raise ValueError(f"{what}: the sm90 layout needs N % {BLOCK_ROWS} == 0 and K % {BLOCK_K} "
+                         f"== 0, got N = {n}, K = {16 * ks}")
+
+
+def prepare_scales_sm90(scales: jax.Array) -> jax.Array:
+    """Block scales ``[..., N, K/16]`` (any dtype, float8_e4m3fn in practice), checkpoint order ->
+    the sm90 order (module docstring): per 128-row stripe, one ``[128, 4]`` record per k-tile.
+    Same shape and dtype; jittable."""
+    scales = jnp.asarray(scales)
+    _check_scales(scales, "scales")
+    *lead, n, ks = scales.shape
+    nl = len(lead)
+    s = scales.reshape(*lead, n // BLOCK_ROWS, BLOCK_ROWS, ks // 4, 4)
+    s = s.transpose(*range(nl), nl, nl + 2, nl + 1, nl + 3)      # NB, KT, row, kb
+    return s.reshape(*lead, n, ks)
+
+
+def unprepare_scales_sm90(scales: jax.Array) -> jax.Array:
+    """The inverse of :func:`prepare_scales_sm90`: sm90 order -> checkpoint order, same shape."""
+    scales = jnp.asarray(scales)
+    _check_scales(scales, "scales")
+    *lead, n, ks = scales.shape
+    nl = len(lead)
+    s = scales.reshape(*lead, n // BLOCK_ROWS, ks // 4, BLOCK_ROWS, 4)
+    s = s.transpose(*range(nl), nl, nl + 2, nl + 1, nl + 3)      # NB, row, KT, kb
+    return s.reshape(*lead, n, ks)
+
+
 def fragments_sm90(block_words: np.ndarray) -> np.ndarray:
     """The kernel's extraction, in numpy: uint32 words ``[...]`` -> uint32 ``[..., 4]`` bf16x2 pairs.
 
@@ -156,6 +198,16 @@ def checkpoint_data(t: NVFP4Tensor) -> jax.Array:
     raise ValueError(f"layout: expected one of {LAYOUTS}, got {t.layout!r}")
 
 
+def checkpoint_scales(t: NVFP4Tensor) -> jax.Array:
+    """``t.scales`` in the checkpoint order (float8_e4m3fn ``[..., K/16]``, scale ``b`` of a row
+    covering codes ``16 b .. 16 b + 15``), whatever ``t.layout`` is."""
+    if t.layout == "checkpoint":
+        return t.scales
+    if t.layout == "sm90":
+        return unprepare_scales_sm90(t.scales)
+    raise ValueError(f"layout: expected one of {LAYOUTS}, got {t.layout!r}")
+
+
 def _relayout(t: NVFP4Tensor, layout: str, name: str) -> NVFP4Tensor:
     t.validate(name)
     if t.layout == layout:                       # idempotent: nothing to move
@@ -170,7 +222,8 @@ def _relayout(t: NVFP4Tensor, layout: str, name: str) -> NVFP4Tensor:
         data = jax.lax.map(fn, flat).reshape(d.shape)
     else:
         data = fn(d)
-    return dataclasses.replace(out, data=data)
+    sfn = prepare_scales_sm90 if layout == "sm90" else unprepare_scales_sm90
+    return dataclasses.replace(out, data=data, scales=sfn(t.scales))
 
 
 def prepare_weights(x, layout: str = "sm90"):
@@ -185,13 +238,14 @@ def prepare_weights(x, layout: str = "sm90"):
         K % 64 == 0 on each tensor's last two axes) or ``"checkpoint"`` (back to the stored order).
 
     Returns:
-      The same type with ``data`` permuted (same shape and dtype, uint8) and ``layout`` set;
-      scales and global scales are untouched. A tensor already in ``layout`` is returned as is.
+      The same type with ``data`` and ``scales`` permuted (same shapes and dtypes) and ``layout``
+      set; global scales are untouched. A tensor already in ``layout`` is returned as is.
 
     Why: the kernels' mainloops are bound by turning E2M1 codes into bf16 MMA fragments and by
     streaming the weights; the sm90 layout stores each thread's codes contiguously with their bits
-    pre-placed, and each 128 x 64 block as one 4 KB run (module docstring): 4-17% faster than the
-    checkpoint layout at every size on an H200 (docs/benchmarks.md). It is a
+    pre-placed, each 128 x 64 block as one 4 KB run and each k-tile's 128 x 4 scales as one
+    512-byte run (module docstring): faster than the checkpoint layout at every size on an H200
+    (docs/benchmarks.md). It is a
     one-time cost at load time, moves the same bytes (no extra memory once done), and is a
     bijection: ``prepare_weights(w, "checkpoint")`` recovers the checkpoint bytes exactly
     (``checkpoint.save_moe`` does that itself). Jittable (``layout`` is static). Stacks are

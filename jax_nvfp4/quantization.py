@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from .formats import (BLOCK_SIZE, E2M1_MAX, E4M3_MAX, NVFP4Tensor, check_k, expand_global_scale,
                       pack_codes, unpack_codes)
-from .layout import checkpoint_data
+from .layout import checkpoint_data, checkpoint_scales
 
 
 def _as_float(x, name: str) -> jax.Array:
@@ -86,12 +86,12 @@ def e2m1_scaled(t: NVFP4Tensor, dtype=jnp.float32) -> jax.Array:
     """``e2m1(t.data) * float(t.scales)`` without the global scale, ``[..., K]`` in ``dtype``.
 
     Exact in bfloat16 (an E2M1 value times an e4m3 value has at most 6 significant bits). Reads
-    the codes in either layout (``t.layout``): sm90 data is put back in checkpoint order first.
+    the codes and scales in either layout (``t.layout``): sm90 ones are put back in checkpoint order first.
     """
     codes = unpack_codes(checkpoint_data(t)).astype(jnp.float32)
     k = codes.shape[-1]
     blocks = codes.reshape(codes.shape[:-1] + (k // BLOCK_SIZE, BLOCK_SIZE))
-    out = blocks * t.scales.astype(jnp.float32)[..., None]
+    out = blocks * checkpoint_scales(t).astype(jnp.float32)[..., None]
     return out.reshape(codes.shape).astype(dtype)
 
 

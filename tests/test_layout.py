@@ -60,6 +60,29 @@ def test_kernel_extraction_gives_e2m1_times_2_pow_minus_126(rng):
     assert checked == n * k
 
 
+@pytest.mark.parametrize("shape", [(128, 4), (2, 256, 12), (3, 1, 384, 8)])
+def test_scale_order_from_its_definition(rng, shape):
+    """The scale of (row n, k-block b) sits at byte 512 (b // 4) + 4 (n % 128) + b % 4 of row
+    stripe n // 128 (written out here by loops, not by the module's reshapes); round trip exact."""
+    s = rng.integers(0, 256, shape, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
+    prep = np.asarray(jax.jit(layout.prepare_scales_sm90)(s))
+    assert prep.shape == s.shape and prep.dtype == s.dtype
+    want = np.zeros(shape, np.uint8)
+    src = s.view(np.uint8).reshape((-1,) + shape[-2:])
+    flat = want.reshape((-1,) + shape[-2:])
+    n_rows, ks = shape[-2:]
+    for e in range(src.shape[0]):
+        for n in range(n_rows):
+            stripe = flat[e, 128 * (n // 128):128 * (n // 128) + 128].reshape(-1)  # a view
+            for b in range(ks):
+                stripe[512 * (b // 4) + 4 * (n % 128) + b % 4] = src[e, n, b]
+    np.testing.assert_array_equal(prep.view(np.uint8), want)
+    back = np.asarray(jax.jit(layout.unprepare_scales_sm90)(prep))
+    np.testing.assert_array_equal(back.view(np.uint8), s.view(np.uint8))
+    with pytest.raises(ValueError, match=r"scales: the sm90 layout needs N % 128 == 0"):
+        layout.prepare_scales_sm90(np.zeros((100, 4), np.uint8))
+
+
 def test_bad_input_names_the_argument():
     with pytest.raises(ValueError, match=r"data: the sm90 layout needs N % 128 == 0"):
         layout.prepare_sm90(np.zeros((100, 32), np.uint8))
@@ -70,7 +93,8 @@ def test_bad_input_names_the_argument():
 
 
 def test_selftest_host_copy_matches(rng, tmp_path):
-    """tools/sm90_layout_host.h (the GPU self-test's C++ copy of prepare_sm90) gives the same bytes."""
+    """tools/sm90_layout_host.h (the GPU self-test's C++ copies of prepare_sm90 and
+    prepare_scales_sm90) gives the same bytes."""
     import shutil
     import subprocess
     cxx = shutil.which("c++") or shutil.which("g++")
@@ -85,6 +109,9 @@ def test_selftest_host_copy_matches(rng, tmp_path):
         "  std::vector<uint8_t> in(G * N * K / 2);\n"
         "  FILE* f = fopen(a[4], \"rb\"); if (fread(in.data(), 1, in.size(), f) != in.size()) return 3; fclose(f);\n"
         "  auto out = jax_nvfp4_tools::prepare_sm90_host(in, G, N, K);\n"
+        "  std::vector<uint8_t> sin(in.begin(), in.begin() + G * N * K / 16);\n"
+        "  auto sout = jax_nvfp4_tools::prepare_scales_sm90_host(sin, G, N, K);\n"
+        "  out.insert(out.end(), sout.begin(), sout.end());\n"
         "  f = fopen(a[5], \"wb\"); fwrite(out.data(), 1, out.size(), f); fclose(f);\n  return 0;\n}\n")
     exe = tmp_path / "driver"
     subprocess.run([cxx, "-O1", "-std=c++17", f"-I{root}", str(src), "-o", str(exe)], check=True)
@@ -93,8 +120,13 @@ def test_selftest_host_copy_matches(rng, tmp_path):
         data.tofile(tmp_path / "in.bin")
         subprocess.run([str(exe), str(g), str(n), str(k), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")],
                        check=True)
-        got = np.fromfile(tmp_path / "out.bin", np.uint8).reshape(g, n, k // 2)
-        np.testing.assert_array_equal(got, np.asarray(layout.prepare_sm90(jnp.asarray(data))))
+        got = np.fromfile(tmp_path / "out.bin", np.uint8)
+        np.testing.assert_array_equal(got[:data.size].reshape(g, n, k // 2),
+                                      np.asarray(layout.prepare_sm90(jnp.asarray(data))))
+        # the scale copy, fed the first G*N*K/16 bytes of the same input as [G, N, K/16]
+        scales = data.reshape(-1)[:g * n * k // 16].reshape(g, n, k // 16)
+        np.testing.assert_array_equal(got[data.size:].reshape(g, n, k // 16),
+                                      np.asarray(layout.prepare_scales_sm90(jnp.asarray(scales))))
 
 
 # ------------------------------------------------------------------ prepare_weights (public API)
@@ -115,13 +147,15 @@ def test_prepare_weights_round_trip(rng, shape):
     assert p.layout == "sm90" and p.data.shape == t.data.shape and p.data.dtype == jnp.uint8
     np.testing.assert_array_equal(np.asarray(p.data), np.asarray(layout.prepare_sm90(t.data)))
     assert not np.array_equal(np.asarray(p.data), np.asarray(t.data))
-    # scales and global scales are not re-laid-out
+    # scales are reordered (same bytes), global scales untouched
+    assert p.scales.shape == t.scales.shape and p.scales.dtype == t.scales.dtype
     np.testing.assert_array_equal(np.asarray(p.scales).view(np.uint8),
-                                  np.asarray(t.scales).view(np.uint8))
+                                  np.asarray(layout.prepare_scales_sm90(t.scales)).view(np.uint8))
     np.testing.assert_array_equal(np.asarray(p.global_scale), np.asarray(t.global_scale))
     back = jax.jit(jn.prepare_weights, static_argnames="layout")(p, layout="checkpoint")
     assert back.layout == "checkpoint"
     np.testing.assert_array_equal(np.asarray(back.data), np.asarray(t.data))
+    np.testing.assert_array_equal(np.asarray(back.scales).view(np.uint8), np.asarray(t.scales).view(np.uint8))
 
 
 def test_prepare_weights_idempotent(rng):

@@ -230,7 +230,12 @@ static void run_case(const Case& cs, bool a_fp4, bool out_f32, uint64_t seed, in
   } else {
     CK(cudaMemcpy(d_rhs, rhs.data(), rhs.size(), cudaMemcpyHostToDevice));
   }
-  CK(cudaMemcpy(d_rhs_s, rhs_s.data(), rhs_s.size(), cudaMemcpyHostToDevice));
+  if (g_layout) {
+    const std::vector<uint8_t> laid = jax_nvfp4_tools::prepare_scales_sm90_host(rhs_s, G, N, K);
+    CK(cudaMemcpy(d_rhs_s, laid.data(), laid.size(), cudaMemcpyHostToDevice));
+  } else {
+    CK(cudaMemcpy(d_rhs_s, rhs_s.data(), rhs_s.size(), cudaMemcpyHostToDevice));
+  }
   if (a_fp4) {
     CK(cudaMemcpy(d_lhs, lhs_q.data(), lhs_q.size(), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d_lhs_s, lhs_s.data(), lhs_s.size(), cudaMemcpyHostToDevice));

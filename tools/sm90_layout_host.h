@@ -1,6 +1,7 @@
-// Host-side copy of jax_nvfp4/layout.py's prepare_sm90 (the sm90 load-time layout of packed
-// e2m1 codes), for the self-test (tools/gemm_selftest.cu --layout sm90): rhs uint8 [G, N, K/2]
-// in the checkpoint layout -> the same bytes re-laid out (N % 128 == 0, K % 64 == 0).
+// Host-side copies of jax_nvfp4/layout.py's prepare_sm90 and prepare_scales_sm90 (the sm90
+// load-time layout of packed e2m1 codes and of their block scales), for the self-test
+// (tools/gemm_selftest.cu --layout sm90): rhs uint8 [G, N, K/2] and scales [G, N, K/16] in the
+// checkpoint layout -> the same bytes re-laid out (N % 128 == 0, K % 64 == 0).
 // tests/test_layout.py compiles it with the host C++ compiler and compares it with layout.py.
 #pragma once
 
@@ -41,6 +42,18 @@ inline std::vector<uint8_t> prepare_sm90_host(const std::vector<uint8_t>& rhs, i
                 out[(g * N + 128 * nb) * KH + 4096 * kbk + o] = static_cast<uint8_t>(w >> (8 * byte));
               }
             }
+  return out;
+}
+
+// Host-side copy of layout.py's prepare_scales_sm90: scales [G, N, K/16] (e4m3 bytes) in the
+// checkpoint order -> per 128-row stripe, one [128 rows][4] record of 512 bytes per k-tile.
+inline std::vector<uint8_t> prepare_scales_sm90_host(const std::vector<uint8_t>& s, int64_t G, int64_t N, int64_t K) {
+  const int64_t KS = K / 16;
+  std::vector<uint8_t> out(s.size());
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t b = 0; b < KS; ++b)
+        out[(g * N + n / 128 * 128) * KS + 512 * (b / 4) + 4 * (n % 128) + b % 4] = s[(g * N + n) * KS + b];
   return out;
 }
 
