@@ -139,18 +139,6 @@ constexpr int kTraceTiles = 256;  // tiles per CTA recorded
   } while (0)
 #endif
 
-// 1 (session-6 experiment, compiled, not yet run on a GPU): with the sm90 layout the weight loader
-// fetches each k-tile's 4096-byte block with one bulk copy from one lane instead of 256 16-byte
-// cp.async over 32 lanes (fewer requests on the supply path; docs/perf-notes.md, session 6).
-#ifndef JAX_NVFP4_V2_BULK_W
-#define JAX_NVFP4_V2_BULK_W 0
-#endif
-
-// Session-7 experiment: tiles with at most this many rows (16 or 32; 0 = off) run mma.sync
-// m16n8k16 instead of WGMMA in the consumers (consumer_mainloop_mma).
-#ifndef JAX_NVFP4_V2_MMA
-#define JAX_NVFP4_V2_MMA 0
-#endif
 
 // Workspace layout, setup and tail kernels: csrc/grouped_gemm_schedule.cuh (shared with v1).
 
@@ -221,8 +209,7 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 // Bulk copy (no tensor map) of `bytes` (a multiple of 16, both addresses 16-byte aligned),
-// completing on the mbarrier at bar: the sm90 layout's scale records (and the weight blocks
-// under the JAX_NVFP4_V2_BULK_W experiment).
+// completing on the mbarrier at bar: the sm90 layout's scale records.
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
@@ -488,112 +475,6 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
 #endif
 }
 
-#if JAX_NVFP4_V2_MMA
-// Small tiles (<= 8 * NTT rows): mma.sync m16n8k16 instead of WGMMA. The A fragment of mma.sync
-// m16n8k16 is the per-warp slice of WGMMA m64k16's, so the weight conversion is unchanged; the
-// token fragments come from the same 128B-swizzled activation stage by ldmatrix (row = token,
-// 16-byte chunk c of token r at chunk c ^ (r & 7)). Each warp works alone: no warpgroup
-// lockstep, no wgmma fences, and the stage is released as soon as this warp has read it.
-// acc[4j + c] matches WGMMA's accumulator order (token 8j + 2t + (c & 1), row g + 8 (c >> 1)),
-// so consumer_epilogue<32, 32> stores it. It must not be the WGMMA accumulator array: ptxas
-// serializes wgmmas whose accumulators other instructions define (C7515).
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-template <int NTT, int BTMAX, int STAGES, bool SM90L>
-__device__ __forceinline__ void consumer_mainloop_mma(float (&acc)[16], uint8_t* smem, uint32_t bar_base,
-                                                      int KT, int r0, uint32_t sel, int& s, uint32_t& ph) {
-  static_assert(NTT == 2 || NTT == 4, "n8 tiles");
-  using C = WCfg<BTMAX, STAGES>;
-  const uint32_t full0 = bar_base;
-  const uint32_t ready0 = bar_base + STAGES * 8;
-  const uint32_t empty0 = bar_base + 2 * STAGES * 8;
-  const int lane = threadIdx.x & 31;
-  // ldmatrix.x4 rows: lane l addresses row (l & 7) of matrix l >> 3 = (k-block +(l >> 4), half (l >> 3) & 1)
-  const int lr = lane & 7, lm = lane >> 3;
-  const uint32_t a_row = lr * 128;
-  const int a_chunk = ((lm >> 1) * 2 + (lm & 1));  // chunk within k-block pair, before the swizzle
-  float d[NTT][4];
-#pragma unroll
-  for (int j = 0; j < NTT; ++j)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) d[j][c] = 0.0f;
-#pragma unroll 1
-  for (int kt = 0; kt < KT; ++kt) {
-    mbar_wait(ready0 + s * 8, ph);
-    mbar_wait(full0 + s * 8, ph);
-    const uint32_t st = smem_u32(smem) + s * C::kStage;
-    const uint4 sca = lds128(st + C::kS2Off + r0 * 16);
-    const uint4 scb = lds128(st + C::kS2Off + (r0 + 8) * 16);
-    uint32_t frag[4][4];
-    if constexpr (SM90L) {
-      const uint4 wq = lds128(st + C::kWOff + (r0 >> 4) * 512 + lane * 16);
-      const uint32_t wv[4] = {wq.x, wq.y, wq.z, wq.w};
-      const uint32_t sa[4] = {sca.x, sca.y, sca.z, sca.w};
-      const uint32_t sb[4] = {scb.x, scb.y, scb.z, scb.w};
-#pragma unroll
-      for (int kb = 0; kb < 4; ++kb) {
-        uint32_t a0, a1, a2, a3;
-        e2m1_sm90_word(wv[kb], a0, a1, a2, a3);
-        frag[kb][0] = bf16x2_mul(a0, sa[kb]);
-        frag[kb][1] = bf16x2_mul(a1, sb[kb]);
-        frag[kb][2] = bf16x2_mul(a2, sa[kb]);
-        frag[kb][3] = bf16x2_mul(a3, sb[kb]);
-      }
-    } else {
-      const uint32_t rowa = st + C::kWOff + r0 * 32;
-      const uint32_t rowb = rowa + 8 * 32;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint4 wa = lds128(rowa + 16 * h);
-        const uint4 wb = lds128(rowb + 16 * h);
-        const uint32_t sa0 = h ? sca.z : sca.x, sa1 = h ? sca.w : sca.y;
-        const uint32_t sb0 = h ? scb.z : scb.x, sb1 = h ? scb.w : scb.y;
-        frag[2 * h][0] = bf16x2_mul(e2m1_byte_pair(wa.x, sel), sa0);
-        frag[2 * h][1] = bf16x2_mul(e2m1_byte_pair(wb.x, sel), sb0);
-        frag[2 * h][2] = bf16x2_mul(e2m1_byte_pair(wa.y, sel), sa0);
-        frag[2 * h][3] = bf16x2_mul(e2m1_byte_pair(wb.y, sel), sb0);
-        frag[2 * h + 1][0] = bf16x2_mul(e2m1_byte_pair(wa.z, sel), sa1);
-        frag[2 * h + 1][1] = bf16x2_mul(e2m1_byte_pair(wb.z, sel), sb1);
-        frag[2 * h + 1][2] = bf16x2_mul(e2m1_byte_pair(wa.w, sel), sa1);
-        frag[2 * h + 1][3] = bf16x2_mul(e2m1_byte_pair(wb.w, sel), sb1);
-      }
-    }
-    // tokens: b[j][kb] = (b0, b1) of n8 tile j, k-block kb; one ldmatrix.x4 per (j, k-block pair)
-    uint32_t b[NTT][4][2];
-    const uint32_t act = st + C::kActOff;
-#pragma unroll
-    for (int j = 0; j < NTT; ++j)
-#pragma unroll
-      for (int kp = 0; kp < 2; ++kp)
-        ldsm_x4(act + j * 1024 + a_row + (((4 * kp + a_chunk) ^ lr) << 4), b[j][2 * kp][0], b[j][2 * kp][1],
-                b[j][2 * kp + 1][0], b[j][2 * kp + 1][1]);
-    // every shared-memory read of this stage is in registers: release it before the math
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty0 + s * 8);
-    advance_stage<STAGES>(s, ph);
-#pragma unroll
-    for (int kb = 0; kb < 4; ++kb)
-#pragma unroll
-      for (int j = 0; j < NTT; ++j) mma_bf16_16816(d[j], frag[kb], b[j][kb][0], b[j][kb][1]);
-  }
-#pragma unroll
-  for (int j = 0; j < NTT; ++j)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) acc[4 * j + c] = d[j][c];
-}
-#endif
-
 template <int NN, int BTMAX>
 __device__ __forceinline__ void consumer_epilogue(const float (&acc)[BTMAX / 2], const WParams& p, const Tile& t,
                                                   int r0) {
@@ -627,7 +508,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                               const WParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = WCfg<BTMAX, STAGES>;
-  constexpr bool kBulkW = SM90L && JAX_NVFP4_V2_BULK_W != 0;
   extern __shared__ uint8_t smem_raw[];
   // Align by an offset from smem_raw (not by casting an integer back to a pointer), so that the
   // compiler keeps the shared address space and emits LDS rather than generic loads.
@@ -641,8 +521,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 1
     for (int s = 0; s < STAGES; ++s) {
       // arrive.expect_tx + scale cp.async lanes (none for the sm90 layout's bulk-copied scales) +
-      // weight cp.async lanes (or one bulk-copy arrival)
-      mbar_init(full0 + s * 8, 1 + (SM90L ? 0 : 32) + (kBulkW ? 1 : 32));
+      // weight cp.async lanes
+      mbar_init(full0 + s * 8, 1 + (SM90L ? 0 : 32) + 32);
       mbar_init(ready0 + s * 8, kScaleWarps * 32); // every thread of the scale warps
       mbar_init(empty0 + s * 8, kConsumerWarps);   // one per consumer warp
     }
@@ -675,42 +555,28 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t); L += gridDim.x) {
         // Checkpoint layout: lane pairs copy one row's 32 bytes (two 16-byte halves), 16 rows per
         // instruction. sm90 layout: the k-tile's block is 4096 contiguous bytes (the tile's blocks
-        // follow each other; N % 128 == 0), 512 per instruction, landing in the same order (or, with
-        // JAX_NVFP4_V2_BULK_W, one bulk copy from lane 0).
+        // follow each other; N % 128 == 0), 512 per instruction, landing in the same order. (One
+        // 4096-byte bulk copy from lane 0 instead measured -3..+3%: session 7, docs/perf-notes.md.)
         const int half = lane & 1;
         const uint8_t* base = p.rhs + (static_cast<int64_t>(t.g) * N + t.n0) * KH + 16 * half;
         const int rows_ok = static_cast<int>(N - t.n0 < kRowsW ? N - t.n0 : kRowsW);
         V2_TRACE(lane == 0, ti, 4);
-        if constexpr (kBulkW) {
 #pragma unroll 1
-          for (int kt = 0; kt < KT; ++kt) {
-            if (lane == 0) {  // the other lanes only walk the tiles with lane 0 (find_tile's ballots)
-              mbar_wait(empty0 + s * 8, ph ^ 1);
-              const uint32_t full = full0 + s * 8;
-              mbar_arrive_expect_tx(full, 4096);
-              const uint8_t* src = base - 16 * half + static_cast<int64_t>(kt) * 4096;
-              bulk_load(smem_u32(smem) + s * C::kStage + C::kWOff, src, 4096, full);
-            }
-            advance_stage<STAGES>(s, ph);
-          }
-        } else {
-#pragma unroll 1
-          for (int kt = 0; kt < KT; ++kt) {
-            mbar_wait(empty0 + s * 8, ph ^ 1);
-            const uint32_t dst = smem_u32(smem) + s * C::kStage + C::kWOff + 16 * half;
+        for (int kt = 0; kt < KT; ++kt) {
+          mbar_wait(empty0 + s * 8, ph ^ 1);
+          const uint32_t dst = smem_u32(smem) + s * C::kStage + C::kWOff + 16 * half;
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-              const int q = (lane >> 1) + 16 * i;
-              const bool ok = q < rows_ok;
-              const uint8_t* src = SM90L ? base + static_cast<int64_t>(kt) * 4096 + q * 32
-                                         : base + (ok ? q * KH + kt * 32 : 0);
-              asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + q * 32), "l"(src),
-                           "r"(SM90L || ok ? 16u : 0u)
-                           : "memory");
-            }
-            cp_async_mbar_arrive(full0 + s * 8);
-            advance_stage<STAGES>(s, ph);
+          for (int i = 0; i < 8; ++i) {
+            const int q = (lane >> 1) + 16 * i;
+            const bool ok = q < rows_ok;
+            const uint8_t* src = SM90L ? base + static_cast<int64_t>(kt) * 4096 + q * 32
+                                       : base + (ok ? q * KH + kt * 32 : 0);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + q * 32), "l"(src),
+                         "r"(SM90L || ok ? 16u : 0u)
+                         : "memory");
           }
+          cp_async_mbar_arrive(full0 + s * 8);
+          advance_stage<STAGES>(s, ph);
         }
         V2_TRACE(lane == 0, ti, 5);
         V2_TRACE_NEXT(ti);
@@ -820,15 +686,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       V2_TRACE(cw == 0 && lane == 0, ti, 0);
       long long waited = 0;
       // smallest WGMMA N covering the tile's rows (every branch is warpgroup-uniform)
-#if JAX_NVFP4_V2_MMA
-      const bool small = t.rows <= JAX_NVFP4_V2_MMA;
-      float accm[16];
-      if (t.rows <= 16) {
-        consumer_mainloop_mma<2, BTMAX, STAGES, SM90L>(accm, smem, bar_base, KT, r0, sel, s, ph);
-      } else if (small) {
-        consumer_mainloop_mma<4, BTMAX, STAGES, SM90L>(accm, smem, bar_base, KT, r0, sel, s, ph);
-      } else
-#endif
       if (BTMAX >= 128 && t.rows > 64) {
         consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph,
                                                                  waited);
@@ -844,11 +701,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       L += gridDim.x;
       const bool have_next = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, nxt);
       V2_TRACE(cw == 0 && lane == 0, ti, 2);
-#if JAX_NVFP4_V2_MMA
-      if (small) {
-        consumer_epilogue<32, 32>(accm, p, t, r0);
-      } else
-#endif
       if (BTMAX >= 128 && t.rows > 64) {
         consumer_epilogue<(BTMAX >= 128 ? 128 : 32), BTMAX>(acc, p, t, r0);
       } else if (BTMAX >= 64 && t.rows > 32) {
