@@ -480,7 +480,8 @@ cudaError_t launch_gemm(const KParams& kp, int64_t M, int64_t G, cudaStream_t st
 // Pipeline depth of the 16-token (decode) configs; a compile-time knob for A/B runs of the
 // self-test (tools/kernel_ab.sh -DJAX_NVFP4_V1_STAGES16=4 -DJAX_NVFP4_V1_STAGES16=6): 4 stages of
 // ~7 KB keep ~3 k-tiles (~55 KB per SM at 4 CTAs) in flight. On the H200, 6 and 8 stages were
-// 2-33% slower at decode (docs/perf-notes.md, session 6).
+// 2-33% slower at decode (docs/perf-notes.md, session 6); with the sm90 scale records 3 and 6
+// stages were 1-3% slower, and 2, 3, 6 or 8 CTAs per SM instead of 4 were 3-24% slower (session 7).
 #ifndef JAX_NVFP4_V1_STAGES16
 #define JAX_NVFP4_V1_STAGES16 4
 #endif

@@ -377,9 +377,13 @@ def test_load_moe_layout_sm90(rng):
         assert g.layout == "sm90", name
         np.testing.assert_array_equal(np.asarray(g.data), np.asarray(wt.data), err_msg=name)
         np.testing.assert_array_equal(np.asarray(g.scales).view(np.uint8),
-                                      np.asarray(getattr(plain, name).scales).view(np.uint8))
+                                      np.asarray(wt.scales).view(np.uint8), err_msg=name)
     back = jn.prepare_weights(got, "checkpoint")
-    np.testing.assert_array_equal(np.asarray(back.w13.data), np.asarray(plain.w13.data))
+    for name in ("w13", "w2", "shared_w13", "shared_w2"):
+        np.testing.assert_array_equal(np.asarray(getattr(back, name).data),
+                                      np.asarray(getattr(plain, name).data), err_msg=name)
+        np.testing.assert_array_equal(np.asarray(getattr(back, name).scales).view(np.uint8),
+                                      np.asarray(getattr(plain, name).scales).view(np.uint8), err_msg=name)
     with pytest.raises(ValueError, match="layout"):
         checkpoint.load_moe(tensors, "model.layers.5.mlp", c, layout="nope")
 
