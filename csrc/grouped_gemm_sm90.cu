@@ -246,19 +246,19 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads, MIN_BLOCKS)
     auto load_scales = [&](uint8_t* st, const Cp& cp, int kt, bool all) {
       if (!all && cp.lim < 0) return;
       uint8_t* dst = st + cp.dst;
-      // bytes from one k-tile's 4 scales of a row to the next's: 4 (checkpoint), 512 (sm90 weight
-      // scales; SM90L kernels have no activation scales)
-      constexpr int64_t step = SM90L ? 512 : 4;
+      // a row's 4 scales of k-tile kt: at 4 kt (checkpoint), or in the 512-byte record kt of the
+      // stripe (sm90 weight scales; SM90L kernels have no activation scales)
       if (kt < kt_vec) {
         const bool v = cp.lim > 0;
-        cp4(dst, cp.src + (v ? kt * step : 0), v);
+        cp4(dst, cp.src + (v ? (SM90L ? static_cast<int64_t>(kt) * 512 : kt * 4) : 0), v);
       } else {
         const int64_t kg0 = static_cast<int64_t>(kt) * 4;
         uint32_t v = 0;
         if (cp.lim > 0) {
 #pragma unroll
           for (int q = 0; q < 4; ++q)
-            if (kg0 + q < KS) v |= static_cast<uint32_t>(__ldg(cp.src + kt * step + q)) << (8 * q);
+            if (kg0 + q < KS)
+              v |= static_cast<uint32_t>(__ldg(cp.src + (SM90L ? static_cast<int64_t>(kt) * 512 : kg0) + q)) << (8 * q);
         }
         *reinterpret_cast<uint32_t*>(dst) = v;
       }
