@@ -10,7 +10,8 @@
 // 1.6-1.7 TB/s at every depth (slower than v1 itself, ~2.2 TB/s on the same bytes: this kernel does
 // not model v1's speed, for reasons not found), tiled 1.9-3.0 TB/s (best at 3 stages). The tiled
 // placement, adopted by the sm90 layout, then gave v1 -8% at decode (docs/perf-notes.md). The
-// third placement, kmajor, is not yet run.
+// third placement, kmajor, streamed exactly as tiled (session 7). The persistent, bulk-copy
+// counterpart is tools/stream_bulk_microbench.cu.
 //
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/smb tools/stream_microbench.cu
 //   /tmp/smb            # L1 decode shape: 2016 CTAs (42 experts x 48 n-tiles), K 7168
