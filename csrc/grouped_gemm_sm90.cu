@@ -124,12 +124,49 @@ __device__ __forceinline__ uint32_t scale_pair(uint8_t b) {
   return bits | (bits << 16);
 }
 
-template <int BT, int WARPS_T, int STAGES, bool A_FP4, int MIN_BLOCKS, bool SM90L>
-__global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads, MIN_BLOCKS)
+// mbarrier helpers for the warp-specialized variant (WS, below).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+[[maybe_unused]] __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+// WS (warp-specialized; sm90 layout, bf16 activations only): one extra producer warp per CTA
+// copies each stage (the weight block and the scale record by two bulk copies from one lane, the
+// activation rows by 16-byte cp.async) and signals full[s]; the math warps wait on full[s], run
+// the same k-tile math, and release the stage on empty[s]. The math warps then issue no copies,
+// copy address arithmetic or block-wide barriers: their k-loop is 238 SASS instructions per warp
+// instead of 322 (16 tokens; nvcc 13.0). Built with -DJAX_NVFP4_V1_WS=1 only: compiled, not yet
+// run on a GPU (docs/perf-notes.md, session 7, next steps).
+template <int BT, int WARPS_T, int STAGES, bool A_FP4, int MIN_BLOCKS, bool SM90L, bool WS = false>
+__global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 : 0), MIN_BLOCKS)
     grouped_gemm_kernel(const KParams p) {
   static_assert(!(SM90L && A_FP4), "the sm90 weight layout is read by the bf16-activation path only");
+  static_assert(!WS || (SM90L && WARPS_T == 1), "the warp-specialized variant is for sm90 weights, one token warp");
   using C = Cfg<BT, WARPS_T, A_FP4>;
-  constexpr int NTH = C::kThreads;
+  constexpr int NTH = C::kThreads;  // math threads (the WS producer warp comes after them)
   constexpr int NT = C::kNT;
   constexpr int WT = C::kWT;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -151,6 +188,21 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads, MIN_BLOCKS)
   const int* ends = p.ws + ws_end_off(G);
   const int total_tiles = p.ws[kWsTotalTiles];
   const float fp4_fix = A_FP4 ? 16384.0f : 128.0f;
+  // WS pipeline state: barriers full[s] (after the stages), empty[s]; stage s, phase ph persist across tiles
+  [[maybe_unused]] const uint32_t full0 = smem_addr(smem + STAGES * C::kStage);
+  [[maybe_unused]] const uint32_t empty0 = full0 + STAGES * 8;
+  [[maybe_unused]] int ws_s = 0;
+  [[maybe_unused]] uint32_t ws_ph = 0;
+  if constexpr (WS) {
+    if (tid == 0) {
+      for (int s = 0; s < STAGES; ++s) {
+        mbar_init(full0 + 8 * s, 1 + 32);      // expect_tx arrival + the producer lanes' cp.async arrivals
+        mbar_init(empty0 + 8 * s, kWarpsW);    // one per math warp
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+  }
 
   for (int tile = blockIdx.y; tile < total_tiles; tile += gridDim.y) {
     // g = #{j in 1..G : prefix[j] <= tile}, counted NTH entries per round. __syncthreads_count
@@ -159,7 +211,7 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads, MIN_BLOCKS)
     int g = 0;
     for (int64_t j0 = 1; j0 <= G; j0 += NTH) {
       const int64_t j = j0 + tid;
-      const int c = __syncthreads_count(j <= G && prefix[j] <= tile);
+      const int c = __syncthreads_count((!WS || tid < NTH) && j <= G && prefix[j] <= tile);
       g += c;
       if (c < NTH) break;
     }
@@ -296,21 +348,68 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads, MIN_BLOCKS)
 #pragma unroll
         for (int c = 0; c < 4; ++c) acc[mt][nt][c] = 0.0f;
 
+    if constexpr (!WS) {
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < KT) load_stage(s, s);
-      cute::cp_async_fence();
-    }
-
-    for (int kt = 0; kt < KT; ++kt) {
-      cute::cp_async_wait<STAGES - 2>();
-      __syncthreads();
-      {
-        const int nk = kt + STAGES - 1;
-        if (nk < KT) load_stage(nk % STAGES, nk);
+      for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KT) load_stage(s, s);
         cute::cp_async_fence();
       }
-      const uint8_t* st = smem + (kt % STAGES) * C::kStage;
+    } else if (warp == kWarpsW) {
+      // WS producer. sm90 layout: K % 64 == 0 and N % 128 == 0, so every weight k-tile is a whole
+      // 4096-byte block and every scale k-tile a whole 512-byte record; activation rows past the
+      // group are zero-filled (never read past the lhs buffer).
+      const uint8_t* wsrc = rhs_g + n0 * KH;
+      const uint8_t* ssrc = rhs_s_g + n0 * KS;
+      const uint8_t* asrc[4];
+      uint32_t abytes[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {  // BT 16 rows x 8 chunks of 16 bytes = 4 per lane
+        const int chunk = lane + 32 * i, row = chunk >> 3, c = chunk & 7;
+        const int64_t r = row0 + row;
+        asrc[i] = r < rend ? p.lhs + (r * K + c * 8) * 2 : p.lhs;
+        abytes[i] = r < rend ? 16u : 0u;
+      }
+#pragma unroll 1
+      for (int kt = 0; kt < KT; ++kt) {
+        mbar_wait(empty0 + 8 * ws_s, ws_ph ^ 1);
+        const uint32_t full = full0 + 8 * ws_s;
+        const uint32_t st = smem_addr(smem + ws_s * C::kStage);
+        if (lane == 0) {
+          mbar_arrive_expect_tx(full, 4096 + 512);
+          bulk_load(st + C::kWOff, wsrc + static_cast<int64_t>(kt) * 4096, 4096, full);
+          bulk_load(st + C::kWSOff, ssrc + static_cast<int64_t>(kt) * 512, 512, full);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int chunk = lane + 32 * i;
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                           st + C::kAOff + (chunk >> 3) * kActPitchBf16 + (chunk & 7) * 16),
+                       "l"(abytes[i] ? asrc[i] + kt * 128 : asrc[i]), "r"(abytes[i])
+                       : "memory");
+        }
+        asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(full) : "memory");
+        if (++ws_s == STAGES) {
+          ws_s = 0;
+          ws_ph ^= 1;
+        }
+      }
+    }
+
+    for (int kt = 0; kt < KT && (!WS || warp < kWarpsW); ++kt) {
+      const uint8_t* st;
+      if constexpr (WS) {
+        mbar_wait(full0 + 8 * ws_s, ws_ph);
+        st = smem + ws_s * C::kStage;
+      } else {
+        cute::cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        {
+          const int nk = kt + STAGES - 1;
+          if (nk < KT) load_stage(nk % STAGES, nk);
+          cute::cp_async_fence();
+        }
+        st = smem + (kt % STAGES) * C::kStage;
+      }
       const uint8_t* sW = st + C::kWOff;
       const uint8_t* sWS = st + C::kWSOff;
       const uint8_t* sA = st + C::kAOff;
@@ -425,13 +524,21 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads, MIN_BLOCKS)
           }
         }
       }
+      if constexpr (WS) {  // every lane's reads of the stage are done: release it to the producer
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty0 + 8 * ws_s);
+        if (++ws_s == STAGES) {
+          ws_s = 0;
+          ws_ph ^= 1;
+        }
+      }
     }
-    cute::cp_async_wait<0>();
+    if constexpr (!WS) cute::cp_async_wait<0>();
 
     // Epilogue: acc[mt][nt] = {(n, r), (n, r+1), (n+8, r), (n+8, r+1)}.
     const float mul = p.alpha[g] * fp4_fix;
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
+    for (int mt = 0; mt < kMT && (!WS || warp < kWarpsW); ++mt) {
       const int64_t n = n0 + wi * kWM + mt * 16 + g8;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
@@ -455,11 +562,11 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads, MIN_BLOCKS)
 }
 
 // ---------------------------------------------------------------------------------------------
-template <int BT, int WARPS_T, int STAGES, bool A_FP4, int MIN_BLOCKS, bool SM90L = false>
+template <int BT, int WARPS_T, int STAGES, bool A_FP4, int MIN_BLOCKS, bool SM90L = false, bool WS = false>
 cudaError_t launch_gemm(const KParams& kp, int64_t M, int64_t G, cudaStream_t stream) {
   using C = Cfg<BT, WARPS_T, A_FP4>;
-  auto kernel = grouped_gemm_kernel<BT, WARPS_T, STAGES, A_FP4, MIN_BLOCKS, SM90L>;
-  const int smem = STAGES * C::kStage;
+  auto kernel = grouped_gemm_kernel<BT, WARPS_T, STAGES, A_FP4, MIN_BLOCKS, SM90L, WS>;
+  const int smem = STAGES * C::kStage + (WS ? 2 * STAGES * 8 : 0);  // WS: + full[], empty[] barriers
   // Raise the dynamic shared-memory limit once per device (a host-side call, not a stream op).
   static std::atomic<uint64_t> done_mask{0};
   int dev = 0;
@@ -473,7 +580,7 @@ cudaError_t launch_gemm(const KParams& kp, int64_t M, int64_t G, cudaStream_t st
   }
   const int64_t max_tiles = (M + BT - 1) / BT + G;
   dim3 grid(static_cast<unsigned>((kp.N + kBW - 1) / kBW), static_cast<unsigned>(max_tiles < 65535 ? max_tiles : 65535));
-  kernel<<<grid, C::kThreads, smem, stream>>>(kp);
+  kernel<<<grid, C::kThreads + (WS ? 32 : 0), smem, stream>>>(kp);
   return cudaGetLastError();
 }
 
@@ -486,6 +593,11 @@ cudaError_t launch_gemm(const KParams& kp, int64_t M, int64_t G, cudaStream_t st
 #define JAX_NVFP4_V1_STAGES16 4
 #endif
 constexpr int kStages16 = JAX_NVFP4_V1_STAGES16;
+// Session-7 experiment (compiled, not yet run on a GPU): the warp-specialized 16-token sm90 config
+// (grouped_gemm_kernel's WS); its bulk copies need 16-byte aligned scales, else the plain kernel runs.
+#ifndef JAX_NVFP4_V1_WS
+#define JAX_NVFP4_V1_WS 0
+#endif
 
 int pick_token_tile(const GroupedGemmParams& p) {
   const int force = p.force_token_tile;
@@ -549,7 +661,9 @@ cudaError_t LaunchGroupedGemmSm90(const GroupedGemmParams& p, cudaStream_t strea
     else if (BT == 64) e = launch_gemm<64, 1, 4, true, 2>(kp, p.M, p.G, stream);
     else e = launch_gemm<128, 2, 4, true, 1>(kp, p.M, p.G, stream);
   } else if (p.rhs_layout == 1) {
-    if (BT == 16) e = launch_gemm<16, 1, kStages16, false, 4, true>(kp, p.M, p.G, stream);
+    if (BT == 16 && JAX_NVFP4_V1_WS && (reinterpret_cast<uintptr_t>(p.rhs_scales) & 15) == 0)
+      e = launch_gemm<16, 1, kStages16, false, 4, true, JAX_NVFP4_V1_WS != 0>(kp, p.M, p.G, stream);
+    else if (BT == 16) e = launch_gemm<16, 1, kStages16, false, 4, true>(kp, p.M, p.G, stream);
     else if (BT == 32) e = launch_gemm<32, 1, 5, false, 3, true>(kp, p.M, p.G, stream);
     else if (BT == 64) e = launch_gemm<64, 1, 4, false, 2, true>(kp, p.M, p.G, stream);
     else e = launch_gemm<128, 2, 4, false, 1, true>(kp, p.M, p.G, stream);
