@@ -35,6 +35,7 @@
 #include "csrc/grouped_gemm_sm90.h"
 #include "csrc/grouped_gemm_schedule.cuh"
 #include "csrc/e2m1_sm90_layout.cuh"
+#include "csrc/mbarrier_sm90.cuh"
 
 #include <atomic>
 
@@ -124,35 +125,6 @@ __device__ __forceinline__ uint32_t scale_pair(uint8_t b) {
   return bits | (bits << 16);
 }
 
-// mbarrier helpers for the warp-specialized variant (WS, below).
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-[[maybe_unused]] __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-
 // WS (warp-specialized; sm90 layout, bf16 activations only): one extra producer warp per CTA
 // copies each stage (the weight block and the scale record by two bulk copies from one lane, the
 // activation rows by 16-byte cp.async) and signals full[s]; the math warps wait on full[s], run
@@ -189,7 +161,7 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
   const int total_tiles = p.ws[kWsTotalTiles];
   const float fp4_fix = A_FP4 ? 16384.0f : 128.0f;
   // WS pipeline state: barriers full[s] (after the stages), empty[s]; stage s, phase ph persist across tiles
-  [[maybe_unused]] const uint32_t full0 = smem_addr(smem + STAGES * C::kStage);
+  [[maybe_unused]] const uint32_t full0 = smem_u32(smem + STAGES * C::kStage);
   [[maybe_unused]] const uint32_t empty0 = full0 + STAGES * 8;
   [[maybe_unused]] int ws_s = 0;
   [[maybe_unused]] uint32_t ws_ph = 0;
@@ -373,7 +345,7 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
       for (int kt = 0; kt < KT; ++kt) {
         mbar_wait(empty0 + 8 * ws_s, ws_ph ^ 1);
         const uint32_t full = full0 + 8 * ws_s;
-        const uint32_t st = smem_addr(smem + ws_s * C::kStage);
+        const uint32_t st = smem_u32(smem + ws_s * C::kStage);
         if (lane == 0) {
           mbar_arrive_expect_tx(full, 4096 + 512);
           bulk_load(st + C::kWOff, wsrc + static_cast<int64_t>(kt) * 4096, 4096, full);
@@ -387,7 +359,7 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
                        "l"(abytes[i] ? asrc[i] + kt * 128 : asrc[i]), "r"(abytes[i])
                        : "memory");
         }
-        asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(full) : "memory");
+        cp_async_mbar_arrive(full);
         if (++ws_s == STAGES) {
           ws_s = 0;
           ws_ph ^= 1;

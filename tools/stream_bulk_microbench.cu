@@ -11,9 +11,11 @@
 //   none:  not at all (weights only: the stream's ceiling without scales).
 // A consumer warp waits for each stage and releases it after reading one word.
 //
-//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/sbm tools/stream_bulk_microbench.cu
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I. -o /tmp/sbm tools/stream_bulk_microbench.cu
 //   /tmp/sbm [K] [tiles]   # default: L1 decode, K 7168, 2016 tiles (42 experts x 48 n-tiles)
 #include <cuda_runtime.h>
+
+#include "csrc/mbarrier_sm90.cuh"
 
 #include <cstdint>
 #include <cstdio>
@@ -28,33 +30,10 @@
     }                                                                                           \
   } while (0)
 
+using namespace jax_nvfp4;  // mbarrier helpers
+
 enum Scales { kSplit = 0, kFused = 1, kNone = 2 };
 constexpr int kStage = 4608 + 128;  // block + scales, padded
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void bulk(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
 
 template <int STAGES, int S>
 __global__ void __launch_bounds__(64) stream_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ sc,
@@ -84,8 +63,8 @@ __global__ void __launch_bounds__(64) stream_kernel(const uint8_t* __restrict__ 
       if (warp == 0) {
         mbar_wait(empty, ph ^ 1);
         if (lane == 0) {
-          mbar_expect(full, S == kFused ? 4608 : 4096);
-          bulk(st, w + (static_cast<int64_t>(L) * KT + kt) * rec, S == kFused ? 4608 : 4096, full);
+          mbar_arrive_expect_tx(full, S == kFused ? 4608 : 4096);
+          bulk_load(st, w + (static_cast<int64_t>(L) * KT + kt) * rec, S == kFused ? 4608 : 4096, full);
         }
         if (S == kSplit) {
 #pragma unroll
@@ -94,7 +73,7 @@ __global__ void __launch_bounds__(64) stream_kernel(const uint8_t* __restrict__ 
             asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(st + 4096 + (lane + 32 * i) * 4), "l"(src)
                          : "memory");
           }
-          asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(full) : "memory");
+          cp_async_mbar_arrive(full);
         }
       } else {
         mbar_wait(full, ph);
