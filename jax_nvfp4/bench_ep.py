@@ -1,6 +1,6 @@
 """Benchmark and check of the expert-parallel MoE layer on the devices present.
 
-    python -m jax_nvfp4.bench_ep [--tokens 256,8192] [--ep 8] [--out bench-ep-out]
+    python -m jax_nvfp4.bench_ep [--tokens 256,8192] [--ep 8] [--capacity-factor 1.25] [--out bench-ep-out]
 
 DeepSeek-V4-Pro layer shapes (H 7168, I 3072, 384 experts, top-6, one shared expert) with random
 NVFP4 weights. Per token count it runs the layer on one device (:func:`jax_nvfp4.moe`, all
@@ -90,6 +90,8 @@ def main(argv=None):
                    help="weight layout (sm90: prepared once at load time, the fast path)")
     p.add_argument("--rtol", type=float, default=1e-5,
                    help="bound on |EP - single| relative to the row's largest |output|")
+    p.add_argument("--capacity-factor", type=float, default=None,
+                   help="moe_expert_parallel's capacity_factor (default: none, all rows per device)")
     p.add_argument("--out", default=None, help="folder for bench_ep.json")
     args = p.parse_args(argv)
 
@@ -107,7 +109,8 @@ def main(argv=None):
     print(f"devices: {ndev} x {dev0.device_kind} ({dev0.platform}), jax {jax.__version__}; "
           f"layer E={config.num_experts} top-{config.top_k} H={config.hidden_size} "
           f"I={config.intermediate_size} +{config.n_shared_experts} shared, {config.activation}, "
-          f"{args.layout} layout; ep={ep} ({config.num_experts // ep} experts/device)", flush=True)
+          f"{args.layout} layout; ep={ep} ({config.num_experts // ep} experts/device), "
+          f"capacity_factor {args.capacity_factor}", flush=True)
 
     # XLA:CPU runs each device's part of a collective on a shared thread pool: with several
     # multi-device calls in flight on a small machine the all-reduce rendezvous can starve and
@@ -136,7 +139,7 @@ def main(argv=None):
                 print(f"  {combine}: skipped (T={t} not divisible by {ep})")
                 continue
             f = jax.jit(lambda x, w, c=combine: sharding.moe_expert_parallel(
-                x, w, config, mesh, combine=c))
+                x, w, config, mesh, combine=c, capacity_factor=args.capacity_factor))
             out = np.asarray(f(xr, sharded))
             diff = np.abs(out - ref)
             rel = float((diff / row_max).max())         # NaN anywhere -> NaN -> not ok
@@ -160,7 +163,8 @@ def main(argv=None):
             "driver": _driver_version(), "config": {
                 "experts": config.num_experts, "top_k": config.top_k,
                 "hidden": config.hidden_size, "inter": config.intermediate_size,
-                "activation": config.activation, "layout": args.layout},
+                "activation": config.activation, "layout": args.layout,
+                "capacity_factor": args.capacity_factor},
             "results": results}
     if args.out:
         os.makedirs(args.out, exist_ok=True)

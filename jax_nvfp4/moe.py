@@ -93,7 +93,7 @@ def _static_scale(weights, name, config, shape=None):
 
 
 def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: MoEConfig, *,
-                   expert_offset=0, backend="auto"):
+                   expert_offset=0, backend="auto", capacity=None):
     """Run the routed experts held in ``weights`` (experts ``expert_offset ..`` + local count).
 
     Args:
@@ -101,6 +101,11 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
       expert_ids: int32 ``[T, top_k]`` *global* expert ids; route_weights float32 ``[T, top_k]``.
       weights: w13 ``[L, 2I, H]``, w2 ``[L, H, I]`` (L local experts) and their input scales.
       expert_offset: global id of local expert 0 (a traced value inside shard_map is fine).
+      capacity: None, or a static int ``C`` < ``T * top_k``: the (token, expert) rows are sorted
+        local-first, and when at most C of them are local only the first C rows go through
+        dispatch, the GEMMs, SwiGLU and requantization (under expert parallelism most rows belong
+        to other devices' experts). When more than C are local, all ``T * top_k`` rows are run
+        instead (``lax.cond``), so the result never depends on C: nothing is dropped.
 
     Returns:
       float32 ``[T, H]``: the weighted sum over each token's chosen experts that are local
@@ -108,6 +113,9 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
     """
     t, h = x.shape
     k = expert_ids.shape[1]
+    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
+                                 or capacity < 1):
+        raise ValueError(f"capacity: expected a static int >= 1 or None, got {capacity!r}")
     num_local = weights.w13.data.shape[0]
     local = expert_ids.reshape(-1) - expert_offset       # global -> local ids
     is_local = (local >= 0) & (local < num_local)
@@ -116,22 +124,38 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
     row_expert = key[order]
     token_of = (order // k).astype(jnp.int32)
     group_sizes = jnp.bincount(key, length=num_local + 1)[:num_local].astype(jnp.int32)
-    xs = x[token_of]                                     # [T*k, H] dispatch
     # Expected rows of the local experts (uniform routing): a kernel/tile hint only, so that
     # expert parallelism's non-local rows (past the groups) do not make decode look like prefill.
     hint = None if num_local >= config.num_experts else -(-t * k * num_local // config.num_experts)
-    h1 = _expert_gemm(xs, row_expert, weights.w13, _static_scale(weights, "w13_input_scale", config),
-                      group_sizes, config, backend, hint)
-    act = swiglu(h1, config.swiglu_limit)
-    y = _expert_gemm(act, row_expert, weights.w2, _static_scale(weights, "w2_input_scale", config),
-                     group_sizes, config, backend, hint)
-    # Combine: back to (token, slot) order by the inverse permutation (a gather), then a
-    # weighted sum over the k slots in slot order. Deterministic (a scatter-add over token_of
-    # would use atomics on the GPU, summing in a different order from run to run), and a plain
-    # read of y instead of T*k*H atomic adds.
     inv = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
     rw = jnp.where(is_local, route_weights.reshape(-1), 0.0).reshape(t, k, 1)
-    return jnp.sum(y[inv].reshape(t, k, h) * rw, axis=1)
+
+    def run_rows(n):
+        """The first n sorted rows (every local row among them): [T, H] float32."""
+        xs = x[token_of[:n]]                             # [n, H] dispatch
+        h1 = _expert_gemm(xs, row_expert[:n], weights.w13,
+                          _static_scale(weights, "w13_input_scale", config), group_sizes, config,
+                          backend, hint)
+        act = swiglu(h1, config.swiglu_limit)
+        y = _expert_gemm(act, row_expert[:n], weights.w2,
+                         _static_scale(weights, "w2_input_scale", config), group_sizes, config,
+                         backend, hint)
+        # Combine: back to (token, slot) order by the inverse permutation (a gather), then a
+        # weighted sum over the k slots in slot order. Deterministic (a scatter-add over token_of
+        # would use atomics on the GPU, summing in a different order from run to run), and a
+        # plain read of y instead of T*k*H atomic adds. Slots past the n rows (non-local) read a
+        # zero row.
+        if n < t * k:
+            y = jnp.concatenate([y, jnp.zeros((1, y.shape[1]), y.dtype)])
+            src = jnp.minimum(inv, n)
+        else:
+            src = inv
+        return jnp.sum(y[src].reshape(t, k, h) * rw, axis=1)
+
+    if capacity is None or capacity >= t * k:
+        return run_rows(t * k)
+    n_local = jnp.sum(group_sizes)
+    return jax.lax.cond(n_local <= capacity, lambda: run_rows(capacity), lambda: run_rows(t * k))
 
 
 def shared_expert(x, weights: MoEWeights, config: MoEConfig, *, backend="auto"):

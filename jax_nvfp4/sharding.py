@@ -6,12 +6,15 @@ ones (``global - axis_index * experts_per_device``; local weights are never inde
 global ids), runs its experts, and the partial outputs are summed over the axis. The shared
 expert runs once in total: each device computes it for its own slice of the tokens and adds it
 into the sum. Activation scales are per row (dynamic) or per expert (static), so the answer
-does not depend on the number of devices (see :mod:`jax_nvfp4.moe`).
+does not depend on the number of devices (see :mod:`jax_nvfp4.moe`). With ``capacity_factor``
+each device runs only a static share of the routed rows (its own, sorted first) when they fit,
+and all of them when they do not: the result is the same either way.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -61,7 +64,7 @@ def shard_moe_weights(weights: MoEWeights, mesh: jax.sharding.Mesh, axis_name: s
 
 def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sharding.Mesh, *,
                         axis_name: str = "ep", combine: str = "psum", token_ids=None,
-                        backend: str = "auto"):
+                        backend: str = "auto", capacity_factor: float | None = None):
     """The MoE layer with experts spread over ``mesh`` axis ``axis_name`` (``jax.shard_map``).
 
     Args:
@@ -72,6 +75,13 @@ def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sha
       combine: "psum" -> replicated ``[T, H]``; "psum_scatter" -> ``[T, H]`` sharded on tokens
         along the axis (half the traffic; T must be divisible by the axis size).
       token_ids: int ``[T]`` for hash-routed layers.
+      capacity_factor: None (default: every device runs its experts' GEMMs over all ``T *
+        top_k`` routed rows, the other devices' rows lying past the groups, and dispatch,
+        SwiGLU, requantization and combine touch all of them) or a float > 0: each device
+        processes only ``ceil(capacity_factor * T * top_k / devices)`` rows (its own, sorted
+        first) whenever its experts received no more than that, and all rows otherwise
+        (``lax.cond`` per device). Exact either way (no token is dropped); it trades the dead
+        rows' memory traffic for a data-dependent branch. 1.25-1.5 covers near-uniform routing.
 
     Returns:
       ``[T, H]`` in x's dtype, equal to :func:`jax_nvfp4.moe` up to float32 summation order.
@@ -88,6 +98,13 @@ def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sha
         raise ValueError(f"x: combine='psum_scatter' needs T={t} divisible by {ep}")
     if weights.hash_table is not None and token_ids is None:
         raise ValueError("token_ids: this layer is hash-routed (weights.hash_table is set)")
+    capacity = None
+    if capacity_factor is not None:
+        if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float)) \
+                or not math.isfinite(capacity_factor) or capacity_factor <= 0:
+            raise ValueError(f"capacity_factor: expected a finite number > 0 or None, got "
+                             f"{capacity_factor!r}")
+        capacity = max(1, math.ceil(capacity_factor * t * config.top_k / ep))
     local_e = config.num_experts // ep
     tslice = -(-t // ep)                                   # shared-expert tokens per device
     has_shared = weights.shared_w13 is not None
@@ -96,7 +113,8 @@ def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sha
     def body(x, w, tok):
         idx = jax.lax.axis_index(axis_name)
         ids, rw = route(x, w, config, tok if w.hash_table is not None else None)
-        out = routed_experts(x, ids, rw, w, config, expert_offset=idx * local_e, backend=backend)
+        out = routed_experts(x, ids, rw, w, config, expert_offset=idx * local_e, backend=backend,
+                             capacity=capacity)
         if has_shared:                                     # once in total: a token slice each
             xp = jnp.pad(x, ((0, tslice * ep - t), (0, 0)))
             mine = jax.lax.dynamic_slice_in_dim(xp, idx * tslice, tslice)

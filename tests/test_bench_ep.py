@@ -36,6 +36,15 @@ def test_runs_both_combines_and_writes_json(tmp_path):
     assert "psum" in by_t[20] and "psum_scatter" not in by_t[20]   # 20 tokens do not split 8 ways
 
 
+@needs_devices(8)
+def test_capacity_factor_is_passed_and_checked(tmp_path):
+    meta = bench_ep.main(SMALL + ["--tokens", "24", "--ep", "8", "--capacity-factor", "1.5",
+                                  "--out", str(tmp_path)])
+    assert meta["config"]["capacity_factor"] == 1.5
+    for combine in sharding.COMBINES:
+        assert meta["results"][0][combine]["within_rtol"]
+
+
 @needs_devices(4)
 def test_a_wrong_expert_parallel_layer_fails(monkeypatch):
     real = sharding.moe_expert_parallel

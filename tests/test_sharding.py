@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_nvfp4 as jn
 from jax_nvfp4 import _extension
+from jax_nvfp4.moe import routed_experts
 from jax_nvfp4.quantization import quantize
 
 E, H, I = 16, 128, 64
@@ -419,6 +420,91 @@ def test_compiled_hlo_collectives(backend, rng):
         else:
             assert ncall == 0
         assert_close(compiled(x, ws, None), ref, combine)
+
+
+# ----------------------------------------------------------------------------- capacity
+
+
+def _local_rows(x, w, cfg, ep, token_ids=None):
+    """Routed (token, expert) rows per device: what the capacity is compared with."""
+    return route_counts(x, w, cfg, token_ids).reshape(ep, -1).sum(1)
+
+
+@pytest.mark.parametrize("mode", _MODES)
+@pytest.mark.parametrize("ep", [4, 8])
+def test_capacity_gives_the_uncapped_answer(ep, mode):
+    """capacity_factor only changes how many rows a device runs, never the result: with room to
+    spare (every device takes the short path), too small (every device falls back to all rows)
+    and in between (some of each), the output equals the uncapped EP run (bit for bit with the
+    custom call, whose rows are independent) and the single-device layer."""
+    cfg, w, x, ref = _mode_case(mode)
+    mesh = ep_mesh(ep)
+    ws = jn.shard_moe_weights(w, mesh)
+    t, k = x.shape[0], cfg.top_k
+    local = _local_rows(x, w, cfg, ep)
+    share = t * k / ep
+    lo, hi = local.min() / share, local.max() / share
+    assert hi > lo, local                  # routing uneven enough for a mixed case
+    mixed = (lo + hi) / 2
+    for combine in ("psum", "psum_scatter"):
+        base = np.asarray(ep_fn(cfg, mesh, combine)(x, ws, None))
+        for cf in (hi + 0.5, mixed, 0.1):
+            cap = int(np.ceil(cf * share))
+            short = local <= cap
+            assert {hi + 0.5: short.all(), mixed: short.any() and not short.all(),
+                    0.1: not short.any()}[cf], (cf, cap, local)
+            f = jax.jit(lambda x, w, cf=cf, combine=combine: jn.moe_expert_parallel(
+                x, w, cfg, mesh, combine=combine, backend=BACKEND, capacity_factor=cf))
+            out = f(x, ws)
+            assert_close(out, ref, f"ep={ep} {combine} capacity_factor={cf:.2f}")
+            if BACKEND == "ffi":
+                np.testing.assert_array_equal(np.asarray(out), base, err_msg=f"{combine} cf={cf}")
+
+
+@needs_ffi
+def test_capacity_runs_fewer_rows(rng):
+    """The short path's GEMMs take ceil(cf * T * k / ep) rows, the fallback's all T * k (both
+    branches are compiled; a conditional picks one per device)."""
+    cfg, w, x, _ = make_layer(rng)
+    t, k, ep = x.shape[0], cfg.top_k, 4
+    mesh = ep_mesh(ep)
+    f = jax.jit(lambda x, w: jn.moe_expert_parallel(x, w, cfg, mesh, backend="ffi",
+                                                    capacity_factor=1.5))
+    hlo = f.lower(x, jn.shard_moe_weights(w, mesh)).compile().as_text()
+    cap = int(np.ceil(1.5 * t * k / ep))
+    calls = re.findall(r"= \((?:f32|bf16)\[(\d+),\d+\]\{1,0\}, u8\[\d+\]\{0\}\) custom-call\(", hlo)
+    rows = sorted({int(m) for m in calls})
+    assert cap in rows and t * k in rows, (cap, rows)
+    assert "conditional(" in hlo or "conditional-start(" in hlo
+
+
+def test_capacity_with_everything_on_one_device(rng):
+    """All tokens routed to one device's experts: it falls back to all rows, the others take
+    the short path with no local rows at all; still the single-device answer."""
+    bias = _normal(rng, (E,), 0.05)
+    bias[4:8] += 1e3
+    cfg, w, x, _ = make_layer(rng, top_k=4, bias=bias)
+    ref = single(x, w, cfg)
+    mesh = ep_mesh(4)
+    out = jax.jit(lambda x, w: jn.moe_expert_parallel(x, w, cfg, mesh, backend=BACKEND,
+                                                      capacity_factor=1.25))(
+        x, jn.shard_moe_weights(w, mesh))
+    assert_close(out, ref, "skewed, capacity_factor=1.25")
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "1.5"])
+def test_error_capacity_factor(bad, rng):
+    cfg, w, x, _ = make_layer(rng, shared=False)
+    with pytest.raises(ValueError, match=r"capacity_factor: expected a finite number > 0"):
+        jn.moe_expert_parallel(x, w, cfg, ep_mesh(2), capacity_factor=bad)
+
+
+def test_error_routed_experts_capacity(rng):
+    cfg, w, x, _ = make_layer(rng, shared=False)
+    ids, rw = jn.route(jnp.asarray(x), w, cfg)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match=r"capacity: expected a static int >= 1"):
+            routed_experts(jnp.asarray(x), ids, rw, w, cfg, capacity=bad)
 
 
 # ----------------------------------------------------------------------------- errors
