@@ -3,7 +3,7 @@
 tests/test_sharding.py covers the sharding logic on 8 CPU devices; this runs the CUDA kernels
 under ``shard_map`` with more local experts than a GEMM CTA has threads (a v1 lookup bug once
 gave NaN there, found only by the 2-GPU benchmark), at decode (v1) and prefill (v2) row counts,
-for both combines and both weight layouts. Skipped without at least 2 GPUs (with
+for both combines, both weight layouts and with or without ``capacity_factor``. Skipped without at least 2 GPUs (with
 ``JAX_NVFP4_REQUIRE_GPU=1`` a machine with no GPU fails, one with a single GPU skips).
 """
 
@@ -61,8 +61,11 @@ def test_expert_parallel_on_gpus_equals_one_gpu(gpus, layout, rows_per_expert):
     mesh = jax.make_mesh((ep,), ("ep",), devices=gpus)
     ws = jn.shard_moe_weights(w, mesh)
     scale = float(np.abs(ref).max())
+    # capacity_factor: None (all rows), 1.25 (short path where the local rows fit), 0.05 (fallback)
     for combine in ("psum", "psum_scatter"):
-        f = jax.jit(lambda x, w, c=combine: jn.moe_expert_parallel(x, w, cfg, mesh, combine=c))
-        out = np.asarray(f(x, ws))
-        assert np.isfinite(out).all(), combine
-        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * scale, err_msg=combine)
+        for cf in (None, 1.25, 0.05):
+            f = jax.jit(lambda x, w, c=combine, cf=cf: jn.moe_expert_parallel(
+                x, w, cfg, mesh, combine=c, capacity_factor=cf))
+            out = np.asarray(f(x, ws))
+            assert np.isfinite(out).all(), (combine, cf)
+            np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * scale, err_msg=f"{combine} {cf}")
