@@ -60,8 +60,6 @@ from .moe_params import MoEWeights
 BLOCK_ROWS = SM90_BLOCK_N   # weight rows per layout block (128)
 BLOCK_K = SM90_BLOCK_K      # k per layout block (64: 32 bytes of codes per row)
 
-# (sign bit, e1 bit, e0 bit, m0 bit) of each register slot a0..a3 in the low half of the word.
-_SLOTS = ((15, 8, 7, 6), (12, 5, 4, 3), (9, 2, 1, 0), (14, 13, 11, 10))
 _MASK = 0x81C081C0
 
 
@@ -81,36 +79,44 @@ def _split(shape):
     return (*lead, n // BLOCK_ROWS, 8, 2, 8, k // BLOCK_K, 4, 2, 4, 2)
 
 
+# Each 16-bit half of a layout word (parity 0: bits 0-15, parity 1: bits 16-31) holds the codes
+# of slots a0..a3 (a_s = (hi_row, half8) = (s % 2, s // 2)) at the bit positions of the module
+# docstring (a0: sign 15, mag 8 7 6; a1: 12, 5 4 3; a2: 9, 2 1 0; a3: 14, 13 11 10). Byte by byte,
+# with m = c & 7 the magnitude bits (e1 e0 m0) and sign = c >> 3:
+#   low byte  = (a0 & 3) << 6 | m(a1) << 3 | m(a2)
+#   high byte = e1(a0) | sign(a2) << 1 | m0(a3) << 2 | e0(a3) << 3 | sign(a1) << 4 | e1(a3) << 5
+#               | sign(a3) << 6 | sign(a0) << 7
+# All in uint8: the conversion's transient memory is a few times its input, not 32 times.
+
+
+def _bit(c, i):
+    return (c >> i) & 1
+
+
 def prepare_sm90(data: jax.Array) -> jax.Array:
     """Packed codes uint8 ``[..., N, K/2]`` (checkpoint layout) -> the same shape in the sm90 layout.
 
-    Jittable; needs N % 128 == 0 and K % 64 == 0.
+    Jittable; needs N % 128 == 0 and K % 64 == 0. Elementwise along the leading axes (a stack
+    sharded over experts is converted where it lies).
     """
     data = jnp.asarray(data)
     _check(data, "data")
     lead = data.shape[:-2]
     n, kh = data.shape[-2:]
     nl = len(lead)
-    codes = jnp.stack([data & 0xF, data >> 4], axis=-1).reshape(*lead, n, 2 * kh).astype(jnp.uint32)
+    codes = jnp.stack([data & 0xF, data >> 4], axis=-1).reshape(*lead, n, 2 * kh)
     c = codes.reshape(_split(codes.shape))
     # axes after the lead: 0 NB, 1 mt, 2 hi_row, 3 g8, 4 KB, 5 kb, 6 half8, 7 t, 8 parity
-    sign, e1, e0, m0 = (c >> 3) & 1, (c >> 2) & 1, (c >> 1) & 1, c & 1
-    word = jnp.zeros(c.shape[:nl] + (n // BLOCK_ROWS, 8, 8, 2 * kh // BLOCK_K, 4, 4), jnp.uint32)
-    for hi_row in range(2):
-        for half8 in range(2):
-            sb, b1, b0, bm = _SLOTS[hi_row + 2 * half8]
-            for parity in range(2):
-                sel = (slice(None),) * nl + (slice(None), slice(None), hi_row, slice(None),
-                                             slice(None), slice(None), half8, slice(None), parity)
-                off = 16 * parity
-                word = word | (sign[sel] << (sb + off)) | (e1[sel] << (b1 + off)) | \
-                    (e0[sel] << (b0 + off)) | (m0[sel] << (bm + off))
-    # word axes: NB, mt, g8, KB, kb, t -> NB, KB, mt, g8, t, kb (lane = 4 g8 + t)
+    # -> NB, KB, mt, g8, t, kb, parity, hi_row, half8 (one layout word per (.., kb), parity-major)
     p = nl
-    word = word.transpose(*range(nl), p, p + 3, p + 1, p + 2, p + 5, p + 4)
-    blk = jax.lax.bitcast_convert_type(word, jnp.uint8)          # [..., NB, KB, 8, 8, 4, 4, 4]
-    # [..., NB, KB, 4096]: each 128-row stripe holds its blocks one after another
-    return blk.reshape(*lead, n, kh)
+    c = c.transpose(*range(nl), p, p + 4, p + 1, p + 3, p + 7, p + 5, p + 8, p + 2, p + 6)
+    a0, a1, a2, a3 = c[..., 0, 0], c[..., 1, 0], c[..., 0, 1], c[..., 1, 1]
+    lo = ((a0 & 3) << 6) | ((a1 & 7) << 3) | (a2 & 7)
+    hi = (_bit(a0, 2) | (_bit(a2, 3) << 1) | (_bit(a3, 0) << 2) | (_bit(a3, 1) << 3)
+          | (_bit(a1, 3) << 4) | (_bit(a3, 2) << 5) | (_bit(a3, 3) << 6) | (_bit(a0, 3) << 7))
+    # [..., NB, KB, mt, g8, t, kb, parity, (lo, hi)]: the little-endian bytes of each word, each
+    # 128-row stripe's 4096-byte blocks one after another
+    return jnp.stack([lo, hi], axis=-1).astype(jnp.uint8).reshape(*lead, n, kh)
 
 
 def unprepare_sm90(data: jax.Array) -> jax.Array:
@@ -120,22 +126,17 @@ def unprepare_sm90(data: jax.Array) -> jax.Array:
     lead = data.shape[:-2]
     n, kh = data.shape[-2:]
     nl = len(lead)
-    p = nl
-    blk = data.reshape(*lead, n // BLOCK_ROWS, 2 * kh // BLOCK_K, 8, 8, 4, 4, 4)
-    word = jax.lax.bitcast_convert_type(blk, jnp.uint32)          # [..., NB, KB, mt, g8, t, kb]
-    word = word.transpose(*range(nl), p, p + 2, p + 3, p + 1, p + 5, p + 4)  # NB, mt, g8, KB, kb, t
-    out = jnp.zeros(_split(lead + (n, 2 * kh)), jnp.uint32)
-    for hi_row in range(2):
-        for half8 in range(2):
-            sb, b1, b0, bm = _SLOTS[hi_row + 2 * half8]
-            for parity in range(2):
-                off = 16 * parity
-                code = (((word >> (sb + off)) & 1) << 3) | (((word >> (b1 + off)) & 1) << 2) | \
-                    (((word >> (b0 + off)) & 1) << 1) | ((word >> (bm + off)) & 1)
-                idx = (slice(None),) * nl + (slice(None), slice(None), hi_row, slice(None),
-                                             slice(None), slice(None), half8, slice(None), parity)
-                out = out.at[idx].set(code)
-    codes = out.reshape(*lead, n, 2 * kh).astype(jnp.uint8)
+    b = data.reshape(*lead, n // BLOCK_ROWS, 2 * kh // BLOCK_K, 8, 8, 4, 4, 2, 2)
+    lo, hi = b[..., 0], b[..., 1]                   # [..., NB, KB, mt, g8, t, kb, parity]
+    a0 = (_bit(hi, 7) << 3) | (_bit(hi, 0) << 2) | ((lo >> 6) & 3)
+    a1 = (_bit(hi, 4) << 3) | ((lo >> 3) & 7)
+    a2 = (_bit(hi, 1) << 3) | (lo & 7)
+    a3 = (_bit(hi, 6) << 3) | (_bit(hi, 5) << 2) | (_bit(hi, 3) << 1) | _bit(hi, 2)
+    # [..., NB, KB, mt, g8, t, kb, parity, hi_row, half8]
+    c = jnp.stack([jnp.stack([a0, a2], -1), jnp.stack([a1, a3], -1)], -2)
+    p = nl  # back to NB, mt, hi_row, g8, KB, kb, half8, t, parity
+    c = c.transpose(*range(nl), p, p + 2, p + 7, p + 3, p + 1, p + 5, p + 8, p + 4, p + 6)
+    codes = c.reshape(*lead, n, 2 * kh).astype(jnp.uint8)
     pairs = codes.reshape(*lead, n, kh, 2)
     return pairs[..., 0] | (pairs[..., 1] << 4)
 
@@ -208,22 +209,63 @@ def checkpoint_scales(t: NVFP4Tensor) -> jax.Array:
     raise ValueError(f"layout: expected one of {LAYOUTS}, got {t.layout!r}")
 
 
+def _named_sharding(x):
+    """x's sharding (a NamedSharding of a concrete array, or the abstract sharding of a tracer
+    under jit with explicit mesh axes) when it splits x over devices, else None."""
+    candidates = [getattr(x, "sharding", None)]
+    try:
+        candidates.append(jax.typeof(x).sharding)
+    except Exception:                            # no abstract sharding here
+        pass
+    for sh in candidates:
+        spec, mesh = getattr(sh, "spec", None), getattr(sh, "mesh", None)
+        if spec is None or mesh is None:
+            continue
+        try:
+            if any(a is not None for a in spec):
+                return sh
+        except TypeError:
+            continue
+    return None
+
+
+def _on_each_shard(fn, x, what):
+    """fn (shape-preserving, independent per index of the leading axes) applied to x where its
+    pieces lie: through shard_map when x is split over devices (only leading axes may be split:
+    the layout's blocks span the last two), else directly."""
+    sh = _named_sharding(x)
+    if sh is None:
+        return fn(x)
+    spec = tuple(sh.spec) + (None,) * (x.ndim - len(tuple(sh.spec)))
+    if spec[-2] is not None or spec[-1] is not None:
+        raise ValueError(f"{what}: split over devices along its last two axes {spec[-2:]} (N, K); "
+                         "the sm90 layout needs whole 128 x 64 blocks: split only the leading "
+                         "(expert) axes, or convert before splitting")
+    p = jax.sharding.PartitionSpec(*spec)
+    return jax.shard_map(fn, mesh=sh.mesh, in_specs=p, out_specs=p)(x)
+
+
 def _relayout(t: NVFP4Tensor, layout: str, name: str) -> NVFP4Tensor:
     t.validate(name)
     if t.layout == layout:                       # idempotent: nothing to move
         return t
     out = dataclasses.replace(t, layout=layout).validate(name)   # shape errors name the field
     fn = prepare_sm90 if layout == "sm90" else unprepare_sm90
-    d = t.data
-    if d.ndim > 2 and d.shape[0] > 1:
-        # One [N, K/2] matrix at a time: the conversion widens codes to uint32, so its transient
-        # memory is several times its input; per expert that stays small next to the stack.
-        flat = d.reshape((-1,) + d.shape[-2:])
-        data = jax.lax.map(fn, flat).reshape(d.shape)
-    else:
-        data = fn(d)
+
+    def convert(d):
+        if d.ndim > 2 and d.shape[0] > 1:
+            # One [N, K/2] matrix at a time: the conversion's transient memory is about twice
+            # its input; per expert that stays small next to the stack.
+            flat = d.reshape((-1,) + d.shape[-2:])
+            return jax.lax.map(fn, flat).reshape(d.shape)
+        return fn(d)
+
+    # A stack split over devices (e.g. by shard_moe_weights) is converted where it lies, one
+    # matrix at a time on each device: no gather, transient memory per device as above.
+    data = _on_each_shard(convert, t.data, f"{name}.data")
     sfn = prepare_scales_sm90 if layout == "sm90" else unprepare_scales_sm90
-    return dataclasses.replace(out, data=data, scales=sfn(t.scales))
+    scales = _on_each_shard(sfn, t.scales, f"{name}.scales")
+    return dataclasses.replace(out, data=data, scales=scales)
 
 
 def prepare_weights(x, layout: str = "sm90"):
@@ -249,8 +291,12 @@ def prepare_weights(x, layout: str = "sm90"):
     one-time cost at load time, moves the same bytes (no extra memory once done), and is a
     bijection: ``prepare_weights(w, "checkpoint")`` recovers the checkpoint bytes exactly
     (``checkpoint.save_moe`` does that itself). Jittable (``layout`` is static). Stacks are
-    converted one matrix at a time (``lax.map``), so the transient memory is several times one
-    expert's ``data``, not the stack's.
+    converted one matrix at a time (``lax.map``): transient memory about twice one expert's
+    ``data``. Stacks split over devices along the expert axis (e.g. by
+    :func:`jax_nvfp4.shard_moe_weights`) are converted where they lie (``shard_map``), keeping
+    their sharding, when called eagerly (as at load time) or under ``jit`` with explicit mesh
+    axes; under ``jit`` with Auto axes a tracer carries no sharding and XLA places the result.
+    A split along N or K is a ValueError.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")

@@ -217,3 +217,48 @@ def test_prepare_weights_bad_input(rng):
         jn.prepare_weights(np.zeros((128, 32), np.uint8))
     with pytest.raises(ValueError, match=r"x\.data: expected uint8"):
         jn.prepare_weights(jn.NVFP4Tensor(t.data.astype(jnp.int32), t.scales, t.global_scale))
+
+
+@pytest.mark.parametrize("axis_type", ["Explicit", "Auto"])
+@pytest.mark.parametrize("jit", [False, True])
+def test_prepare_weights_on_expert_sharded_stacks(rng, axis_type, jit):
+    """Weights already split over devices on the expert axis (shard_moe_weights) convert where
+    they lie: same bytes as the unsplit conversion, the sharding kept, no gather of the stack."""
+    import re
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    if jax.device_count() < 4:
+        pytest.skip("needs 4 devices (tests/conftest.py sets 8 CPU devices)")
+    t = quantized(rng, (8, 256, 128))
+    want = jn.prepare_weights(t)
+    mesh = jax.make_mesh((4,), ("ep",), axis_types=(getattr(AxisType, axis_type),),
+                         devices=jax.devices()[:4])
+    put = lambda v: jax.device_put(v, NamedSharding(mesh, P("ep")))  # noqa: E731
+    ts = jn.NVFP4Tensor(put(t.data), put(t.scales), put(t.global_scale))
+    f = jax.jit(jn.prepare_weights) if jit else jn.prepare_weights
+    got = f(ts)
+    assert got.layout == "sm90"
+    for field in ("data", "scales"):
+        a, b = getattr(got, field), getattr(want, field)
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+        if jit and axis_type == "Auto":
+            continue    # a tracer carries no sharding then: XLA places the result (docstring)
+        assert a.sharding.spec[0] == "ep", (field, a.sharding)
+    back = f(got, "checkpoint") if not jit else jax.jit(jn.prepare_weights, static_argnames="layout")(
+        got, layout="checkpoint")
+    np.testing.assert_array_equal(np.asarray(back.data), np.asarray(t.data))
+    np.testing.assert_array_equal(np.asarray(back.scales).view(np.uint8), np.asarray(t.scales).view(np.uint8))
+    if jit and axis_type == "Explicit":
+        hlo = jax.jit(jn.prepare_weights).lower(ts).compile().as_text()
+        assert not re.search(r"all-gather", hlo), "the expert stack was gathered"
+
+
+def test_prepare_weights_rejects_a_split_along_n(rng):
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    if jax.device_count() < 2:
+        pytest.skip("needs 2 devices")
+    t = quantized(rng, (2, 256, 128))
+    mesh = jax.make_mesh((2,), ("tp",), axis_types=(AxisType.Explicit,), devices=jax.devices()[:2])
+    put = lambda v, s: jax.device_put(v, NamedSharding(mesh, s))  # noqa: E731
+    ts = jn.NVFP4Tensor(put(t.data, P(None, "tp")), put(t.scales, P(None, "tp")), t.global_scale)
+    with pytest.raises(ValueError, match=r"x\.data: split over devices along its last two axes"):
+        jn.prepare_weights(ts)

@@ -11,7 +11,7 @@
 namespace jax_nvfp4_tools {
 
 inline std::vector<uint8_t> prepare_sm90_host(const std::vector<uint8_t>& rhs, int64_t G, int64_t N, int64_t K) {
-  // (sign, e1, e0, m0) bit of fragment registers a0..a3 in the low half of a word (layout.py _SLOTS)
+  // (sign, e1, e0, m0) bit of fragment registers a0..a3 in the low half of a word (layout.py's docstring)
   static const int kSlots[4][4] = {{15, 8, 7, 6}, {12, 5, 4, 3}, {9, 2, 1, 0}, {14, 13, 11, 10}};
   const int64_t KH = K / 2;
   std::vector<uint8_t> out(rhs.size());
