@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -100,7 +101,7 @@ def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sha
         raise ValueError("token_ids: this layer is hash-routed (weights.hash_table is set)")
     capacity = None
     if capacity_factor is not None:
-        if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float)) \
+        if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, numbers.Real) \
                 or not math.isfinite(capacity_factor) or capacity_factor <= 0:
             raise ValueError(f"capacity_factor: expected a finite number > 0 or None, got "
                              f"{capacity_factor!r}")
