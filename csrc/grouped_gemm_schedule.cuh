@@ -5,14 +5,61 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "csrc/grouped_gemm_sm90.h"
 
+// Session-7 experiment (compiled, not yet run on a GPU): programmatic dependent launch. With
+// -DJAX_NVFP4_PDL=1 the setup kernel lets the v1 GEMM kernel launch while it runs and the zero-tail
+// kernel launch while the GEMM kernel drains; each dependent waits (griddepcontrol.wait) for its
+// predecessor's completion and memory before touching the workspace or the output, so only the
+// launch latencies overlap (a few microseconds per call: 1-3% at decode sizes, where a call takes
+// 0.17-0.4 ms). griddepcontrol.wait is a no-op in a kernel launched without the attribute.
+#ifndef JAX_NVFP4_PDL
+#define JAX_NVFP4_PDL 0
+#endif
+
 namespace jax_nvfp4 {
 namespace {
+
+// Wait for the preceding kernel of the stream (programmatic dependent launch; no-op otherwise).
+__device__ __forceinline__ void pdl_wait() {
+#if JAX_NVFP4_PDL
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+// Let the next kernel of the stream launch now (it still waits for this one in pdl_wait).
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if JAX_NVFP4_PDL
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the
+// stream's previous kernel when JAX_NVFP4_PDL is set.
+template <typename... KArgs, typename... Args>
+inline cudaError_t launch_maybe_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                    cudaStream_t stream, Args&&... args) {
+#if JAX_NVFP4_PDL
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+#else
+  kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
+  return cudaGetLastError();
+#endif
+}
 
 // Workspace (int32 words): [0] rows inside the groups, [1] total token tiles, [64, 64 + G] tile
 // prefix sums, then [G] clamped group starts, then [G] clamped group ends.
@@ -37,6 +84,7 @@ __device__ __forceinline__ void block_inclusive_scan(long long* s_scan, int tid)
 // Setup: clamped row offsets and token-tile prefix sums. One block of 1024 threads.
 __global__ void __launch_bounds__(1024) setup_kernel(const int32_t* __restrict__ gs, int64_t G, int64_t M, int BT,
                                                      int* __restrict__ ws) {
+  pdl_launch_dependents();  // the GEMM kernel may get resident now; it waits for our writes
   __shared__ long long s_scan[1024];
   const int tid = threadIdx.x;
   const int64_t per = (G + 1023) / 1024;
@@ -83,6 +131,7 @@ __global__ void __launch_bounds__(1024) setup_kernel(const int32_t* __restrict__
 template <typename T>
 __global__ void __launch_bounds__(256) zero_tail_kernel(T* __restrict__ out, const int* __restrict__ ws, int64_t M,
                                                         int64_t N) {
+  pdl_wait();  // the GEMM kernel's output writes and the setup's workspace are complete
   const int64_t total = ws[kWsTotalRows];
   const int64_t begin = total * N;
   const int64_t end = M * N;
@@ -121,10 +170,10 @@ inline cudaError_t launch_zero_tail(const GroupedGemmParams& p, const int* ws, c
   const int64_t blocks64 = (elems + 256 * 8 - 1) / (256 * 8);
   const unsigned blocks = static_cast<unsigned>(blocks64 < 1024 ? blocks64 : 1024);
   if (p.out_f32)
-    zero_tail_kernel<float><<<blocks, 256, 0, stream>>>(static_cast<float*>(p.out), ws, p.M, p.N);
-  else
-    zero_tail_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(p.out), ws, p.M, p.N);
-  return cudaGetLastError();
+    return launch_maybe_pdl(zero_tail_kernel<float>, dim3(blocks), dim3(256), 0, stream, static_cast<float*>(p.out),
+                            static_cast<const int*>(ws), p.M, p.N);
+  return launch_maybe_pdl(zero_tail_kernel<__nv_bfloat16>, dim3(blocks), dim3(256), 0, stream,
+                          static_cast<__nv_bfloat16*>(p.out), static_cast<const int*>(ws), p.M, p.N);
 }
 
 }  // namespace

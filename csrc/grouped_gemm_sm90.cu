@@ -158,6 +158,7 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
   const int* prefix = p.ws + kWsPrefix;
   const int* starts = p.ws + ws_start_off(G);
   const int* ends = p.ws + ws_end_off(G);
+  pdl_wait();  // the setup kernel's workspace (a no-op unless launched with JAX_NVFP4_PDL)
   const int total_tiles = p.ws[kWsTotalTiles];
   const float fp4_fix = A_FP4 ? 16384.0f : 128.0f;
   // WS pipeline state: barriers full[s] (after the stages), empty[s]; stage s, phase ph persist across tiles
@@ -552,8 +553,7 @@ cudaError_t launch_gemm(const KParams& kp, int64_t M, int64_t G, cudaStream_t st
   }
   const int64_t max_tiles = (M + BT - 1) / BT + G;
   dim3 grid(static_cast<unsigned>((kp.N + kBW - 1) / kBW), static_cast<unsigned>(max_tiles < 65535 ? max_tiles : 65535));
-  kernel<<<grid, C::kThreads + (WS ? 32 : 0), smem, stream>>>(kp);
-  return cudaGetLastError();
+  return launch_maybe_pdl(kernel, grid, dim3(C::kThreads + (WS ? 32 : 0)), smem, stream, kp);
 }
 
 // Pipeline depth of the 16-token (decode) configs; a compile-time knob for A/B runs of the
