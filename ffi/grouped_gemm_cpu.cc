@@ -150,11 +150,12 @@ ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales,
       const uint8_t* wg = w + g * N * (K / 2);
       if (rhs_layout == 1) RowCodesSm90(wg, K, n, wcodes);
       else RowCodesCheckpoint(wg, K, n, wcodes);
-      // Scales: checkpoint [N, K/16] rows; sm90 (layout.py): per 128-row stripe, one 512-byte
-      // [128 rows][4] record per k-tile, so scale b of row n is at 512 (b / 4) + 4 (n % 128) + b % 4.
+      // Scale b of row n sits at wsrow[qstride (b / 4) + b % 4]: checkpoint [N, K/16] rows
+      // (qstride 4); sm90 (layout.py) one 512-byte [128 rows][4] record per 128-row stripe and
+      // k-tile (qstride 512, the row's 4 bytes at 4 (n % 128) of each record).
       const uint8_t* wsrow = rhs_layout == 1 ? ws + (g * N + n / 128 * 128) * KB + 4 * (n % 128)
                                              : ws + (g * N + n) * KB;
-      auto wscale = [&](int64_t b) { return rhs_layout == 1 ? wsrow[512 * (b / 4) + b % 4] : wsrow[b]; };
+      const int64_t qstride = rhs_layout == 1 ? 512 : 4;
       for (int64_t r = start; r < end; ++r) {
         float acc = 0.f;
         for (int64_t b = 0; b < KB; ++b) {
@@ -173,7 +174,7 @@ ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales,
             }
             part += x0 * kE2m1[wcodes[k]] + x1 * kE2m1[wcodes[k + 1]];
           }
-          acc += part * (lhs_scale * e4m3[wscale(b)]);
+          acc += part * (lhs_scale * e4m3[wsrow[qstride * (b / 4) + b % 4]]);
         }
         const float v = acc * al[g];
         if (out_f32) of[r * N + n] = v;

@@ -63,14 +63,17 @@ BLOCK_K = SM90_BLOCK_K      # k per layout block (64: 32 bytes of codes per row)
 _MASK = 0x81C081C0
 
 
+def _check_blocks(n, k, what):
+    if n % BLOCK_ROWS or k % BLOCK_K:
+        raise ValueError(f"{what}: the sm90 layout needs N % {BLOCK_ROWS} == 0 and K % {BLOCK_K} "
+                         f"== 0, got N = {n}, K = {k}")
+
+
 def _check(data, what):
     if data.dtype != jnp.uint8 or data.ndim < 2:
         raise ValueError(f"{what}: expected uint8 packed codes [..., N, K/2], got {data.dtype} "
                          f"{tuple(data.shape)}")
-    n, kh = data.shape[-2], data.shape[-1]
-    if n % BLOCK_ROWS or (2 * kh) % BLOCK_K:
-        raise ValueError(f"{what}: the sm90 layout needs N % {BLOCK_ROWS} == 0 and K % {BLOCK_K} "
-                         f"== 0, got N = {n}, K = {2 * kh}")
+    _check_blocks(data.shape[-2], 2 * data.shape[-1], what)
 
 
 def _split(shape):
@@ -86,7 +89,8 @@ def _split(shape):
 #   low byte  = (a0 & 3) << 6 | m(a1) << 3 | m(a2)
 #   high byte = e1(a0) | sign(a2) << 1 | m0(a3) << 2 | e0(a3) << 3 | sign(a1) << 4 | e1(a3) << 5
 #               | sign(a3) << 6 | sign(a0) << 7
-# All in uint8: the conversion's transient memory is a few times its input, not 32 times.
+# All in uint8: the conversion's transient memory is about twice its input (8 times with uint32
+# words).
 
 
 def _bit(c, i):
@@ -96,8 +100,7 @@ def _bit(c, i):
 def prepare_sm90(data: jax.Array) -> jax.Array:
     """Packed codes uint8 ``[..., N, K/2]`` (checkpoint layout) -> the same shape in the sm90 layout.
 
-    Jittable; needs N % 128 == 0 and K % 64 == 0. Elementwise along the leading axes (a stack
-    sharded over experts is converted where it lies).
+    Jittable; needs N % 128 == 0 and K % 64 == 0. Independent per index of the leading axes.
     """
     data = jnp.asarray(data)
     _check(data, "data")
@@ -144,10 +147,7 @@ def unprepare_sm90(data: jax.Array) -> jax.Array:
 def _check_scales(scales, what):
     if scales.ndim < 2:
         raise ValueError(f"{what}: expected block scales [..., N, K/16], got shape {tuple(scales.shape)}")
-    n, ks = scales.shape[-2], scales.shape[-1]
-    if n % BLOCK_ROWS or (16 * ks) % BLOCK_K:
-        raise ValueError(f"{what}: the sm90 layout needs N % {BLOCK_ROWS} == 0 and K % {BLOCK_K} "
-                         f"== 0, got N = {n}, K = {16 * ks}")
+    _check_blocks(scales.shape[-2], 16 * scales.shape[-1], what)
 
 
 def prepare_scales_sm90(scales: jax.Array) -> jax.Array:

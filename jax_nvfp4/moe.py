@@ -143,14 +143,9 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
         # Combine: back to (token, slot) order by the inverse permutation (a gather), then a
         # weighted sum over the k slots in slot order. Deterministic (a scatter-add over token_of
         # would use atomics on the GPU, summing in a different order from run to run), and a
-        # plain read of y instead of T*k*H atomic adds. Slots past the n rows (non-local) read a
-        # zero row.
-        if n < t * k:
-            y = jnp.concatenate([y, jnp.zeros((1, y.shape[1]), y.dtype)])
-            src = jnp.minimum(inv, n)
-        else:
-            src = inv
-        return jnp.sum(y[src].reshape(t, k, h) * rw, axis=1)
+        # plain read of y instead of T*k*H atomic adds. Slots past the n rows (non-local) gather 0.
+        ys = jnp.take(y, inv, axis=0, mode="fill", fill_value=0)
+        return jnp.sum(ys.reshape(t, k, h) * rw, axis=1)
 
     if capacity is None or capacity >= t * k:
         return run_rows(t * k)

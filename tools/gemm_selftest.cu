@@ -28,15 +28,7 @@
 #include "csrc/grouped_gemm_sm90_wgmma.h"
 #include "tools/sm90_layout_host.h"
 
-#define CK(x)                                                                                        \
-  do {                                                                                               \
-    cudaError_t e_ = (x);                                                                            \
-    if (e_ != cudaSuccess) {                                                                         \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, \
-                   cudaGetErrorString(e_));                                                          \
-      std::exit(2);                                                                                  \
-    }                                                                                                \
-  } while (0)
+#include "tools/cuda_check.h"
 
 using jax_nvfp4::GroupedGemmParams;
 

@@ -88,11 +88,11 @@ case $cmd in
       timeout 60 /tmp/st --trace "$c" $lay 2>&1 | tee -a "$out/trace.log" | grep -E "^trace|rror"
     done ;;
   wgmma)
-    nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -I"$inc/include" \
+    nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -I. -I"$inc/include" \
       -o /tmp/wgmma_microbench tools/wgmma_microbench.cu >"$out/build.log" 2>&1 || { tail "$out/build.log"; exit 1; }
     timeout 120 /tmp/wgmma_microbench "$@" | tee "$out/wgmma.log" ;;
   stream)
-    nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/stream_microbench \
+    nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I. -o /tmp/stream_microbench \
       tools/stream_microbench.cu >"$out/build.log" 2>&1 || { tail "$out/build.log"; exit 1; }
     timeout 120 /tmp/stream_microbench "$@" | tee "$out/stream.log" ;;
   *) echo "unknown command $cmd (check | sweep | memcheck | ncu | ncu2 | trace | wgmma | stream)"; exit 2 ;;

@@ -21,14 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CK(x)                                                                                   \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                             \
-    }                                                                                           \
-  } while (0)
+#include "tools/cuda_check.h"
 
 using namespace jax_nvfp4;  // mbarrier helpers
 

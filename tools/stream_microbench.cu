@@ -13,7 +13,7 @@
 // third placement, kmajor, streamed exactly as tiled (session 7). The persistent, bulk-copy
 // counterpart is tools/stream_bulk_microbench.cu.
 //
-//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/smb tools/stream_microbench.cu
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I. -o /tmp/smb tools/stream_microbench.cu
 //   /tmp/smb            # L1 decode shape: 2016 CTAs (42 experts x 48 n-tiles), K 7168
 #include <cuda_runtime.h>
 
@@ -21,14 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CK(x)                                                                                   \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                             \
-    }                                                                                           \
-  } while (0)
+#include "tools/cuda_check.h"
 
 constexpr int kThreads = 128;
 constexpr int kStage = 4096 + 512 + 16 * 144;  // weights, scales, activations (v1's pitch)

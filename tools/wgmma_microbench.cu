@@ -5,7 +5,7 @@
 //
 // Build and run (GPU machine):
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
-//        -I<cutlass>/include -o wgmma_microbench tools/wgmma_microbench.cu && ./wgmma_microbench [alu|conv]
+//        -I. -I<cutlass>/include -o wgmma_microbench tools/wgmma_microbench.cu && ./wgmma_microbench [alu|conv]
 // Prints one row per configuration: clk per wgmma per SM (all warpgroups of the SM together),
 // the math-only figure N/2, and their ratio. Operand values are zero (timing only).
 // `wgmma_microbench alu` instead times v2's consumer pattern (wait_group 1, ALU work on the
@@ -27,14 +27,7 @@
 #include <cute/arch/mma_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
 
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      std::fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(2);                                                                                \
-    }                                                                                              \
-  } while (0)
+#include "tools/cuda_check.h"
 
 namespace gmma = cute::SM90::GMMA;
 
