@@ -93,26 +93,11 @@ void run(const uint8_t* w, const uint8_t* sc, int K, int tiles, int ctas_per_sm,
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, 64, smem));
   if (per_sm < ctas_per_sm) return;
   const int grid = sms * ctas_per_sm;
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) k<<<grid, 64, smem>>>(w, sc, K, tiles, sink);
-  CK(cudaGetLastError());
-  const int reps = 20;
-  CK(cudaEventRecord(a));
-  for (int i = 0; i < reps; ++i) k<<<grid, 64, smem>>>(w, sc, K, tiles, sink);
-  CK(cudaEventRecord(b));
-  CK(cudaEventSynchronize(b));
-  CK(cudaGetLastError());
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, a, b));
-  ms /= reps;
+  const float ms = ms_per_launch([&] { k<<<grid, 64, smem>>>(w, sc, K, tiles, sink); });
   const double bytes = static_cast<double>(tiles) * 128 * (K / 2 + (S == kNone ? 0 : K / 16));
   std::printf("| %s | %d | %d | %.0f | %.4f | %.0f |\n", S == kSplit ? "split" : S == kFused ? "fused" : "none", STAGES,
               ctas_per_sm, ctas_per_sm * STAGES * (S == kFused ? 4608 : 4096 + (S == kSplit ? 512 : 0)) / 1024.0, ms,
               bytes / ms / 1e6);
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
 }
 
 template <int S>

@@ -98,25 +98,10 @@ float run(const uint8_t* w, const uint8_t* ws, const uint8_t* act, int K, int ti
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int per_sm = 0;
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kThreads, smem));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) k<<<tiles, kThreads, smem>>>(w, ws, act, K, sink);
-  CK(cudaGetLastError());
-  const int reps = 20;
-  CK(cudaEventRecord(a));
-  for (int i = 0; i < reps; ++i) k<<<tiles, kThreads, smem>>>(w, ws, act, K, sink);
-  CK(cudaEventRecord(b));
-  CK(cudaEventSynchronize(b));
-  CK(cudaGetLastError());
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, a, b));
-  ms /= reps;
+  const float ms = ms_per_launch([&] { k<<<tiles, kThreads, smem>>>(w, ws, act, K, sink); });
   const double bytes = static_cast<double>(tiles) * 128 * (K / 2 + K / 16);
   std::printf("| %s | %d | %d | %d | %.1f | %.4f | %.0f |\n", P == kKMajor ? "kmajor" : P == kTiled ? "tiled" : "rows", STAGES, MIN_BLOCKS, per_sm,
               per_sm * (STAGES - 1) * kStage / 1024.0, ms, bytes / ms / 1e6);
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
   return ms;
 }
 
