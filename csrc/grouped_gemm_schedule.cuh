@@ -12,14 +12,15 @@
 
 #include "csrc/grouped_gemm_sm90.h"
 
-// Session-7 experiment (compiled, not yet run on a GPU): programmatic dependent launch. With
-// -DJAX_NVFP4_PDL=1 the setup kernel lets the v1 GEMM kernel launch while it runs and the zero-tail
-// kernel launch while the GEMM kernel drains; each dependent waits (griddepcontrol.wait) for its
-// predecessor's completion and memory before touching the workspace or the output, so only the
-// launch latencies overlap (a few microseconds per call: 1-3% at decode sizes, where a call takes
-// 0.17-0.4 ms). griddepcontrol.wait is a no-op in a kernel launched without the attribute.
+// Programmatic dependent launch (on by default; -DJAX_NVFP4_PDL=0 turns it off): the setup kernel
+// lets the v1 GEMM kernel launch while it runs and the zero-tail kernel launch while the GEMM kernel
+// drains; each dependent waits (griddepcontrol.wait) for its predecessor's completion and memory
+// before touching the workspace or the output, so only the launch latencies overlap. On the H200
+// (session 8): -1.5% at L1 192 rows, -1.2% at L2 192, within noise from 1536 rows.
+// griddepcontrol.wait is a no-op in a kernel launched without the attribute (v2 is launched
+// without it and so waits for the setup kernel as usual).
 #ifndef JAX_NVFP4_PDL
-#define JAX_NVFP4_PDL 0
+#define JAX_NVFP4_PDL 1
 #endif
 
 namespace jax_nvfp4 {

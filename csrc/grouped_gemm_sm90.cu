@@ -130,8 +130,18 @@ __device__ __forceinline__ uint32_t scale_pair(uint8_t b) {
 // activation rows by 16-byte cp.async) and signals full[s]; the math warps wait on full[s], run
 // the same k-tile math, and release the stage on empty[s]. The math warps then issue no copies,
 // copy address arithmetic or block-wide barriers: their k-loop is 238 SASS instructions per warp
-// instead of 322 (16 tokens; nvcc 13.0). Built with -DJAX_NVFP4_V1_WS=1 only: compiled, not yet
-// run on a GPU (docs/perf-notes.md, session 7, next steps).
+// instead of 322 (16 tokens; nvcc 13.0). Each warp finds its tile's group by itself, so the
+// producer runs ahead into the next tile. The default 16-token sm90 config (session 8: with 8
+// stages 4% faster at decode than the plain kernel; docs/perf-notes.md).
+// JAX_NVFP4_V1_DIAG (WS kernels only; wrong results, for timing): 1 = the copies without the math,
+// 2 = the math without the copies. At L1 192 rows: 0.19 ms copies, 0.26 ms math, 0.29 ms both, so
+// decode is bound by the math warps, not by the supply.
+#ifndef JAX_NVFP4_V1_DIAG
+#define JAX_NVFP4_V1_DIAG 0
+#endif
+#ifndef JAX_NVFP4_V1_WS
+#define JAX_NVFP4_V1_WS 1
+#endif
 template <int BT, int WARPS_T, int STAGES, bool A_FP4, int MIN_BLOCKS, bool SM90L, bool WS = false>
 __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 : 0), MIN_BLOCKS)
     grouped_gemm_kernel(const KParams p) {
@@ -161,7 +171,8 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
   pdl_wait();  // the setup kernel's workspace (a no-op unless launched with JAX_NVFP4_PDL)
   const int total_tiles = p.ws[kWsTotalTiles];
   const float fp4_fix = A_FP4 ? 16384.0f : 128.0f;
-  // WS pipeline state: barriers full[s] (after the stages), empty[s]; stage s, phase ph persist across tiles
+  // WS pipeline state: barriers full[s] (after the stages), empty[s]; stage s, phase ph persist
+  // across tiles
   [[maybe_unused]] const uint32_t full0 = smem_u32(smem + STAGES * C::kStage);
   [[maybe_unused]] const uint32_t empty0 = full0 + STAGES * 8;
   [[maybe_unused]] int ws_s = 0;
@@ -178,15 +189,25 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
   }
 
   for (int tile = blockIdx.y; tile < total_tiles; tile += gridDim.y) {
-    // g = #{j in 1..G : prefix[j] <= tile}, counted NTH entries per round. __syncthreads_count
-    // counts threads, not a per-thread sum, so each thread tests one entry per round; prefix is
-    // nondecreasing, so a round that is not full ends the count (c is block-uniform).
+    // g = #{j in 1..G : prefix[j] <= tile}; prefix is nondecreasing, so a round that is not full
+    // ends the count. Block-wide: __syncthreads_count counts threads, so each thread tests one
+    // entry per round (c is block-uniform). WS: per warp by ballots, so that no barrier ties the
+    // producer to the math warps (it runs ahead into the next tile's stages).
     int g = 0;
-    for (int64_t j0 = 1; j0 <= G; j0 += NTH) {
-      const int64_t j = j0 + tid;
-      const int c = __syncthreads_count((!WS || tid < NTH) && j <= G && prefix[j] <= tile);
-      g += c;
-      if (c < NTH) break;
+    if constexpr (WS) {
+      for (int64_t j0 = 1; j0 <= G; j0 += 32) {
+        const int64_t j = j0 + lane;
+        const int c = __popc(__ballot_sync(0xffffffffu, j <= G && prefix[j] <= tile));
+        g += c;
+        if (c < 32) break;
+      }
+    } else {
+      for (int64_t j0 = 1; j0 <= G; j0 += NTH) {
+        const int64_t j = j0 + tid;
+        const int c = __syncthreads_count(j <= G && prefix[j] <= tile);
+        g += c;
+        if (c < NTH) break;
+      }
     }
     const int64_t row0 = starts[g] + static_cast<int64_t>(tile - prefix[g]) * BT;
     const int64_t rend = ends[g];
@@ -333,10 +354,11 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
       // group are zero-filled (never read past the lhs buffer).
       const uint8_t* wsrc = rhs_g + n0 * KH;
       const uint8_t* ssrc = rhs_s_g + n0 * KS;
-      const uint8_t* asrc[4];
-      uint32_t abytes[4];
+      constexpr int kAPerLane = BT * 8 / 32;  // BT rows x 8 chunks of 16 bytes over 32 lanes
+      const uint8_t* asrc[kAPerLane];
+      uint32_t abytes[kAPerLane];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {  // BT 16 rows x 8 chunks of 16 bytes = 4 per lane
+      for (int i = 0; i < kAPerLane; ++i) {
         const int chunk = lane + 32 * i, row = chunk >> 3, c = chunk & 7;
         const int64_t r = row0 + row;
         asrc[i] = r < rend ? p.lhs + (r * K + c * 8) * 2 : p.lhs;
@@ -347,13 +369,22 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
         mbar_wait(empty0 + 8 * ws_s, ws_ph ^ 1);
         const uint32_t full = full0 + 8 * ws_s;
         const uint32_t st = smem_u32(smem + ws_s * C::kStage);
+        if (JAX_NVFP4_V1_DIAG == 2) {  // diagnostic: no copies, the math runs on stale stages
+          if (lane == 0) mbar_arrive(full);
+          mbar_arrive(full);
+          if (++ws_s == STAGES) {
+            ws_s = 0;
+            ws_ph ^= 1;
+          }
+          continue;
+        }
         if (lane == 0) {
           mbar_arrive_expect_tx(full, 4096 + 512);
           bulk_load(st + C::kWOff, wsrc + static_cast<int64_t>(kt) * 4096, 4096, full);
           bulk_load(st + C::kWSOff, ssrc + static_cast<int64_t>(kt) * 512, 512, full);
         }
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < kAPerLane; ++i) {
           const int chunk = lane + 32 * i;
           asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
                            st + C::kAOff + (chunk >> 3) * kActPitchBf16 + (chunk & 7) * 16),
@@ -373,6 +404,15 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
       if constexpr (WS) {
         mbar_wait(full0 + 8 * ws_s, ws_ph);
         st = smem + ws_s * C::kStage;
+        if (JAX_NVFP4_V1_DIAG == 1) {  // diagnostic: supply only, no math (the results are zeros)
+          __syncwarp();
+          if (lane == 0) mbar_arrive(empty0 + 8 * ws_s);
+          if (++ws_s == STAGES) {
+            ws_s = 0;
+            ws_ph ^= 1;
+          }
+          continue;
+        }
       } else {
         cute::cp_async_wait<STAGES - 2>();
         __syncthreads();
@@ -530,7 +570,8 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
         }
       }
     }
-    __syncthreads();  // the next tile's prologue overwrites the stages
+    // the next tile's prologue overwrites the stages (WS: the full/empty barriers order them)
+    if constexpr (!WS) __syncthreads();
   }
 }
 
@@ -565,11 +606,13 @@ cudaError_t launch_gemm(const KParams& kp, int64_t M, int64_t G, cudaStream_t st
 #define JAX_NVFP4_V1_STAGES16 4
 #endif
 constexpr int kStages16 = JAX_NVFP4_V1_STAGES16;
-// Session-7 experiment (compiled, not yet run on a GPU): the warp-specialized 16-token sm90 config
-// (grouped_gemm_kernel's WS); its bulk copies need 16-byte aligned scales, else the plain kernel runs.
-#ifndef JAX_NVFP4_V1_WS
-#define JAX_NVFP4_V1_WS 0
+// The warp-specialized 16-token sm90 config (grouped_gemm_kernel's WS; its bulk copies need 16-byte
+// aligned scales, else the plain kernel runs) and its depth. On the H200 (session 8) 8 stages were
+// 2-4% faster at decode than 4; -DJAX_NVFP4_V1_WS=0 builds the plain kernel for A/B runs.
+#ifndef JAX_NVFP4_V1_WS_STAGES
+#define JAX_NVFP4_V1_WS_STAGES 8
 #endif
+constexpr int kWsStages = JAX_NVFP4_V1_WS_STAGES;
 
 int pick_token_tile(const GroupedGemmParams& p) {
   const int force = p.force_token_tile;
@@ -633,8 +676,9 @@ cudaError_t LaunchGroupedGemmSm90(const GroupedGemmParams& p, cudaStream_t strea
     else if (BT == 64) e = launch_gemm<64, 1, 4, true, 2>(kp, p.M, p.G, stream);
     else e = launch_gemm<128, 2, 4, true, 1>(kp, p.M, p.G, stream);
   } else if (p.rhs_layout == 1) {
-    if (BT == 16 && JAX_NVFP4_V1_WS && (reinterpret_cast<uintptr_t>(p.rhs_scales) & 15) == 0)
-      e = launch_gemm<16, 1, kStages16, false, 4, true, JAX_NVFP4_V1_WS != 0>(kp, p.M, p.G, stream);
+    const bool ws_ok = (reinterpret_cast<uintptr_t>(p.rhs_scales) & 15) == 0;
+    if (BT == 16 && JAX_NVFP4_V1_WS && ws_ok)
+      e = launch_gemm<16, 1, kWsStages, false, 4, true, JAX_NVFP4_V1_WS != 0>(kp, p.M, p.G, stream);
     else if (BT == 16) e = launch_gemm<16, 1, kStages16, false, 4, true>(kp, p.M, p.G, stream);
     else if (BT == 32) e = launch_gemm<32, 1, 5, false, 3, true>(kp, p.M, p.G, stream);
     else if (BT == 64) e = launch_gemm<64, 1, 4, false, 2, true>(kp, p.M, p.G, stream);
