@@ -9,7 +9,7 @@
 #     carried to the device: its copy of the tree has no git history); use it when the weight
 #     layout differs, so that each variant encodes its own
 # Env: KERNEL (mma | wgmma | both, default mma), LAYOUTS (default "checkpoint sm90"), ROUNDS (2),
-# CUTLASS_INC (default .cutlass_hdr). Logs in $OUT.
+# CUTLASS_INC (default .cutlass_hdr), ONLY (one bench case, e.g. L1-192). Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-kernel-ab-out}; mkdir -p "$out"
@@ -50,7 +50,7 @@ for i in "${!variants[@]}"; do
   done
 done
 for r in $(seq "$rounds"); do for i in "${!variants[@]}"; do for L in $layouts; do
-  timeout 120 /tmp/ab_$i --bench-only --no-sweep --kernel "$k" --layout "$L" >"$out/bench_${i}_${L}_$r.log" 2>&1
+  timeout 120 /tmp/ab_$i --bench-only --no-sweep --kernel "$k" --layout "$L" ${ONLY:+--only "$ONLY"} >"$out/bench_${i}_${L}_$r.log" 2>&1
 done; done; done
 python3 - "$out" "${#variants[@]}" <<'PY'
 import collections, glob, os, re, sys
