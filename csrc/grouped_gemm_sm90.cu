@@ -132,7 +132,7 @@ __device__ __forceinline__ uint32_t scale_pair(uint8_t b) {
 // copy address arithmetic or block-wide barriers: their k-loop is 238 SASS instructions per warp
 // instead of 322 (16 tokens; nvcc 13.0). Each warp finds its tile's group by itself, so the
 // producer runs ahead into the next tile. The default 16-token sm90 config (session 8: with 8
-// stages 4% faster at decode than the plain kernel; docs/perf-notes.md).
+// stages 2-4% faster at decode than the plain kernel; docs/perf-notes.md).
 // JAX_NVFP4_V1_DIAG (WS kernels only; wrong results, for timing): 1 = the copies without the math,
 // 2 = the math without the copies. At L1 192 rows: 0.19 ms copies, 0.26 ms math, 0.29 ms both, so
 // decode is bound by the math warps, not by the supply.
