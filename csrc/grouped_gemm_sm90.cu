@@ -139,13 +139,6 @@ __device__ __forceinline__ uint32_t scale_pair(uint8_t b) {
 #ifndef JAX_NVFP4_V1_DIAG
 #define JAX_NVFP4_V1_DIAG 0
 #endif
-// JAX_NVFP4_V1_DIAG_CONV (sm90-layout kernels; wrong results, for timing): 1 = one LOP3 per fragment
-// register instead of the e2m1 unpacking (-7 integer ops per 32-bit word), 2 = also no block-scale
-// multiply (-4 HMUL2, +2 LOP3 per word): the marginal cost of the conversion, with or without
-// JAX_NVFP4_V1_DIAG=2 (docs/perf-notes.md, session 8, next steps).
-#ifndef JAX_NVFP4_V1_DIAG_CONV
-#define JAX_NVFP4_V1_DIAG_CONV 0
-#endif
 #ifndef JAX_NVFP4_V1_WS
 #define JAX_NVFP4_V1_WS 1
 #endif
@@ -473,23 +466,11 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
             const uint32_t sb = __shfl_sync(0xffffffffu, scB[mt], src);
             const uint32_t w = kb == 0 ? q[mt].x : kb == 1 ? q[mt].y : kb == 2 ? q[mt].z : q[mt].w;
             uint32_t a0, a1, a2, a3;
-#if JAX_NVFP4_V1_DIAG_CONV == 0
             e2m1_sm90_word(w, a0, a1, a2, a3);
-#else  // diagnostic: one LOP3 per register instead of the 11-op unpacking (wrong results)
-            a0 = w & 0x81C081C0u;
-            a1 = w & 0x40384038u;
-            a2 = w & 0x06070607u;
-            a3 = w & 0x38003800u;
-#endif
-#if JAX_NVFP4_V1_DIAG_CONV < 2
-            a0 = bf16x2_mul(a0, sa);
-            a1 = bf16x2_mul(a1, sb);
-            a2 = bf16x2_mul(a2, sa);
-            a3 = bf16x2_mul(a3, sb);
-#else  // diagnostic: no block-scale multiply either
-            a0 ^= sa;
-            a3 ^= sb;
-#endif
+            a0 = e2m1_scale_mul(a0, sa);
+            a1 = e2m1_scale_mul(a1, sb);
+            a2 = e2m1_scale_mul(a2, sa);
+            a3 = e2m1_scale_mul(a3, sb);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
               float* d = acc[mt][nt];

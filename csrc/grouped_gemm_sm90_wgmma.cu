@@ -354,10 +354,10 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
       for (int kb = 0; kb < 4; ++kb) {
         uint32_t a0, a1, a2, a3;
         e2m1_sm90_word(wv[kb], a0, a1, a2, a3);
-        frag[buf][kb][0] = bf16x2_mul(a0, sa[kb]);  // row g, k 2t..
-        frag[buf][kb][1] = bf16x2_mul(a1, sb[kb]);  // row g + 8
-        frag[buf][kb][2] = bf16x2_mul(a2, sa[kb]);  // row g, k 2t + 8..
-        frag[buf][kb][3] = bf16x2_mul(a3, sb[kb]);  // row g + 8
+        frag[buf][kb][0] = e2m1_scale_mul(a0, sa[kb]);  // row g, k 2t..
+        frag[buf][kb][1] = e2m1_scale_mul(a1, sb[kb]);  // row g + 8
+        frag[buf][kb][2] = e2m1_scale_mul(a2, sa[kb]);  // row g, k 2t + 8..
+        frag[buf][kb][3] = e2m1_scale_mul(a3, sb[kb]);  // row g + 8
       }
       (void)rowa;
       (void)rowb;
