@@ -1,5 +1,6 @@
 // Fragment extraction from the sm90 load-time weight layout (jax_nvfp4/layout.py), shared by the
-// v1 (mma.sync) and v2 (wgmma) kernels: both use the same m16k16 A-fragment register mapping.
+// v1 (mma.sync) and v2 (wgmma) kernels: both use the same m16k16 A-fragment register mapping; and
+// the bf16x2 multiply both kernels scale their fragments with.
 #pragma once
 
 #include <cstdint>
@@ -32,12 +33,16 @@ __device__ __forceinline__ void e2m1_sm90_word(uint32_t w, uint32_t& a0, uint32_
 #endif
 }
 
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
 // The block-scale multiply of one fragment register (JAX_NVFP4_DIAG_CONV == 2: a stand-in LOP3).
 __device__ __forceinline__ uint32_t e2m1_scale_mul(uint32_t a, uint32_t scale) {
 #if JAX_NVFP4_DIAG_CONV < 2
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(scale));
-  return d;
+  return bf16x2_mul(a, scale);
 #else
   return a ^ scale;
 #endif

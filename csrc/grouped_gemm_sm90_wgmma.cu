@@ -191,12 +191,6 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
   return d;
 }
-__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-
 // bf16x2 (e2m1 * 2^-126) of the two codes of byte t of w; sel = t | t << 4 | t << 8 | (4 + t) << 12.
 __device__ __forceinline__ uint32_t e2m1_byte_pair(uint32_t w, uint32_t sel) {
   const uint32_t u = prmt(w << 4, w, sel);
