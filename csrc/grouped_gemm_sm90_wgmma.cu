@@ -140,7 +140,6 @@ constexpr int kTraceTiles = 256;  // tiles per CTA recorded
   } while (0)
 #endif
 
-
 // Workspace layout, setup and tail kernels: csrc/grouped_gemm_schedule.cuh (shared with v1).
 
 template <int BTMAX, int STAGES>
@@ -211,15 +210,6 @@ __device__ __forceinline__ void scale_pairs(uint32_t x, uint32_t& lo, uint32_t& 
   if (((x >> 8) & 0x7Fu) == 0x7Fu) v = (v & 0x0000FFFFu) | 0x7FC00000u;
   lo = prmt(v, v, 0x1010u);
   hi = prmt(v, v, 0x3232u);
-}
-
-// Next pipeline stage; the mbarrier phase bit flips at each wrap.
-template <int STAGES>
-__device__ __forceinline__ void advance_stage(int& s, uint32_t& ph) {
-  if (++s == STAGES) {
-    s = 0;
-    ph ^= 1;
-  }
 }
 
 // WGMMA m64nNk16 RS, both operands K-major: A (bf16) from registers, B from shared memory.

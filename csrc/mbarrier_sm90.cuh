@@ -1,6 +1,7 @@
 // mbarrier and asynchronous-copy helpers (PTX, sm_90a) shared by the v1 (warp-specialized
 // variant) and v2 kernels and the bulk-copy stream microbenchmark: a producer copies into a
 // pipeline stage and completes full[s]; consumers wait on it and release the stage on empty[s].
+// advance_stage steps through the stage ring.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +42,15 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
+}
+
+// Next pipeline stage; the mbarrier phase bit flips at each wrap.
+template <int STAGES>
+__device__ __forceinline__ void advance_stage(int& s, uint32_t& ph) {
+  if (++s == STAGES) {
+    s = 0;
+    ph ^= 1;
+  }
 }
 
 }  // namespace jax_nvfp4

@@ -75,10 +75,7 @@ __global__ void __launch_bounds__(64) stream_kernel(const uint8_t* __restrict__ 
           mbar_arrive(empty);
         }
       }
-      if (++s == STAGES) {
-        s = 0;
-        ph ^= 1;
-      }
+      advance_stage<STAGES>(s, ph);
     }
   }
   if (threadIdx.x == 32) sink[blockIdx.x] = acc;
