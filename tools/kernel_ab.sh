@@ -9,7 +9,7 @@
 #     carried to the device: its copy of the tree has no git history); use it when the weight
 #     layout differs, so that each variant encodes its own
 # Env: KERNEL (mma | wgmma | both, default mma), LAYOUTS (default "checkpoint sm90"), ROUNDS (2),
-# CUTLASS_INC (default .cutlass_hdr), ONLY (one bench case, e.g. L1-192). Logs in $OUT.
+# CUTLASS_INC (default .cutlass_hdr), ONLY (bench cases, e.g. "L1-192 L2-192"; one build for all). Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-kernel-ab-out}; mkdir -p "$out"
@@ -49,9 +49,10 @@ for i in "${!variants[@]}"; do
     echo "variant $i [${variants[$i]}] $L small: rc=$? $(tail -1 "$out/small_${i}_$L.log")"
   done
 done
-for r in $(seq "$rounds"); do for i in "${!variants[@]}"; do for L in $layouts; do
-  timeout 120 /tmp/ab_$i --bench-only --no-sweep --kernel "$k" --layout "$L" ${ONLY:+--only "$ONLY"} >"$out/bench_${i}_${L}_$r.log" 2>&1
-done; done; done
+for r in $(seq "$rounds"); do for i in "${!variants[@]}"; do for L in $layouts; do for c in ${ONLY:-all}; do
+  only=(); [ "$c" = all ] || only=(--only "$c")
+  timeout 120 /tmp/ab_$i --bench-only --no-sweep --kernel "$k" --layout "$L" "${only[@]}" >"$out/bench_${i}_${L}_${r}_$c.log" 2>&1
+done; done; done; done
 python3 - "$out" "${#variants[@]}" <<'PY'
 import collections, glob, os, re, sys
 out, n = sys.argv[1], int(sys.argv[2])
