@@ -9,7 +9,8 @@
 #     carried to the device: its copy of the tree has no git history); use it when the weight
 #     layout differs, so that each variant encodes its own
 # Env: KERNEL (mma | wgmma | both, default mma), LAYOUTS (default "checkpoint sm90"), ROUNDS (2),
-# CUTLASS_INC (default .cutlass_hdr), ONLY (bench cases, e.g. "L1-192 L2-192"; one build for all). Logs in $OUT.
+# CUTLASS_INC (default .cutlass_hdr), ONLY (bench cases, e.g. "L1-192 L2-192"; one build for all),
+# DEADLINE (seconds: no new bench run after it; the table still prints). Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-kernel-ab-out}; mkdir -p "$out"
@@ -51,6 +52,8 @@ for i in "${!variants[@]}"; do
 done
 for r in $(seq "$rounds"); do for i in "${!variants[@]}"; do for L in $layouts; do for c in ${ONLY:-all}; do
   only=(); [ "$c" = all ] || only=(--only "$c")
+  # DEADLINE (seconds of this script): skip the remaining runs, still print the table of what ran
+  if [ -n "${DEADLINE:-}" ] && [ "$SECONDS" -ge "$DEADLINE" ]; then echo "deadline: skipped round $r variant $i $c"; continue; fi
   timeout 120 /tmp/ab_$i --bench-only --no-sweep --kernel "$k" --layout "$L" "${only[@]}" >"$out/bench_${i}_${L}_${r}_$c.log" 2>&1
 done; done; done; done
 python3 - "$out" "${#variants[@]}" <<'PY'
