@@ -38,6 +38,7 @@
 #include "csrc/mbarrier_sm90.cuh"
 
 #include <atomic>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -135,6 +136,12 @@ __device__ __forceinline__ uint32_t scale_pair(uint8_t b) {
 #endif
 #ifndef JAX_NVFP4_V1_WS
 #define JAX_NVFP4_V1_WS 1
+#endif
+// Experiment (compiled, not yet run on a GPU; docs/perf-notes.md, session 8): in the WS kernel, a tile
+// with at most 8 rows skips the second n8 token tile's activation loads and mma.sync (8 of 16 HMMA
+// and LDS per k-tile), through a second copy of the k-tile math chosen per tile.
+#ifndef JAX_NVFP4_V1_SKIP_N8
+#define JAX_NVFP4_V1_SKIP_N8 0
 #endif
 template <int BT, int WARPS_T, int STAGES, bool A_FP4, int MIN_BLOCKS, bool SM90L, bool WS = false>
 __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 : 0), MIN_BLOCKS)
@@ -328,6 +335,9 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
       }
     };
 
+    // WS with JAX_NVFP4_V1_SKIP_N8: whether this warp's second n8 token tile holds rows
+    constexpr bool kSkipN8 = WS && NT == 2 && JAX_NVFP4_V1_SKIP_N8 != 0;
+    [[maybe_unused]] const bool two_n8 = rend - (row0 + wj * WT) > 8;
     float acc[kMT][NT][4];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
@@ -436,41 +446,52 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
       }
 
       if constexpr (SM90L) {
-        // sm90 layout (jax_nvfp4/layout.py): natural k order, k-block kb = physical k 16kb..16kb+15.
-        // The stage holds the 4096-byte layout block in its global byte order; m16 tile
-        // (2 wi + mt) of the block is 512 bytes, this lane's 4 words (k-blocks 0..3) 16 of them.
-        // Thread t4 converted the scale of block t4 above; the quad shares them by shuffles.
-        uint4 q[kMT];
+        // NTL: the n8 token tiles that hold rows of the group (kSkipN8: the second one is skipped
+        // when the tile has at most 8 rows; its activations are zero-fill and its outputs unused)
+        auto sm90_ktile = [&](auto ntl_c) {
+          constexpr int NTL = decltype(ntl_c)::value;
+          // sm90 layout (jax_nvfp4/layout.py): natural k order, k-block kb = physical k 16kb..16kb+15.
+          // The stage holds the 4096-byte layout block in its global byte order; m16 tile
+          // (2 wi + mt) of the block is 512 bytes, this lane's 4 words (k-blocks 0..3) 16 of them.
+          // Thread t4 converted the scale of block t4 above; the quad shares them by shuffles.
+          uint4 q[kMT];
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
-          q[mt] = *reinterpret_cast<const uint4*>(sW + (wi * (kWM / 16) + mt) * 512 + lane * 16);
+          for (int mt = 0; mt < kMT; ++mt)
+            q[mt] = *reinterpret_cast<const uint4*>(sW + (wi * (kWM / 16) + mt) * 512 + lane * 16);
 #pragma unroll
-        for (int kb = 0; kb < 4; ++kb) {
-          uint32_t b0[NT], b1[NT];  // natural k: (16kb + 2t, +1) and (16kb + 2t + 8, +9) of token g8
+          for (int kb = 0; kb < 4; ++kb) {
+            uint32_t b0[NTL], b1[NTL];  // natural k: (16kb + 2t, +1) and (16kb + 2t + 8, +9) of token g8
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            const uint8_t* a = sA + (wj * WT + nt * 8 + g8) * kActPitchBf16 + kb * 32 + 4 * t4;
-            b0[nt] = *reinterpret_cast<const uint32_t*>(a);
-            b1[nt] = *reinterpret_cast<const uint32_t*>(a + 16);
-          }
-          const int src = (lane & ~3) | kb;
+            for (int nt = 0; nt < NTL; ++nt) {
+              const uint8_t* a = sA + (wj * WT + nt * 8 + g8) * kActPitchBf16 + kb * 32 + 4 * t4;
+              b0[nt] = *reinterpret_cast<const uint32_t*>(a);
+              b1[nt] = *reinterpret_cast<const uint32_t*>(a + 16);
+            }
+            const int src = (lane & ~3) | kb;
 #pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) {
-            const uint32_t sa = __shfl_sync(0xffffffffu, scA[mt], src);
-            const uint32_t sb = __shfl_sync(0xffffffffu, scB[mt], src);
-            const uint32_t w = kb == 0 ? q[mt].x : kb == 1 ? q[mt].y : kb == 2 ? q[mt].z : q[mt].w;
-            uint32_t a0, a1, a2, a3;
-            e2m1_sm90_word(w, a0, a1, a2, a3);
-            a0 = e2m1_scale_mul(a0, sa);
-            a1 = e2m1_scale_mul(a1, sb);
-            a2 = e2m1_scale_mul(a2, sa);
-            a3 = e2m1_scale_mul(a3, sb);
+            for (int mt = 0; mt < kMT; ++mt) {
+              const uint32_t sa = __shfl_sync(0xffffffffu, scA[mt], src);
+              const uint32_t sb = __shfl_sync(0xffffffffu, scB[mt], src);
+              const uint32_t w = kb == 0 ? q[mt].x : kb == 1 ? q[mt].y : kb == 2 ? q[mt].z : q[mt].w;
+              uint32_t a0, a1, a2, a3;
+              e2m1_sm90_word(w, a0, a1, a2, a3);
+              a0 = e2m1_scale_mul(a0, sa);
+              a1 = e2m1_scale_mul(a1, sb);
+              a2 = e2m1_scale_mul(a2, sa);
+              a3 = e2m1_scale_mul(a3, sb);
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-              float* d = acc[mt][nt];
-              Mma::fma(d[0], d[1], d[2], d[3], a0, a1, a2, a3, b0[nt], b1[nt], d[0], d[1], d[2], d[3]);
+              for (int nt = 0; nt < NTL; ++nt) {
+                float* d = acc[mt][nt];
+                Mma::fma(d[0], d[1], d[2], d[3], a0, a1, a2, a3, b0[nt], b1[nt], d[0], d[1], d[2], d[3]);
+              }
             }
           }
+        };
+        if constexpr (kSkipN8) {
+          if (two_n8) sm90_ktile(std::integral_constant<int, NT>{});
+          else sm90_ktile(std::integral_constant<int, 1>{});
+        } else {
+          sm90_ktile(std::integral_constant<int, NT>{});
         }
       } else {  // checkpoint layout
         uint2 wa[kMT], wb[kMT];
