@@ -376,10 +376,7 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
         if (JAX_NVFP4_V1_DIAG == 2) {  // diagnostic: no copies, the math runs on stale stages
           if (lane == 0) mbar_arrive(full);
           mbar_arrive(full);
-          if (++ws_s == STAGES) {
-            ws_s = 0;
-            ws_ph ^= 1;
-          }
+          advance_stage<STAGES>(ws_s, ws_ph);
           continue;
         }
         if (lane == 0) {
@@ -396,10 +393,7 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
                        : "memory");
         }
         cp_async_mbar_arrive(full);
-        if (++ws_s == STAGES) {
-          ws_s = 0;
-          ws_ph ^= 1;
-        }
+        advance_stage<STAGES>(ws_s, ws_ph);
       }
     }
 
@@ -411,10 +405,7 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
         if (JAX_NVFP4_V1_DIAG == 1) {  // diagnostic: supply only, no math (the results are zeros)
           __syncwarp();
           if (lane == 0) mbar_arrive(empty0 + 8 * ws_s);
-          if (++ws_s == STAGES) {
-            ws_s = 0;
-            ws_ph ^= 1;
-          }
+          advance_stage<STAGES>(ws_s, ws_ph);
           continue;
         }
       } else {
@@ -555,10 +546,7 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
       if constexpr (WS) {  // every lane's reads of the stage are done: release it to the producer
         __syncwarp();
         if (lane == 0) mbar_arrive(empty0 + 8 * ws_s);
-        if (++ws_s == STAGES) {
-          ws_s = 0;
-          ws_ph ^= 1;
-        }
+        advance_stage<STAGES>(ws_s, ws_ph);
       }
     }
     if constexpr (!WS) cute::cp_async_wait<0>();
