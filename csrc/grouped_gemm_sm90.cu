@@ -137,11 +137,11 @@ __device__ __forceinline__ uint32_t scale_pair(uint8_t b) {
 #ifndef JAX_NVFP4_V1_WS
 #define JAX_NVFP4_V1_WS 1
 #endif
-// Experiment (compiled, not yet run on a GPU; docs/perf-notes.md, session 8): in the WS kernel, a tile
-// with at most 8 rows skips the second n8 token tile's activation loads and mma.sync (8 of 16 HMMA
-// and LDS per k-tile), through a second copy of the k-tile math chosen per tile.
+// In the WS kernel, a tile with at most 8 rows (most decode tiles) skips the second n8 token tile's
+// activation loads and mma.sync (8 of 16 HMMA and LDS per k-tile), through a second copy of the
+// k-tile math chosen per tile: -5% at 192 rows on the H200 (docs/perf-notes.md, session 9).
 #ifndef JAX_NVFP4_V1_SKIP_N8
-#define JAX_NVFP4_V1_SKIP_N8 0
+#define JAX_NVFP4_V1_SKIP_N8 1
 #endif
 template <int BT, int WARPS_T, int STAGES, bool A_FP4, int MIN_BLOCKS, bool SM90L, bool WS = false>
 __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 : 0), MIN_BLOCKS)
