@@ -30,7 +30,7 @@ struct GroupedGemmParams {
   int64_t G = 0;
   bool a_fp4 = false;    // W4A4 when true, W4A16 when false
   bool out_f32 = false;  // f32 output when true, bf16 when false
-  int force_token_tile = 0;  // 0: automatic; 16/32/64/128 force a token tile (tools, tuning)
+  int force_token_tile = 0;  // 0: automatic; 16/32/64/128 (v2 also 256) force a token tile (tools, tuning)
   // Byte layout of rhs: 0 the checkpoint layout; 1 the sm90 load-time layout of
   // jax_nvfp4/layout.py (needs N % 128 == 0 and K % 64 == 0; bf16 activations only: both kernels
   // read it for W4A16, v1 returns cudaErrorNotSupported for W4A4 with it).

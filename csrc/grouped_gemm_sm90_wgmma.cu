@@ -95,8 +95,14 @@ constexpr int kProducerRegs = 56;
 constexpr int kConsumerRegs = 224;
 constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales for the consumers
 
-// A 256-token tile (m64n256: 128 f32 accumulators per thread) made ptxas serialize the wgmmas
-// (C7512, too few registers beside the double-buffered fragments); removed in session 3.
+// 256-token tiles (m64n256, 128 f32 accumulators per thread) where groups average at least
+// JAX_NVFP4_V2_BT256 rows (0: never): each converted weight fragment feeds twice the tensor work.
+// On the H200 (self-test, sm90 layout) 128 -> 256 tokens: 24576 rows -16% (L1) / -11% (L2), but
+// 6144 rows +11-13% and 1536 rows +77% (a 256-token tile always runs N = 256, so a group's last
+// tile wastes more); 384 sits between the measured 128 (worse) and 512 (better) rows per group.
+#ifndef JAX_NVFP4_V2_BT256
+#define JAX_NVFP4_V2_BT256 384
+#endif
 // Diagnostic builds (tools only, wrong results): 1 skips the e2m1 conversion, 2 the wgmmas,
 // 4 all consumer work (the time is the producers' supply rate), 5 as 4 without the activation loads.
 // A 2-CTA cluster variant multicasting the activation tile (commit c776747) halved the activation
@@ -152,7 +158,7 @@ struct WCfg {
   static constexpr int kBarOff = STAGES * kStage;            // full[], ready[], empty[]
   static constexpr int kSmem = kBarOff + 3 * STAGES * 8 + 1024;  // + slack for 1024B alignment
   static_assert(kSmem <= 232448 - 1024, "shared memory");
-  static_assert(BTMAX % kBoxT == 0 && BTMAX <= 128, "token tile");
+  static_assert(BTMAX % kBoxT == 0 && BTMAX <= 256, "token tile");
 };
 
 struct WParams {
@@ -226,6 +232,10 @@ struct WgOps<64> {
 template <>
 struct WgOps<128> {
   using RS = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
+};
+template <>
+struct WgOps<256> {
+  using RS = gmma::MMA_64x256x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
 };
 
 template <int NN, typename Acc, size_t... I>
@@ -635,8 +645,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     while (have) {
       V2_TRACE(cw == 0 && lane == 0, ti, 0);
       long long waited = 0;
-      // smallest WGMMA N covering the tile's rows (every branch is warpgroup-uniform)
-      if (BTMAX >= 128 && t.rows > 64) {
+      // smallest WGMMA N covering the tile's rows (every branch is warpgroup-uniform); a 256-token
+      // tile runs N = 256 whatever its rows: any second branch beside it makes ptxas serialize the
+      // wgmmas (C7512)
+      if (BTMAX >= 256) {
+        consumer_mainloop<(BTMAX >= 256 ? 256 : 32), BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph,
+                                                                 waited);
+      } else if (BTMAX >= 128 && t.rows > 64) {
         consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph,
                                                                  waited);
       } else if (BTMAX >= 64 && t.rows > 32) {
@@ -651,7 +666,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       L += gridDim.x;
       const bool have_next = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, nxt);
       V2_TRACE(cw == 0 && lane == 0, ti, 2);
-      if (BTMAX >= 128 && t.rows > 64) {
+      if (BTMAX >= 256) {
+        consumer_epilogue<(BTMAX >= 256 ? 256 : 32), BTMAX>(acc, p, t, r0);
+      } else if (BTMAX >= 128 && t.rows > 64) {
         consumer_epilogue<(BTMAX >= 128 ? 128 : 32), BTMAX>(acc, p, t, r0);
       } else if (BTMAX >= 64 && t.rows > 32) {
         consumer_epilogue<(BTMAX >= 64 ? 64 : 32), BTMAX>(acc, p, t, r0);
@@ -732,12 +749,15 @@ cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStre
   return cudaGetLastError();
 }
 
-// Stage bytes: 11 KB (32), 15 KB (64), 23 KB (128). The small tiles exist for depth: decode
-// streams weights, and more stages keep more weight bytes in flight per SM.
+// Stage bytes: 11 KB (32), 15 KB (64), 23 KB (128), 39 KB (256). The small tiles exist for depth:
+// decode streams weights, and more stages keep more weight bytes in flight per SM.
 template <bool SM90L>
 cudaError_t launch_for_tile(int BT, const GroupedGemmParams& p, const WParams& wp, cudaStream_t stream) {
   if (BT == 32) return launch_wgmma<32, 20, SM90L>(p, wp, stream);
   if (BT == 64) return launch_wgmma<64, 12, SM90L>(p, wp, stream);
+#if JAX_NVFP4_V2_BT256
+  if (BT == 256) return launch_wgmma<256, 5, SM90L>(p, wp, stream);
+#endif
   return launch_wgmma<128, 8, SM90L>(p, wp, stream);
 }
 
@@ -745,9 +765,16 @@ int pick_btmax(const GroupedGemmParams& p) {
   const int f = p.force_token_tile;
   if (f == 16 || f == 32) return 32;
   if (f == 64) return 64;
+#if JAX_NVFP4_V2_BT256
+  if (f >= 256) return 256;
+#endif
   if (f >= 128) return 128;
   // A small BTMAX leaves room for deep weight pipelines (few rows: weight streaming); a large one
-  // halves the weight re-reads. Measured on the H200: 64 for <= 24 rows per expert, else 128.
+  // halves the weight re-reads. Measured on the H200: 64 for <= 24 rows per expert, else 128, and
+  // 256 from JAX_NVFP4_V2_BT256 rows per expert.
+#if JAX_NVFP4_V2_BT256
+  if (GroupedGemmAvgRows(p) >= JAX_NVFP4_V2_BT256) return 256;
+#endif
   return GroupedGemmAvgRows(p) <= 24 ? 64 : 128;
 }
 

@@ -28,9 +28,10 @@ bool GroupedGemmWgmmaPreferred(const GroupedGemmParams& p);
 // (sm90 layout) is read by both kernels for W4A16; v1 returns cudaErrorNotSupported for W4A4 with it.
 cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t stream);
 
-// For tools: the largest token tile (32, 64 or 128) the WGMMA launcher picks; every tile then runs
-// the smallest WGMMA N in {32, 64, 128} that covers its rows. force_token_tile 32/64/128 forces
-// one (16 means 32, 256 means 128). Returns 0 when the v1 fallback would run.
+// For tools: the largest token tile (32, 64, 128 or 256) the WGMMA launcher picks; up to 128 every
+// tile then runs the smallest WGMMA N in {32, 64, 128} that covers its rows, a 256-token tile always
+// N = 256. force_token_tile 32/64/128/256 forces one (16 means 32; 256 means 128 in builds with
+// JAX_NVFP4_V2_BT256=0). Returns 0 when the v1 fallback would run.
 int GroupedGemmWgmmaTokenTile(const GroupedGemmParams& p);
 
 #if defined(JAX_NVFP4_V2_DIAG) && JAX_NVFP4_V2_DIAG == 3
