@@ -14,7 +14,7 @@
 #            conv: converter warpgroups beside SS wgmmas)
 #   stream   v1's decode copy pipeline without its math (tools/stream_microbench.cu; args: K, CTAs)
 # NOBUILD=1 reuses /tmp/st from the previous command of the same device call; LAYOUT=sm90 runs the
-# self-test with the weights in the sm90 load-time layout (W4A16 cases only).
+# self-test, benchmarks and profiles with the weights in the sm90 load-time layout (W4A16 cases only).
 # Headers: CUTLASS_INC (default .cutlass_hdr, an unzipped nvidia-cutlass wheel's
 # cutlass_library/source, carried to the device). Logs in $OUT.
 set -uo pipefail
@@ -56,7 +56,7 @@ case $cmd in
       timeout 200 ncu -o "$out/rep_$c" -f --kernel-name regex:wgmma_kernel --launch-skip 3 --launch-count 1 \
         --section WarpStateStats --section SourceCounters --section SpeedOfLight \
         --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
-        /tmp/st --bench-only --kernel wgmma --no-sweep --only "$c" >"$out/ncu_$c.log" 2>&1
+        /tmp/st --bench-only --kernel wgmma --no-sweep --only "$c" $lay >"$out/ncu_$c.log" 2>&1
       echo "== $c rc=$?"
       ncu -i "$out/rep_$c.ncu-rep" --page raw --csv \
         --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" >"$out/stalls_$c.csv" 2>&1
@@ -73,7 +73,7 @@ case $cmd in
       timeout 200 ncu --kernel-name "$rx" --launch-skip 3 --launch-count 1 --section SpeedOfLight \
         --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section SchedulerStats \
         --section WarpStateStats --section ComputeWorkloadAnalysis \
-        /tmp/st --bench-only --kernel "$kk" --no-sweep --only "$c" ${force:+--force "$force"} >"$out/ncu2_$tag.log" 2>&1
+        /tmp/st --bench-only --kernel "$kk" --no-sweep --only "$c" ${force:+--force "$force"} $lay >"$out/ncu2_$tag.log" 2>&1
       echo "== $spec rc=$?"
       grep -E "^ +(Duration|DRAM Throughput|L1/TEX Cache Throughput|L2 Cache Throughput|Compute \(SM\) Throughput|Mem Busy|Max Bandwidth|Mem Pipes Busy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued Instruction|Executed Ipc Active|SM Frequency|L2 Hit Rate) " \
         "$out/ncu2_$tag.log" | awk '{$1=$1};1' | head -20
