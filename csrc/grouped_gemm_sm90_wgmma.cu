@@ -104,7 +104,8 @@ constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales
 #define JAX_NVFP4_V2_BT256 384
 #endif
 // Diagnostic builds (tools only, wrong results): 1 skips the e2m1 conversion, 2 the wgmmas,
-// 4 all consumer work (the time is the producers' supply rate), 5 as 4 without the activation loads.
+// 4 all consumer work (the time is the producers' supply rate), 5 as 4 without the activation loads,
+// 6 no global loads at all (sm90 layout; the time is the consumers' rate on stale shared memory).
 // A 2-CTA cluster variant multicasting the activation tile (commit c776747) halved the activation
 // reads from L2 but gained nothing (-4..+6% per size; docs/perf-notes.md, session 6); not kept.
 #ifndef JAX_NVFP4_V2_DIAG
@@ -324,7 +325,7 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
 #else
     (void)waited;
 #endif
-#if JAX_NVFP4_V2_DIAG >= 4  // diagnostic build: supply only, the stage is released unread (wrong results)
+#if JAX_NVFP4_V2_DIAG == 4 || JAX_NVFP4_V2_DIAG == 5  // diagnostic build: supply only, the stage is released unread (wrong results)
     if (lane == 0) mbar_arrive(empty0 + s * 8);
     advance_stage<STAGES>(s, ph);
     (void)buf;
@@ -430,96 +431,9 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
   if (kt < KT) body(kt, std::integral_constant<int, 0>{});
   cute::warpgroup_wait<0>();
   fence_acc(acc);
-#if JAX_NVFP4_V2_DIAG < 4
+#if JAX_NVFP4_V2_DIAG != 4 && JAX_NVFP4_V2_DIAG != 5
   if (lane == 0) mbar_arrive(empty0 + prev_s * 8);
 #endif
-}
-
-// Experiment (session 9, -DJAX_NVFP4_V2_KPIPE=1; compiled, not run): the N = 256 mainloop with one
-// wgmma group per k-block. Before converting k-block kb of k-tile kt, wait_group 3 retires the wgmma
-// that read frag[kb] (k-block kb of k-tile kt-1) while three wgmmas stay queued, so one set of
-// fragments (16 registers, not 32) keeps the conversion overlapped with the tensor work. Aim: room
-// for an N = 128 branch beside N = 256 without C7512, so that a group's last tile runs N = 128.
-// =2 also runs the 128-token kernel's N = 128 tiles this way (finer overlap than double buffering).
-#ifndef JAX_NVFP4_V2_KPIPE
-#define JAX_NVFP4_V2_KPIPE 0
-#endif
-template <int NN, int BTMAX, int STAGES, bool SM90L>
-__device__ __forceinline__ void consumer_mainloop_kb(float (&acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base,
-                                                     int KT, int r0, uint32_t sel, int& s, uint32_t& ph) {
-  using C = WCfg<BTMAX, STAGES>;
-  const uint32_t full0 = bar_base;
-  const uint32_t ready0 = bar_base + STAGES * 8;
-  const uint32_t empty0 = bar_base + 2 * STAGES * 8;
-  const int lane = threadIdx.x & 31;
-  uint32_t frag[4][4];
-  int prev_s = 0;
-#pragma unroll 1
-  for (int kt = 0; kt < KT; ++kt) {
-    mbar_wait(ready0 + s * 8, ph);
-    mbar_wait(full0 + s * 8, ph);
-    const uint32_t st = smem_u32(smem) + s * C::kStage;
-    const uint4 sca = lds128(st + C::kS2Off + r0 * 16);        // (s, s) of k-blocks 0..3, row r0
-    const uint4 scb = lds128(st + C::kS2Off + (r0 + 8) * 16);  // row r0 + 8
-    const uint32_t sa[4] = {sca.x, sca.y, sca.z, sca.w};
-    const uint32_t sb[4] = {scb.x, scb.y, scb.z, scb.w};
-    // this k-tile's codes: sm90 layout, the thread's 4 words (one per k-block); checkpoint layout,
-    // 32 bytes of each of rows r0 and r0 + 8 (words 2kb, 2kb + 1 of a row hold k-block kb)
-    uint32_t wa[8], wb[8];
-    if constexpr (SM90L) {
-      const uint4 wq = lds128(st + C::kWOff + (r0 >> 4) * 512 + lane * 16);
-      wa[0] = wq.x;
-      wa[1] = wq.y;
-      wa[2] = wq.z;
-      wa[3] = wq.w;
-    } else {
-      const uint32_t rowa = st + C::kWOff + r0 * 32;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint4 x = lds128(rowa + 16 * h), y = lds128(rowa + 8 * 32 + 16 * h);
-        wa[4 * h] = x.x, wa[4 * h + 1] = x.y, wa[4 * h + 2] = x.z, wa[4 * h + 3] = x.w;
-        wb[4 * h] = y.x, wb[4 * h + 1] = y.y, wb[4 * h + 2] = y.z, wb[4 * h + 3] = y.w;
-      }
-    }
-    const uint32_t act = st + C::kActOff;
-    uint32_t first = kt > 0 ? 1u : 0u;
-    uint32_t one = 1u;
-    asm volatile("" : "+r"(first), "+r"(one)::"memory");
-#pragma unroll
-    for (int kb = 0; kb < 4; ++kb) {
-      cute::warpgroup_wait<3>();  // k-block kb of k-tile kt-1 has retired: frag[kb] is free
-      // at kb = 3 every wgmma of k-tile kt-1 has retired: its stage goes back to the producers
-      if (kb == 3 && kt > 0 && lane == 0) mbar_arrive(empty0 + prev_s * 8);
-      if constexpr (SM90L) {
-        uint32_t a0, a1, a2, a3;
-        e2m1_sm90_word(wa[kb], a0, a1, a2, a3);
-        frag[kb][0] = e2m1_scale_mul(a0, sa[kb]);
-        frag[kb][1] = e2m1_scale_mul(a1, sb[kb]);
-        frag[kb][2] = e2m1_scale_mul(a2, sa[kb]);
-        frag[kb][3] = e2m1_scale_mul(a3, sb[kb]);
-      } else {
-        frag[kb][0] = bf16x2_mul(e2m1_byte_pair(wa[2 * kb], sel), sa[kb]);
-        frag[kb][1] = bf16x2_mul(e2m1_byte_pair(wb[2 * kb], sel), sb[kb]);
-        frag[kb][2] = bf16x2_mul(e2m1_byte_pair(wa[2 * kb + 1], sel), sa[kb]);
-        frag[kb][3] = bf16x2_mul(e2m1_byte_pair(wb[2 * kb + 1], sel), sb[kb]);
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) cute::warpgroup_fence_operand(frag[kb][i]);
-      uint64_t desc = smem_desc_sw128(act + kb * 32);
-      asm volatile("" : "+l"(desc)::"memory");
-      fence_acc(acc);
-      cute::warpgroup_arrive();
-      wgmma_rs<NN>(frag[kb], desc, acc, static_cast<gmma::ScaleOut>(kb == 0 ? first : one),
-                   std::make_index_sequence<NN / 2>{});
-      cute::warpgroup_commit_batch();
-      fence_acc(acc);
-    }
-    prev_s = s;
-    advance_stage<STAGES>(s, ph);
-  }
-  cute::warpgroup_wait<0>();
-  fence_acc(acc);
-  if (lane == 0) mbar_arrive(empty0 + prev_s * 8);
 }
 
 template <int NN, int BTMAX>
@@ -613,7 +527,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           mbar_wait(empty0 + s * 8, ph ^ 1);
           const uint32_t dst = smem_u32(smem) + s * C::kStage + C::kWOff + 16 * half;
 #pragma unroll
-          for (int i = 0; i < 8; ++i) {
+          for (int i = 0; i < 8 * (JAX_NVFP4_V2_DIAG != 6); ++i) {
             const int q = (lane >> 1) + 16 * i;
             const bool ok = q < rows_ok;
             const uint8_t* src = SM90L ? base + static_cast<int64_t>(kt) * 4096 + q * 32
@@ -672,13 +586,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t); L += gridDim.x) {
       // Only the 32-row boxes that hold the tile's rows. (Loading just ceil(rows / 8) * 8 rows with
       // extra 8-row boxes did not speed up decode and slowed 1536 rows by 13%: more TMA issues.)
-#if JAX_NVFP4_V2_DIAG == 5
+#if JAX_NVFP4_V2_DIAG == 5 || JAX_NVFP4_V2_DIAG == 6
       const int nb = 0;
 #else
       const int nb = (t.rows + kBoxT - 1) / kBoxT;
 #endif
       // sm90 layout: the tile's k-tile scales are one 512-byte record (bulk copy, on the same bytes)
-      const uint32_t bytes = nb * (kBoxT * kBK * 2) + (SM90L ? 512u : 0u);
+      const uint32_t bytes = nb * (kBoxT * kBK * 2) + (SM90L && JAX_NVFP4_V2_DIAG != 6 ? 512u : 0u);
       const int row0 = static_cast<int>(t.row0);
       const uint8_t* srec = p.rhs_scales + (static_cast<int64_t>(t.g) * N + t.n0) * KS;
       // per-lane scale rows: lane, lane+32, lane+64, lane+96
@@ -700,7 +614,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           mbar_arrive_expect_tx(full, bytes);
           for (int b = 0; b < nb; ++b)
             tma_load_2d(smem_u32(st + C::kActOff + b * (kBoxT * kBK * 2)), &tm_a, full, kt * kBK, row0 + b * kBoxT);
-          if constexpr (SM90L) bulk_load(smem_u32(st + C::kSOff), srec + static_cast<int64_t>(kt) * 512, 512, full);
+          if constexpr (SM90L && JAX_NVFP4_V2_DIAG != 6) bulk_load(smem_u32(st + C::kSOff), srec + static_cast<int64_t>(kt) * 512, 512, full);
         }
         if constexpr (!SM90L) {
 #pragma unroll
@@ -735,14 +649,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       // smallest WGMMA N covering the tile's rows (every branch is warpgroup-uniform); a 256-token
       // tile runs N = 256 whatever its rows: any second branch beside it makes ptxas serialize the
       // wgmmas (C7512)
-      if (JAX_NVFP4_V2_KPIPE && BTMAX >= 256 && t.rows > 128) {
-        consumer_mainloop_kb<(BTMAX >= 256 ? 256 : 32), BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph);
-      } else if (!JAX_NVFP4_V2_KPIPE && BTMAX >= 256) {
+      if (BTMAX >= 256) {
         consumer_mainloop<(BTMAX >= 256 ? 256 : 32), BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph,
                                                                  waited);
-      } else if (JAX_NVFP4_V2_KPIPE == 2 && BTMAX == 128 && t.rows > 64) {
-        consumer_mainloop_kb<128, BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph);
-      } else if (BTMAX >= 128 && ((JAX_NVFP4_V2_KPIPE && BTMAX >= 256) || t.rows > 64)) {
+      } else if (BTMAX >= 128 && t.rows > 64) {
         consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph,
                                                                  waited);
       } else if (BTMAX >= 64 && t.rows > 32) {
@@ -757,9 +667,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       L += gridDim.x;
       const bool have_next = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, nxt);
       V2_TRACE(cw == 0 && lane == 0, ti, 2);
-      if (BTMAX >= 256 && (!JAX_NVFP4_V2_KPIPE || t.rows > 128)) {
+      if (BTMAX >= 256) {
         consumer_epilogue<(BTMAX >= 256 ? 256 : 32), BTMAX>(acc, p, t, r0);
-      } else if (BTMAX >= 128 && ((JAX_NVFP4_V2_KPIPE && BTMAX >= 256) || t.rows > 64)) {
+      } else if (BTMAX >= 128 && t.rows > 64) {
         consumer_epilogue<(BTMAX >= 128 ? 128 : 32), BTMAX>(acc, p, t, r0);
       } else if (BTMAX >= 64 && t.rows > 32) {
         consumer_epilogue<(BTMAX >= 64 ? 64 : 32), BTMAX>(acc, p, t, r0);
