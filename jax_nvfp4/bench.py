@@ -196,12 +196,15 @@ def main(argv=None):
 
 
 def _driver_version():
+    """The NVIDIA driver version (one value: nvidia-smi prints a line per GPU), or None."""
     try:
         import subprocess
-        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=20).stdout.strip()
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout
     except Exception:  # noqa: BLE001
         return None
+    versions = sorted({v.strip() for v in out.splitlines() if v.strip()})
+    return ", ".join(versions) or None
 
 
 def _plot(results, path):
