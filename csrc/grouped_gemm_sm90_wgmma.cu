@@ -120,14 +120,14 @@ constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales
 // Experiment (session 10; compiled, not run): step the four shared-memory descriptors of a k-tile
 // from stage 0's instead of rebuilding each (30 of the 111 SASS of a consumer k-tile are uniform-
 // datapath ops, most of them this rebuild).
+#ifndef JAX_NVFP4_V2_DESC_INC
+#define JAX_NVFP4_V2_DESC_INC 0
+#endif
 // Experiment (session 10; compiled, not run): the epilogue through a 512-byte stmatrix scratch per
 // consumer warp with 16-byte output stores (the epilogue took ~4900 clk per tile at L1 6144 rows,
 // session 6's trace, ~5% of the tile).
 #ifndef JAX_NVFP4_V2_EPI_STS
 #define JAX_NVFP4_V2_EPI_STS 0
-#endif
-#ifndef JAX_NVFP4_V2_DESC_INC
-#define JAX_NVFP4_V2_DESC_INC 0
 #endif
 
 // 3 (tools only, results correct): clock64 trace of the tile switches (GroupedGemmWgmmaSetTrace;
