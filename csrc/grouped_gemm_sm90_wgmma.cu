@@ -129,6 +129,12 @@ constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales
 #ifndef JAX_NVFP4_V2_EPI_STS
 #define JAX_NVFP4_V2_EPI_STS 0
 #endif
+// Experiment (session 10; compiled, not run): the activation warp passes each tile (group, n0,
+// rows, global scale) to the consumers in the tile's first stage, instead of each consumer warp's
+// own lookup (~1800 clk per tile at L1 6144, session 6's trace) and global-scale load.
+#ifndef JAX_NVFP4_V2_TREC
+#define JAX_NVFP4_V2_TREC 0
+#endif
 
 // 3 (tools only, results correct): clock64 trace of the tile switches (GroupedGemmWgmmaSetTrace;
 // self-test --trace): per tile of each CTA, slots 0-3 = first consumer warp before its mainloop,
@@ -174,6 +180,10 @@ struct WCfg {
   static constexpr int kSOff = kWOff + kRowsW * kBK / 2;     // u8 [128][4] e4m3 scales (raw)
   static constexpr int kS2Off = kSOff + kRowsW * 4;          // u32 [128][4] bf16x2 (s, s) * 2^119
   static constexpr int kStage = (kS2Off + kRowsW * 16 + 1023) / 1024 * 1024;  // 128B swizzle needs 1024B-aligned tiles
+#if JAX_NVFP4_V2_TREC
+  static constexpr int kTrecOff = kS2Off + kRowsW * 16;  // tile record in the stage's alignment padding
+  static_assert(kTrecOff + 32 <= kStage, "tile record");
+#endif
   static constexpr int kBarOff = STAGES * kStage;            // full[], ready[], empty[]
 #if JAX_NVFP4_V2_EPI_STS
   static constexpr int kEpiOff = (kBarOff + 3 * STAGES * 8 + 15) / 16 * 16;  // bf16 [8 warps][16][16]
@@ -287,6 +297,9 @@ struct Tile {
   int n0;
   int64_t row0;
   int rows;
+#if JAX_NVFP4_V2_TREC
+  float alpha;  // the group's global scale (tile records only)
+#endif
 };
 
 __device__ __forceinline__ bool find_tile(int L, int total, const int* __restrict__ prefix,
@@ -481,7 +494,11 @@ __device__ __forceinline__ void consumer_epilogue(const float (&acc)[BTMAX / 2],
                                                   int r0, uint32_t epi) {
   const int lane = threadIdx.x & 31;
   const int t4 = lane & 3;
+#if JAX_NVFP4_V2_TREC
+  const float mul = t.alpha * 128.0f;  // undo the 2^-7 of the fp4 weights
+#else
   const float mul = __ldg(p.alpha + t.g) * 128.0f;  // undo the 2^-7 of the fp4 weights
+#endif
   const int64_t N = p.N;
 #if JAX_NVFP4_V2_EPI_STS
   // bf16 output with N % 8 == 0 and a 16-byte aligned base: per 16 tokens, stmatrix.trans puts the
@@ -673,6 +690,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint32_t bytes = nb * (kBoxT * kBK * 2) + (SM90L && JAX_NVFP4_V2_DIAG != 6 ? 512u : 0u);
       const int row0 = static_cast<int>(t.row0);
       const uint8_t* srec = p.rhs_scales + (static_cast<int64_t>(t.g) * N + t.n0) * KS;
+#if JAX_NVFP4_V2_TREC
+      const float alpha = __ldg(p.alpha + t.g);
+#endif
       // per-lane scale rows: lane, lane+32, lane+64, lane+96
       const uint8_t* ssrc[4];
       uint32_t sbytes[4];
@@ -689,6 +709,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         uint8_t* st = smem + s * C::kStage;
         const uint32_t full = full0 + s * 8;
         if (lane == 0) {
+#if JAX_NVFP4_V2_TREC
+          if (kt == 0) {  // the consumers read the tile from here once full[s] completes (release/acquire)
+            const uint32_t rec = smem_u32(st + C::kTrecOff);
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(rec), "r"(t.g), "r"(t.n0), "r"(row0),
+                         "r"(t.rows)
+                         : "memory");
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(rec + 16), "r"(__float_as_uint(alpha)) : "memory");
+          }
+#endif
           mbar_arrive_expect_tx(full, bytes);
           for (int b = 0; b < nb; ++b)
             tma_load_2d(smem_u32(st + C::kActOff + b * (kBoxT * kBK * 2)), &tm_a, full, kt * kBK, row0 + b * kBoxT);
@@ -724,9 +753,30 @@ __global__ void __launch_bounds__(kThreads, 1)
     int gcur = 0;
     Tile t, nxt;
     int L = blockIdx.x;
+#if JAX_NVFP4_V2_TREC
+    // The activation warp wrote each tile's record into the tile's first stage: no lookup here.
+    bool have = L < total;
+    (void)gcur;
+    (void)nxt;
+#else
     bool have = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t);
+#endif
     V2_TRACE_COUNTER(ti);
     while (have) {
+#if JAX_NVFP4_V2_TREC
+      {
+        mbar_wait(full0 + s * 8, ph);
+        const uint32_t rec = smem_u32(smem) + s * C::kStage + C::kTrecOff;
+        const uint4 r = lds128(rec);
+        uint32_t a;
+        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(a) : "r"(rec + 16));
+        t.g = static_cast<int>(r.x);
+        t.n0 = static_cast<int>(r.y);
+        t.row0 = static_cast<int>(r.z);
+        t.rows = static_cast<int>(r.w);
+        t.alpha = __uint_as_float(a);
+      }
+#endif
       V2_TRACE(cw == 0 && lane == 0, ti, 0);
       long long waited = 0;
       // smallest WGMMA N covering the tile's rows (every branch is warpgroup-uniform); a 256-token
@@ -748,7 +798,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       V2_TRACE(cw == 0 && lane == 0, ti, 1);
       V2_TRACE_VALUE(cw == 0 && lane == 0, ti, 6, static_cast<unsigned long long>(waited));
       L += gridDim.x;
+#if JAX_NVFP4_V2_TREC
+      const bool have_next = L < total;
+#else
       const bool have_next = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, nxt);
+#endif
       V2_TRACE(cw == 0 && lane == 0, ti, 2);
       if (BTMAX >= 256) {
         consumer_epilogue<(BTMAX >= 256 ? 256 : 32), BTMAX>(acc, p, t, r0, epi);
@@ -761,7 +815,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       V2_TRACE(cw == 0 && lane == 0, ti, 3);
       V2_TRACE_NEXT(ti);
+#if !JAX_NVFP4_V2_TREC
       t = nxt;
+#endif
       have = have_next;
     }
   }
