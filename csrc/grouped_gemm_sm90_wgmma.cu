@@ -106,36 +106,11 @@ constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales
 // Diagnostic builds (tools only, wrong results): 1 skips the e2m1 conversion, 2 the wgmmas,
 // 4 all consumer work (the time is the producers' supply rate), 5 as 4 without the activation loads,
 // 6 no global loads at all (sm90 layout; the time is the consumers' rate on stale shared memory).
-// JAX_NVFP4_V2_DIAG_NOSCALE=1 (combines with the above): no scale warps; the consumers skip the wait
-// for the converted scales and read stale ones (the most that moving the scale conversion into the
-// consumers could save, before its own cost).
 // A 2-CTA cluster variant multicasting the activation tile (commit c776747) halved the activation
 // reads from L2 but gained nothing (-4..+6% per size; docs/perf-notes.md, session 6); not kept.
 #ifndef JAX_NVFP4_V2_DIAG
 #define JAX_NVFP4_V2_DIAG 0
 #endif
-#ifndef JAX_NVFP4_V2_DIAG_NOSCALE
-#define JAX_NVFP4_V2_DIAG_NOSCALE 0
-#endif
-// Experiment (session 10; compiled, not run): step the four shared-memory descriptors of a k-tile
-// from stage 0's instead of rebuilding each (30 of the 111 SASS of a consumer k-tile are uniform-
-// datapath ops, most of them this rebuild).
-#ifndef JAX_NVFP4_V2_DESC_INC
-#define JAX_NVFP4_V2_DESC_INC 0
-#endif
-// Experiment (session 10; compiled, not run): the epilogue through a 512-byte stmatrix scratch per
-// consumer warp with 16-byte output stores (the epilogue took ~4900 clk per tile at L1 6144 rows,
-// session 6's trace, ~5% of the tile).
-#ifndef JAX_NVFP4_V2_EPI_STS
-#define JAX_NVFP4_V2_EPI_STS 0
-#endif
-// Experiment (session 10; compiled, not run): the activation warp passes each tile (group, n0,
-// rows, global scale) to the consumers in the tile's first stage, instead of each consumer warp's
-// own lookup (~1800 clk per tile at L1 6144, session 6's trace) and global-scale load.
-#ifndef JAX_NVFP4_V2_TREC
-#define JAX_NVFP4_V2_TREC 0
-#endif
-
 // 3 (tools only, results correct): clock64 trace of the tile switches (GroupedGemmWgmmaSetTrace;
 // self-test --trace): per tile of each CTA, slots 0-3 = first consumer warp before its mainloop,
 // after it, after the next tile's lookup, after the epilogue; slots 4-5 = the weight loader at the
@@ -180,17 +155,8 @@ struct WCfg {
   static constexpr int kSOff = kWOff + kRowsW * kBK / 2;     // u8 [128][4] e4m3 scales (raw)
   static constexpr int kS2Off = kSOff + kRowsW * 4;          // u32 [128][4] bf16x2 (s, s) * 2^119
   static constexpr int kStage = (kS2Off + kRowsW * 16 + 1023) / 1024 * 1024;  // 128B swizzle needs 1024B-aligned tiles
-#if JAX_NVFP4_V2_TREC
-  static constexpr int kTrecOff = kS2Off + kRowsW * 16;  // tile record in the stage's alignment padding
-  static_assert(kTrecOff + 32 <= kStage, "tile record");
-#endif
   static constexpr int kBarOff = STAGES * kStage;            // full[], ready[], empty[]
-#if JAX_NVFP4_V2_EPI_STS
-  static constexpr int kEpiOff = (kBarOff + 3 * STAGES * 8 + 15) / 16 * 16;  // bf16 [8 warps][16][16]
-  static constexpr int kSmem = kEpiOff + kConsumerWarps * 512 + 1024;
-#else
   static constexpr int kSmem = kBarOff + 3 * STAGES * 8 + 1024;  // + slack for 1024B alignment
-#endif
   static_assert(kSmem <= 232448 - 1024, "shared memory");
   static_assert(BTMAX % kBoxT == 0 && BTMAX <= 256, "token tile");
 };
@@ -297,9 +263,6 @@ struct Tile {
   int n0;
   int64_t row0;
   int rows;
-#if JAX_NVFP4_V2_TREC
-  float alpha;  // the group's global scale (tile records only)
-#endif
 };
 
 __device__ __forceinline__ bool find_tile(int L, int total, const int* __restrict__ prefix,
@@ -346,9 +309,7 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
   const int lane = threadIdx.x & 31;
   uint32_t frag[2][4][4];
   int prev_s = 0;
-#if JAX_NVFP4_V2_DESC_INC
   const uint32_t desc_lo0 = static_cast<uint32_t>(smem_desc_sw128(smem_u32(smem) + C::kActOff));
-#endif
 
   auto body = [&](int kt, auto buf_c) {
     constexpr int buf = decltype(buf_c)::value;
@@ -357,11 +318,7 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
 #if JAX_NVFP4_V2_DIAG == 3
     const long long w0 = clock64();
 #endif
-#if !JAX_NVFP4_V2_DIAG_NOSCALE
     mbar_wait(ready0 + s * 8, ph);
-#else
-    (void)ready0;
-#endif
     mbar_wait(full0 + s * 8, ph);
 #if JAX_NVFP4_V2_DIAG == 3
     waited += clock64() - w0;
@@ -428,7 +385,6 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
 #endif
       }
     }
-    const uint32_t act = st + C::kActOff;
     // Pin the conversions before wgmma.fence: otherwise the compiler may sink them between the
     // wgmmas, and ptxas then serializes the wgmmas (C7513).
 #pragma unroll
@@ -437,19 +393,13 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
       for (int i = 0; i < 4; ++i) cute::warpgroup_fence_operand(frag[buf][kb][i]);
     // Same for the descriptors and the scale-d flag: all wgmma inputs are computed before the fence.
     uint64_t desc[4];
-#if JAX_NVFP4_V2_DESC_INC
     // The descriptor's address field is (address >> 4) (shared addresses stay below 2^18, so the
-    // mask of smem_desc_sw128 is a no-op): step it from stage 0's descriptor instead of rebuilding.
+    // mask of smem_desc_sw128 is a no-op): step it from stage 0's descriptor instead of rebuilding
+    // (111 -> 97 SASS per consumer k-tile; H200 -1.4..-3.5% at 1536-24576 rows, session 11).
     const uint32_t dlo = desc_lo0 + static_cast<uint32_t>(s) * (C::kStage >> 4);
-    (void)act;
-#endif
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) {
-#if JAX_NVFP4_V2_DESC_INC
       desc[kb] = (smem_desc_sw128(0) & 0xFFFFFFFF00000000ull) | (dlo + kb * 2);
-#else
-      desc[kb] = smem_desc_sw128(act + kb * 32);
-#endif
       asm volatile("" : "+l"(desc[kb])::"memory");
     }
     uint32_t first = kt > 0 ? 1u : 0u;
@@ -491,50 +441,11 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
 
 template <int NN, int BTMAX>
 __device__ __forceinline__ void consumer_epilogue(const float (&acc)[BTMAX / 2], const WParams& p, const Tile& t,
-                                                  int r0, uint32_t epi) {
+                                                  int r0) {
   const int lane = threadIdx.x & 31;
   const int t4 = lane & 3;
-#if JAX_NVFP4_V2_TREC
-  const float mul = t.alpha * 128.0f;  // undo the 2^-7 of the fp4 weights
-#else
   const float mul = __ldg(p.alpha + t.g) * 128.0f;  // undo the 2^-7 of the fp4 weights
-#endif
   const int64_t N = p.N;
-#if JAX_NVFP4_V2_EPI_STS
-  // bf16 output with N % 8 == 0 and a 16-byte aligned base: per 16 tokens, stmatrix.trans puts the
-  // warp's 16 weight rows x 16 tokens into its 512-byte scratch as [token][16 n], and each lane
-  // stores 8 outputs (16 bytes) of one token, instead of 16 scattered 2-byte stores.
-  if (!p.out_f32 && N % 8 == 0 && (reinterpret_cast<uintptr_t>(p.out) & 15) == 0) {
-    const int64_t nw = static_cast<int64_t>(t.n0) + (r0 & ~15);  // the warp's first weight row
-    const int mi = lane >> 3, ri = lane & 7;                      // this lane's stmatrix row address
-    const uint32_t st_addr = epi + ((mi >> 1) * 8 + ri) * 32 + (mi & 1) * 16;
-    const int tl = lane >> 1, half = lane & 1;                    // this lane's output run
-    const int64_t n = nw + 8 * half;
-    static_assert(NN % 16 == 0, "token tile");
-#pragma unroll
-    for (int jj = 0; jj < NN / 16; ++jj) {
-      uint32_t m[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {  // matrix q: tokens 8 (2jj + q / 2).., weight rows 8 (q % 2)..
-        const int a = 4 * (2 * jj + (q >> 1)) + 2 * (q & 1);
-        const __nv_bfloat162 v = __floats2bfloat162_rn(acc[a] * mul, acc[a + 1] * mul);
-        m[q] = *reinterpret_cast<const uint32_t*>(&v);
-      }
-      asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(st_addr),
-                   "r"(m[0]), "r"(m[1]), "r"(m[2]), "r"(m[3])
-                   : "memory");
-      __syncwarp();
-      const uint4 o = lds128(epi + lane * 16);
-      __syncwarp();  // the scratch is rewritten by the next round
-      const int64_t tok = t.row0 + 16 * jj + tl;
-      if (tok < t.row0 + t.rows && n < N)
-        *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.out) + tok * N + n) = o;
-    }
-    return;
-  }
-#else
-  (void)epi;
-#endif
   const int64_t n_a = static_cast<int64_t>(t.n0) + r0;  // rows r0 and r0 + 8 of the tile
   const int64_t rend = t.row0 + t.rows;
 #pragma unroll
@@ -637,9 +548,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       return;
     }
     if (warp > kScaleWarps) return;
-#if JAX_NVFP4_V2_DIAG_NOSCALE
-    if (warp != 0) return;  // diagnostic build: no scale warps; the consumers read stale scale words
-#endif
     if (warp != 0) {
       // Scale warps: once a stage has landed, turn its 128 x 4 e4m3 bytes into bf16x2 (s, s)
       // words (s * 2^119, exact) so each consumer thread reads its 8 scales with two LDS.128
@@ -690,9 +598,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint32_t bytes = nb * (kBoxT * kBK * 2) + (SM90L && JAX_NVFP4_V2_DIAG != 6 ? 512u : 0u);
       const int row0 = static_cast<int>(t.row0);
       const uint8_t* srec = p.rhs_scales + (static_cast<int64_t>(t.g) * N + t.n0) * KS;
-#if JAX_NVFP4_V2_TREC
-      const float alpha = __ldg(p.alpha + t.g);
-#endif
       // per-lane scale rows: lane, lane+32, lane+64, lane+96
       const uint8_t* ssrc[4];
       uint32_t sbytes[4];
@@ -709,15 +614,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         uint8_t* st = smem + s * C::kStage;
         const uint32_t full = full0 + s * 8;
         if (lane == 0) {
-#if JAX_NVFP4_V2_TREC
-          if (kt == 0) {  // the consumers read the tile from here once full[s] completes (release/acquire)
-            const uint32_t rec = smem_u32(st + C::kTrecOff);
-            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(rec), "r"(t.g), "r"(t.n0), "r"(row0),
-                         "r"(t.rows)
-                         : "memory");
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(rec + 16), "r"(__float_as_uint(alpha)) : "memory");
-          }
-#endif
           mbar_arrive_expect_tx(full, bytes);
           for (int b = 0; b < nb; ++b)
             tma_load_2d(smem_u32(st + C::kActOff + b * (kBoxT * kBK * 2)), &tm_a, full, kt * kBK, row0 + b * kBoxT);
@@ -740,11 +636,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int g8 = lane >> 2, t4 = lane & 3;
     const int r0 = cw * 16 + g8;                // tile rows r0 and r0 + 8 (warp cw covers 16cw..16cw+15)
     const uint32_t sel = t4 | (t4 << 4) | (t4 << 8) | ((4 + t4) << 12);
-#if JAX_NVFP4_V2_EPI_STS
-    const uint32_t epi = smem_u32(smem + C::kEpiOff) + cw * 512;  // this warp's epilogue scratch
-#else
-    const uint32_t epi = 0;
-#endif
     float acc[BTMAX / 2];
 #pragma unroll
     for (int i = 0; i < BTMAX / 2; ++i) acc[i] = 0.0f;
@@ -753,30 +644,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     int gcur = 0;
     Tile t, nxt;
     int L = blockIdx.x;
-#if JAX_NVFP4_V2_TREC
-    // The activation warp wrote each tile's record into the tile's first stage: no lookup here.
-    bool have = L < total;
-    (void)gcur;
-    (void)nxt;
-#else
     bool have = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t);
-#endif
     V2_TRACE_COUNTER(ti);
     while (have) {
-#if JAX_NVFP4_V2_TREC
-      {
-        mbar_wait(full0 + s * 8, ph);
-        const uint32_t rec = smem_u32(smem) + s * C::kStage + C::kTrecOff;
-        const uint4 r = lds128(rec);
-        uint32_t a;
-        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(a) : "r"(rec + 16));
-        t.g = static_cast<int>(r.x);
-        t.n0 = static_cast<int>(r.y);
-        t.row0 = static_cast<int>(r.z);
-        t.rows = static_cast<int>(r.w);
-        t.alpha = __uint_as_float(a);
-      }
-#endif
       V2_TRACE(cw == 0 && lane == 0, ti, 0);
       long long waited = 0;
       // smallest WGMMA N covering the tile's rows (every branch is warpgroup-uniform); a 256-token
@@ -798,26 +668,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       V2_TRACE(cw == 0 && lane == 0, ti, 1);
       V2_TRACE_VALUE(cw == 0 && lane == 0, ti, 6, static_cast<unsigned long long>(waited));
       L += gridDim.x;
-#if JAX_NVFP4_V2_TREC
-      const bool have_next = L < total;
-#else
       const bool have_next = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, nxt);
-#endif
       V2_TRACE(cw == 0 && lane == 0, ti, 2);
       if (BTMAX >= 256) {
-        consumer_epilogue<(BTMAX >= 256 ? 256 : 32), BTMAX>(acc, p, t, r0, epi);
+        consumer_epilogue<(BTMAX >= 256 ? 256 : 32), BTMAX>(acc, p, t, r0);
       } else if (BTMAX >= 128 && t.rows > 64) {
-        consumer_epilogue<(BTMAX >= 128 ? 128 : 32), BTMAX>(acc, p, t, r0, epi);
+        consumer_epilogue<(BTMAX >= 128 ? 128 : 32), BTMAX>(acc, p, t, r0);
       } else if (BTMAX >= 64 && t.rows > 32) {
-        consumer_epilogue<(BTMAX >= 64 ? 64 : 32), BTMAX>(acc, p, t, r0, epi);
+        consumer_epilogue<(BTMAX >= 64 ? 64 : 32), BTMAX>(acc, p, t, r0);
       } else {
-        consumer_epilogue<32, BTMAX>(acc, p, t, r0, epi);
+        consumer_epilogue<32, BTMAX>(acc, p, t, r0);
       }
       V2_TRACE(cw == 0 && lane == 0, ti, 3);
       V2_TRACE_NEXT(ti);
-#if !JAX_NVFP4_V2_TREC
       t = nxt;
-#endif
       have = have_next;
     }
   }
