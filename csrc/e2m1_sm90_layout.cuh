@@ -1,6 +1,6 @@
 // Fragment extraction from the sm90 load-time weight layout (jax_nvfp4/layout.py), shared by the
 // v1 (mma.sync) and v2 (wgmma) kernels: both use the same m16k16 A-fragment register mapping; and
-// the bf16x2 multiply both kernels scale their fragments with.
+// the bf16x2 multiply and byte permute both kernels use.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +31,14 @@ __device__ __forceinline__ void e2m1_sm90_word(uint32_t w, uint32_t& a0, uint32_
   a2 = w & 0x06070607u;
   a3 = w & 0x38003800u;
 #endif
+}
+
+// Byte permute (PTX prmt.b32): byte i of the result is byte (sel >> 4i) & 7 of the eight bytes
+// {a (bytes 0-3), b (bytes 4-7)}.
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
 }
 
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {

@@ -105,12 +105,6 @@ __device__ __forceinline__ uint32_t e2m1_pair(uint32_t q) {
   return (v & 0x80008000u) | ((v >> 6) & 0x01C001C0u);
 }
 
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
-
 // e4m3 byte -> bf16x2 (duplicated) of scale * 2^119 (exact; 448 * 2^119 < bf16 max).
 __device__ __forceinline__ uint32_t scale_pair(uint8_t b) {
   __half_raw hr = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3);

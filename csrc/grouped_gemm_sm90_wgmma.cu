@@ -191,11 +191,6 @@ __device__ __forceinline__ uint4 lds128(uint32_t a) {
   asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
   return v;
 }
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
 // bf16x2 (e2m1 * 2^-126) of the two codes of byte t of w; sel = t | t << 4 | t << 8 | (4 + t) << 12.
 __device__ __forceinline__ uint32_t e2m1_byte_pair(uint32_t w, uint32_t sel) {
   const uint32_t u = prmt(w << 4, w, sel);
@@ -297,6 +292,27 @@ __device__ __forceinline__ bool find_tile(int L, int total, const int* __restric
 }
 
 // ---------------------------------------------------------------------------------------------
+// Runs STMT with constexpr NN = the smallest WGMMA N covering a tile of `rows` rows, for the
+// mainloop and the epilogue alike (every branch is warpgroup-uniform). A 256-token tile runs
+// N = 256 whatever its rows: any second branch beside it makes ptxas serialize the wgmmas (C7512).
+// (A macro, not a helper taking a lambda: the lambda version changed the kernels' SASS.)
+#define V2_WITH_TILE_N(BTMAX, rows, STMT)                  \
+  do {                                                     \
+    if (BTMAX >= 256) {                                    \
+      constexpr int NN = BTMAX >= 256 ? 256 : 32;          \
+      STMT;                                                \
+    } else if (BTMAX >= 128 && (rows) > 64) {              \
+      constexpr int NN = BTMAX >= 128 ? 128 : 32;          \
+      STMT;                                                \
+    } else if (BTMAX >= 64 && (rows) > 32) {               \
+      constexpr int NN = BTMAX >= 64 ? 64 : 32;            \
+      STMT;                                                \
+    } else {                                               \
+      constexpr int NN = 32;                               \
+      STMT;                                                \
+    }                                                      \
+  } while (0)
+
 // Consumer: one tile's mainloop with WGMMA N = NN. Consumes KT stages starting at (s, ph).
 template <int NN, int BTMAX, int STAGES, bool SM90L>
 __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
@@ -649,36 +665,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     while (have) {
       V2_TRACE(cw == 0 && lane == 0, ti, 0);
       long long waited = 0;
-      // smallest WGMMA N covering the tile's rows (every branch is warpgroup-uniform); a 256-token
-      // tile runs N = 256 whatever its rows: any second branch beside it makes ptxas serialize the
-      // wgmmas (C7512)
-      if (BTMAX >= 256) {
-        consumer_mainloop<(BTMAX >= 256 ? 256 : 32), BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph,
-                                                                 waited);
-      } else if (BTMAX >= 128 && t.rows > 64) {
-        consumer_mainloop<(BTMAX >= 128 ? 128 : 32), BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph,
-                                                                 waited);
-      } else if (BTMAX >= 64 && t.rows > 32) {
-        consumer_mainloop<(BTMAX >= 64 ? 64 : 32), BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph,
-                                                                 waited);
-      } else {
-        consumer_mainloop<32, BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph,
-                                                                 waited);
-      }
+      V2_WITH_TILE_N(BTMAX, t.rows, (consumer_mainloop<NN, BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph, waited)));
       V2_TRACE(cw == 0 && lane == 0, ti, 1);
       V2_TRACE_VALUE(cw == 0 && lane == 0, ti, 6, static_cast<unsigned long long>(waited));
       L += gridDim.x;
       const bool have_next = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, nxt);
       V2_TRACE(cw == 0 && lane == 0, ti, 2);
-      if (BTMAX >= 256) {
-        consumer_epilogue<(BTMAX >= 256 ? 256 : 32), BTMAX>(acc, p, t, r0);
-      } else if (BTMAX >= 128 && t.rows > 64) {
-        consumer_epilogue<(BTMAX >= 128 ? 128 : 32), BTMAX>(acc, p, t, r0);
-      } else if (BTMAX >= 64 && t.rows > 32) {
-        consumer_epilogue<(BTMAX >= 64 ? 64 : 32), BTMAX>(acc, p, t, r0);
-      } else {
-        consumer_epilogue<32, BTMAX>(acc, p, t, r0);
-      }
+      V2_WITH_TILE_N(BTMAX, t.rows, (consumer_epilogue<NN, BTMAX>(acc, p, t, r0)));
       V2_TRACE(cw == 0 && lane == 0, ti, 3);
       V2_TRACE_NEXT(ti);
       t = nxt;
@@ -687,6 +680,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 #endif
 }
+
+#undef V2_WITH_TILE_N
 
 // ---------------------------------------------------------------------------------------------
 // Host side
