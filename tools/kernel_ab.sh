@@ -10,7 +10,9 @@
 #     layout differs, so that each variant encodes its own
 # Env: KERNEL (mma | wgmma | both, default mma), LAYOUTS (default "checkpoint sm90"), ROUNDS (2),
 # CUTLASS_INC (default .cutlass_hdr), ONLY (bench cases, e.g. "L1-192 L2-192"; one build for all),
-# DEADLINE (seconds: no new bench run after it; the table still prints). Logs in $OUT.
+# DEADLINE (seconds: no new bench run after it; the table still prints), SUSTAIN (ms: bench under
+# sustained back-to-back load, where the H200 runs at its power cap at 24576 rows, as the JAX
+# benchmark does; default: short synchronized bursts). Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-kernel-ab-out}; mkdir -p "$out"
@@ -54,7 +56,8 @@ for r in $(seq "$rounds"); do for i in "${!variants[@]}"; do for L in $layouts; 
   only=(); [ "$c" = all ] || only=(--only "$c")
   # DEADLINE (seconds of this script): skip the remaining runs, still print the table of what ran
   if [ -n "${DEADLINE:-}" ] && [ "$SECONDS" -ge "$DEADLINE" ]; then echo "deadline: skipped round $r variant $i $c"; continue; fi
-  timeout 120 /tmp/ab_$i --bench-only --no-sweep --kernel "$k" --layout "$L" "${only[@]}" >"$out/bench_${i}_${L}_${r}_$c.log" 2>&1
+  sus=(); [ -n "${SUSTAIN:-}" ] && sus=(--sustain "$SUSTAIN")
+  timeout 120 /tmp/ab_$i --bench-only --no-sweep --kernel "$k" --layout "$L" "${only[@]}" "${sus[@]}" >"$out/bench_${i}_${L}_${r}_$c.log" 2>&1
 done; done; done; done
 python3 - "$out" "${#variants[@]}" <<'PY'
 import collections, glob, os, re, sys
