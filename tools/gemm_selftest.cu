@@ -376,36 +376,22 @@ static std::vector<BenchRow> best_table;
 static std::vector<float> time_launches(const GroupedGemmParams& p, cudaEvent_t e0, cudaEvent_t e1) {
   for (int i = 0; i < 3; ++i) CK(launch(p, 0));
   CK(cudaDeviceSynchronize());
-  std::vector<float> t;
-  if (g_sustain_ms > 0) {
+  auto per_call = [&](int n) {  // ms per call of n back-to-back launches
     CK(cudaEventRecord(e0, 0));
-    CK(launch(p, 0));
-    CK(cudaEventRecord(e1, 0));
-    CK(cudaEventSynchronize(e1));
-    float one;
-    CK(cudaEventElapsedTime(&one, e0, e1));
-    const int batch = std::max(5, static_cast<int>(g_sustain_ms / 5 / std::max(one, 1e-3f)));
-    for (int i = 0; i < 5 * batch; ++i) CK(launch(p, 0));  // heat: ~MS ms
-    for (int b = 0; b < 5; ++b) {
-      CK(cudaEventRecord(e0, 0));
-      for (int i = 0; i < batch; ++i) CK(launch(p, 0));
-      CK(cudaEventRecord(e1, 0));
-      CK(cudaEventSynchronize(e1));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      t.push_back(ms / static_cast<float>(batch));
-    }
-    std::sort(t.begin(), t.end());
-    return t;
-  }
-  for (int i = 0; i < 20; ++i) {
-    CK(cudaEventRecord(e0, 0));
-    CK(launch(p, 0));
+    for (int i = 0; i < n; ++i) CK(launch(p, 0));
     CK(cudaEventRecord(e1, 0));
     CK(cudaEventSynchronize(e1));
     float ms;
     CK(cudaEventElapsedTime(&ms, e0, e1));
-    t.push_back(ms);
+    return ms / static_cast<float>(n);
+  };
+  std::vector<float> t;
+  if (g_sustain_ms > 0) {
+    const int batch = std::max(5, static_cast<int>(g_sustain_ms / 5 / std::max(per_call(1), 1e-3f)));
+    for (int i = 0; i < 5 * batch; ++i) CK(launch(p, 0));  // heat: ~MS ms
+    for (int b = 0; b < 5; ++b) t.push_back(per_call(batch));
+  } else {
+    for (int i = 0; i < 20; ++i) t.push_back(per_call(1));
   }
   std::sort(t.begin(), t.end());
   return t;
