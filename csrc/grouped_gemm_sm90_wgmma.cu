@@ -111,14 +111,6 @@ constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales
 #ifndef JAX_NVFP4_V2_DIAG
 #define JAX_NVFP4_V2_DIAG 0
 #endif
-// Experiment (session 11; compiled, not run): the scale warps zero the activation rows a partial
-// tile's wgmmas read past the group's end (the next group's rows, or a stale tile's) before their
-// `ready` arrive. At 24576 rows the kernel runs at the H200's power cap and the tensor cores draw
-// less on zero operands (all-zero activations: -19% sustained); padded rows are ~18% of the work
-// there. Measure under sustained load (`SUSTAIN=1000 tools/kernel_ab.sh`): bursts do not cap.
-#ifndef JAX_NVFP4_V2_ZEROPAD
-#define JAX_NVFP4_V2_ZEROPAD 0
-#endif
 // 3 (tools only, results correct): clock64 trace of the tile switches (GroupedGemmWgmmaSetTrace;
 // self-test --trace): per tile of each CTA, slots 0-3 = first consumer warp before its mainloop,
 // after it, after the next tile's lookup, after the epilogue; slots 4-5 = the weight loader at the
@@ -582,10 +574,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       int gcur = 0;
       Tile t;
       for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t); L += gridDim.x) {
-#if JAX_NVFP4_V2_ZEROPAD
-        int nn = 32;  // the token rows the tile's wgmmas read (V2_WITH_TILE_N's choice)
-        V2_WITH_TILE_N(BTMAX, t.rows, (nn = NN));
-#endif
+        const int zbox = min(BTMAX, (t.rows + kBoxT - 1) / kBoxT * kBoxT);  // rows the TMA rewrites
 #pragma unroll 1
         for (int kt = 0; kt < KT; ++kt) {
           mbar_wait(full0 + s * 8, ph);
@@ -603,17 +592,23 @@ __global__ void __launch_bounds__(kThreads, 1)
           asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(st + C::kS2Off + 32 * c + 16), "r"(o[4]),
                        "r"(o[5]), "r"(o[6]), "r"(o[7])
                        : "memory");
-#if JAX_NVFP4_V2_ZEROPAD
-          // rows [t.rows, nn) of the activation tile: 128 bytes each (the 128-byte swizzle
-          // permutes 16-byte chunks within a row), 8 chunks per row over the 64 scale-warp lanes
-          for (int q = c; q < (nn - t.rows) * 8; q += kScaleWarps * 32)
-            asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(st + C::kActOff + (t.rows * 8 + q) * 16),
-                         "r"(0u)
-                         : "memory");
-          // the wgmmas read the tile through the async proxy (and the next TMA into this stage
-          // writes through it): order these generic-proxy stores before both
-          if (nn > t.rows) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
+          if (BTMAX == 256) {
+            // Zero the activation rows the tile's N = 256 wgmmas read past the group's end (the
+            // next group's rows, or a stale tile's), 128 bytes per row (the swizzle permutes
+            // 16-byte chunks within a row): this kernel runs at the H200's power cap (24576 rows)
+            // and the tensor cores draw less on zero operands, so through JAX it is 3-5% faster
+            // with bitwise-equal outputs (session 12). Rows [zbox, 256) stay zero after a stage's
+            // first visit in the tile; later visits zero only what the TMA boxes rewrite. (Every
+            // tile of every kernel, every k-tile: +9..15% at 1536 rows.)
+            const int zhi = kt < STAGES ? BTMAX : zbox;
+            for (int q = c; q < (zhi - t.rows) * 8; q += kScaleWarps * 32)
+              asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(st + C::kActOff + (t.rows * 8 + q) * 16),
+                           "r"(0u)
+                           : "memory");
+            // the wgmmas read the tile through the async proxy (and the next TMA into this stage
+            // writes through it): order these generic-proxy stores before both
+            if (zhi > t.rows) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+          }
           mbar_arrive(ready0 + s * 8);
           advance_stage<STAGES>(s, ph);
         }
