@@ -111,6 +111,21 @@ constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales
 #ifndef JAX_NVFP4_V2_DIAG
 #define JAX_NVFP4_V2_DIAG 0
 #endif
+// CTAs per cluster of the 256-token kernel (JAX_NVFP4_V2_CLUSTER) and of the 128-token one
+// (JAX_NVFP4_V2_CLUSTER128). 2: pairs of CTAs take adjacent weight tiles of one (group, token
+// tile) and each TMA-multicasts half of the activation boxes into both, halving the activation
+// reads from L2. At 24576 rows the kernel runs at the H200's power cap and the activation loads
+// are ~40% of its energy, so through JAX -6% there (session 12); at 1536 rows (not power-capped)
+// pairing costs +4..5%, so the 128-token kernel keeps single CTAs (docs/perf-notes.md).
+#ifndef JAX_NVFP4_V2_CLUSTER
+#define JAX_NVFP4_V2_CLUSTER 2
+#endif
+#ifndef JAX_NVFP4_V2_CLUSTER128
+#define JAX_NVFP4_V2_CLUSTER128 1
+#endif
+static_assert((JAX_NVFP4_V2_CLUSTER == 1 || JAX_NVFP4_V2_CLUSTER == 2) &&
+                  (JAX_NVFP4_V2_CLUSTER128 == 1 || JAX_NVFP4_V2_CLUSTER128 == 2),
+              "JAX_NVFP4_V2_CLUSTER and JAX_NVFP4_V2_CLUSTER128 must be 1 or 2");
 // 3 (tools only, results correct): clock64 trace of the tile switches (GroupedGemmWgmmaSetTrace;
 // self-test --trace): per tile of each CTA, slots 0-3 = first consumer warp before its mainloop,
 // after it, after the next tile's lookup, after the epilogue; slots 4-5 = the weight loader at the
@@ -185,6 +200,45 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
           dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
       : "memory");
+}
+// The same box multicast into the shared memory of every CTA in ctas (a cluster rank mask), at the
+// same offset, completing on each CTA's mbarrier at offset bar.
+__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0,
+                                                      int c1, uint16_t ctas) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
+      "%4}], [%2], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "h"(ctas)
+      : "memory");
+}
+// Arrive on the mbarrier at offset bar in the shared memory of cluster CTA `rank` (this CTA's own
+// rank included), CTA-scope release as CUTLASS's cluster pipelines do: a .release.cluster arrive
+// per consumer warp and k-tile doubled the k-tile time (session 6).
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
+  asm volatile(
+      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+      "r"(rank)
+      : "memory");
+}
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t cluster_id_x() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t cluster_count_x() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
+  return r;
+}
+// Every thread of the cluster that has not exited (exited threads do not hold it up).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
 __device__ __forceinline__ uint4 lds128(uint32_t a) {
   uint4 v;
@@ -314,7 +368,7 @@ __device__ __forceinline__ bool find_tile(int L, int total, const int* __restric
   } while (0)
 
 // Consumer: one tile's mainloop with WGMMA N = NN. Consumes KT stages starting at (s, ph).
-template <int NN, int BTMAX, int STAGES, bool SM90L>
+template <int NN, int BTMAX, int STAGES, bool SM90L, int CL>
 __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
                                                   int r0, uint32_t sel, int& s, uint32_t& ph,
                                                   long long& waited) {  // DIAG 3 only: clk in waits
@@ -326,6 +380,15 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
   uint32_t frag[2][4][4];
   int prev_s = 0;
   const uint32_t desc_lo0 = static_cast<uint32_t>(smem_desc_sw128(smem_u32(smem) + C::kActOff));
+  // A stage is free once the consumers of every CTA it was multicast to are done with it.
+  auto release = [&](int stage) {
+    if constexpr (CL == 2) {
+      // lane 0 arrives here, lane 1 on the peer: one instruction
+      if (lane < 2) mbar_arrive_cluster(empty0 + stage * 8, cluster_ctarank() ^ static_cast<uint32_t>(lane));
+    } else if (lane == 0) {
+      mbar_arrive(empty0 + stage * 8);
+    }
+  };
 
   auto body = [&](int kt, auto buf_c) {
     constexpr int buf = decltype(buf_c)::value;
@@ -342,7 +405,7 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
     (void)waited;
 #endif
 #if JAX_NVFP4_V2_DIAG == 4 || JAX_NVFP4_V2_DIAG == 5  // diagnostic build: supply only, the stage is released unread (wrong results)
-    if (lane == 0) mbar_arrive(empty0 + s * 8);
+    release(s);
     advance_stage<STAGES>(s, ph);
     (void)buf;
     (void)kt;
@@ -436,7 +499,7 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
     cute::warpgroup_commit_batch();
     fence_acc(acc);
     cute::warpgroup_wait<1>();  // the wgmmas of k-tile kt-1 are done: its stage and fragments are free
-    if (kt > 0 && lane == 0) mbar_arrive(empty0 + prev_s * 8);
+    if (kt > 0) release(prev_s);
     prev_s = s;
     advance_stage<STAGES>(s, ph);
   };
@@ -451,7 +514,7 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
   cute::warpgroup_wait<0>();
   fence_acc(acc);
 #if JAX_NVFP4_V2_DIAG != 4 && JAX_NVFP4_V2_DIAG != 5
-  if (lane == 0) mbar_arrive(empty0 + prev_s * 8);
+  release(prev_s);
 #endif
 }
 
@@ -482,7 +545,7 @@ __device__ __forceinline__ void consumer_epilogue(const float (&acc)[BTMAX / 2],
 }
 
 // ---------------------------------------------------------------------------------------------
-template <int BTMAX, int STAGES, bool SM90L>
+template <int BTMAX, int STAGES, bool SM90L, int CL>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tm_a,
                               const WParams p) {
@@ -504,18 +567,42 @@ __global__ void __launch_bounds__(kThreads, 1)
       // weight cp.async lanes
       mbar_init(full0 + s * 8, 1 + (SM90L ? 0 : 32) + 32);
       mbar_init(ready0 + s * 8, kScaleWarps * 32); // every thread of the scale warps
-      mbar_init(empty0 + s * 8, kConsumerWarps);   // one per consumer warp
+      mbar_init(empty0 + s * 8, kConsumerWarps * CL);  // one per consumer warp of each CTA the stage feeds
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_a)) : "memory");
   }
-  __syncthreads();
+  // With clusters the peer CTA arrives on these barriers and multicasts into this CTA's stages:
+  // it must see them initialized.
+  if constexpr (CL == 2)
+    cluster_sync();
+  else
+    __syncthreads();
 
   const int G = static_cast<int>(p.G);
   const int* prefix = p.ws + kWsPrefix;
   const int* starts = p.ws + ws_start_off(p.G);
   const int* ends = p.ws + ws_end_off(p.G);
-  const int total = __ldcg(p.ws + kWsTotalTiles) * p.NT;
+  // Clusters of CL CTAs take the same (group, token tile) with adjacent n-tiles, so that the
+  // activation tile is read from L2 once for both (multicast): cluster c walks tile pairs c, c +
+  // #clusters, ...; CTA rank r takes n-tile CL * pair + r (past N when NT is odd: the weights and
+  // scales are then read from the tensor's start and the epilogue stores nothing).
+  const int NTc = (p.NT + CL - 1) / CL;
+  const int total = __ldcg(p.ws + kWsTotalTiles) * NTc;
+  const int rank = CL == 2 ? static_cast<int>(cluster_ctarank()) : 0;
+  const int L0 = CL == 2 ? static_cast<int>(cluster_id_x()) : static_cast<int>(blockIdx.x);
+  const int Lstep = CL == 2 ? static_cast<int>(cluster_count_x()) : static_cast<int>(gridDim.x);
+  auto next_tile = [&](int L, int& gcur, Tile& t) {
+    if (!find_tile(L, total, prefix, starts, ends, G, NTc, BTMAX, gcur, t)) return false;
+    if constexpr (CL == 2) t.n0 = t.n0 * CL + rank * kRowsW;
+    return true;
+  };
+// The CL = 1 kernels walk their tiles with the expressions they had before clusters existed
+// (hoisting blockIdx.x or calling the lambda changed their SASS; these leave it identical).
+#define V2_FIRST_TILE (CL == 2 ? L0 : static_cast<int>(blockIdx.x))
+#define V2_TILE_STEP (CL == 2 ? Lstep : static_cast<int>(gridDim.x))
+#define V2_NEXT_TILE(L, gcur, t) \
+  (CL == 2 ? next_tile(L, gcur, t) : find_tile(L, total, prefix, starts, ends, G, NTc, BTMAX, gcur, t))
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int KT = p.KT;
@@ -532,14 +619,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       int gcur = 0;
       Tile t;
       V2_TRACE_COUNTER(ti);
-      for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t); L += gridDim.x) {
+      for (int L = V2_FIRST_TILE; V2_NEXT_TILE(L, gcur, t); L += V2_TILE_STEP) {
         // Checkpoint layout: lane pairs copy one row's 32 bytes (two 16-byte halves), 16 rows per
         // instruction. sm90 layout: the k-tile's block is 4096 contiguous bytes (the tile's blocks
         // follow each other; N % 128 == 0), 512 per instruction, landing in the same order. (One
         // 4096-byte bulk copy from lane 0 instead measured -3..+3%: session 7, docs/perf-notes.md.)
         const int half = lane & 1;
-        const uint8_t* base = p.rhs + (static_cast<int64_t>(t.g) * N + t.n0) * KH + 16 * half;
-        const int rows_ok = static_cast<int>(N - t.n0 < kRowsW ? N - t.n0 : kRowsW);
+        const int rows_ok = static_cast<int>(N - t.n0 < kRowsW ? N - t.n0 : kRowsW);  // <= 0: a cluster's spare n-tile
+        const uint8_t* base =
+            (CL == 1 || rows_ok > 0 ? p.rhs + (static_cast<int64_t>(t.g) * N + t.n0) * KH : p.rhs) + 16 * half;
         V2_TRACE(lane == 0, ti, 4);
 #pragma unroll 1
         for (int kt = 0; kt < KT; ++kt) {
@@ -573,7 +661,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t ph = 0;
       int gcur = 0;
       Tile t;
-      for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t); L += gridDim.x) {
+      for (int L = V2_FIRST_TILE; V2_NEXT_TILE(L, gcur, t); L += V2_TILE_STEP) {
         const int zbox = min(BTMAX, (t.rows + kBoxT - 1) / kBoxT * kBoxT);  // rows the TMA rewrites
 #pragma unroll 1
         for (int kt = 0; kt < KT; ++kt) {
@@ -620,7 +708,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t ph = 0;
     int gcur = 0;
     Tile t;
-    for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t); L += gridDim.x) {
+    for (int L = V2_FIRST_TILE; V2_NEXT_TILE(L, gcur, t); L += V2_TILE_STEP) {
       // Only the 32-row boxes that hold the tile's rows. (Loading just ceil(rows / 8) * 8 rows with
       // extra 8-row boxes did not speed up decode and slowed 1536 rows by 13%: more TMA issues.)
 #if JAX_NVFP4_V2_DIAG == 5 || JAX_NVFP4_V2_DIAG == 6
@@ -631,7 +719,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       // sm90 layout: the tile's k-tile scales are one 512-byte record (bulk copy, on the same bytes)
       const uint32_t bytes = nb * (kBoxT * kBK * 2) + (SM90L && JAX_NVFP4_V2_DIAG != 6 ? 512u : 0u);
       const int row0 = static_cast<int>(t.row0);
-      const uint8_t* srec = p.rhs_scales + (static_cast<int64_t>(t.g) * N + t.n0) * KS;
+      const uint8_t* srec = CL == 1 || t.n0 < N ? p.rhs_scales + (static_cast<int64_t>(t.g) * N + t.n0) * KS
+                                                : p.rhs_scales;  // a cluster's spare n-tile
       // per-lane scale rows: lane, lane+32, lane+64, lane+96
       const uint8_t* ssrc[4];
       uint32_t sbytes[4];
@@ -648,9 +737,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         uint8_t* st = smem + s * C::kStage;
         const uint32_t full = full0 + s * 8;
         if (lane == 0) {
-          mbar_arrive_expect_tx(full, bytes);
-          for (int b = 0; b < nb; ++b)
-            tma_load_2d(smem_u32(st + C::kActOff + b * (kBoxT * kBK * 2)), &tm_a, full, kt * kBK, row0 + b * kBoxT);
+          mbar_arrive_expect_tx(full, bytes);  // every box lands here; with clusters half come from the peer
+          if constexpr (CL == 2) {
+            for (int b = rank; b < nb; b += 2)
+              tma_load_2d_multicast(smem_u32(st + C::kActOff + b * (kBoxT * kBK * 2)), &tm_a, full, kt * kBK,
+                                    row0 + b * kBoxT, 0x3);
+          } else {
+            for (int b = 0; b < nb; ++b)
+              tma_load_2d(smem_u32(st + C::kActOff + b * (kBoxT * kBK * 2)), &tm_a, full, kt * kBK,
+                          row0 + b * kBoxT);
+          }
           if constexpr (SM90L && JAX_NVFP4_V2_DIAG != 6) bulk_load(smem_u32(st + C::kSOff), srec + static_cast<int64_t>(kt) * 512, 512, full);
         }
         if constexpr (!SM90L) {
@@ -677,17 +773,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t ph = 0;
     int gcur = 0;
     Tile t, nxt;
-    int L = blockIdx.x;
-    bool have = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, t);
+    int L = V2_FIRST_TILE;
+    bool have = V2_NEXT_TILE(L, gcur, t);
     V2_TRACE_COUNTER(ti);
     while (have) {
       V2_TRACE(cw == 0 && lane == 0, ti, 0);
       long long waited = 0;
-      V2_WITH_TILE_N(BTMAX, t.rows, (consumer_mainloop<NN, BTMAX, STAGES, SM90L>(acc, smem, bar_base, KT, r0, sel, s, ph, waited)));
+      V2_WITH_TILE_N(BTMAX, t.rows, (consumer_mainloop<NN, BTMAX, STAGES, SM90L, CL>(acc, smem, bar_base, KT, r0, sel, s, ph, waited)));
       V2_TRACE(cw == 0 && lane == 0, ti, 1);
       V2_TRACE_VALUE(cw == 0 && lane == 0, ti, 6, static_cast<unsigned long long>(waited));
-      L += gridDim.x;
-      const bool have_next = find_tile(L, total, prefix, starts, ends, G, p.NT, BTMAX, gcur, nxt);
+      L += V2_TILE_STEP;
+      const bool have_next = V2_NEXT_TILE(L, gcur, nxt);
       V2_TRACE(cw == 0 && lane == 0, ti, 2);
       V2_WITH_TILE_N(BTMAX, t.rows, (consumer_epilogue<NN, BTMAX>(acc, p, t, r0)));
       V2_TRACE(cw == 0 && lane == 0, ti, 3);
@@ -695,11 +791,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       t = nxt;
       have = have_next;
     }
+    // The peer still arrives on this CTA's empty barriers and multicasts into its stages until
+    // its last k-tile: stay resident until it is done (exited producer warps do not hold this up).
+    if constexpr (CL == 2) cluster_sync();
   }
 #endif
 }
 
 #undef V2_WITH_TILE_N
+#undef V2_FIRST_TILE
+#undef V2_TILE_STEP
+#undef V2_NEXT_TILE
 
 // ---------------------------------------------------------------------------------------------
 // Host side
@@ -734,10 +836,10 @@ int num_sms() {
   return sms;
 }
 
-template <int BTMAX, int STAGES, bool SM90L>
+template <int BTMAX, int STAGES, bool SM90L, int CL = 1>
 cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStream_t stream) {
   using C = WCfg<BTMAX, STAGES>;
-  auto kernel = grouped_gemm_wgmma_kernel<BTMAX, STAGES, SM90L>;
+  auto kernel = grouped_gemm_wgmma_kernel<BTMAX, STAGES, SM90L, CL>;
   static std::atomic<uint64_t> done_mask{0};
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -762,8 +864,37 @@ cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStre
                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return cudaErrorInvalidValue;
   }
-  kernel<<<num_sms(), kThreads, C::kSmem, stream>>>(tm_a, wp);
-  return cudaGetLastError();
+  if constexpr (CL == 1) {
+    kernel<<<num_sms(), kThreads, C::kSmem, stream>>>(tm_a, wp);
+    return cudaGetLastError();
+  } else {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = CL;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = C::kSmem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    // Persistent grid: as many clusters as fit at once (pairs of SMs of one GPC), queried once per
+    // device.
+    static std::atomic<int> clusters[64];
+    int ncl = dev < 64 ? clusters[dev].load(std::memory_order_relaxed) : 0;
+    if (ncl <= 0) {
+      cfg.gridDim = dim3(num_sms() / CL * CL);
+      e = cudaOccupancyMaxActiveClusters(&ncl, kernel, &cfg);
+      if (e != cudaSuccess) return e;
+      if (ncl <= 0) return cudaErrorNotSupported;
+      if (dev < 64) clusters[dev].store(ncl, std::memory_order_relaxed);
+    }
+    cfg.gridDim = dim3(ncl * CL);
+    e = cudaLaunchKernelEx(&cfg, kernel, tm_a, wp);
+    if (e != cudaSuccess) return e;
+    return cudaGetLastError();
+  }
 }
 
 // Stage bytes: 11 KB (32), 15 KB (64), 23 KB (128), 39 KB (256). The small tiles exist for depth:
@@ -773,9 +904,9 @@ cudaError_t launch_for_tile(int BT, const GroupedGemmParams& p, const WParams& w
   if (BT == 32) return launch_wgmma<32, 20, SM90L>(p, wp, stream);
   if (BT == 64) return launch_wgmma<64, 12, SM90L>(p, wp, stream);
 #if JAX_NVFP4_V2_BT256
-  if (BT == 256) return launch_wgmma<256, 5, SM90L>(p, wp, stream);
+  if (BT == 256) return launch_wgmma<256, 5, SM90L, JAX_NVFP4_V2_CLUSTER>(p, wp, stream);
 #endif
-  return launch_wgmma<128, 8, SM90L>(p, wp, stream);
+  return launch_wgmma<128, 8, SM90L, JAX_NVFP4_V2_CLUSTER128>(p, wp, stream);
 }
 
 int pick_btmax(const GroupedGemmParams& p) {
