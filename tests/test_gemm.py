@@ -89,6 +89,9 @@ SHAPES = [  # (M, N, K, group sizes)
     (2048, 256, 1024, [900, 4, 0, 600, 300, 244]),
     # >= 384 rows per group on average: v2's 256-token tiles (full, partial, and a group of < 32 rows)
     (3072, 256, 512, [1000, 0, 1500, 300, 200, 20]),
+    # the same with 3 weight tiles of 128 (N tail): 256-token tiles run as 2-CTA clusters on pairs
+    # of weight tiles, so the last pair has a spare tile that must store nothing
+    (3072, 300, 256, [1000, 0, 1500, 300, 200, 20]),
     # more groups than a CTA has threads (v1: 128 at token tiles 16-64, 256 at 128): the tile ->
     # group lookup counts in rounds (a V4-Pro layer on one GPU has 384 experts)
     (1200, 128, 64, _many_groups(384, 1150, seed=1)),   # ~3 rows each: v1, token tile 16
@@ -196,6 +199,7 @@ SM90_SHAPES = [  # (M, N, K, group sizes); the sm90 layout needs N % 128 == 0 an
     (200, 128, 64, list(np.diff(np.linspace(0, 190, 17).astype(int)))),  # G = 16
     (2048, 256, 1024, [900, 4, 0, 600, 300, 244]),   # several 128-row token tiles per group
     (3072, 256, 512, [1000, 0, 1500, 300, 200, 20]),  # >= 384 rows per group: 256-token tiles
+    (3072, 384, 256, [1000, 0, 1500, 300, 200, 20]),  # the same, odd weight tiles: a cluster's spare
     (1200, 128, 64, _many_groups(384, 1150, seed=4)),   # G > threads per CTA (v1, tile 16)
 ]
 
