@@ -8,6 +8,8 @@
 // Usage: gemm_selftest [--small] [--no-bench] [--bench-only] [--no-sweep] [--seed S] [--kernel mma|wgmma|both] [--only L1-1536]
 //                      [--force BT]  (bench only that token tile)
 //                      [--sustain MS]  (bench under sustained back-to-back load, ~2 x MS ms per case)
+//                      [--lognormal]  (bench group sizes with log-normal weights, as python -m
+//                                      jax_nvfp4.bench draws them, instead of u^3 with ~20% empty)
 //                      [--layout sm90]  (weights in the sm90 load-time layout: W4A16 cases only)
 //                      [--kscan]  (v2 W4A16 time against K: per-k-tile vs per-tile cost)
 //                      [--trace L1-192]  (build with -DJAX_NVFP4_V2_DIAG=3: clock64 trace of v2's tile switches)
@@ -108,7 +110,7 @@ static GroupedGemmParams make_params(const void* lhs, const void* lhs_s, const v
   return p;
 }
 
-enum GsMode { kSkewEmpty, kOneGroupAll, kNegative, kOversized, kExact };
+enum GsMode { kSkewEmpty, kOneGroupAll, kNegative, kOversized, kExact, kLogNormal };
 
 static std::vector<int32_t> make_group_sizes(Rng& r, int64_t M, int64_t G, GsMode mode) {
   std::vector<int32_t> gs(G, 0);
@@ -116,13 +118,18 @@ static std::vector<int32_t> make_group_sizes(Rng& r, int64_t M, int64_t G, GsMod
     gs[r.range(0, static_cast<int>(G - 1))] = static_cast<int32_t>(M);
     return gs;
   }
-  int64_t target = mode == kExact ? M : (mode == kOversized ? M + M / 3 + 5 : M - std::max<int64_t>(1, M / 7));
+  int64_t target = mode == kExact || mode == kLogNormal ? M
+                   : (mode == kOversized ? M + M / 3 + 5 : M - std::max<int64_t>(1, M / 7));
   if (target < 0) target = 0;
   std::vector<double> w(G);
   double sw = 0;
   for (auto& x : w) {
-    double u = r.uni();
-    x = (r.uni() < 0.2) ? 0.0 : u * u * u + 0.01;  // skewed, ~20% empty
+    if (mode == kLogNormal) {
+      x = std::exp(r.normal());  // the JAX benchmark's weights (it then draws a multinomial)
+    } else {
+      double u = r.uni();
+      x = (r.uni() < 0.2) ? 0.0 : u * u * u + 0.01;  // skewed, ~20% empty
+    }
     sw += x;
   }
   if (sw == 0) { w[0] = 1; sw = 1; }
@@ -154,6 +161,7 @@ static const char* mode_name(GsMode m) {
     case kNegative: return "negative size";
     case kOversized: return "oversized (clamped)";
     case kExact: return "sum==M";
+    case kLogNormal: return "log-normal, sum==M";
   }
   return "?";
 }
@@ -365,6 +373,7 @@ struct BenchRow {
 static int g_sweep = 1;
 static const char* g_only = nullptr;  // --only L1-1536: bench just that case (for profilers)
 static int g_force_bt = 0;             // --force 128: bench only this token tile (for profilers)
+static GsMode g_bench_sizes = kExact;  // --lognormal: kLogNormal
 static int g_sustain_ms = 0;           // --sustain 1000: time back-to-back launches under sustained load
 static std::vector<BenchRow> best_table;
 
@@ -399,6 +408,7 @@ static std::vector<float> time_launches(const GroupedGemmParams& p, cudaEvent_t 
 
 static void bench(std::vector<BenchRow>& table) {
   const int64_t G = 48;
+  std::printf("bench group sizes: %s\n", mode_name(g_bench_sizes));
   const int64_t shapes[2][2] = {{7168, 6144}, {3072, 7168}};  // (K, N) for L1, L2
   const int64_t rows_list[4] = {192, 1536, 6144, 24576};
   const int64_t maxKH = 7168 / 2, maxN = 7168;
@@ -456,7 +466,7 @@ static void bench(std::vector<BenchRow>& table) {
     for (int64_t rows : rows_list) {
       if (g_only && std::string(g_only) != std::string(li == 0 ? "L1-" : "L2-") + std::to_string(rows)) continue;
       Rng r(1000 + rows + li);
-      std::vector<int32_t> gs = make_group_sizes(r, rows, G, kExact);
+      std::vector<int32_t> gs = make_group_sizes(r, rows, G, g_bench_sizes);
       CK(cudaMemcpy(d_gs, gs.data(), G * 4, cudaMemcpyHostToDevice));
       for (int fp4 = 0; fp4 < 2; ++fp4) {
         GroupedGemmParams p = make_params(d_lhs, d_lhs_s, d_rhs, d_rhs_s, d_alpha, d_gs, d_out, d_ws,
@@ -552,7 +562,7 @@ static void kscan() {
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   for (int64_t rows : {192, 1536, 24576}) {
     Rng r(1000 + rows);
-    const std::vector<int32_t> gs = make_group_sizes(r, rows, G, kExact);
+    const std::vector<int32_t> gs = make_group_sizes(r, rows, G, g_bench_sizes);
     for (int64_t K : {1024, 2048, 3072, 4096, 7168}) {
       const GroupedGemmParams p = buf.params(gs, rows, N, K);
       const int bt = tile_of(p);
@@ -585,7 +595,7 @@ static void trace_case(const char* name) {
   unsigned long long* d_tr;
   CK(cudaMalloc(&d_tr, ntr * 8));
   Rng r(1000 + rows);
-  const GroupedGemmParams p = buf.params(make_group_sizes(r, rows, G, kExact), rows, N, K);
+  const GroupedGemmParams p = buf.params(make_group_sizes(r, rows, G, g_bench_sizes), rows, N, K);
   CK(jax_nvfp4::GroupedGemmWgmmaSetTrace(d_tr));
   CK(launch(p, 0));  // warm-up
   CK(cudaMemset(d_tr, 0, ntr * 8));
@@ -638,6 +648,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) g_only = argv[++i];
     else if (!std::strcmp(argv[i], "--force") && i + 1 < argc) g_force_bt = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--sustain") && i + 1 < argc) g_sustain_ms = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--lognormal")) g_bench_sizes = kLogNormal;
     else if (!std::strcmp(argv[i], "--layout") && i + 1 < argc) {
       const char* l = argv[++i];
       if (!std::strcmp(l, "sm90")) g_layout = true;

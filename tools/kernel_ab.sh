@@ -12,7 +12,8 @@
 # CUTLASS_INC (default .cutlass_hdr), ONLY (bench cases, e.g. "L1-192 L2-192"; one build for all),
 # DEADLINE (seconds: no new bench run after it; the table still prints), SUSTAIN (ms: bench under
 # sustained back-to-back load, where the H200 runs at its power cap at 24576 rows, as the JAX
-# benchmark does; default: short synchronized bursts). Logs in $OUT.
+# benchmark does; default: short synchronized bursts), LOGNORMAL (non-empty: the JAX benchmark's
+# log-normal group sizes instead of the harness's u^3 with ~20% empty groups). Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-kernel-ab-out}; mkdir -p "$out"
@@ -57,6 +58,7 @@ for r in $(seq "$rounds"); do for i in "${!variants[@]}"; do for L in $layouts; 
   # DEADLINE (seconds of this script): skip the remaining runs, still print the table of what ran
   if [ -n "${DEADLINE:-}" ] && [ "$SECONDS" -ge "$DEADLINE" ]; then echo "deadline: skipped round $r variant $i $c"; continue; fi
   sus=(); [ -n "${SUSTAIN:-}" ] && sus=(--sustain "$SUSTAIN")
+  [ -n "${LOGNORMAL:-}" ] && sus+=(--lognormal)
   timeout 120 /tmp/ab_$i --bench-only --no-sweep --kernel "$k" --layout "$L" "${only[@]}" "${sus[@]}" >"$out/bench_${i}_${L}_${r}_$c.log" 2>&1
 done; done; done; done
 python3 - "$out" "${#variants[@]}" <<'PY'
