@@ -57,9 +57,9 @@ for r in $(seq "$rounds"); do for i in "${!variants[@]}"; do for L in $layouts; 
   only=(); [ "$c" = all ] || only=(--only "$c")
   # DEADLINE (seconds of this script): skip the remaining runs, still print the table of what ran
   if [ -n "${DEADLINE:-}" ] && [ "$SECONDS" -ge "$DEADLINE" ]; then echo "deadline: skipped round $r variant $i $c"; continue; fi
-  sus=(); [ -n "${SUSTAIN:-}" ] && sus=(--sustain "$SUSTAIN")
-  [ -n "${LOGNORMAL:-}" ] && sus+=(--lognormal)
-  timeout 120 /tmp/ab_$i --bench-only --no-sweep --kernel "$k" --layout "$L" "${only[@]}" "${sus[@]}" >"$out/bench_${i}_${L}_${r}_$c.log" 2>&1
+  extra=(); [ -n "${SUSTAIN:-}" ] && extra=(--sustain "$SUSTAIN")
+  [ -n "${LOGNORMAL:-}" ] && extra+=(--lognormal)
+  timeout 120 /tmp/ab_$i --bench-only --no-sweep --kernel "$k" --layout "$L" "${only[@]}" "${extra[@]}" >"$out/bench_${i}_${L}_${r}_$c.log" 2>&1
 done; done; done; done
 python3 - "$out" "${#variants[@]}" <<'PY'
 import collections, glob, os, re, sys
