@@ -618,6 +618,21 @@ static void trace_case(const char* name) {
       if (e[4] && e[5]) span.push_back(static_cast<double>(e[5] - e[4]) / kt);
       if (ti + 1 < 256 && e[8]) gap.push_back(static_cast<double>(e[8]) - static_cast<double>(e[3]));
     }
+  // Per CTA: clocks from its first tile's mainloop start to its last tile's epilogue end (SM
+  // clocks are not synchronized across SMs, but the persistent CTAs all start together), so
+  // max / mean is the time lost to the tile walk's imbalance at the end.
+  std::vector<double> busy;
+  for (int b = 0; b < sms; ++b) {
+    const unsigned long long* e = &h[static_cast<size_t>(b) * 256 * 8];
+    int last = -1;
+    for (int ti = 0; ti < 256 && e[ti * 8] && e[ti * 8 + 3]; ++ti) last = ti;
+    if (last >= 0) busy.push_back(static_cast<double>(e[last * 8 + 3] - e[0]));
+  }
+  double bmean = 0, bmax = 0, bmin = busy.empty() ? 0 : busy[0];
+  for (double v : busy) bmean += v, bmax = std::max(bmax, v), bmin = std::min(bmin, v);
+  if (!busy.empty()) bmean /= static_cast<double>(busy.size());
+  std::printf("trace %s: %zu CTAs busy (clk) mean %.0f min %.0f max %.0f, max/mean %.3f\n", name, busy.size(), bmean,
+              bmin, bmax, bmean > 0 ? bmax / bmean : 0.0);
   auto med = [](std::vector<double> v) {
     if (v.empty()) return 0.0;
     std::sort(v.begin(), v.end());
