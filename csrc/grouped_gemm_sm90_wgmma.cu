@@ -48,10 +48,11 @@
 // Scheduler (no host sync, empty groups do no work): a setup kernel writes the clamped group row
 // bounds and the prefix sums of ceil(rows_g / BTMAX) token tiles to the workspace (same layout as
 // v1). Linear tile L in [0, P_G * NT) (NT = ceil(N/128)) maps to group g with
-// P_g <= L / NT < P_{g+1}, then n-tile (L - P_g NT) / T_g and token tile (L - P_g NT) % T_g: the
-// token tiles of one (group, n-tile) are adjacent, so concurrently running CTAs share weight tiles
-// in L2, and one group's activations stay in L2 while its n-tiles are walked. The grid is one CTA
-// per SM; CTA b takes tiles b, b + grid, ... Each warp finds g by a forward scan from its last g
+// P_g <= L / NT < P_{g+1}, then (single-CTA kernels) token tile (L - P_g NT) / NT and n-tile
+// (L - P_g NT) % NT, or (the paired 256-token kernel) n-tile (L - P_g NT) / T_g and token tile
+// (L - P_g NT) % T_g: either way the tiles of one group run together, so concurrently running CTAs
+// share its weight tiles and activations in L2 (see find_tile for why the orders differ). The grid
+// is one CTA per SM; CTA b takes tiles b, b + grid, ... Each warp finds g by a forward scan from its last g
 // (32 prefix entries per step, ballot), so the lookup is one or two L2 loads per tile.
 // A tail kernel zeroes rows past the last group, as in v1.
 //
@@ -323,8 +324,17 @@ __device__ __forceinline__ bool find_tile(int L, int total, const int* __restric
   const int p0 = __ldcg(prefix + g);
   const int tg = __ldcg(prefix + g + 1) - p0;
   const int local = L - p0 * NT;
-  const int nt = local / tg;
-  const int tt = local - nt * tg;
+  // Single-CTA kernels (BTMAX <= 128) walk a group's tiles token-tile-major (all n-tiles of token
+  // tile 0, then of token tile 1, ...). n-tile-major with the grid's even stride gave a CTA the
+  // same token-tile parity every round, i.e. the full first tiles of two-tile groups to even CTAs
+  // and the partial second ones to odd CTAs: the busiest CTA ran 7.5% over the mean at 6144 rows,
+  // 3.3% token-tile-major (H200, session 13: -4.2% L1 / -3.5% L2 at 6144 rows, sustained). Both
+  // token tiles of a weight tile still run in the same round of the walk (weight re-reads hit L2)
+  // while groups have at most ~132 / NT token tiles. The 256-token kernel (pairs of CTAs, groups of
+  // 384+ rows with many token tiles) keeps n-tile-major for that reuse.
+  const bool tmajor = BTMAX <= 128;
+  const int nt = tmajor ? local % NT : local / tg;
+  const int tt = tmajor ? local / NT : local - nt * tg;
   const int64_t st = __ldcg(starts + g);
   const int64_t en = __ldcg(ends + g);
   t.g = g;
