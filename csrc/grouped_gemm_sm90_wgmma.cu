@@ -131,7 +131,8 @@ static_assert((JAX_NVFP4_V2_CLUSTER == 1 || JAX_NVFP4_V2_CLUSTER == 2) &&
 // self-test --trace): per tile of each CTA, slots 0-3 = first consumer warp before its mainloop,
 // after it, after the next tile's lookup, after the epilogue; slots 4-5 = the weight loader at the
 // tile's first empty-slot wait and after its last copies; slot 6 = clocks that consumer warp spent
-// in the mainloop waiting for its stages (full / ready barriers): producer-bound time.
+// in the mainloop waiting for its stages (full / ready barriers): producer-bound time, packed as
+// (clocks waiting for full) << 32 | (clocks waiting in all).
 #if JAX_NVFP4_V2_DIAG == 3
 __device__ unsigned long long* g_v2_trace = nullptr;
 constexpr int kTraceTiles = 256;  // tiles per CTA recorded
@@ -395,13 +396,16 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
     // ready[s] completes after full[s] (the scale warps wait for it); waiting on full[s] too is
     // one try_wait that succeeds at once and makes the TMA writes visible to this thread directly.
 #if JAX_NVFP4_V2_DIAG == 3
+    // the trace waits for the data first, then for the scale warps' hop, and packs both times:
+    // (clk waiting for full) << 32 | (clk waiting in all)
     const long long w0 = clock64();
-#endif
+    mbar_wait(full0 + s * 8, ph);
+    const long long w1 = clock64();
+    mbar_wait(ready0 + s * 8, ph);
+    waited += ((w1 - w0) << 32) + (clock64() - w0);
+#else
     mbar_wait(ready0 + s * 8, ph);
     mbar_wait(full0 + s * 8, ph);
-#if JAX_NVFP4_V2_DIAG == 3
-    waited += clock64() - w0;
-#else
     (void)waited;
 #endif
 #if JAX_NVFP4_V2_DIAG == 4 || JAX_NVFP4_V2_DIAG == 5  // diagnostic build: supply only, the stage is released unread (wrong results)

@@ -605,13 +605,14 @@ static void trace_case(const char* name) {
   std::vector<unsigned long long> h(ntr);
   CK(cudaMemcpy(h.data(), d_tr, ntr * 8, cudaMemcpyDeviceToHost));
   const double kt = static_cast<double>(K / 64);
-  std::vector<double> mainl, look, epi, gap, lead, span, wait;
+  std::vector<double> mainl, look, epi, gap, lead, span, wait, wait_full;
   for (int b = 0; b < sms; ++b)
     for (int ti = 0; ti < 256; ++ti) {
       const unsigned long long* e = &h[(static_cast<size_t>(b) * 256 + ti) * 8];
       if (!e[0] || !e[3]) break;
       mainl.push_back(static_cast<double>(e[1] - e[0]) / kt);
-      wait.push_back(static_cast<double>(e[6]) / kt);
+      wait.push_back(static_cast<double>(e[6] & 0xffffffffull) / kt);
+      wait_full.push_back(static_cast<double>(e[6] >> 32) / kt);
       look.push_back(static_cast<double>(e[2] - e[1]));
       epi.push_back(static_cast<double>(e[3] - e[2]));
       if (e[4]) lead.push_back(static_cast<double>(e[0]) - static_cast<double>(e[4]));
@@ -639,11 +640,11 @@ static void trace_case(const char* name) {
     return v[v.size() / 2];
   };
   std::printf("trace %s (%s layout, token tile %d): %zu tiles; medians in clk: mainloop per k-tile %.0f "
-              "(of which waiting for the stage %.0f), next-tile lookup %.0f, epilogue %.0f, gap to next tile "
+              "(of which waiting for the stage %.0f: %.0f for its data, the rest for the scale warps), next-tile lookup %.0f, epilogue %.0f, gap to next tile "
               "%.0f; weight loader started the tile %.0f clk before the consumer and issued at %.0f clk per "
               "k-tile\n",
               name, g_layout ? "sm90" : "checkpoint", tile_of(p), mainl.size(),
-              med(mainl), med(wait), med(look), med(epi), med(gap), med(lead), med(span));
+              med(mainl), med(wait), med(wait_full), med(look), med(epi), med(gap), med(lead), med(span));
   cudaFree(d_tr);
 }
 #endif
