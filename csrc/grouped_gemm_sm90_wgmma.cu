@@ -332,14 +332,11 @@ __device__ __forceinline__ bool find_tile(int L, int total, const int* __restric
   const int p0 = __ldcg(prefix + g);
   const int tg = __ldcg(prefix + g + 1) - p0;
   const int local = L - p0 * NT;
-  // Single-CTA kernels (BTMAX <= 128) walk a group's tiles token-tile-major (all n-tiles of token
-  // tile 0, then of token tile 1, ...). n-tile-major with the grid's even stride gave a CTA the
-  // same token-tile parity every round, i.e. the full first tiles of two-tile groups to even CTAs
-  // and the partial second ones to odd CTAs: the busiest CTA ran 7.5% over the mean at 6144 rows,
-  // 3.3% token-tile-major (H200, session 13: -4.2% L1 / -3.5% L2 at 6144 rows, sustained). Both
-  // token tiles of a weight tile still run in the same round of the walk (weight re-reads hit L2)
-  // while groups have at most ~132 / NT token tiles. The 256-token kernel (pairs of CTAs, groups of
-  // 384+ rows with many token tiles) keeps n-tile-major for that reuse.
+  // Single-CTA kernels (BTMAX <= 128) walk a group's tiles token-tile-major. n-tile-major with the
+  // grid's even stride gave each CTA a fixed token-tile parity, so in two-tile groups the even CTAs
+  // got every full first tile (busiest CTA 7.5% over the mean at 6144 rows, 3.3% now; session 13).
+  // The paired 256-token kernel keeps n-tile-major: its groups have many token tiles, and a weight
+  // tile's re-reads should stay in the same round of the walk (L2).
   const bool tmajor = BTMAX <= 128;
   const int nt = tmajor ? local % NT : local / tg;
   const int tt = tmajor ? local / NT : local - nt * tg;
@@ -634,12 +631,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int L = V2_FIRST_TILE; V2_NEXT_TILE(L, gcur, t); L += V2_TILE_STEP) {
         // Checkpoint layout: lane pairs copy one row's 32 bytes (two 16-byte halves), 16 rows per
         // instruction. sm90 layout: the k-tile's block is 4096 contiguous bytes (the tile's blocks
-        // follow each other; N % 128 == 0), 512 per instruction, landing in the same order. (One
-        // 4096-byte bulk copy from lane 0 instead measured -3..+3%: session 7, docs/perf-notes.md.)
+        // follow each other; N % 128 == 0), 512 per instruction, landing in the same order (or one
+        // 4096-byte bulk copy with JAX_NVFP4_V2_BULK_W).
         const int half = lane & 1;
         const int rows_ok = static_cast<int>(N - t.n0 < kRowsW ? N - t.n0 : kRowsW);  // <= 0: a cluster's spare n-tile
-        const uint8_t* base =
-            (CL == 1 || rows_ok > 0 ? p.rhs + (static_cast<int64_t>(t.g) * N + t.n0) * KH : p.rhs) + 16 * half;
+        const uint8_t* wtile = CL == 1 || rows_ok > 0 ? p.rhs + (static_cast<int64_t>(t.g) * N + t.n0) * KH : p.rhs;
+        const uint8_t* base = wtile + 16 * half;
         V2_TRACE(lane == 0, ti, 4);
 #pragma unroll 1
         for (int kt = 0; kt < KT; ++kt) {
@@ -648,8 +645,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (lane == 0) {
               mbar_arrive_expect_tx(full0 + s * 8, JAX_NVFP4_V2_DIAG != 6 ? 4096u : 0u);
               if constexpr (JAX_NVFP4_V2_DIAG != 6)
-                bulk_load(smem_u32(smem) + s * C::kStage + C::kWOff, base - 16 * half + static_cast<int64_t>(kt) * 4096,
-                          4096, full0 + s * 8);
+                bulk_load(smem_u32(smem) + s * C::kStage + C::kWOff, wtile + static_cast<int64_t>(kt) * 4096, 4096,
+                          full0 + s * 8);
             }
             advance_stage<STAGES>(s, ph);
             continue;

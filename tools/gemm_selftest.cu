@@ -605,11 +605,17 @@ static void trace_case(const char* name) {
   std::vector<unsigned long long> h(ntr);
   CK(cudaMemcpy(h.data(), d_tr, ntr * 8, cudaMemcpyDeviceToHost));
   const double kt = static_cast<double>(K / 64);
-  std::vector<double> mainl, look, epi, gap, lead, span, wait, wait_full;
-  for (int b = 0; b < sms; ++b)
+  // busy: per CTA, clocks from its first tile's mainloop start to its last tile's epilogue end
+  // (SM clocks are not synchronized across SMs, but the persistent CTAs all start together), so
+  // max / mean is the time lost to the tile walk's imbalance at the end.
+  std::vector<double> mainl, look, epi, gap, lead, span, wait, wait_full, busy;
+  for (int b = 0; b < sms; ++b) {
+    const unsigned long long* e0 = &h[static_cast<size_t>(b) * 256 * 8];
+    double span_b = 0;  // up to the last recorded tile's epilogue end
     for (int ti = 0; ti < 256; ++ti) {
-      const unsigned long long* e = &h[(static_cast<size_t>(b) * 256 + ti) * 8];
+      const unsigned long long* e = e0 + ti * 8;
       if (!e[0] || !e[3]) break;
+      span_b = static_cast<double>(e[3] - e0[0]);
       mainl.push_back(static_cast<double>(e[1] - e[0]) / kt);
       wait.push_back(static_cast<double>(e[6] & 0xffffffffull) / kt);
       wait_full.push_back(static_cast<double>(e[6] >> 32) / kt);
@@ -619,15 +625,7 @@ static void trace_case(const char* name) {
       if (e[4] && e[5]) span.push_back(static_cast<double>(e[5] - e[4]) / kt);
       if (ti + 1 < 256 && e[8]) gap.push_back(static_cast<double>(e[8]) - static_cast<double>(e[3]));
     }
-  // Per CTA: clocks from its first tile's mainloop start to its last tile's epilogue end (SM
-  // clocks are not synchronized across SMs, but the persistent CTAs all start together), so
-  // max / mean is the time lost to the tile walk's imbalance at the end.
-  std::vector<double> busy;
-  for (int b = 0; b < sms; ++b) {
-    const unsigned long long* e = &h[static_cast<size_t>(b) * 256 * 8];
-    int last = -1;
-    for (int ti = 0; ti < 256 && e[ti * 8] && e[ti * 8 + 3]; ++ti) last = ti;
-    if (last >= 0) busy.push_back(static_cast<double>(e[last * 8 + 3] - e[0]));
+    if (span_b > 0) busy.push_back(span_b);
   }
   double bmean = 0, bmax = 0, bmin = busy.empty() ? 0 : busy[0];
   for (double v : busy) bmean += v, bmax = std::max(bmax, v), bmin = std::min(bmin, v);
