@@ -14,7 +14,8 @@ each) with both combines, and prints:
   float32 ``[T, H]`` per device, what the layer's combine moves) and the collective's share.
 
 On CPU, use small shapes (``--experts 16 --hidden 256 --inter 128``) and 8 host devices
-(``XLA_FLAGS=--xla_force_host_platform_device_count=8``).
+(``XLA_FLAGS=--xla_force_host_platform_device_count=8``); ``--platform cpu`` picks those on a
+machine whose default backend is a GPU.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", default="256,8192", help="comma list of token counts T")
     p.add_argument("--ep", type=int, default=None, help="devices on the expert axis (default all)")
+    p.add_argument("--platform", choices=("cpu", "gpu"), default=None,
+                   help="whose devices to use (default: JAX's default backend)")
     p.add_argument("--experts", type=int, default=384)
     p.add_argument("--hidden", type=int, default=7168)
     p.add_argument("--inter", type=int, default=3072)
@@ -95,7 +98,11 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="folder for bench_ep.json")
     args = p.parse_args(argv)
 
-    ndev = jax.device_count()
+    try:
+        devices = jax.devices(args.platform) if args.platform else jax.devices()
+    except RuntimeError as e:
+        p.error(f"--platform {args.platform}: no such devices ({e})")
+    ndev = len(devices)
     ep = args.ep or ndev
     if not 1 <= ep <= ndev:
         p.error(f"--ep {ep}: expected 1..{ndev} (devices present)")
@@ -105,7 +112,7 @@ def main(argv=None):
         activation=args.activation)
     if config.num_experts % ep:
         p.error(f"--experts {config.num_experts} is not divisible by --ep {ep}")
-    dev0 = jax.devices()[0]
+    dev0 = devices[0]
     print(f"devices: {ndev} x {dev0.device_kind} ({dev0.platform}), jax {jax.__version__}; "
           f"layer E={config.num_experts} top-{config.top_k} H={config.hidden_size} "
           f"I={config.intermediate_size} +{config.n_shared_experts} shared, {config.activation}, "
@@ -120,7 +127,7 @@ def main(argv=None):
     if args.layout != "checkpoint":
         with jax.default_device(dev0):
             weights = layout.prepare_weights(weights, args.layout)
-    mesh = jax.make_mesh((ep,), ("ep",), devices=jax.devices()[:ep])
+    mesh = jax.make_mesh((ep,), ("ep",), devices=devices[:ep])
     sharded = sharding.shard_moe_weights(weights, mesh)
     single = jax.jit(lambda x, w: moe_layer(x, w, config))
     results = []

@@ -31,6 +31,22 @@ def skip_or_fail(reason: str):
     pytest.skip(reason)
 
 
+def cpu_devices(n):
+    """The first n CPU devices. Multi-device tests run on these on every machine (this file makes
+    8, on GPU machines too), whatever the default backend is."""
+    devs = jax.devices("cpu")
+    if len(devs) < n:
+        pytest.fail(f"needs {n} CPU devices (tests/conftest.py sets 8), have {len(devs)}")
+    return devs[:n]
+
+
+@pytest.fixture
+def on_cpu():
+    """Makes a CPU device the default one for the test (on a GPU machine the default is a GPU)."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 @pytest.fixture
 def rng(request):
     """A numpy Generator seeded from the test's name: fresh, reproducible inputs per test."""

@@ -13,14 +13,15 @@ import pytest
 
 import jax_nvfp4 as jn
 from jax_nvfp4 import bench_ep, sharding
+from conftest import gpu_devices
 
-SMALL = ["--experts", "16", "--hidden", "128", "--inter", "64"]
+SMALL = ["--experts", "16", "--hidden", "128", "--inter", "64", "--platform", "cpu"]
 
 
 def needs_devices(n):
-    # tests/conftest.py gives 8 CPU devices; on a GPU machine the default backend has its GPUs
-    return pytest.mark.skipif(jax.device_count() < n,
-                              reason=f"needs {n} devices, have {jax.device_count()}")
+    # tests/conftest.py gives 8 CPU devices (on GPU machines too); SMALL runs on them
+    return pytest.mark.skipif(jax.device_count("cpu") < n,
+                              reason=f"needs {n} CPU devices, have {jax.device_count('cpu')}")
 
 
 @needs_devices(8)
@@ -77,3 +78,6 @@ def test_bad_arguments_are_named():
         bench_ep.main(SMALL + ["--ep", "3"])          # 16 experts do not split over 3
     with pytest.raises(SystemExit):
         bench_ep.main(SMALL + ["--ep", "9"])          # only 8 devices
+    if not gpu_devices():
+        with pytest.raises(SystemExit):
+            bench_ep.main(SMALL + ["--platform", "gpu"])  # the last --platform wins: none here

@@ -8,6 +8,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jax_nvfp4 as jn
+from conftest import cpu_devices
 
 
 def tensor(rng, shape=(4, 128, 64)):
@@ -54,11 +55,9 @@ def test_survives_jit_and_vmap(rng):
     np.testing.assert_array_equal(np.asarray(per_expert.data), np.asarray(p.data))
 
 
-def test_survives_shard_map(rng):
-    if jax.device_count() < 8:
-        pytest.fail("tests/conftest.py should have made 8 CPU devices")
+def test_survives_shard_map(rng, on_cpu):
     mesh = jax.make_mesh((8,), ("ep",), axis_types=(jax.sharding.AxisType.Auto,),
-                         devices=jax.devices()[:8])
+                         devices=cpu_devices(8))
     p = jn.prepare_weights(tensor(rng, (8, 128, 64)))
     seen = []
 

@@ -449,7 +449,7 @@ class TestBadInput:
         assert "rhs_layout = 0 : i64" in f.lower(lhs, rhs).as_text()
         assert "rhs_layout = 1 : i64" in f.lower(lhs, jn.prepare_weights(rhs)).as_text()
 
-    def test_cpu_handler_checks_rhs_layout(self):
+    def test_cpu_handler_checks_rhs_layout(self, on_cpu):
         """The handler's own checks, for callers that bypass grouped_gemm's validation."""
         platform_device("cpu")
         rng = np.random.default_rng(3)
@@ -467,7 +467,7 @@ class TestBadInput:
             call(1)
         assert np.all(np.isfinite(np.asarray(call(0))))
 
-    def test_cpu_handler_checks_its_workspace(self, monkeypatch):
+    def test_cpu_handler_checks_its_workspace(self, monkeypatch, on_cpu):
         """The CPU handler decodes a weight row into the workspace output (it allocates
         nothing): one smaller than K is an error naming it, not a buffer overrun."""
         platform_device("cpu")

@@ -132,6 +132,7 @@ def test_selftest_host_copy_matches(rng, tmp_path):
 # ------------------------------------------------------------------ prepare_weights (public API)
 
 import jax_nvfp4 as jn  # noqa: E402
+from conftest import cpu_devices  # noqa: E402
 
 
 def quantized(rng, shape):
@@ -221,17 +222,15 @@ def test_prepare_weights_bad_input(rng):
 
 @pytest.mark.parametrize("axis_type", ["Explicit", "Auto"])
 @pytest.mark.parametrize("jit", [False, True])
-def test_prepare_weights_on_expert_sharded_stacks(rng, axis_type, jit):
+def test_prepare_weights_on_expert_sharded_stacks(rng, axis_type, jit, on_cpu):
     """Weights already split over devices on the expert axis (shard_moe_weights) convert where
     they lie: same bytes as the unsplit conversion, the sharding kept, no gather of the stack."""
     import re
     from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
-    if jax.device_count() < 4:
-        pytest.skip("needs 4 devices (tests/conftest.py sets 8 CPU devices)")
     t = quantized(rng, (8, 256, 128))
     want = jn.prepare_weights(t)
     mesh = jax.make_mesh((4,), ("ep",), axis_types=(getattr(AxisType, axis_type),),
-                         devices=jax.devices()[:4])
+                         devices=cpu_devices(4))
     put = lambda v: jax.device_put(v, NamedSharding(mesh, P("ep")))  # noqa: E731
     ts = jn.NVFP4Tensor(put(t.data), put(t.scales), put(t.global_scale))
     f = jax.jit(jn.prepare_weights) if jit else jn.prepare_weights
@@ -252,12 +251,10 @@ def test_prepare_weights_on_expert_sharded_stacks(rng, axis_type, jit):
         assert not re.search(r"all-gather", hlo), "the expert stack was gathered"
 
 
-def test_prepare_weights_rejects_a_split_along_n(rng):
+def test_prepare_weights_rejects_a_split_along_n(rng, on_cpu):
     from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
-    if jax.device_count() < 2:
-        pytest.skip("needs 2 devices")
     t = quantized(rng, (2, 256, 128))
-    mesh = jax.make_mesh((2,), ("tp",), axis_types=(AxisType.Explicit,), devices=jax.devices()[:2])
+    mesh = jax.make_mesh((2,), ("tp",), axis_types=(AxisType.Explicit,), devices=cpu_devices(2))
     put = lambda v, s: jax.device_put(v, NamedSharding(mesh, s))  # noqa: E731
     ts = jn.NVFP4Tensor(put(t.data, P(None, "tp")), put(t.scales, P(None, "tp")), t.global_scale)
     with pytest.raises(ValueError, match=r"x\.data: split over devices along its last two axes"):

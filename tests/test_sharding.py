@@ -27,6 +27,7 @@ import jax_nvfp4 as jn
 from jax_nvfp4 import _extension
 from jax_nvfp4.moe import routed_experts
 from jax_nvfp4.quantization import quantize
+from conftest import cpu_devices
 
 E, H, I = 16, 128, 64
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -39,10 +40,12 @@ BACKEND = "ffi" if _extension.available() else "reference"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _eight_devices():
-    if jax.device_count() < 8:
-        pytest.skip(f"needs 8 devices (tests/conftest.py sets 8 CPU devices), "
-                    f"have {jax.device_count()}")
+def _eight_cpu_devices():
+    """Every test here runs on the 8 CPU devices, on GPU machines too (tests/test_sharding_gpus.py
+    is the GPU version)."""
+    cpu_devices(8)
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -121,7 +124,7 @@ def make_layer(r, *, num_experts=E, top_k=4, t=32, scoring_func="sqrtsoftplus", 
 
 
 def ep_mesh(ep, axis_type=AxisType.Explicit, name="ep"):
-    return jax.make_mesh((ep,), (name,), axis_types=(axis_type,), devices=jax.devices()[:ep])
+    return jax.make_mesh((ep,), (name,), axis_types=(axis_type,), devices=cpu_devices(ep))
 
 
 def single(x, w, cfg, token_ids=None, backend=BACKEND):
@@ -292,7 +295,8 @@ def test_two_axis_mesh(rng):
     """A ("dp", "ep") = (2, 4) mesh: experts split on "ep", the layer replicated over "dp"."""
     cfg, w, x, _ = make_layer(rng)
     ref = single(x, w, cfg)
-    mesh = jax.make_mesh((2, 4), ("dp", "ep"), axis_types=(AxisType.Explicit,) * 2)
+    mesh = jax.make_mesh((2, 4), ("dp", "ep"), axis_types=(AxisType.Explicit,) * 2,
+                         devices=cpu_devices(8))
     ws = jn.shard_moe_weights(w, mesh)
     assert ws.w13.data.addressable_shards[0].data.shape[0] == E // 4
     for combine in ("psum", "psum_scatter"):

@@ -26,6 +26,9 @@ step selftest_build 60 nvcc -std=c++17 -O3 -Xcompiler -fopenmp -gencode=arch=com
 step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 1 /tmp/st --small --no-bench --kernel both
 step memcheck_sm90 90 compute-sanitizer --tool memcheck --error-exitcode 1 /tmp/st --small --no-bench --kernel both --layout sm90
 step bench 300 python3 -P -m jax_nvfp4.bench --out "$out" --check "$@"
+# The whole suite with the GPU as default backend (multi-device tests still use 8 CPU devices):
+# ~9 min on an H200, so only when named: STEPS="install tests_all".
+[[ " ${STEPS:-} " == *" tests_all "* ]] && step tests_all 580 env JAX_NVFP4_REQUIRE_GPU=1 python3 -P -m pytest -q -p no:cacheprovider tests
 step tests_wgmma 200 env JAX_NVFP4_REQUIRE_GPU=1 JAX_NVFP4_KERNEL=wgmma python3 -P -m pytest -q -p no:cacheprovider tests/test_gemm.py -k cuda
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   step tests_gpus 300 env JAX_NVFP4_REQUIRE_GPU=1 python3 -P -m pytest -q -p no:cacheprovider tests/test_sharding_gpus.py
