@@ -124,13 +124,6 @@ constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales
 #ifndef JAX_NVFP4_V2_CLUSTER128
 #define JAX_NVFP4_V2_CLUSTER128 1
 #endif
-// Experiment (default 0; sm90 layout): the weight loader brings each k-tile's 4096-byte block with
-// one bulk copy from lane 0 (completing on full[s] by its bytes) instead of 256 16-byte cp.async and
-// 32 cp.async arrivals. Session 7 measured this -3..+3% on an older kernel; session 13's trace has
-// the consumers waiting 78-117 clk per k-tile for their stage's data, so it is measured again.
-#ifndef JAX_NVFP4_V2_BULK_W
-#define JAX_NVFP4_V2_BULK_W 0
-#endif
 static_assert((JAX_NVFP4_V2_CLUSTER == 1 || JAX_NVFP4_V2_CLUSTER == 2) &&
                   (JAX_NVFP4_V2_CLUSTER128 == 1 || JAX_NVFP4_V2_CLUSTER128 == 2),
               "JAX_NVFP4_V2_CLUSTER and JAX_NVFP4_V2_CLUSTER128 must be 1 or 2");
@@ -567,14 +560,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t full0 = bar_base;
   const uint32_t ready0 = bar_base + STAGES * 8;
   const uint32_t empty0 = bar_base + 2 * STAGES * 8;
-  constexpr bool kBulkW = JAX_NVFP4_V2_BULK_W && SM90L;
 
   if (threadIdx.x == 0) {
 #pragma unroll 1
     for (int s = 0; s < STAGES; ++s) {
       // arrive.expect_tx + scale cp.async lanes (none for the sm90 layout's bulk-copied scales) +
       // weight cp.async lanes
-      mbar_init(full0 + s * 8, 1 + (SM90L ? 0 : 32) + (kBulkW ? 1 : 32));
+      mbar_init(full0 + s * 8, 1 + (SM90L ? 0 : 32) + 32);
       mbar_init(ready0 + s * 8, kScaleWarps * 32); // every thread of the scale warps
       mbar_init(empty0 + s * 8, kConsumerWarps * CL);  // one per consumer warp of each CTA the stage feeds
     }
@@ -631,8 +623,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int L = V2_FIRST_TILE; V2_NEXT_TILE(L, gcur, t); L += V2_TILE_STEP) {
         // Checkpoint layout: lane pairs copy one row's 32 bytes (two 16-byte halves), 16 rows per
         // instruction. sm90 layout: the k-tile's block is 4096 contiguous bytes (the tile's blocks
-        // follow each other; N % 128 == 0), 512 per instruction, landing in the same order (or one
-        // 4096-byte bulk copy with JAX_NVFP4_V2_BULK_W).
+        // follow each other; N % 128 == 0), 512 per instruction, landing in the same order. (One
+        // 4096-byte bulk copy per k-tile instead measured -1.7..+0.6%, noise: session 14.)
         const int half = lane & 1;
         const int rows_ok = static_cast<int>(N - t.n0 < kRowsW ? N - t.n0 : kRowsW);  // <= 0: a cluster's spare n-tile
         const uint8_t* wtile = CL == 1 || rows_ok > 0 ? p.rhs + (static_cast<int64_t>(t.g) * N + t.n0) * KH : p.rhs;
@@ -641,16 +633,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 1
         for (int kt = 0; kt < KT; ++kt) {
           mbar_wait(empty0 + s * 8, ph ^ 1);
-          if constexpr (kBulkW) {
-            if (lane == 0) {
-              mbar_arrive_expect_tx(full0 + s * 8, JAX_NVFP4_V2_DIAG != 6 ? 4096u : 0u);
-              if constexpr (JAX_NVFP4_V2_DIAG != 6)
-                bulk_load(smem_u32(smem) + s * C::kStage + C::kWOff, wtile + static_cast<int64_t>(kt) * 4096, 4096,
-                          full0 + s * 8);
-            }
-            advance_stage<STAGES>(s, ph);
-            continue;
-          }
           const uint32_t dst = smem_u32(smem) + s * C::kStage + C::kWOff + 16 * half;
 #pragma unroll
           for (int i = 0; i < 8 * (JAX_NVFP4_V2_DIAG != 6); ++i) {
