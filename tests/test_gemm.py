@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_nvfp4 as jn
 from jax_nvfp4 import _extension
-from conftest import gpu_devices, skip_or_fail
+from conftest import cpu_devices, gpu_devices, skip_or_fail
 from oracles import dequant64, grouped_gemm64, rel_err
 
 
@@ -262,10 +262,8 @@ class TestSm90Layout:
 
 class TestShardMap:
     def test_inside_shard_map_on_8_cpu_devices(self, rng):
-        if jax.device_count("cpu") < 8:
-            pytest.fail("tests/conftest.py should have made 8 CPU devices")
         mesh = jax.make_mesh((8,), ("ep",), axis_types=(jax.sharding.AxisType.Auto,),
-                             devices=jax.devices("cpu")[:8])
+                             devices=cpu_devices(8))
         sizes = [3, 0, 5, 2, 7, 1, 0, 4]                 # one group per device
         lhs, rhs, gs, ref = make_problem(rng, 8 * 8, 16, 64, [0] * 8, False)
         # Each device multiplies all 64 rows by its own expert: sizes[d] rows, the rest zero.
@@ -294,7 +292,7 @@ class TestShardMap:
     def test_sm90_weights_inside_shard_map(self, rng):
         """Prepared weights split on the expert axis keep their layout on every device."""
         mesh = jax.make_mesh((8,), ("ep",), axis_types=(jax.sharding.AxisType.Auto,),
-                             devices=jax.devices("cpu")[:8])
+                             devices=cpu_devices(8))
         lhs, rhs, _, _ = make_problem(rng, 40, 128, 128, [0] * 8, False)
         sizes = jnp.asarray([5, 0, 9, 40, 1, 0, 7, 3], jnp.int32)
         f = jax.jit(jax.shard_map(

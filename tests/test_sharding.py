@@ -43,8 +43,7 @@ BACKEND = "ffi" if _extension.available() else "reference"
 def _eight_cpu_devices():
     """Every test here runs on the 8 CPU devices, on GPU machines too (tests/test_sharding_gpus.py
     is the GPU version)."""
-    cpu_devices(8)
-    with jax.default_device(jax.devices("cpu")[0]):
+    with jax.default_device(cpu_devices(8)[0]):
         yield
 
 
