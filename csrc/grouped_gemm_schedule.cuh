@@ -1,7 +1,15 @@
-// Group schedule shared by the grouped-GEMM kernels (csrc/grouped_gemm_sm90.cu, v1, and
-// csrc/grouped_gemm_sm90_wgmma.cu, v2): the workspace layout, the setup kernel that turns the
+// Group schedule shared by the grouped-GEMM kernels (csrc/grouped_gemm_mma.cu and
+// csrc/grouped_gemm_wgmma_sm90.cu): the workspace layout, the setup kernel that turns the
 // device-side group sizes into clamped row bounds and token-tile prefix sums, and the kernel that
 // zeroes the output rows past the last group. Included by both .cu files (internal linkage).
+//
+// Programmatic dependent launch (sm_90): the setup kernel lets the mma GEMM kernel launch while it
+// runs and the zero-tail kernel launch while the GEMM kernel drains; each dependent waits
+// (griddepcontrol.wait) for its predecessor's completion and memory before touching the workspace
+// or the output, so only the launch latencies overlap (-1.5% at L1 192 rows on the H200, noise from
+// 1536 rows). griddepcontrol.wait is a no-op in a kernel launched without the attribute (the wgmma
+// kernel is, and waits for the setup kernel as usual). Images for older architectures have no
+// griddepcontrol, so their launches must not use the attribute (launch_maybe_pdl's pdl = false).
 #pragma once
 
 #include <cstdint>
@@ -10,41 +18,33 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include "csrc/grouped_gemm_sm90.h"
-
-// Programmatic dependent launch (on by default; -DJAX_NVFP4_PDL=0 turns it off): the setup kernel
-// lets the v1 GEMM kernel launch while it runs and the zero-tail kernel launch while the GEMM kernel
-// drains; each dependent waits (griddepcontrol.wait) for its predecessor's completion and memory
-// before touching the workspace or the output, so only the launch latencies overlap. On the H200
-// (session 8): -1.5% at L1 192 rows, -1.2% at L2 192, within noise from 1536 rows.
-// griddepcontrol.wait is a no-op in a kernel launched without the attribute (v2 is launched
-// without it and so waits for the setup kernel as usual).
-#ifndef JAX_NVFP4_PDL
-#define JAX_NVFP4_PDL 1
-#endif
+#include "csrc/grouped_gemm.h"
 
 namespace jax_nvfp4 {
 namespace {
 
 // Wait for the preceding kernel of the stream (programmatic dependent launch; no-op otherwise).
 __device__ __forceinline__ void pdl_wait() {
-#if JAX_NVFP4_PDL
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
 // Let the next kernel of the stream launch now (it still waits for this one in pdl_wait).
 __device__ __forceinline__ void pdl_launch_dependents() {
-#if JAX_NVFP4_PDL
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the
-// stream's previous kernel when JAX_NVFP4_PDL is set.
+// stream's previous kernel when pdl is set.
 template <typename... KArgs, typename... Args>
-inline cudaError_t launch_maybe_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+inline cudaError_t launch_maybe_pdl(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                                     cudaStream_t stream, Args&&... args) {
-#if JAX_NVFP4_PDL
+  if (!pdl) {
+    kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
+    return cudaGetLastError();
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -56,10 +56,6 @@ inline cudaError_t launch_maybe_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 bl
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-#else
-  kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
-  return cudaGetLastError();
-#endif
 }
 
 // Workspace (int32 words): [0] rows inside the groups, [1] total token tiles, [64, 64 + G] tile
@@ -143,7 +139,7 @@ __global__ void __launch_bounds__(256) zero_tail_kernel(T* __restrict__ out, con
 
 // ---------------------------------------------------------------------------------------------
 
-// The fields both kernels' parameter blocks (v1 KParams, v2 WParams) copy from the launch params.
+// The fields both kernels' parameter blocks (mma KParams, wgmma WParams) copy from the launch params.
 template <typename KernelParams>
 inline void fill_common_params(KernelParams& k, const GroupedGemmParams& p, const int* ws) {
   k.rhs = p.rhs;
@@ -166,14 +162,14 @@ inline cudaError_t launch_setup(const GroupedGemmParams& p, int BT, int* ws, cud
 
 // Enqueues the zeroing of the output rows past the last group (after the GEMM kernel, which
 // leaves them alone); the count comes from the workspace, so there is no host sync.
-inline cudaError_t launch_zero_tail(const GroupedGemmParams& p, const int* ws, cudaStream_t stream) {
+inline cudaError_t launch_zero_tail(const GroupedGemmParams& p, const int* ws, bool pdl, cudaStream_t stream) {
   const int64_t elems = p.M * p.N;
   const int64_t blocks64 = (elems + 256 * 8 - 1) / (256 * 8);
   const unsigned blocks = static_cast<unsigned>(blocks64 < 1024 ? blocks64 : 1024);
   if (p.out_f32)
-    return launch_maybe_pdl(zero_tail_kernel<float>, dim3(blocks), dim3(256), 0, stream, static_cast<float*>(p.out),
+    return launch_maybe_pdl(pdl, zero_tail_kernel<float>, dim3(blocks), dim3(256), 0, stream, static_cast<float*>(p.out),
                             static_cast<const int*>(ws), p.M, p.N);
-  return launch_maybe_pdl(zero_tail_kernel<__nv_bfloat16>, dim3(blocks), dim3(256), 0, stream,
+  return launch_maybe_pdl(pdl, zero_tail_kernel<__nv_bfloat16>, dim3(blocks), dim3(256), 0, stream,
                           static_cast<__nv_bfloat16*>(p.out), static_cast<const int*>(ws), p.M, p.N);
 }
 

@@ -1,5 +1,5 @@
-// mbarrier and asynchronous-copy helpers (PTX, sm_90a) shared by the v1 (warp-specialized
-// variant) and v2 kernels and the bulk-copy stream microbenchmark: a producer copies into a
+// mbarrier and asynchronous-copy helpers (PTX, sm_90) shared by the warp-specialized mma variant,
+// the wgmma kernel and the bulk-copy stream microbenchmark: a producer copies into a
 // pipeline stage and completes full[s]; consumers wait on it and release the stage on empty[s].
 // advance_stage steps through the stage ring.
 #pragma once
@@ -19,7 +19,7 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 }
 // Arrive on the mbarrier at offset bar in the shared memory of cluster CTA `rank` (this CTA's own
 // rank included), CTA-scope release as CUTLASS's cluster pipelines do: a .release.cluster arrive
-// per consumer warp and k-tile doubled the k-tile time (session 6, v2).
+// per consumer warp and k-tile costs about as much as the k-tile's math.
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
   asm volatile(
       "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"

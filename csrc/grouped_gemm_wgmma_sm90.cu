@@ -1,10 +1,7 @@
-// Grouped NVFP4 GEMM for Hopper (sm_90a), version 2: WGMMA with the weights as register operand.
+// Grouped NVFP4 GEMM for Hopper (sm_90a): WGMMA with the weights as register operand.
 //
-// Status and measurements: docs/perf-notes.md, "v2 (WGMMA)". Validated on the H200 (self-test vs
-// float64, compute-sanitizer, GPU tests); the FFI handler picks it where it beats v1.
-//
-// Same contract as v1 (csrc/grouped_gemm_sm90.h). Handles W4A16 with K % 64 == 0; everything
-// else is forwarded to v1 (see GroupedGemmWgmmaHandles in the header).
+// Contract: csrc/gemm_contract.h. Handles W4A16 with K % 64 == 0 (WgmmaShapeOk there; the
+// heuristic sends everything else to the mma kernels). Where it runs and how fast: docs/design.md.
 //
 // D^T = W X^T: a CTA tile is 128 weight rows (output columns n) x up to BTMAX tokens (rows of one
 // group). The weights are the WGMMA A operand, from registers (wgmma ... RS); the tokens are the
@@ -46,21 +43,21 @@
 // and 2^119 give bf16(scale * 2^119).
 //
 // Scheduler (no host sync, empty groups do no work): a setup kernel writes the clamped group row
-// bounds and the prefix sums of ceil(rows_g / BTMAX) token tiles to the workspace (same layout as
-// v1). Linear tile L in [0, P_G * NT) (NT = ceil(N/128)) maps to group g with
+// bounds and the prefix sums of ceil(rows_g / BTMAX) token tiles to the workspace (the layout of
+// csrc/grouped_gemm_schedule.cuh). Linear tile L in [0, P_G * NT) (NT = ceil(N/128)) maps to group g with
 // P_g <= L / NT < P_{g+1}, then (single-CTA kernels) token tile (L - P_g NT) / NT and n-tile
 // (L - P_g NT) % NT, or (the paired 256-token kernel) n-tile (L - P_g NT) / T_g and token tile
 // (L - P_g NT) % T_g: either way the tiles of one group run together, so concurrently running CTAs
 // share its weight tiles and activations in L2 (see find_tile for why the orders differ). The grid
 // is one CTA per SM; CTA b takes tiles b, b + grid, ... Each warp finds g by a forward scan from its last g
 // (32 prefix entries per step, ballot), so the lookup is one or two L2 loads per tile.
-// A tail kernel zeroes rows past the last group, as in v1.
+// A tail kernel zeroes rows past the last group.
 //
-// A converter-warpgroup variant (a fourth warpgroup converting the weights to bf16 in shared
-// memory for SS wgmmas) was 16-27% slower on the H200 and was removed in session 5
-// (docs/perf-notes.md, session 5; tools/wgmma_microbench.cu conv mode shows why).
+// The weights are converted inline by the consumers, not by a converter warpgroup feeding SS
+// wgmmas: one converter warpgroup cannot keep up with two consumer warpgroups (16-27% slower on
+// the H200; tools/lab/wgmma_microbench.cu conv mode measures it).
 
-#include "csrc/grouped_gemm_sm90_wgmma.h"
+#include "csrc/grouped_gemm.h"
 #include "csrc/grouped_gemm_schedule.cuh"
 #include "csrc/e2m1_sm90_layout.cuh"
 #include "csrc/mbarrier_sm90.cuh"
@@ -89,81 +86,21 @@ constexpr int kBoxT = 32;      // tokens per activation TMA box
 constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 constexpr int kConsumerWarps = 8;
 // Registers after setmaxnreg: the producer warpgroup gives registers back and the consumers
-// take them (128 * 56 + 256 * 224 fits the 64K register file). A 2-CTA-per-SM variant for decode
-// (24 / 104) made ptxas compile the consumers to the 80-register launch bound: spills and
-// serialized wgmmas; not kept.
+// take them (128 * 56 + 256 * 224 fits the 64K register file). One CTA per SM: with two, ptxas
+// compiles the consumers to the 80-register launch bound (spills, serialized wgmmas).
 constexpr int kProducerRegs = 56;
 constexpr int kConsumerRegs = 224;
 constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales for the consumers
 
-// 256-token tiles (m64n256, 128 f32 accumulators per thread) where groups average at least
-// JAX_NVFP4_V2_BT256 rows (0: never): each converted weight fragment feeds twice the tensor work.
-// On the H200 (self-test, sm90 layout) 128 -> 256 tokens: 24576 rows -16% (L1) / -11% (L2), but
-// 6144 rows +11-13% and 1536 rows +77% (a 256-token tile always runs N = 256, so a group's last
-// tile wastes more); 384 sits between the measured 128 (worse) and 512 (better) rows per group.
-#ifndef JAX_NVFP4_V2_BT256
-#define JAX_NVFP4_V2_BT256 384
-#endif
-// Diagnostic builds (tools only, wrong results): 1 skips the e2m1 conversion, 2 the wgmmas,
-// 4 all consumer work (the time is the producers' supply rate), 5 as 4 without the activation loads,
-// 6 no global loads at all (sm90 layout; the time is the consumers' rate on stale shared memory).
-// A 2-CTA cluster variant multicasting the activation tile (commit c776747) halved the activation
-// reads from L2 but gained nothing (-4..+6% per size; docs/perf-notes.md, session 6); not kept.
-#ifndef JAX_NVFP4_V2_DIAG
-#define JAX_NVFP4_V2_DIAG 0
-#endif
-// CTAs per cluster of the 256-token kernel (JAX_NVFP4_V2_CLUSTER) and of the 128-token one
-// (JAX_NVFP4_V2_CLUSTER128). 2: pairs of CTAs take adjacent weight tiles of one (group, token
-// tile) and each TMA-multicasts half of the activation boxes into both, halving the activation
-// reads from L2. At 24576 rows the kernel runs at the H200's power cap and the activation loads
-// are ~40% of its energy, so through JAX -6% there (session 12); at 1536 rows (not power-capped)
-// pairing costs +4..5%, so the 128-token kernel keeps single CTAs (docs/perf-notes.md).
-#ifndef JAX_NVFP4_V2_CLUSTER
-#define JAX_NVFP4_V2_CLUSTER 2
-#endif
-#ifndef JAX_NVFP4_V2_CLUSTER128
-#define JAX_NVFP4_V2_CLUSTER128 1
-#endif
-static_assert((JAX_NVFP4_V2_CLUSTER == 1 || JAX_NVFP4_V2_CLUSTER == 2) &&
-                  (JAX_NVFP4_V2_CLUSTER128 == 1 || JAX_NVFP4_V2_CLUSTER128 == 2),
-              "JAX_NVFP4_V2_CLUSTER and JAX_NVFP4_V2_CLUSTER128 must be 1 or 2");
-// 3 (tools only, results correct): clock64 trace of the tile switches (GroupedGemmWgmmaSetTrace;
-// self-test --trace): per tile of each CTA, slots 0-3 = first consumer warp before its mainloop,
-// after it, after the next tile's lookup, after the epilogue; slots 4-5 = the weight loader at the
-// tile's first empty-slot wait and after its last copies; slot 6 = clocks that consumer warp spent
-// in the mainloop waiting for its stages (full / ready barriers): producer-bound time, packed as
-// (clocks waiting for full) << 32 | (clocks waiting in all).
-#if JAX_NVFP4_V2_DIAG == 3
-__device__ unsigned long long* g_v2_trace = nullptr;
-constexpr int kTraceTiles = 256;  // tiles per CTA recorded
-#define V2_TRACE(ok, ti, slot)                                                                          \
-  do {                                                                                                   \
-    if ((ok) && (ti) < kTraceTiles)                                                                      \
-      g_v2_trace[(static_cast<size_t>(blockIdx.x) * kTraceTiles + (ti)) * 8 + (slot)] = clock64();       \
-  } while (0)
-#define V2_TRACE_VALUE(ok, ti, slot, v)                                                                 \
-  do {                                                                                                   \
-    if ((ok) && (ti) < kTraceTiles)                                                                      \
-      g_v2_trace[(static_cast<size_t>(blockIdx.x) * kTraceTiles + (ti)) * 8 + (slot)] = (v);             \
-  } while (0)
-#define V2_TRACE_COUNTER(ti) int ti = 0
-#define V2_TRACE_NEXT(ti) ++ti
-#else
-#define V2_TRACE_VALUE(ok, ti, slot, v) \
-  do {                                  \
-  } while (0)
-#define V2_TRACE(ok, ti, slot) \
-  do {                         \
-  } while (0)
-#define V2_TRACE_COUNTER(ti) \
-  do {                       \
-  } while (0)
-#define V2_TRACE_NEXT(ti) \
-  do {                    \
-  } while (0)
-#endif
+// Token tiles (kKernelConfigs): 32, 64 and 128 tokens run single CTAs; the 256-token tile
+// (m64n256, 128 f32 accumulators per thread: each converted weight fragment feeds twice the tensor
+// work) runs in pairs of CTAs (cluster 2) that take adjacent weight tiles of one (group, token
+// tile) and each TMA-multicast half of the activation boxes into both, halving the activation
+// reads from L2. The 256-token tile runs at the H200's power cap, where the activation loads are
+// ~40% of the energy, so pairing pays there (-6%); the 128-token tile is not power-capped at its
+// sizes, and pairing costs it 4-5%.
 
-// Workspace layout, setup and tail kernels: csrc/grouped_gemm_schedule.cuh (shared with v1).
+// Workspace layout, setup and tail kernels: csrc/grouped_gemm_schedule.cuh.
 
 template <int BTMAX, int STAGES>
 struct WCfg {
@@ -252,7 +189,8 @@ __device__ __forceinline__ void scale_pairs(uint32_t x, uint32_t& lo, uint32_t& 
   v = bf16x2_mul(v, 0x7B807B80u);  // * 2^120 (exact)
   v = bf16x2_mul(v, 0x7B007B00u);  // * 2^119 (exact: 448 * 2^119 < bf16 max)
   // e4m3 has no infinities; 0x7f/0xff are NaN. The bit recipe above makes them finite, so set
-  // NaN explicitly (as v1 and the reference give). Runs in the scale warps, off the hot loop.
+  // NaN explicitly (as the mma kernels and the reference give). Runs in the scale warps, off the
+  // hot loop.
   if ((x & 0x7Fu) == 0x7Fu) v = (v & 0xFFFF0000u) | 0x00007FC0u;
   if (((x >> 8) & 0x7Fu) == 0x7Fu) v = (v & 0x0000FFFFu) | 0x7FC00000u;
   lo = prmt(v, v, 0x1010u);
@@ -325,9 +263,10 @@ __device__ __forceinline__ bool find_tile(int L, int total, const int* __restric
   const int p0 = __ldcg(prefix + g);
   const int tg = __ldcg(prefix + g + 1) - p0;
   const int local = L - p0 * NT;
-  // Single-CTA kernels (BTMAX <= 128) walk a group's tiles token-tile-major. n-tile-major with the
-  // grid's even stride gave each CTA a fixed token-tile parity, so in two-tile groups the even CTAs
-  // got every full first tile (busiest CTA 7.5% over the mean at 6144 rows, 3.3% now; session 13).
+  // Single-CTA kernels (BTMAX <= 128) walk a group's tiles token-tile-major: n-tile-major with the
+  // grid's even stride would give each CTA a fixed token-tile parity, so that in two-tile groups
+  // the even CTAs got every full first tile (busiest CTA 7.5% over the mean at 6144 rows, against
+  // 3.3% token-tile-major).
   // The paired 256-token kernel keeps n-tile-major: its groups have many token tiles, and a weight
   // tile's re-reads should stay in the same round of the walk (L2).
   const bool tmajor = BTMAX <= 128;
@@ -347,8 +286,8 @@ __device__ __forceinline__ bool find_tile(int L, int total, const int* __restric
 // Runs STMT with constexpr NN = the smallest WGMMA N covering a tile of `rows` rows, for the
 // mainloop and the epilogue alike (every branch is warpgroup-uniform). A 256-token tile runs
 // N = 256 whatever its rows: any second branch beside it makes ptxas serialize the wgmmas (C7512).
-// (A macro, not a helper taking a lambda: the lambda version changed the kernels' SASS.)
-#define V2_WITH_TILE_N(BTMAX, rows, STMT)                  \
+// (A macro, not a helper taking a lambda: ptxas schedules the lambda version worse.)
+#define WITH_TILE_N(BTMAX, rows, STMT)                  \
   do {                                                     \
     if (BTMAX >= 256) {                                    \
       constexpr int NN = BTMAX >= 256 ? 256 : 32;          \
@@ -368,8 +307,7 @@ __device__ __forceinline__ bool find_tile(int L, int total, const int* __restric
 // Consumer: one tile's mainloop with WGMMA N = NN. Consumes KT stages starting at (s, ph).
 template <int NN, int BTMAX, int STAGES, bool SM90L, int CL>
 __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
-                                                  int r0, uint32_t sel, int& s, uint32_t& ph,
-                                                  long long& waited) {  // DIAG 3 only: clk in waits
+                                                  int r0, uint32_t sel, int& s, uint32_t& ph) {
   using C = WCfg<BTMAX, STAGES>;
   const uint32_t full0 = bar_base;
   const uint32_t ready0 = bar_base + STAGES * 8;
@@ -392,26 +330,8 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
     constexpr int buf = decltype(buf_c)::value;
     // ready[s] completes after full[s] (the scale warps wait for it); waiting on full[s] too is
     // one try_wait that succeeds at once and makes the TMA writes visible to this thread directly.
-#if JAX_NVFP4_V2_DIAG == 3
-    // the trace waits for the data first, then for the scale warps' hop, and packs both times:
-    // (clk waiting for full) << 32 | (clk waiting in all)
-    const long long w0 = clock64();
-    mbar_wait(full0 + s * 8, ph);
-    const long long w1 = clock64();
-    mbar_wait(ready0 + s * 8, ph);
-    waited += ((w1 - w0) << 32) + (clock64() - w0);
-#else
     mbar_wait(ready0 + s * 8, ph);
     mbar_wait(full0 + s * 8, ph);
-    (void)waited;
-#endif
-#if JAX_NVFP4_V2_DIAG == 4 || JAX_NVFP4_V2_DIAG == 5  // diagnostic build: supply only, the stage is released unread (wrong results)
-    release(s);
-    advance_stage<STAGES>(s, ph);
-    (void)buf;
-    (void)kt;
-    return;
-#endif
     const uint32_t st = smem_u32(smem) + s * C::kStage;
     // checkpoint layout: rows r0 and r0 + 8 of the weight tile, 32 bytes each
     const uint32_t rowa = st + C::kWOff + r0 * 32;
@@ -444,16 +364,6 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
         const uint32_t sa0 = h ? sca.z : sca.x, sa1 = h ? sca.w : sca.y;
         const uint32_t sb0 = h ? scb.z : scb.x, sb1 = h ? scb.w : scb.y;
         // k-block 2h: words x (core matrix 0), y (core matrix 1); k-block 2h+1: words z, w
-#if JAX_NVFP4_V2_DIAG == 1  // diagnostic build: skip the e2m1 conversion (wrong results)
-        frag[buf][2 * h][0] = wa.x ^ sa0;
-        frag[buf][2 * h][1] = wb.x ^ sb0;
-        frag[buf][2 * h][2] = wa.y;
-        frag[buf][2 * h][3] = wb.y;
-        frag[buf][2 * h + 1][0] = wa.z ^ sa1;
-        frag[buf][2 * h + 1][1] = wb.z ^ sb1;
-        frag[buf][2 * h + 1][2] = wa.w;
-        frag[buf][2 * h + 1][3] = wb.w;
-#else
         frag[buf][2 * h][0] = bf16x2_mul(e2m1_byte_pair(wa.x, sel), sa0);
         frag[buf][2 * h][1] = bf16x2_mul(e2m1_byte_pair(wb.x, sel), sb0);
         frag[buf][2 * h][2] = bf16x2_mul(e2m1_byte_pair(wa.y, sel), sa0);
@@ -462,7 +372,6 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
         frag[buf][2 * h + 1][1] = bf16x2_mul(e2m1_byte_pair(wb.z, sel), sb1);
         frag[buf][2 * h + 1][2] = bf16x2_mul(e2m1_byte_pair(wa.w, sel), sa1);
         frag[buf][2 * h + 1][3] = bf16x2_mul(e2m1_byte_pair(wb.w, sel), sb1);
-#endif
       }
     }
     // Pin the conversions before wgmma.fence: otherwise the compiler may sink them between the
@@ -475,7 +384,7 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
     uint64_t desc[4];
     // The descriptor's address field is (address >> 4) (shared addresses stay below 2^18, so the
     // mask of smem_desc_sw128 is a no-op): step it from stage 0's descriptor instead of rebuilding
-    // (111 -> 97 SASS per consumer k-tile; H200 -1.4..-3.5% at 1536-24576 rows, session 11).
+    // (97 SASS instructions per consumer k-tile instead of 111; 1.4-3.5% at 1536-24576 rows).
     const uint32_t dlo = desc_lo0 + static_cast<uint32_t>(s) * (C::kStage >> 4);
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) {
@@ -490,12 +399,7 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) {
       const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(kb == 0 ? first : one);
-#if JAX_NVFP4_V2_DIAG == 2  // diagnostic build: no tensor work (wrong results)
-      asm volatile("" ::"r"(frag[buf][kb][0]), "r"(frag[buf][kb][1]), "r"(frag[buf][kb][2]), "r"(frag[buf][kb][3]));
-      (void)sc;
-#else
       wgmma_rs<NN>(frag[buf][kb], desc[kb], acc, sc, std::make_index_sequence<NN / 2>{});
-#endif
     }
     cute::warpgroup_commit_batch();
     fence_acc(acc);
@@ -514,9 +418,7 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
   if (kt < KT) body(kt, std::integral_constant<int, 0>{});
   cute::warpgroup_wait<0>();
   fence_acc(acc);
-#if JAX_NVFP4_V2_DIAG != 4 && JAX_NVFP4_V2_DIAG != 5
   release(prev_s);
-#endif
 }
 
 template <int NN, int BTMAX>
@@ -598,11 +500,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (CL == 2) t.n0 = t.n0 * CL + rank * kRowsW;
     return true;
   };
-// The CL = 1 kernels walk their tiles with the expressions they had before clusters existed
-// (hoisting blockIdx.x or calling the lambda changed their SASS; these leave it identical).
-#define V2_FIRST_TILE (CL == 2 ? L0 : static_cast<int>(blockIdx.x))
-#define V2_TILE_STEP (CL == 2 ? Lstep : static_cast<int>(gridDim.x))
-#define V2_NEXT_TILE(L, gcur, t) \
+// The CL = 1 kernels use blockIdx.x / gridDim.x and find_tile directly: hoisting blockIdx.x or
+// calling the lambda gives ptxas a different (no better) schedule.
+#define FIRST_TILE (CL == 2 ? L0 : static_cast<int>(blockIdx.x))
+#define TILE_STEP (CL == 2 ? Lstep : static_cast<int>(gridDim.x))
+#define NEXT_TILE(L, gcur, t) \
   (CL == 2 ? next_tile(L, gcur, t) : find_tile(L, total, prefix, starts, ends, G, NTc, BTMAX, gcur, t))
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
@@ -619,23 +521,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t ph = 0;
       int gcur = 0;
       Tile t;
-      V2_TRACE_COUNTER(ti);
-      for (int L = V2_FIRST_TILE; V2_NEXT_TILE(L, gcur, t); L += V2_TILE_STEP) {
+      for (int L = FIRST_TILE; NEXT_TILE(L, gcur, t); L += TILE_STEP) {
         // Checkpoint layout: lane pairs copy one row's 32 bytes (two 16-byte halves), 16 rows per
         // instruction. sm90 layout: the k-tile's block is 4096 contiguous bytes (the tile's blocks
-        // follow each other; N % 128 == 0), 512 per instruction, landing in the same order. (One
-        // 4096-byte bulk copy per k-tile instead measured -1.7..+0.6%, noise: session 14.)
+        // follow each other; N % 128 == 0), 512 per instruction, landing in the same order (one
+        // 4096-byte bulk copy per k-tile is no faster).
         const int half = lane & 1;
         const int rows_ok = static_cast<int>(N - t.n0 < kRowsW ? N - t.n0 : kRowsW);  // <= 0: a cluster's spare n-tile
         const uint8_t* wtile = CL == 1 || rows_ok > 0 ? p.rhs + (static_cast<int64_t>(t.g) * N + t.n0) * KH : p.rhs;
         const uint8_t* base = wtile + 16 * half;
-        V2_TRACE(lane == 0, ti, 4);
 #pragma unroll 1
         for (int kt = 0; kt < KT; ++kt) {
           mbar_wait(empty0 + s * 8, ph ^ 1);
           const uint32_t dst = smem_u32(smem) + s * C::kStage + C::kWOff + 16 * half;
 #pragma unroll
-          for (int i = 0; i < 8 * (JAX_NVFP4_V2_DIAG != 6); ++i) {
+          for (int i = 0; i < 8; ++i) {
             const int q = (lane >> 1) + 16 * i;
             const bool ok = q < rows_ok;
             const uint8_t* src = SM90L ? base + static_cast<int64_t>(kt) * 4096 + q * 32
@@ -647,8 +547,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           cp_async_mbar_arrive(full0 + s * 8);
           advance_stage<STAGES>(s, ph);
         }
-        V2_TRACE(lane == 0, ti, 5);
-        V2_TRACE_NEXT(ti);
       }
       return;
     }
@@ -662,7 +560,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t ph = 0;
       int gcur = 0;
       Tile t;
-      for (int L = V2_FIRST_TILE; V2_NEXT_TILE(L, gcur, t); L += V2_TILE_STEP) {
+      for (int L = FIRST_TILE; NEXT_TILE(L, gcur, t); L += TILE_STEP) {
         const int zbox = min(BTMAX, (t.rows + kBoxT - 1) / kBoxT * kBoxT);  // rows the TMA rewrites
 #pragma unroll 1
         for (int kt = 0; kt < KT; ++kt) {
@@ -686,9 +584,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             // next group's rows, or a stale tile's), 128 bytes per row (the swizzle permutes
             // 16-byte chunks within a row): this kernel runs at the H200's power cap (24576 rows)
             // and the tensor cores draw less on zero operands, so through JAX it is 3-5% faster
-            // with bitwise-equal outputs (session 12). Rows [zbox, 256) stay zero after a stage's
-            // first visit in the tile; later visits zero only what the TMA boxes rewrite. (Every
-            // tile of every kernel, every k-tile: +9..15% at 1536 rows.)
+            // with bitwise-equal outputs. Rows [zbox, 256) stay zero after a stage's first visit
+            // in the tile; later visits zero only what the TMA boxes rewrite (zeroing every tile
+            // of every kernel at every k-tile would cost 9-15% at 1536 rows).
             const int zhi = kt < STAGES ? BTMAX : zbox;
             for (int q = c; q < (zhi - t.rows) * 8; q += kScaleWarps * 32)
               asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(st + C::kActOff + (t.rows * 8 + q) * 16),
@@ -709,16 +607,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t ph = 0;
     int gcur = 0;
     Tile t;
-    for (int L = V2_FIRST_TILE; V2_NEXT_TILE(L, gcur, t); L += V2_TILE_STEP) {
-      // Only the 32-row boxes that hold the tile's rows. (Loading just ceil(rows / 8) * 8 rows with
-      // extra 8-row boxes did not speed up decode and slowed 1536 rows by 13%: more TMA issues.)
-#if JAX_NVFP4_V2_DIAG == 5 || JAX_NVFP4_V2_DIAG == 6
-      const int nb = 0;
-#else
+    for (int L = FIRST_TILE; NEXT_TILE(L, gcur, t); L += TILE_STEP) {
+      // Only the 32-row boxes that hold the tile's rows (8-row boxes for the last rows would mean more
+      // TMA issues: no faster at decode, 13% slower at 1536 rows).
       const int nb = (t.rows + kBoxT - 1) / kBoxT;
-#endif
       // sm90 layout: the tile's k-tile scales are one 512-byte record (bulk copy, on the same bytes)
-      const uint32_t bytes = nb * (kBoxT * kBK * 2) + (SM90L && JAX_NVFP4_V2_DIAG != 6 ? 512u : 0u);
+      const uint32_t bytes = nb * (kBoxT * kBK * 2) + (SM90L ? 512u : 0u);
       const int row0 = static_cast<int>(t.row0);
       const uint8_t* srec = CL == 1 || t.n0 < N ? p.rhs_scales + (static_cast<int64_t>(t.g) * N + t.n0) * KS
                                                 : p.rhs_scales;  // a cluster's spare n-tile
@@ -748,7 +642,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               tma_load_2d(smem_u32(st + C::kActOff + b * (kBoxT * kBK * 2)), &tm_a, full, kt * kBK,
                           row0 + b * kBoxT);
           }
-          if constexpr (SM90L && JAX_NVFP4_V2_DIAG != 6) bulk_load(smem_u32(st + C::kSOff), srec + static_cast<int64_t>(kt) * 512, 512, full);
+          if constexpr (SM90L) bulk_load(smem_u32(st + C::kSOff), srec + static_cast<int64_t>(kt) * 512, 512, full);
         }
         if constexpr (!SM90L) {
 #pragma unroll
@@ -774,21 +668,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t ph = 0;
     int gcur = 0;
     Tile t, nxt;
-    int L = V2_FIRST_TILE;
-    bool have = V2_NEXT_TILE(L, gcur, t);
-    V2_TRACE_COUNTER(ti);
+    int L = FIRST_TILE;
+    bool have = NEXT_TILE(L, gcur, t);
     while (have) {
-      V2_TRACE(cw == 0 && lane == 0, ti, 0);
-      long long waited = 0;
-      V2_WITH_TILE_N(BTMAX, t.rows, (consumer_mainloop<NN, BTMAX, STAGES, SM90L, CL>(acc, smem, bar_base, KT, r0, sel, s, ph, waited)));
-      V2_TRACE(cw == 0 && lane == 0, ti, 1);
-      V2_TRACE_VALUE(cw == 0 && lane == 0, ti, 6, static_cast<unsigned long long>(waited));
-      L += V2_TILE_STEP;
-      const bool have_next = V2_NEXT_TILE(L, gcur, nxt);
-      V2_TRACE(cw == 0 && lane == 0, ti, 2);
-      V2_WITH_TILE_N(BTMAX, t.rows, (consumer_epilogue<NN, BTMAX>(acc, p, t, r0)));
-      V2_TRACE(cw == 0 && lane == 0, ti, 3);
-      V2_TRACE_NEXT(ti);
+      WITH_TILE_N(BTMAX, t.rows, (consumer_mainloop<NN, BTMAX, STAGES, SM90L, CL>(acc, smem, bar_base, KT, r0, sel, s, ph)));
+      L += TILE_STEP;
+      const bool have_next = NEXT_TILE(L, gcur, nxt);
+      WITH_TILE_N(BTMAX, t.rows, (consumer_epilogue<NN, BTMAX>(acc, p, t, r0)));
       t = nxt;
       have = have_next;
     }
@@ -799,10 +685,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-#undef V2_WITH_TILE_N
-#undef V2_FIRST_TILE
-#undef V2_TILE_STEP
-#undef V2_NEXT_TILE
+#undef WITH_TILE_N
+#undef FIRST_TILE
+#undef TILE_STEP
+#undef NEXT_TILE
 
 // ---------------------------------------------------------------------------------------------
 // Host side
@@ -898,72 +784,53 @@ cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStre
   }
 }
 
-// Stage bytes: 11 KB (32), 15 KB (64), 23 KB (128), 39 KB (256). The small tiles exist for depth:
-// decode streams weights, and more stages keep more weight bytes in flight per SM.
-template <bool SM90L>
-cudaError_t launch_for_tile(int BT, const GroupedGemmParams& p, const WParams& wp, cudaStream_t stream) {
-  if (BT == 32) return launch_wgmma<32, 20, SM90L>(p, wp, stream);
-  if (BT == 64) return launch_wgmma<64, 12, SM90L>(p, wp, stream);
-#if JAX_NVFP4_V2_BT256
-  if (BT == 256) return launch_wgmma<256, 5, SM90L, JAX_NVFP4_V2_CLUSTER>(p, wp, stream);
-#endif
-  return launch_wgmma<128, 8, SM90L, JAX_NVFP4_V2_CLUSTER128>(p, wp, stream);
+template <int I>
+cudaError_t launch_entry(const GroupedGemmParams& p, const WParams& wp, cudaStream_t stream) {
+  constexpr KernelConfig c = kKernelConfigs[I];
+  if constexpr (c.family != KernelFamily::kWgmma) {
+    return cudaErrorInvalidValue;  // csrc/grouped_gemm_mma.cu
+  } else {
+    if (p.rhs_layout == RhsLayout::kSm90) return launch_wgmma<c.token_tile, c.stages, true, c.cluster>(p, wp, stream);
+    return launch_wgmma<c.token_tile, c.stages, false, c.cluster>(p, wp, stream);
+  }
 }
 
-int pick_btmax(const GroupedGemmParams& p) {
-  const int f = p.force_token_tile;
-  if (f == 16 || f == 32) return 32;
-  if (f == 64) return 64;
-#if JAX_NVFP4_V2_BT256
-  if (f >= 256) return 256;
-#endif
-  if (f >= 128) return 128;
-  // A small BTMAX leaves room for deep weight pipelines (few rows: weight streaming); a large one
-  // halves the weight re-reads. Measured on the H200: 64 for <= 24 rows per expert, else 128, and
-  // 256 from JAX_NVFP4_V2_BT256 rows per expert.
-#if JAX_NVFP4_V2_BT256
-  if (GroupedGemmAvgRows(p) >= JAX_NVFP4_V2_BT256) return 256;
-#endif
-  return GroupedGemmAvgRows(p) <= 24 ? 64 : 128;
+// Launches the wgmma table entry equal to c.
+template <int... I>
+cudaError_t launch_config(const GroupedGemmParams& p, const KernelConfig& c, const WParams& wp, cudaStream_t stream,
+                          std::integer_sequence<int, I...>) {
+  cudaError_t e = cudaErrorInvalidValue;
+  (void)((kKernelConfigs[I].family == KernelFamily::kWgmma && kKernelConfigs[I] == c
+              ? (e = launch_entry<I>(p, wp, stream), true)
+              : false) ||
+         ...);
+  return e;
 }
 
 }  // namespace
 
-#if JAX_NVFP4_V2_DIAG == 3
-cudaError_t GroupedGemmWgmmaSetTrace(unsigned long long* trace) {
-  return cudaMemcpyToSymbol(g_v2_trace, &trace, sizeof(trace));
-}
-#endif
-
-bool GroupedGemmWgmmaHandles(const GroupedGemmParams& p) {
-  if (p.a_fp4) return false;
-  if (p.K <= 0 || p.K % 64 != 0) return false;
+bool WgmmaBuffersOk(const GroupedGemmParams& p) {
   if (reinterpret_cast<uintptr_t>(p.rhs_scales) & 3) return false;
   // the sm90 layout's 512-byte scale records are bulk-copied: 16-byte aligned source
-  if (p.rhs_layout == 1 && (reinterpret_cast<uintptr_t>(p.rhs_scales) & 15)) return false;
+  if (p.rhs_layout == RhsLayout::kSm90 && (reinterpret_cast<uintptr_t>(p.rhs_scales) & 15)) return false;
   if (reinterpret_cast<uintptr_t>(p.rhs) & 15) return false;  // 16-byte cp.async of weight rows
-  if (p.M > INT32_MAX - 256) return false;
-  // the linear tile index (token tiles x n-tiles) must fit in int32
-  if (((p.M + 63) / 64 + p.G) * ((p.N + kRowsW - 1) / kRowsW) > INT32_MAX) return false;
   return get_encode_fn() != nullptr;
 }
 
-bool GroupedGemmWgmmaPreferred(const GroupedGemmParams& p) {
-  return GroupedGemmWgmmaHandles(p) && GroupedGemmAvgRows(p) >= 16;
-}
-
-int GroupedGemmWgmmaTokenTile(const GroupedGemmParams& p) {
-  return GroupedGemmWgmmaHandles(p) ? pick_btmax(p) : 0;
-}
-
-cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t stream) {
+cudaError_t LaunchGroupedGemmWgmma(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream) {
   if (GroupedGemmCheckParams(p) != nullptr) return cudaErrorInvalidValue;
+  if (c.family != KernelFamily::kWgmma || !IsKnownConfig(c)) return cudaErrorInvalidValue;
+  ProblemDesc d;
+  d.M = p.M;
+  d.N = p.N;
+  d.K = p.K;
+  d.G = p.G;
+  d.a_fp4 = p.a_fp4;
+  if (!WgmmaShapeOk(d) || !WgmmaBuffersOk(p)) return cudaErrorNotSupported;
   if (p.M == 0 || p.N == 0) return cudaSuccess;
-  if (!GroupedGemmWgmmaHandles(p)) return LaunchGroupedGemmSm90(p, stream);
 
-  const int BT = pick_btmax(p);
   int* ws = static_cast<int*>(p.workspace);
-  cudaError_t e = launch_setup(p, BT, ws, stream);
+  cudaError_t e = launch_setup(p, c.token_tile, ws, stream);
   if (e != cudaSuccess) return e;
 
   WParams wp;
@@ -971,10 +838,10 @@ cudaError_t LaunchGroupedGemmSm90Wgmma(const GroupedGemmParams& p, cudaStream_t 
   wp.NT = static_cast<int>((p.N + kRowsW - 1) / kRowsW);
   wp.KT = static_cast<int>(p.K / kBK);
 
-  e = p.rhs_layout == 1 ? launch_for_tile<true>(BT, p, wp, stream) : launch_for_tile<false>(BT, p, wp, stream);
+  e = launch_config(p, c, wp, stream, std::make_integer_sequence<int, kNumKernelConfigs>{});
   if (e != cudaSuccess) return e;
 
-  return launch_zero_tail(p, ws, stream);
+  return launch_zero_tail(p, ws, /*pdl=*/true, stream);
 }
 
 }  // namespace jax_nvfp4

@@ -1,9 +1,11 @@
-// Grouped NVFP4 GEMM for Hopper (sm_90a), version 1.
+// Grouped NVFP4 GEMM with mma.sync: the portable kernel (sm_80 and newer), and on sm_90 its
+// warp-specialized variant for decode with sm90 weights.
 //
-// Hopper has no FP4 MMA, but every e2m1 x e4m3 product is exact in bf16, so the kernel
-// dequantises in registers and runs bf16 mma.sync (CuTe atom SM80_16x8x16_F32BF16BF16F32_TN)
-// with f32 accumulation. The operands are swapped (D^T = W X^T): weight rows are the MMA "M"
-// side (128 per CTA) and tokens the "N" side (16/64/128 per CTA).
+// No tensor core before Blackwell multiplies FP4, but every e2m1 x e4m3 product is exact in bf16,
+// so the kernel dequantises in registers and runs bf16 mma.sync (CuTe atom
+// SM80_16x8x16_F32BF16BF16F32_TN) with f32 accumulation. The operands are swapped (D^T = W X^T):
+// weight rows are the MMA "M" side (128 per CTA) and tokens the "N" side (16/32/64/128 per CTA), so
+// that a decode tile of a few tokens still fills the MMA's large side.
 //
 // k permutation. A k-tile is 64 wide. Quad thread t (lane % 4) owns physical k 16t..16t+15, i.e.
 // exactly one 16-element scale group, for every row it touches: 8 packed bytes (two u32 words
@@ -31,8 +33,12 @@
 // (ceil(N/128), min(ceil(M/BT) + G, 65535)) and each CTA maps its tile index to (group, tile)
 // with a block-wide count over the prefix sums, looping by gridDim.y; a tail kernel zeroes the
 // rows past the last group.
+//
+// Configurations: the KernelFamily::kMma and kMmaWs entries of kKernelConfigs
+// (csrc/gemm_contract.h); the launcher instantiates each of them for each activation type and
+// weight layout.
 
-#include "csrc/grouped_gemm_sm90.h"
+#include "csrc/grouped_gemm.h"
 #include "csrc/grouped_gemm_schedule.cuh"
 #include "csrc/e2m1_sm90_layout.cuh"
 #include "csrc/mbarrier_sm90.cuh"
@@ -120,26 +126,21 @@ __device__ __forceinline__ uint32_t scale_pair(uint8_t b) {
 // the same k-tile math, and release the stage on empty[s]. The math warps then issue no copies,
 // copy address arithmetic or block-wide barriers: their k-loop is 238 SASS instructions per warp
 // instead of 322 (16 tokens; nvcc 13.0). Each warp finds its tile's group by itself, so the
-// producer runs ahead into the next tile. The default 16-token sm90 config (session 8: with 8
-// stages 2-4% faster at decode than the plain kernel; docs/perf-notes.md).
-// JAX_NVFP4_V1_DIAG (WS kernels only; wrong results, for timing): 1 = the copies without the math,
-// 2 = the math without the copies. At L1 192 rows: 0.19 ms copies, 0.26 ms math, 0.29 ms both, so
-// decode is bound by the math warps, not by the supply.
-#ifndef JAX_NVFP4_V1_DIAG
-#define JAX_NVFP4_V1_DIAG 0
-#endif
-#ifndef JAX_NVFP4_V1_WS
-#define JAX_NVFP4_V1_WS 1
-#endif
-// In the WS kernel, a tile with at most 8 rows (most decode tiles) skips the second n8 token tile's
-// activation loads and mma.sync (8 of 16 HMMA and LDS per k-tile), through a second copy of the
-// k-tile math chosen per tile: -5% at 192 rows on the H200 (docs/perf-notes.md, session 9).
-#ifndef JAX_NVFP4_V1_SKIP_N8
-#define JAX_NVFP4_V1_SKIP_N8 1
-#endif
+// producer runs ahead into the next tile. Decode is bound by the math warps (the copies alone take
+// 0.19 ms at L1 192 rows, the math alone 0.26 ms, both 0.29 ms), which is what this variant trims.
+// A tile with at most 8 rows (most decode tiles) skips the second n8 token tile's activation loads
+// and mma.sync (8 of 16 HMMA and LDS per k-tile), through a second copy of the k-tile math chosen
+// per tile. WS uses sm_90 instructions (bulk copies, mbarrier transaction counts): on older
+// architectures its instantiation compiles to a trap, and the launcher never picks it there.
 template <int BT, int WARPS_T, int STAGES, bool A_FP4, int MIN_BLOCKS, bool SM90L, bool WS = false>
 __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 : 0), MIN_BLOCKS)
     grouped_gemm_kernel(const KParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  if constexpr (WS) {
+    __trap();  // sm_90 instructions; never launched on older devices
+  } else
+#endif
+  {
   static_assert(!(SM90L && A_FP4), "the sm90 weight layout is read by the bf16-activation path only");
   static_assert(!WS || (SM90L && WARPS_T == 1), "the warp-specialized variant is for sm90 weights, one token warp");
   using C = Cfg<BT, WARPS_T, A_FP4>;
@@ -163,7 +164,7 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
   const int* prefix = p.ws + kWsPrefix;
   const int* starts = p.ws + ws_start_off(G);
   const int* ends = p.ws + ws_end_off(G);
-  pdl_wait();  // the setup kernel's workspace (a no-op unless launched with JAX_NVFP4_PDL)
+  pdl_wait();  // the setup kernel's workspace (a no-op unless launched as its programmatic dependent)
   const int total_tiles = p.ws[kWsTotalTiles];
   const float fp4_fix = A_FP4 ? 16384.0f : 128.0f;
   // WS pipeline state: barriers full[s] (after the stages), empty[s]; stage s, phase ph persist
@@ -329,8 +330,8 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
       }
     };
 
-    // WS with JAX_NVFP4_V1_SKIP_N8: whether this warp's second n8 token tile holds rows
-    constexpr bool kSkipN8 = WS && NT == 2 && JAX_NVFP4_V1_SKIP_N8 != 0;
+    // WS: whether this warp's second n8 token tile holds rows
+    constexpr bool kSkipN8 = WS && NT == 2;
     [[maybe_unused]] const bool two_n8 = rend - (row0 + wj * WT) > 8;
     float acc[kMT][NT][4];
 #pragma unroll
@@ -367,12 +368,6 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
         mbar_wait(empty0 + 8 * ws_s, ws_ph ^ 1);
         const uint32_t full = full0 + 8 * ws_s;
         const uint32_t st = smem_u32(smem + ws_s * C::kStage);
-        if (JAX_NVFP4_V1_DIAG == 2) {  // diagnostic: no copies, the math runs on stale stages
-          if (lane == 0) mbar_arrive(full);
-          mbar_arrive(full);
-          advance_stage<STAGES>(ws_s, ws_ph);
-          continue;
-        }
         if (lane == 0) {
           mbar_arrive_expect_tx(full, 4096 + 512);
           bulk_load(st + C::kWOff, wsrc + static_cast<int64_t>(kt) * 4096, 4096, full);
@@ -396,12 +391,6 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
       if constexpr (WS) {
         mbar_wait(full0 + 8 * ws_s, ws_ph);
         st = smem + ws_s * C::kStage;
-        if (JAX_NVFP4_V1_DIAG == 1) {  // diagnostic: supply only, no math (the results are zeros)
-          __syncwarp();
-          if (lane == 0) mbar_arrive(empty0 + 8 * ws_s);
-          advance_stage<STAGES>(ws_s, ws_ph);
-          continue;
-        }
       } else {
         cute::cp_async_wait<STAGES - 2>();
         __syncthreads();
@@ -570,11 +559,12 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
     // the next tile's prologue overwrites the stages (WS: the full/empty barriers order them)
     if constexpr (!WS) __syncthreads();
   }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
 template <int BT, int WARPS_T, int STAGES, bool A_FP4, int MIN_BLOCKS, bool SM90L = false, bool WS = false>
-cudaError_t launch_gemm(const KParams& kp, int64_t M, int64_t G, cudaStream_t stream) {
+cudaError_t launch_gemm(const KParams& kp, int64_t M, int64_t G, bool pdl, cudaStream_t stream) {
   using C = Cfg<BT, WARPS_T, A_FP4>;
   auto kernel = grouped_gemm_kernel<BT, WARPS_T, STAGES, A_FP4, MIN_BLOCKS, SM90L, WS>;
   const int smem = STAGES * C::kStage + (WS ? 2 * STAGES * 8 : 0);  // WS: + full[], empty[] barriers
@@ -591,71 +581,58 @@ cudaError_t launch_gemm(const KParams& kp, int64_t M, int64_t G, cudaStream_t st
   }
   const int64_t max_tiles = (M + BT - 1) / BT + G;
   dim3 grid(static_cast<unsigned>((kp.N + kBW - 1) / kBW), static_cast<unsigned>(max_tiles < 65535 ? max_tiles : 65535));
-  return launch_maybe_pdl(kernel, grid, dim3(C::kThreads + (WS ? 32 : 0)), smem, stream, kp);
+  return launch_maybe_pdl(pdl, kernel, grid, dim3(C::kThreads + (WS ? 32 : 0)), smem, stream, kp);
 }
 
-// Pipeline depth of the 16-token (decode) configs; a compile-time knob for A/B runs of the
-// self-test (tools/kernel_ab.sh -DJAX_NVFP4_V1_STAGES16=4 -DJAX_NVFP4_V1_STAGES16=6): 4 stages of
-// ~7 KB keep ~3 k-tiles (~55 KB per SM at 4 CTAs) in flight. On the H200, 6 and 8 stages were
-// 2-33% slower at decode (docs/perf-notes.md, session 6); with the sm90 scale records 3 and 6
-// stages were 1-3% slower, and 2, 3, 6 or 8 CTAs per SM instead of 4 were 3-24% slower (session 7).
-#ifndef JAX_NVFP4_V1_STAGES16
-#define JAX_NVFP4_V1_STAGES16 4
-#endif
-constexpr int kStages16 = JAX_NVFP4_V1_STAGES16;
-// The warp-specialized 16-token sm90 config (grouped_gemm_kernel's WS; its bulk copies need 16-byte
-// aligned scales, else the plain kernel runs) and its depth. On the H200 (session 8) 8 stages were
-// 2-4% faster at decode than 4; -DJAX_NVFP4_V1_WS=0 builds the plain kernel for A/B runs.
-#ifndef JAX_NVFP4_V1_WS_STAGES
-#define JAX_NVFP4_V1_WS_STAGES 8
-#endif
-constexpr int kWsStages = JAX_NVFP4_V1_WS_STAGES;
+// Per token tile: warps along the tokens (the 128-token tile splits its tokens over two warp rows)
+// and CTAs per SM for the register budget (4 at 16 tokens: ~3 k-tiles of weights in flight per SM).
+constexpr int warps_t_for(int bt) { return bt == 128 ? 2 : 1; }
+constexpr int min_blocks_for(int bt) { return bt == 16 ? 4 : bt == 32 ? 3 : bt == 64 ? 2 : 1; }
 
-int pick_token_tile(const GroupedGemmParams& p) {
-  const int force = p.force_token_tile;
-  if (force == 16 || force == 32 || force == 64 || force == 128) return force;
-  // average rows per group decides the token tile
-  const int64_t avg = GroupedGemmAvgRows(p);
-  // (measured on the H200, 48 groups, L1/L2 shapes: 16 wins at ~4 rows/group, 32 at ~32,
-  // 64 from ~128 up to 512; the 256-thread 128-token config was 3-25% slower than 64 everywhere)
-  if (avg <= 12) return 16;
-  if (avg <= 40) return 32;
-  return 64;
+// The instantiation of table entry I for the activation type and weight layout.
+template <int I>
+cudaError_t launch_entry(const GroupedGemmParams& p, const KParams& kp, bool pdl, cudaStream_t stream) {
+  constexpr KernelConfig c = kKernelConfigs[I];
+  constexpr int BT = c.token_tile, ST = c.stages, WT = warps_t_for(BT), MB = min_blocks_for(BT);
+  if constexpr (c.family == KernelFamily::kWgmma) {
+    return cudaErrorInvalidValue;  // csrc/grouped_gemm_wgmma_sm90.cu
+  } else if constexpr (c.family == KernelFamily::kMmaWs) {
+    return launch_gemm<BT, WT, ST, false, MB, true, true>(kp, p.M, p.G, pdl, stream);
+  } else {
+    if (p.a_fp4) return launch_gemm<BT, WT, ST, true, MB>(kp, p.M, p.G, pdl, stream);
+    if (p.rhs_layout == RhsLayout::kSm90) return launch_gemm<BT, WT, ST, false, MB, true>(kp, p.M, p.G, pdl, stream);
+    return launch_gemm<BT, WT, ST, false, MB>(kp, p.M, p.G, pdl, stream);
+  }
+}
+
+// Launches the table entry equal to c among the mma families' entries.
+template <int... I>
+cudaError_t launch_config(const GroupedGemmParams& p, const KernelConfig& c, const KParams& kp, bool pdl,
+                          cudaStream_t stream, std::integer_sequence<int, I...>) {
+  cudaError_t e = cudaErrorInvalidValue;
+  (void)((kKernelConfigs[I].family != KernelFamily::kWgmma && kKernelConfigs[I] == c
+              ? (e = launch_entry<I>(p, kp, pdl, stream), true)
+              : false) ||
+         ...);
+  return e;
 }
 
 }  // namespace
 
-int GroupedGemmTokenTile(const GroupedGemmParams& p) { return pick_token_tile(p); }
-
-const char* GroupedGemmCheckParams(const GroupedGemmParams& p) {
-  if (p.M < 0 || p.N < 0 || p.K < 0 || p.G < 0) return "negative dimension";
-  if (p.G < 1) return "need at least one group";
-  if (p.K % 32 != 0) return "K must be a multiple of 32";
-  if (p.M > INT32_MAX - 1 || p.N > INT32_MAX / 2 || p.K > INT32_MAX / 2) return "dimension too large";
-  if (p.G > (1 << 20)) return "too many groups";
-  if (p.workspace_bytes < GroupedGemmWorkspaceBytes(p.G)) return "workspace too small";
-  if (p.rhs_layout != 0 && p.rhs_layout != 1) return "rhs_layout must be 0 (checkpoint) or 1 (sm90)";
-  if (p.rhs_layout == 1 && (p.N % 128 != 0 || p.K % 64 != 0)) return "the sm90 layout needs N % 128 == 0 and K % 64 == 0";
-  if (p.M > 0 && p.N > 0) {
-    if (!p.lhs || !p.rhs || !p.rhs_scales || !p.alpha || !p.group_sizes || !p.out || !p.workspace)
-      return "null pointer";
-    if (p.a_fp4 && !p.lhs_scales) return "null lhs_scales";
-    if ((reinterpret_cast<uintptr_t>(p.lhs) | reinterpret_cast<uintptr_t>(p.rhs)) & 15)
-      return "lhs/rhs must be 16-byte aligned";
-    if (reinterpret_cast<uintptr_t>(p.workspace) & 15) return "workspace must be 16-byte aligned";
-  }
-  return nullptr;
+bool MmaWsBuffersOk(const GroupedGemmParams& p) {
+  // the bulk copies of the 512-byte scale records need 16-byte aligned sources
+  return !p.a_fp4 && p.rhs_layout == RhsLayout::kSm90 && (reinterpret_cast<uintptr_t>(p.rhs_scales) & 15) == 0;
 }
 
-cudaError_t LaunchGroupedGemmSm90(const GroupedGemmParams& p, cudaStream_t stream) {
+cudaError_t LaunchGroupedGemmMma(const GroupedGemmParams& p, const KernelConfig& c, bool sm90_image,
+                                 cudaStream_t stream) {
   if (GroupedGemmCheckParams(p) != nullptr) return cudaErrorInvalidValue;
-  // the sm90 weight layout: bf16 activations only (W4A4 on the GPU runs through a bf16 pre-pass)
-  if (p.rhs_layout != 0 && p.a_fp4) return cudaErrorNotSupported;
+  if (c.family == KernelFamily::kWgmma || !IsKnownConfig(c)) return cudaErrorInvalidValue;
+  if (c.family == KernelFamily::kMmaWs && (!sm90_image || !MmaWsBuffersOk(p))) return cudaErrorNotSupported;
   if (p.M == 0 || p.N == 0) return cudaSuccess;
 
-  const int BT = pick_token_tile(p);
   int* ws = static_cast<int*>(p.workspace);
-  cudaError_t e = launch_setup(p, BT, ws, stream);
+  cudaError_t e = launch_setup(p, c.token_tile, ws, stream);
   if (e != cudaSuccess) return e;
 
   KParams kp;
@@ -666,29 +643,11 @@ cudaError_t LaunchGroupedGemmSm90(const GroupedGemmParams& p, cudaStream_t strea
                        (p.a_fp4 ? reinterpret_cast<uintptr_t>(p.lhs_scales) : uintptr_t(0));
   kp.scales_vec = ((p.K / 16) % 4 == 0) && ((sp & 3) == 0);
 
-  // <BT, WARPS_T, STAGES, A_FP4, MIN_BLOCKS>
-  if (p.a_fp4) {
-    if (BT == 16) e = launch_gemm<16, 1, kStages16, true, 4>(kp, p.M, p.G, stream);
-    else if (BT == 32) e = launch_gemm<32, 1, 5, true, 3>(kp, p.M, p.G, stream);
-    else if (BT == 64) e = launch_gemm<64, 1, 4, true, 2>(kp, p.M, p.G, stream);
-    else e = launch_gemm<128, 2, 4, true, 1>(kp, p.M, p.G, stream);
-  } else if (p.rhs_layout == 1) {
-    const bool ws_ok = (reinterpret_cast<uintptr_t>(p.rhs_scales) & 15) == 0;
-    if (BT == 16 && JAX_NVFP4_V1_WS && ws_ok)
-      e = launch_gemm<16, 1, kWsStages, false, 4, true, JAX_NVFP4_V1_WS != 0>(kp, p.M, p.G, stream);
-    else if (BT == 16) e = launch_gemm<16, 1, kStages16, false, 4, true>(kp, p.M, p.G, stream);
-    else if (BT == 32) e = launch_gemm<32, 1, 5, false, 3, true>(kp, p.M, p.G, stream);
-    else if (BT == 64) e = launch_gemm<64, 1, 4, false, 2, true>(kp, p.M, p.G, stream);
-    else e = launch_gemm<128, 2, 4, false, 1, true>(kp, p.M, p.G, stream);
-  } else {
-    if (BT == 16) e = launch_gemm<16, 1, kStages16, false, 4>(kp, p.M, p.G, stream);
-    else if (BT == 32) e = launch_gemm<32, 1, 5, false, 3>(kp, p.M, p.G, stream);
-    else if (BT == 64) e = launch_gemm<64, 1, 4, false, 2>(kp, p.M, p.G, stream);
-    else e = launch_gemm<128, 2, 4, false, 1>(kp, p.M, p.G, stream);
-  }
+  // programmatic dependent launch only where the kernels wait for it (their sm_90 image)
+  e = launch_config(p, c, kp, sm90_image, stream, std::make_integer_sequence<int, kNumKernelConfigs>{});
   if (e != cudaSuccess) return e;
 
-  return launch_zero_tail(p, ws, stream);
+  return launch_zero_tail(p, ws, sm90_image, stream);
 }
 
 }  // namespace jax_nvfp4

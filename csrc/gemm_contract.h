@@ -1,0 +1,200 @@
+// The grouped NVFP4 GEMM's contract, in plain C++ (no CUDA, no XLA): what the CPU handler, the
+// CUDA handler, the kernels and the self-test agree on.
+//
+// out[r, n] = alpha[g] * sum_k A[r, k] * W[g, n, k]   for rows r of group g,
+// with W = e2m1(rhs_data) * e4m3(rhs_scales) (one scale per 16 consecutive k), and
+// A = lhs (bf16, W4A16) or e2m1(lhs) * e4m3(lhs_scales) (W4A4). Accumulation in f32.
+// Group g covers rows [start_g, end_g): start_g = min(sum_{j<g} max(gs_j, 0), M),
+// end_g = min(start_g + max(gs_g, 0), M). Rows past end_{G-1} are written as 0.
+//
+// Also here: the kernel configurations that exist (kKernelConfigs) and the one heuristic that
+// picks one (ChooseKernelConfig; Python calls it at trace time through the extension and passes
+// the result to the handler as typed attributes), and the sm90 weight layout's constants
+// (jax_nvfp4/layout.py is the Python side of the same layout).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace jax_nvfp4 {
+
+// ---------------------------------------------------------------------------------------------
+// Attributes of the custom call (enum values are the attribute's int32 value).
+
+// Byte layout of rhs_data and rhs_scales.
+enum class RhsLayout : int32_t {
+  kCheckpoint = 0,  // [G, N, K/2] rows, element 2j in the low nibble of byte j; scales [G, N, K/16]
+  kSm90 = 1,        // the load-time layout of jax_nvfp4/layout.py (N % 128 == 0, K % 64 == 0)
+};
+
+// Kernel families. Each is one kernel file; the table below lists its compiled configurations.
+enum class KernelFamily : int32_t {
+  kMma = 0,    // mma.sync, cp.async multistage (csrc/grouped_gemm_mma.cu): sm_80 and newer
+  kMmaWs = 1,  // the same math, warp-specialized with bulk copies and mbarriers: sm_90, sm90 weights
+  kWgmma = 2,  // wgmma with the weights as register operand, TMA, persistent (csrc/grouped_gemm_wgmma_sm90.cu)
+};
+
+struct KernelConfig {
+  KernelFamily family = KernelFamily::kMma;
+  int32_t token_tile = 16;  // rows of one group per CTA tile
+  int32_t stages = 4;       // pipeline depth
+  int32_t cluster = 1;      // CTAs per cluster (wgmma 256: pairs multicast the activation tile)
+};
+
+constexpr bool operator==(const KernelConfig& a, const KernelConfig& b) {
+  return a.family == b.family && a.token_tile == b.token_tile && a.stages == b.stages && a.cluster == b.cluster;
+}
+
+// Every configuration the kernels are compiled for; the launchers instantiate exactly these.
+// Stages: the mma tiles keep ~3 k-tiles in flight per SM at their CTAs per SM; the warp-specialized
+// decode tile and the wgmma tiles are as deep as shared memory allows for their token tile (small
+// tiles exist for depth: decode streams weights). Measurements: docs/design.md.
+inline constexpr KernelConfig kKernelConfigs[] = {
+    {KernelFamily::kMma, 16, 4, 1},   {KernelFamily::kMma, 32, 5, 1},    {KernelFamily::kMma, 64, 4, 1},
+    {KernelFamily::kMma, 128, 4, 1},  {KernelFamily::kMmaWs, 16, 8, 1},  {KernelFamily::kWgmma, 32, 20, 1},
+    {KernelFamily::kWgmma, 64, 12, 1}, {KernelFamily::kWgmma, 128, 8, 1}, {KernelFamily::kWgmma, 256, 5, 2},
+};
+inline constexpr int kNumKernelConfigs = static_cast<int>(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
+
+inline constexpr bool IsKnownConfig(const KernelConfig& c) {
+  for (const KernelConfig& k : kKernelConfigs)
+    if (k == c) return true;
+  return false;
+}
+
+// The first configuration of `family` with `token_tile` (the self-test's way to name one).
+inline constexpr KernelConfig DefaultConfigFor(KernelFamily family, int32_t token_tile) {
+  for (const KernelConfig& k : kKernelConfigs)
+    if (k.family == family && k.token_tile == token_tile) return k;
+  return KernelConfig{family, 0, 0, 0};
+}
+
+inline const char* FamilyName(KernelFamily f) {
+  switch (f) {
+    case KernelFamily::kMma: return "mma";
+    case KernelFamily::kMmaWs: return "mma_ws";
+    case KernelFamily::kWgmma: return "wgmma";
+  }
+  return "?";
+}
+
+// Bit (1 << family) per family, for the set of families a build carries.
+inline constexpr uint32_t FamilyBit(KernelFamily f) { return 1u << static_cast<int>(f); }
+
+// Compute capability as 10 * major + minor (90 = sm_90, 0 = no GPU).
+inline constexpr bool ArchSupported(int arch) { return arch >= 80; }
+// wgmma and the warp-specialized mma variant use sm_90a instructions (setmaxnreg, wgmma, bulk
+// copies): only an sm_90 device running the sm_90a image has them.
+inline constexpr bool FamilyRunsOn(KernelFamily f, int arch) {
+  return f == KernelFamily::kMma ? ArchSupported(arch) : arch == 90;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The heuristic: the one place that decides which configuration runs.
+
+struct ProblemDesc {
+  int arch = 0;            // device compute capability (10 * major + minor), 0 = CPU
+  uint32_t families = 0;   // FamilyBit of each family this build can run on that device
+  int64_t M = 0, N = 0, K = 0, G = 1;
+  int64_t rows_hint = 0;   // expected rows inside the groups (0: M)
+  bool a_fp4 = false;      // packed e2m1 activations (W4A4 native)
+  RhsLayout layout = RhsLayout::kCheckpoint;
+};
+
+// Average rows per group: rows_hint (or M when 0 or >= M) / G, rounded up.
+inline constexpr int64_t AvgRowsPerGroup(const ProblemDesc& d) {
+  const int64_t rows = d.rows_hint > 0 && d.rows_hint < d.M ? d.rows_hint : d.M;
+  return (rows + d.G - 1) / (d.G > 0 ? d.G : 1);
+}
+
+// Shape conditions of the wgmma kernel (buffer alignment is checked at launch).
+inline constexpr bool WgmmaShapeOk(const ProblemDesc& d) {
+  if (d.a_fp4 || d.K <= 0 || d.K % 64 != 0) return false;
+  if (d.M > INT32_MAX - 256) return false;
+  // the linear tile index (token tiles x n-tiles) must fit in int32
+  return ((d.M + 63) / 64 + d.G) * ((d.N + 127) / 128) <= INT32_MAX;
+}
+
+// Measured on the H200 (docs/design.md): wgmma from 16 rows per group on average (below that
+// the mma kernels stream the weights faster), with 64-token tiles up to 24 rows (deeper weight
+// pipelines), 128 above, 256 (a 2-CTA cluster) from 384 rows; mma with 16-token tiles up to 12
+// rows, 32 up to 40, 64 above; the warp-specialized mma variant for 16-token tiles of sm90
+// weights.
+inline constexpr KernelConfig ChooseKernelConfig(const ProblemDesc& d) {
+  const int64_t avg = AvgRowsPerGroup(d);
+  const bool wgmma = (d.families & FamilyBit(KernelFamily::kWgmma)) && FamilyRunsOn(KernelFamily::kWgmma, d.arch);
+  if (wgmma && WgmmaShapeOk(d) && avg >= 16)
+    return DefaultConfigFor(KernelFamily::kWgmma, avg >= 384 ? 256 : avg <= 24 ? 64 : 128);
+  const int32_t tile = avg <= 12 ? 16 : avg <= 40 ? 32 : 64;
+  const bool ws = (d.families & FamilyBit(KernelFamily::kMmaWs)) && FamilyRunsOn(KernelFamily::kMmaWs, d.arch);
+  if (ws && tile == 16 && d.layout == RhsLayout::kSm90 && !d.a_fp4) return DefaultConfigFor(KernelFamily::kMmaWs, 16);
+  return DefaultConfigFor(KernelFamily::kMma, tile);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launch parameters (device pointers) and their checks.
+
+struct GroupedGemmParams {
+  const void* lhs = nullptr;            // bf16 [M, K]  or  u8 [M, K/2] packed e2m1 (a_fp4)
+  const uint8_t* lhs_scales = nullptr;  // e4m3 [M, K/16] (a_fp4 only)
+  const uint8_t* rhs = nullptr;         // u8 [G, N, K/2] in `rhs_layout`
+  const uint8_t* rhs_scales = nullptr;  // e4m3 [G, N, K/16] in `rhs_layout`
+  const float* alpha = nullptr;         // f32 [G]
+  const int32_t* group_sizes = nullptr; // s32 [G], device memory
+  void* out = nullptr;                  // bf16 or f32 [M, N]
+  void* workspace = nullptr;            // device scratch, >= GroupedGemmWorkspaceBytes(G)
+  size_t workspace_bytes = 0;
+  int64_t M = 0;
+  int64_t N = 0;
+  int64_t K = 0;
+  int64_t G = 0;
+  bool a_fp4 = false;    // W4A4 when true, W4A16 when false
+  bool out_f32 = false;  // f32 output when true, bf16 when false
+  RhsLayout rhs_layout = RhsLayout::kCheckpoint;
+};
+
+// Bytes of workspace the CUDA launchers need: 4096 + 16 * G (the schedule's prefix sums and
+// group bounds). The custom call's workspace output also holds K bytes for the CPU handler.
+inline constexpr size_t GroupedGemmWorkspaceBytes(int64_t G) { return 4096 + 16 * static_cast<size_t>(G); }
+
+// Checks the scalar parameters (shapes, alignment, workspace size). Returns nullptr if they are
+// fine, otherwise a static message describing the first problem.
+inline const char* GroupedGemmCheckParams(const GroupedGemmParams& p) {
+  if (p.M < 0 || p.N < 0 || p.K < 0 || p.G < 0) return "negative dimension";
+  if (p.G < 1) return "need at least one group";
+  if (p.K % 32 != 0) return "K must be a multiple of 32";
+  if (p.M > INT32_MAX - 1 || p.N > INT32_MAX / 2 || p.K > INT32_MAX / 2) return "dimension too large";
+  if (p.G > (1 << 20)) return "too many groups";
+  if (p.workspace_bytes < GroupedGemmWorkspaceBytes(p.G)) return "workspace too small";
+  if (p.rhs_layout != RhsLayout::kCheckpoint && p.rhs_layout != RhsLayout::kSm90)
+    return "rhs_layout must be 0 (checkpoint) or 1 (sm90)";
+  if (p.rhs_layout == RhsLayout::kSm90 && (p.N % 128 != 0 || p.K % 64 != 0))
+    return "the sm90 layout needs N % 128 == 0 and K % 64 == 0";
+  // No kernel reads packed e2m1 activations with sm90 weights (the W4A4 GPU path dequantizes the
+  // activations to bf16 first; jax_nvfp4/gemm.py).
+  if (p.rhs_layout == RhsLayout::kSm90 && p.a_fp4) return "the sm90 layout takes bf16 activations only";
+  if (p.M > 0 && p.N > 0) {
+    if (!p.lhs || !p.rhs || !p.rhs_scales || !p.alpha || !p.group_sizes || !p.out || !p.workspace)
+      return "null pointer";
+    if (p.a_fp4 && !p.lhs_scales) return "null lhs_scales";
+    if ((reinterpret_cast<uintptr_t>(p.lhs) | reinterpret_cast<uintptr_t>(p.rhs)) & 15)
+      return "lhs/rhs must be 16-byte aligned";
+    if (reinterpret_cast<uintptr_t>(p.workspace) & 15) return "workspace must be 16-byte aligned";
+  }
+  return nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The sm90 load-time weight layout (jax_nvfp4/layout.py holds the Python side): per 128-row
+// stripe of one expert, the K/64 blocks of 128 rows x 64 k (4096 bytes) follow each other; in a
+// block, m16 tile mt's 512 bytes hold, for lane (g8, t) = (lane / 4, lane % 4), 16 bytes: one
+// 32-bit word per k16 block kb whose bits are the four mma A-fragment registers' e2m1 codes
+// (row 16 mt + 8 hi + g8, k 16 kb + 8 half + 2 t + parity) at kSm90SlotBits[hi + 2 half] + 16
+// parity (sign, e1, e0, m0). Scales: per stripe, one 512-byte [128 rows][4] record per k-tile.
+inline constexpr int kSm90StripeRows = 128;
+inline constexpr int kSm90BlockK = 64;
+inline constexpr int kSm90BlockBytes = kSm90StripeRows * kSm90BlockK / 2;  // 4096
+inline constexpr int kSm90ScaleRecordBytes = kSm90StripeRows * 4;           // 512
+inline constexpr int kSm90SlotBits[4][4] = {{15, 8, 7, 6}, {12, 5, 4, 3}, {9, 2, 1, 0}, {14, 13, 11, 10}};
+
+}  // namespace jax_nvfp4
