@@ -89,12 +89,23 @@ inline constexpr bool FamilyRunsOn(KernelFamily f, int arch) {
   return f == KernelFamily::kMma ? ArchSupported(arch) : arch == 90;
 }
 
+// The families a build can run on a device of compute capability `arch` (FamilyBit mask): mma
+// from sm_80 on (sm_80 machine code, and compute_80 PTX the driver compiles for newer devices);
+// mma_ws and wgmma on sm_90 when the build carries the sm_90a image.
+inline constexpr uint32_t RunnableFamilies(int arch, bool built_cuda, bool built_sm90a) {
+  uint32_t f = 0;
+  if (built_cuda && FamilyRunsOn(KernelFamily::kMma, arch)) f |= FamilyBit(KernelFamily::kMma);
+  if (built_sm90a && FamilyRunsOn(KernelFamily::kMmaWs, arch)) f |= FamilyBit(KernelFamily::kMmaWs);
+  if (built_sm90a && FamilyRunsOn(KernelFamily::kWgmma, arch)) f |= FamilyBit(KernelFamily::kWgmma);
+  return f;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The heuristic: the one place that decides which configuration runs.
 
 struct ProblemDesc {
   int arch = 0;            // device compute capability (10 * major + minor), 0 = CPU
-  uint32_t families = 0;   // FamilyBit of each family this build can run on that device
+  uint32_t families = 0;   // RunnableFamilies on that device with this build
   int64_t M = 0, N = 0, K = 0, G = 1;
   int64_t rows_hint = 0;   // expected rows inside the groups (0: M)
   bool a_fp4 = false;      // packed e2m1 activations (W4A4 native)
@@ -115,20 +126,35 @@ inline constexpr bool WgmmaShapeOk(const ProblemDesc& d) {
   return ((d.M + 63) / 64 + d.G) * ((d.N + 127) / 128) <= INT32_MAX;
 }
 
-// Measured on the H200 (docs/design.md): wgmma from 16 rows per group on average (below that
-// the mma kernels stream the weights faster), with 64-token tiles up to 24 rows (deeper weight
+// Whether `family` computes this problem (shapes, activation type, weight layout): wgmma takes
+// W4A16 with K % 64 == 0, mma_ws sm90 weights with bf16 activations, mma everything.
+inline constexpr bool FamilyHandles(KernelFamily f, const ProblemDesc& d) {
+  if (f == KernelFamily::kWgmma) return WgmmaShapeOk(d);
+  if (f == KernelFamily::kMmaWs) return d.layout == RhsLayout::kSm90 && !d.a_fp4;
+  return true;
+}
+
+// The token tile (and so the configuration) of `family` for this problem. Measured on the H200
+// (docs/design.md): wgmma with 64-token tiles up to 24 rows per group on average (deeper weight
 // pipelines), 128 above, 256 (a 2-CTA cluster) from 384 rows; mma with 16-token tiles up to 12
-// rows, 32 up to 40, 64 above; the warp-specialized mma variant for 16-token tiles of sm90
-// weights.
-inline constexpr KernelConfig ChooseKernelConfig(const ProblemDesc& d) {
+// rows, 32 up to 40, 64 above; mma_ws has the 16-token tile only.
+inline constexpr KernelConfig ConfigForFamily(KernelFamily f, const ProblemDesc& d) {
   const int64_t avg = AvgRowsPerGroup(d);
-  const bool wgmma = (d.families & FamilyBit(KernelFamily::kWgmma)) && FamilyRunsOn(KernelFamily::kWgmma, d.arch);
-  if (wgmma && WgmmaShapeOk(d) && avg >= 16)
-    return DefaultConfigFor(KernelFamily::kWgmma, avg >= 384 ? 256 : avg <= 24 ? 64 : 128);
-  const int32_t tile = avg <= 12 ? 16 : avg <= 40 ? 32 : 64;
-  const bool ws = (d.families & FamilyBit(KernelFamily::kMmaWs)) && FamilyRunsOn(KernelFamily::kMmaWs, d.arch);
-  if (ws && tile == 16 && d.layout == RhsLayout::kSm90 && !d.a_fp4) return DefaultConfigFor(KernelFamily::kMmaWs, 16);
-  return DefaultConfigFor(KernelFamily::kMma, tile);
+  if (f == KernelFamily::kWgmma) return DefaultConfigFor(f, avg >= 384 ? 256 : avg <= 24 ? 64 : 128);
+  if (f == KernelFamily::kMmaWs) return DefaultConfigFor(f, 16);
+  return DefaultConfigFor(f, avg <= 12 ? 16 : avg <= 40 ? 32 : 64);
+}
+
+// The heuristic. wgmma from 16 rows per group on average (below that the mma kernels stream the
+// weights faster: 0.35 ms against 0.51 ms at 4 rows per group on the H200, while from 32 rows up
+// wgmma is 1.3-1.8x faster); the warp-specialized mma variant for 16-token tiles of sm90 weights
+// (2-4% faster at decode); otherwise the mma kernel.
+inline constexpr KernelConfig ChooseKernelConfig(const ProblemDesc& d) {
+  auto usable = [&d](KernelFamily f) { return (d.families & FamilyBit(f)) && FamilyHandles(f, d); };
+  if (usable(KernelFamily::kWgmma) && AvgRowsPerGroup(d) >= 16) return ConfigForFamily(KernelFamily::kWgmma, d);
+  const KernelConfig c = ConfigForFamily(KernelFamily::kMma, d);
+  if (usable(KernelFamily::kMmaWs) && c.token_tile == 16) return ConfigForFamily(KernelFamily::kMmaWs, d);
+  return c;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -170,9 +196,6 @@ inline const char* GroupedGemmCheckParams(const GroupedGemmParams& p) {
     return "rhs_layout must be 0 (checkpoint) or 1 (sm90)";
   if (p.rhs_layout == RhsLayout::kSm90 && (p.N % 128 != 0 || p.K % 64 != 0))
     return "the sm90 layout needs N % 128 == 0 and K % 64 == 0";
-  // No kernel reads packed e2m1 activations with sm90 weights (the W4A4 GPU path dequantizes the
-  // activations to bf16 first; jax_nvfp4/gemm.py).
-  if (p.rhs_layout == RhsLayout::kSm90 && p.a_fp4) return "the sm90 layout takes bf16 activations only";
   if (p.M > 0 && p.N > 0) {
     if (!p.lhs || !p.rhs || !p.rhs_scales || !p.alpha || !p.group_sizes || !p.out || !p.workspace)
       return "null pointer";

@@ -11,9 +11,8 @@ namespace jax_nvfp4 {
 // The device's compute capability as 10 * major + minor (cached per device), or 0 on error.
 int DeviceArch(int device);
 
-// The families this build can run on a device of compute capability `arch` (FamilyBit mask):
-// mma from sm_80 on; mma_ws and wgmma on sm_90 when the build carries the sm_90a image.
-uint32_t RunnableFamilies(int arch);
+// RunnableFamilies (csrc/gemm_contract.h) of this build on a device of compute capability `arch`.
+uint32_t BuildRunnableFamilies(int arch);
 
 // Why configuration c cannot run on a device of compute capability `arch` with this build, or
 // nullptr when it can.
@@ -23,8 +22,10 @@ const char* ConfigUnsupportedReason(const KernelConfig& c, int arch);
 // synchronisation, no device-to-host copy (CUDA-graph capturable). c must be a kKernelConfigs
 // entry that runs on `arch` (ConfigUnsupportedReason). wgmma and mma_ws need 16-byte aligned
 // buffers (XLA's are) and wgmma the driver's tensor-map encoder; where they are missing, the mma
-// kernel runs with the same token tile (64 for larger wgmma tiles). Returns the first CUDA error
-// (launch errors included), or cudaErrorInvalidValue when GroupedGemmCheckParams rejects p.
+// kernel runs with the same token tile (64 for larger wgmma tiles). No CUDA kernel reads packed
+// e2m1 activations with sm90 weights (jax_nvfp4.grouped_gemm dequantizes W4A4 activations to bf16
+// first for them): cudaErrorNotSupported. Returns the first CUDA error (launch errors included),
+// or cudaErrorInvalidValue when GroupedGemmCheckParams rejects p.
 cudaError_t LaunchGroupedGemm(const GroupedGemmParams& p, const KernelConfig& c, int arch, cudaStream_t stream);
 
 // The family launchers LaunchGroupedGemm calls (csrc/grouped_gemm_mma.cu,

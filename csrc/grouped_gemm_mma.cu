@@ -629,6 +629,7 @@ cudaError_t LaunchGroupedGemmMma(const GroupedGemmParams& p, const KernelConfig&
   if (GroupedGemmCheckParams(p) != nullptr) return cudaErrorInvalidValue;
   if (c.family == KernelFamily::kWgmma || !IsKnownConfig(c)) return cudaErrorInvalidValue;
   if (c.family == KernelFamily::kMmaWs && (!sm90_image || !MmaWsBuffersOk(p))) return cudaErrorNotSupported;
+  if (p.a_fp4 && p.rhs_layout == RhsLayout::kSm90) return cudaErrorNotSupported;  // bf16 activations only
   if (p.M == 0 || p.N == 0) return cudaSuccess;
 
   int* ws = static_cast<int*>(p.workspace);

@@ -2,7 +2,7 @@
 // jax_nvfp4/reference.py for the semantics). Straight loops, one 16-wide block at a time: each
 // block's partial sum is exact-ish in float32 and then scaled, which keeps the float32 rounding
 // small. Not fast; it makes the custom-call path testable and usable without a GPU.
-// rhs_layout 1 (the sm90 load-time layout, jax_nvfp4/layout.py) is read natively: each weight
+// The sm90 load-time layout (jax_nvfp4/layout.py, csrc/gemm_contract.h) is read natively: each weight
 // row's codes are gathered through the layout's index mapping, then the same loops run, so the
 // result is bitwise the one of the checkpoint layout.
 #include <algorithm>
@@ -11,17 +11,17 @@
 #include <cstring>
 #include <string>
 
+#include "ffi/gemm_ffi.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-// Aliases: template commas cannot appear inside the XLA_FFI_DEFINE_HANDLER_SYMBOL macro.
-using U8Buffer3 = ffi::Buffer<ffi::U8, 3>;
-using F32Buffer1 = ffi::Buffer<ffi::F32, 1>;
-using S32Buffer1 = ffi::Buffer<ffi::S32, 1>;
-using U8Buffer1 = ffi::Buffer<ffi::U8, 1>;
+using jax_nvfp4::F32Buffer1;
+using jax_nvfp4::S32Buffer1;
+using jax_nvfp4::U8Buffer1;
+using jax_nvfp4::U8Buffer3;
 
 constexpr float kE2m1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
                              -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
@@ -58,8 +58,8 @@ void RowCodesCheckpoint(const uint8_t* data, int64_t K, int64_t n, uint8_t* code
 // 32-bit word at byte 512 mt + 16 (4 g8 + t) + 4 kb of 4096-byte block KB of row stripe NB (the
 // stripe's 128 rows x K/2 bytes hold its K/64 blocks one after another: block byte o is byte
 // 4096 KB + o of the stripe), register slot hi + 2 half, its sign/e1/e0/m0 bits at
-// kSlotBits[slot] + 16 parity.
-constexpr int kSlotBits[4][4] = {{15, 8, 7, 6}, {12, 5, 4, 3}, {9, 2, 1, 0}, {14, 13, 11, 10}};
+// kSm90SlotBits[slot] + 16 parity.
+using jax_nvfp4::kSm90SlotBits;
 
 void RowCodesSm90(const uint8_t* data, int64_t K, int64_t n, uint8_t* codes) {
   const int64_t nb = n / 128, r = n % 128;
@@ -71,7 +71,7 @@ void RowCodesSm90(const uint8_t* data, int64_t K, int64_t n, uint8_t* codes) {
     const uint8_t* b = data + 128 * nb * (K / 2) + 4096 * kblk + o;
     const uint32_t w =
         b[0] | (uint32_t{b[1]} << 8) | (uint32_t{b[2]} << 16) | (uint32_t{b[3]} << 24);
-    const int* bits = kSlotBits[hi + 2 * half];
+    const int* bits = kSm90SlotBits[hi + 2 * half];
     const int off = 16 * static_cast<int>(parity);
     auto bit = [&](int i) { return (w >> (bits[i] + off)) & 1u; };  // sign, e1, e0, m0
     codes[k] = static_cast<uint8_t>(bit(0) << 3 | bit(1) << 2 | bit(2) << 1 | bit(3));
@@ -86,48 +86,19 @@ uint16_t FloatToBf16(float f) {  // round to nearest even; NaN stays NaN
   return static_cast<uint16_t>(u >> 16);
 }
 
-ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales,
-                          U8Buffer3 rhs_data, ffi::AnyBuffer rhs_scales, F32Buffer1 alpha,
-                          S32Buffer1 group_sizes, ffi::Result<ffi::AnyBuffer> out,
-                          ffi::Result<U8Buffer1> workspace, int64_t /*rows_hint: a GPU tiling hint*/,
-                          int64_t rhs_layout) {
-  const auto rd = rhs_data.dimensions();
-  const int64_t G = rd[0], N = rd[1], K = rd[2] * 2;
-  const auto od = out->dimensions();
-  if (od.size() != 2 || od[1] != N)
-    return ffi::Error::InvalidArgument("out: expected [M, N] with N = rhs N");
-  const int64_t M = od[0];
-  const bool w4a4 = lhs.element_type() == ffi::U8;
-  if (!w4a4 && lhs.element_type() != ffi::BF16)
-    return ffi::Error::InvalidArgument("lhs: expected bf16 [M, K] or uint8 [M, K/2]");
-  const auto ld = lhs.dimensions();
-  if (ld.size() != 2 || ld[0] != M || ld[1] != (w4a4 ? K / 2 : K))
-    return ffi::Error::InvalidArgument("lhs: shape does not match out [M, N] and rhs K");
-  if (rhs_scales.element_type() != ffi::F8E4M3FN || rhs_scales.dimensions().size() != 3 ||
-      rhs_scales.dimensions()[0] != G || rhs_scales.dimensions()[1] != N ||
-      rhs_scales.dimensions()[2] != K / 16)
-    return ffi::Error::InvalidArgument("rhs_scales: expected float8_e4m3fn [G, N, K/16]");
-  if (w4a4 && (lhs_scales.element_type() != ffi::F8E4M3FN ||
-               lhs_scales.dimensions().size() != 2 || lhs_scales.dimensions()[0] != M ||
-               lhs_scales.dimensions()[1] != K / 16))
-    return ffi::Error::InvalidArgument("lhs_scales: expected float8_e4m3fn [M, K/16]");
-  if (alpha.dimensions()[0] != G || group_sizes.dimensions()[0] != G)
-    return ffi::Error::InvalidArgument("alpha, group_sizes: expected [G]");
-  if (K % 32 != 0) return ffi::Error::InvalidArgument("K must be a multiple of 32");
-  if (rhs_layout != 0 && rhs_layout != 1)
-    return ffi::Error::InvalidArgument("rhs_layout: expected 0 (checkpoint) or 1 (sm90), got " +
-                                       std::to_string(rhs_layout));
-  if (rhs_layout == 1 && (N % 128 != 0 || K % 64 != 0))
-    return ffi::Error::InvalidArgument(
-        "rhs_data: the sm90 layout (rhs_layout 1) needs N % 128 == 0 and K % 64 == 0, got N = " +
-        std::to_string(N) + ", K = " + std::to_string(K));
-  const bool out_f32 = out->element_type() == ffi::F32;
-  if (!out_f32 && out->element_type() != ffi::BF16)
-    return ffi::Error::InvalidArgument("out: expected bf16 or float32");
-  if (workspace->dimensions()[0] < K)
-    return ffi::Error::InvalidArgument("workspace: expected at least K = " + std::to_string(K) +
-                                       " bytes (one weight row's codes), got " +
-                                       std::to_string(workspace->dimensions()[0]));
+ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs_data,
+                          ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
+                          ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
+                          jax_nvfp4::GemmAttrs attrs) {
+  // The kernel configuration is checked like the CUDA handler checks it, and then not used.
+  jax_nvfp4::GroupedGemmParams p;
+  if (ffi::Error err = jax_nvfp4::DecodeGroupedGemm(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, out,
+                                                    workspace, attrs, &p);
+      err.failure())
+    return err;
+  const int64_t G = p.G, N = p.N, K = p.K, M = p.M;
+  const bool w4a4 = p.a_fp4, out_f32 = p.out_f32;
+  const bool sm90 = p.rhs_layout == jax_nvfp4::RhsLayout::kSm90;
 
   float e4m3[256];
   for (int i = 0; i < 256; ++i) e4m3[i] = E4m3ToFloat(static_cast<uint8_t>(i));
@@ -148,14 +119,13 @@ ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales,
     const int64_t end = std::min<int64_t>(start + std::max<int32_t>(gs[g], 0), M);
     for (int64_t n = 0; n < N && start < end; ++n) {
       const uint8_t* wg = w + g * N * (K / 2);
-      if (rhs_layout == 1) RowCodesSm90(wg, K, n, wcodes);
+      if (sm90) RowCodesSm90(wg, K, n, wcodes);
       else RowCodesCheckpoint(wg, K, n, wcodes);
       // Scale b of row n sits at wsrow[qstride (b / 4) + b % 4]: checkpoint [N, K/16] rows
       // (qstride 4); sm90 (layout.py) one 512-byte [128 rows][4] record per 128-row stripe and
       // k-tile (qstride 512, the row's 4 bytes at 4 (n % 128) of each record).
-      const uint8_t* wsrow = rhs_layout == 1 ? ws + (g * N + n / 128 * 128) * KB + 4 * (n % 128)
-                                             : ws + (g * N + n) * KB;
-      const int64_t qstride = rhs_layout == 1 ? 512 : 4;
+      const uint8_t* wsrow = sm90 ? ws + (g * N + n / 128 * 128) * KB + 4 * (n % 128) : ws + (g * N + n) * KB;
+      const int64_t qstride = sm90 ? 512 : 4;
       for (int64_t r = start; r < end; ++r) {
         float acc = 0.f;
         for (int64_t b = 0; b < KB; ++b) {
@@ -195,13 +165,12 @@ ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4GroupedGemmCpu, GroupedGemmCpu,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()            // lhs
-                                  .Arg<ffi::AnyBuffer>()            // lhs_scales
-                                  .Arg<U8Buffer3>()   // rhs_data
-                                  .Arg<ffi::AnyBuffer>()            // rhs_scales
-                                  .Arg<F32Buffer1>()  // alpha
-                                  .Arg<S32Buffer1>()  // group_sizes
-                                  .Ret<ffi::AnyBuffer>()            // out
-                                  .Ret<U8Buffer1>()   // workspace (CPU: one row's codes)
-                                  .Attr<int64_t>("rows_hint")
-                                  .Attr<int64_t>("rhs_layout"));  // 0 checkpoint, 1 sm90
+                                  .Arg<ffi::AnyBuffer>()  // lhs
+                                  .Arg<ffi::AnyBuffer>()  // lhs_scales
+                                  .Arg<U8Buffer3>()       // rhs_data
+                                  .Arg<ffi::AnyBuffer>()  // rhs_scales
+                                  .Arg<F32Buffer1>()      // alpha
+                                  .Arg<S32Buffer1>()      // group_sizes
+                                  .Ret<ffi::AnyBuffer>()  // out
+                                  .Ret<U8Buffer1>()       // workspace (CPU: one row's codes)
+                                  .Attrs<jax_nvfp4::GemmAttrs>());

@@ -1,6 +1,14 @@
-// nanobind module: hands the XLA FFI handlers to Python as capsules.
+// nanobind module: hands the XLA FFI handlers to Python as capsules, and exposes the kernel
+// configurations, the heuristic that picks one (csrc/gemm_contract.h) and what this build carries.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 
+#include <cstdint>
+#include <tuple>
+
+#include "csrc/gemm_contract.h"
+#include "jax_nvfp4_build.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace nb = nanobind;
@@ -13,6 +21,12 @@ extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmCuda(XLA_FFI_CallFrame* call_frame)
 template <typename Fn>
 static nb::capsule EncapsulateFfiHandler(Fn* fn) {
   return nb::capsule(reinterpret_cast<void*>(fn));
+}
+
+using ConfigTuple = std::tuple<std::string, int, int, int>;  // (family, token_tile, stages, cluster)
+
+static ConfigTuple ToTuple(const jax_nvfp4::KernelConfig& c) {
+  return {jax_nvfp4::FamilyName(c.family), c.token_tile, c.stages, c.cluster};
 }
 
 NB_MODULE(_jax_nvfp4, m) {
@@ -28,11 +42,63 @@ NB_MODULE(_jax_nvfp4, m) {
 #endif
     return d;
   });
-  m.def("built_with_cuda", []() {
-#ifdef JAX_NVFP4_WITH_CUDA
-    return true;
-#else
-    return false;
-#endif
-  });
+  m.def("built_with_cuda", []() { return jax_nvfp4::kBuiltCuda; });
+  m.def("cuda_targets", []() { return std::string(jax_nvfp4::kBuiltCudaTargets); },
+        "The CUDA images in this build, e.g. 'sm_80 sm_90a compute_80' (empty without CUDA).");
+  m.def("kernel_configs", []() {
+    nb::list l;
+    for (const jax_nvfp4::KernelConfig& c : jax_nvfp4::kKernelConfigs) l.append(ToTuple(c));
+    return l;
+  }, "Every compiled kernel configuration as (family, token_tile, stages, cluster).");
+  m.def("runnable_families", [](int arch) {
+    const uint32_t f = jax_nvfp4::RunnableFamilies(arch, jax_nvfp4::kBuiltCuda, jax_nvfp4::kBuiltSm90a);
+    nb::list l;
+    for (auto fam : {jax_nvfp4::KernelFamily::kMma, jax_nvfp4::KernelFamily::kMmaWs, jax_nvfp4::KernelFamily::kWgmma})
+      if (f & jax_nvfp4::FamilyBit(fam)) l.append(std::string(jax_nvfp4::FamilyName(fam)));
+    return l;
+  }, nb::arg("arch"), "The kernel families this build runs on compute capability arch (10 * major + minor).");
+  m.def(
+      "config_for_family",
+      [](const std::string& family, int64_t m, int64_t n, int64_t k, int64_t g, int64_t rows_hint, bool a_fp4,
+         bool sm90_layout) -> nb::object {
+        jax_nvfp4::ProblemDesc d;
+        d.M = m;
+        d.N = n;
+        d.K = k;
+        d.G = g;
+        d.rows_hint = rows_hint;
+        d.a_fp4 = a_fp4;
+        d.layout = sm90_layout ? jax_nvfp4::RhsLayout::kSm90 : jax_nvfp4::RhsLayout::kCheckpoint;
+        for (auto fam : {jax_nvfp4::KernelFamily::kMma, jax_nvfp4::KernelFamily::kMmaWs, jax_nvfp4::KernelFamily::kWgmma})
+          if (family == jax_nvfp4::FamilyName(fam)) {
+            if (!jax_nvfp4::FamilyHandles(fam, d)) return nb::none();
+            return nb::cast(ToTuple(jax_nvfp4::ConfigForFamily(fam, d)));
+          }
+        throw nb::value_error(("kernel: unknown family '" + family + "' (expected mma, mma_ws or wgmma)").c_str());
+      },
+      nb::arg("family"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("g"), nb::arg("rows_hint"),
+      nb::arg("a_fp4"), nb::arg("sm90_layout"),
+      "The configuration of one family for this problem (its token-tile rule), or None where the family does not "
+      "handle it.");
+  m.def(
+      "choose_kernel",
+      [](int arch, int64_t m, int64_t n, int64_t k, int64_t g, int64_t rows_hint, bool a_fp4, bool sm90_layout,
+         int64_t families) {
+        jax_nvfp4::ProblemDesc d;
+        d.arch = arch;
+        d.families = families >= 0 ? static_cast<uint32_t>(families)
+                                   : jax_nvfp4::RunnableFamilies(arch, jax_nvfp4::kBuiltCuda, jax_nvfp4::kBuiltSm90a);
+        d.M = m;
+        d.N = n;
+        d.K = k;
+        d.G = g;
+        d.rows_hint = rows_hint;
+        d.a_fp4 = a_fp4;
+        d.layout = sm90_layout ? jax_nvfp4::RhsLayout::kSm90 : jax_nvfp4::RhsLayout::kCheckpoint;
+        return ToTuple(jax_nvfp4::ChooseKernelConfig(d));
+      },
+      nb::arg("arch"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("g"), nb::arg("rows_hint"),
+      nb::arg("a_fp4"), nb::arg("sm90_layout"), nb::arg("families") = -1,
+      "The kernel configuration ChooseKernelConfig picks, as (family, token_tile, stages, cluster). families: "
+      "a mask of 1 << family (0 mma, 1 mma_ws, 2 wgmma) the device can run; -1: this build's on arch.");
 }

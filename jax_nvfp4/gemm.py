@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _extension, quantization, reference
+from . import _extension, kernel_config, quantization, reference
 from .formats import NVFP4Tensor
+from .kernel_config import KernelConfig
 
 BACKENDS = ("auto", "ffi", "reference")
 RHS_LAYOUT_CODES = {"checkpoint": 0, "sm90": 1}
@@ -42,48 +42,49 @@ def _varying_type(args, shape, dtype):
 
 
 def _ffi_grouped_gemm(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, out_dtype,
-                      rows_hint, rhs_layout):
+                      config, rhs_layout):
     m, n, g = lhs.shape[0], rhs_data.shape[1], rhs_data.shape[0]
     args = (lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes)
     out_t = _varying_type(args, (m, n), out_dtype)
     ws_t = _varying_type(args, (workspace_bytes(g, 2 * rhs_data.shape[2]),), jnp.uint8)
     out, _ = jax.ffi.ffi_call(_extension.TARGET, (out_t, ws_t), vmap_method="sequential")(
-        *args, rows_hint=np.int64(rows_hint), rhs_layout=np.int64(rhs_layout))
+        *args, rhs_layout=np.int32(rhs_layout), **config.attributes())
     return out
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(6, 7, 8))
 def _grouped_gemm_op(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, out_dtype,
-                     rows_hint, rhs_layout):
-    """The custom call; ``rhs_layout`` is the int code of rhs_data's layout (RHS_LAYOUT_CODES)."""
+                     config, rhs_layout):
+    """The custom call; ``config`` a KernelConfig, ``rhs_layout`` the int code of rhs_data's
+    layout (RHS_LAYOUT_CODES)."""
     return _ffi_grouped_gemm(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, out_dtype,
-                             rows_hint, rhs_layout)
+                             config, rhs_layout)
 
 
 @_grouped_gemm_op.defjvp
-def _grouped_gemm_jvp(out_dtype, rows_hint, rhs_layout, primals, tangents):
+def _grouped_gemm_jvp(out_dtype, config, rhs_layout, primals, tangents):
     raise NotImplementedError(
         "jax_nvfp4.grouped_gemm (backend 'ffi') is forward-only: NVFP4 weights are inference "
         "weights and the custom call has no derivative. Use backend='reference' to differentiate "
         "with respect to the float lhs.")
 
 
-def _w4a4_routes(out_dtype, rows_hint=0, rhs_layout="checkpoint"):
+def _w4a4_routes(out_dtype, native_config, bf16_config, rhs_layout="checkpoint"):
     """The two ways to run W4A4 through the custom call: ``(native, via_bf16)``, each taking
     ``(lhs_data, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes)``; ``rhs_data`` is in
-    ``rhs_layout`` ("checkpoint" or "sm90")."""
+    ``rhs_layout`` ("checkpoint" or "sm90"); each runs its KernelConfig."""
     no_sf = jnp.zeros((0,), jnp.float8_e4m3fn)
     code = RHS_LAYOUT_CODES[rhs_layout]
 
     def native(a, a_sf, w, w_sf, al, gs):
-        return _grouped_gemm_op(a, a_sf, w, w_sf, al, gs, out_dtype, rows_hint, code)
+        return _grouped_gemm_op(a, a_sf, w, w_sf, al, gs, out_dtype, native_config, code)
 
     def via_bf16(a, a_sf, w, w_sf, al, gs):
         # W4A4 on the GPU: a fused elementwise pre-pass dequantizes the activations exactly
         # (e2m1 x e4m3 has at most 6 significant bits, so bf16 holds it; the global scale stays
         # in alpha), then the W4A16 kernel runs. Costs 2*M*K bytes of transient memory.
         a16 = quantization.e2m1_scaled(NVFP4Tensor(a, a_sf, jnp.float32(1.0)), jnp.bfloat16)
-        return _grouped_gemm_op(a16, no_sf, w, w_sf, al, gs, out_dtype, rows_hint, code)
+        return _grouped_gemm_op(a16, no_sf, w, w_sf, al, gs, out_dtype, bf16_config, code)
 
     return native, via_bf16
 
@@ -112,7 +113,8 @@ def _resolve_backend(backend: str) -> str:
 
 
 def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp.bfloat16,
-                 backend: str = "auto", rows_hint: int | None = None) -> jax.Array:
+                 backend: str = "auto", rows_hint: int | None = None,
+                 kernel: str | KernelConfig | None = None) -> jax.Array:
     """Grouped NVFP4 GEMM: one GEMM per group (expert), group sizes on the device.
 
     Same semantics as :func:`jax_nvfp4.reference.grouped_gemm`.
@@ -123,9 +125,9 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         backend also takes float16/float32 lhs; the custom call takes bf16 only.
       rhs: NVFP4Tensor ``[G, N, K]``: data uint8 ``[G, N, K/2]``, scales float8_e4m3fn
         ``[G, N, K/16]``, global_scale float32 ``[G]``; ``rhs.layout`` "checkpoint" or "sm90"
-        (from :func:`jax_nvfp4.prepare_weights`: both CUDA kernels read it, with fewer
-        instructions; with ``JAX_NVFP4_KERNEL=mma`` a W4A4 lhs is a ValueError, since that mode
-        keeps W4A4 native and no kernel reads packed activations with sm90 weights).
+        (from :func:`jax_nvfp4.prepare_weights`: every CUDA kernel reads it, with fewer
+        instructions; with ``kernel="mma"`` a W4A4 lhs is a ValueError, since that choice keeps
+        W4A4 native and no kernel reads packed activations with sm90 weights).
       group_sizes: int32 ``[G]``; rows are grouped consecutively in group order. Negative sizes
         count as 0 and the running sum is clamped to M.
       out_dtype: bfloat16 or float32 (accumulation is always float32).
@@ -136,10 +138,17 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         much smaller than M (e.g. under expert parallelism, where M counts every routed row but
         only the local experts' rows are grouped). It only steers the CUDA kernel and tile choice;
         results do not depend on it.
+      kernel: which CUDA kernel configuration runs (backend "ffi"; see
+        :mod:`jax_nvfp4.kernel_config`): None for the heuristic's choice for this device and
+        problem (or the ``JAX_NVFP4_KERNEL`` environment variable's family, an override), a
+        family name ("mma", "mma_ws", "wgmma") at that family's token-tile rule, or a
+        :class:`~jax_nvfp4.kernel_config.KernelConfig` from ``kernel_configs()``. The choice is
+        lowered into the custom call's attributes; the CPU handler checks it and ignores it.
+        Results do not depend on it beyond float32 summation order.
 
     On the GPU, W4A4 runs as a fused exact dequantization of the activations to bf16 followed by
     the W4A16 kernel (transient bf16 copy of lhs, ``2 * M * K`` bytes); on the CPU, and with
-    ``JAX_NVFP4_KERNEL=mma`` (the older mma.sync CUDA kernel), the custom call takes W4A4 natively.
+    ``kernel="mma"`` (or a KernelConfig of that family), the custom call takes W4A4 natively.
 
     Returns:
       ``[M, N]`` out_dtype; row r of group g is ``alpha_g * lhs[r] @ W_g.T`` with ``alpha_g = lhs
@@ -154,25 +163,31 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         return reference.grouped_gemm(lhs, rhs, group_sizes, out_dtype=out_dtype)
     m, k, g, n = reference.validate_gemm_args(lhs, rhs, group_sizes, out_dtype,
                                               float_lhs_dtypes=(jnp.bfloat16,))
-    mma = os.environ.get("JAX_NVFP4_KERNEL") == "mma"
+    req = kernel_config.requested_family(kernel)
+    mma = (req.family if isinstance(req, KernelConfig) else req) == "mma"
     if mma and rhs.layout != "checkpoint" and isinstance(lhs, NVFP4Tensor):
-        # Under mma W4A4 stays native (packed e2m1 activations), which neither kernel reads with
-        # sm90 weights. Raised on every platform, so a program fails the same way on CPU and GPU.
+        # Under mma W4A4 stays native (packed e2m1 activations), which no kernel reads with sm90
+        # weights. Raised on every platform, so a program fails the same way on CPU and GPU.
         raise ValueError(f"rhs.layout: {rhs.layout!r} weights with an NVFP4 lhs need the bf16 "
-                         "activation path, but JAX_NVFP4_KERNEL=mma keeps W4A4 native; unset "
-                         "JAX_NVFP4_KERNEL or use jax_nvfp4.prepare_weights(rhs, 'checkpoint')")
+                         "activation path, but kernel 'mma' keeps W4A4 native; choose another "
+                         "kernel or use jax_nvfp4.prepare_weights(rhs, 'checkpoint')")
     code = RHS_LAYOUT_CODES[rhs.layout]
+    shape = dict(rows_hint=int(rows_hint), rhs_layout=rhs.layout)
     out_dtype = jnp.dtype(out_dtype)
     rhs_gs = jnp.broadcast_to(rhs.global_scale.astype(jnp.float32), (g,))
     if m == 0:
         return jnp.zeros((0, n), out_dtype)
     no_sf = jnp.zeros((0,), jnp.float8_e4m3fn)
     if not isinstance(lhs, NVFP4Tensor):
+        config = kernel_config.resolve(kernel, m, n, k, g, **shape)
         return _grouped_gemm_op(jnp.asarray(lhs), no_sf, rhs.data, rhs.scales, rhs_gs, group_sizes,
-                                out_dtype, int(rows_hint), code)
+                                out_dtype, config, code)
     alpha = lhs.global_scale.astype(jnp.float32) * rhs_gs
-    native, via_bf16 = _w4a4_routes(out_dtype, int(rows_hint), rhs.layout)
+    native_config = kernel_config.resolve(kernel, m, n, k, g, w4a4=True, **shape)
     args = (lhs.data, lhs.scales, rhs.data, rhs.scales, alpha, group_sizes)
-    if mma:                                           # the v1 kernel has a native W4A4 path
+    if mma:                                           # the mma kernel reads packed activations
+        native, _ = _w4a4_routes(out_dtype, native_config, native_config, rhs.layout)
         return native(*args)
+    bf16_config = kernel_config.resolve(kernel, m, n, k, g, **shape)
+    native, via_bf16 = _w4a4_routes(out_dtype, native_config, bf16_config, rhs.layout)
     return jax.lax.platform_dependent(*args, cpu=native, default=via_bf16)

@@ -22,6 +22,8 @@ from jax_nvfp4 import _extension
 from conftest import cpu_devices, gpu_devices, skip_or_fail
 from oracles import dequant64, grouped_gemm64, rel_err
 
+MMA16 = jn.kernel_config.KernelConfig("mma", 16, 4, 1)   # reads packed e2m1 activations
+
 
 def platform_device(platform):
     if not _extension.available():
@@ -172,7 +174,8 @@ class TestGroupedGemmHandler:
         dev = platform_device(platform)
         lhs, rhs, gs, ref = make_problem(rng, 150, 136, 320, [40, 0, 70, 30], True)
         lhs, rhs, gs = jax.device_put((lhs, rhs, gs), dev)
-        f = dict(zip(("native", "via_bf16"), jn.gemm._w4a4_routes(jnp.dtype(jnp.float32))))[route]
+        f = dict(zip(("native", "via_bf16"),
+                     jn.gemm._w4a4_routes(jnp.dtype(jnp.float32), MMA16, MMA16)))[route]
         alpha = lhs.global_scale * rhs.global_scale
         out = jax.jit(f)(lhs.data, lhs.scales, rhs.data, rhs.scales, alpha, gs)
         assert rel_err(out, ref) <= 1e-5
@@ -209,8 +212,8 @@ class TestSm90Layout:
     """Weights from jax_nvfp4.prepare_weights (layout "sm90", custom-call attribute rhs_layout=1).
 
     CPU: the handler reads the layout natively and must give bitwise the checkpoint-layout
-    result. CUDA: the usual kernel choice (v1 for the decode-sized shapes, v2 above; both read the
-    layout for W4A16; gpu_check.sh also runs these with JAX_NVFP4_KERNEL=wgmma); checked against
+    result. CUDA: the usual kernel choice (mma for the decode-sized shapes, wgmma above; all read the
+    layout for W4A16; tests/test_kernel_config.py forces each family); checked against
     float64 only, since the layouts sum the k-blocks in different orders on v1.
     """
 
@@ -239,7 +242,7 @@ class TestSm90Layout:
         lhs, rhs, gs, ref = make_problem(rng, 150, 256, 320, [40, 0, 70, 30], True)
         lhs, prepared, gs = jax.device_put((lhs, jn.prepare_weights(rhs), gs), dev)
         f = dict(zip(("native", "via_bf16"),
-                     jn.gemm._w4a4_routes(jnp.dtype(jnp.float32), 0, "sm90")))[route]
+                     jn.gemm._w4a4_routes(jnp.dtype(jnp.float32), MMA16, MMA16, "sm90")))[route]
         alpha = lhs.global_scale * prepared.global_scale
         args = (lhs.data, lhs.scales, prepared.data, prepared.scales, alpha, gs)
         if platform == "cuda" and route == "native":
@@ -338,7 +341,8 @@ print("W4A16 REL", np.abs(out - ref).max() / np.abs(ref).max())
 xq = jn.quantize(x.astype(jnp.float32))
 try:  # native W4A4 with sm90 weights, past the Python check, straight to the handler
     jax.block_until_ready(jn.gemm._grouped_gemm_op(
-        xq.data, xq.scales, rhs.data, rhs.scales, rhs.global_scale, gs, jnp.dtype(jnp.float32), 0, 1))
+        xq.data, xq.scales, rhs.data, rhs.scales, rhs.global_scale, gs, jnp.dtype(jnp.float32),
+        jn.kernel_config.KernelConfig("mma", 16, 4, 1), 1))
     print("W4A4 NO ERROR")
 except jax.errors.JaxRuntimeError as e:
     print("W4A4 ERROR", e)
@@ -346,8 +350,9 @@ except jax.errors.JaxRuntimeError as e:
 
 
 def test_cuda_handler_sm90_under_mma_env():
-    """JAX_NVFP4_KERNEL=mma (read once per process by the CUDA handler) with rhs_layout=1: v1 reads
-    the layout for a bf16 lhs (checked against float64) and rejects a packed e2m1 lhs clearly."""
+    """JAX_NVFP4_KERNEL=mma (the documented override of the heuristic) with rhs_layout=1: the mma
+    kernel reads the layout for a bf16 lhs (checked against float64), and the handler rejects a
+    packed e2m1 lhs clearly."""
     if not gpu_devices():
         skip_or_fail("no GPU: the CUDA handler's mma/sm90 path is not exercised")
     if not _extension.has_cuda():
@@ -401,13 +406,14 @@ class TestBadInput:
             with pytest.raises(ValueError, match="rows_hint: expected a static int"):
                 jn.grouped_gemm(lhs, rhs, gs, backend="ffi", rows_hint=hint)
 
-    def test_rows_hint_reaches_the_call_and_changes_nothing(self):
-        lhs, rhs, gs = self.lhs, self.rhs, self.gs
+    def test_rows_hint_steers_the_config_and_changes_nothing(self):
+        # 200 rows in 2 groups: 100 per group picks the 64-token mma tile; a hint of 8 rows, 16
+        lhs, rhs, gs, _ = make_problem(np.random.default_rng(5), 200, 16, 64, [4, 4], False)
         f = lambda h: jax.jit(lambda a: jn.grouped_gemm(a, rhs, gs, out_dtype=jnp.float32,  # noqa: E731
                                                        backend="ffi", rows_hint=h))
-        assert "rows_hint = 3 : i64" in f(3).lower(lhs).as_text()
-        assert "rows_hint = 0 : i64" in f(None).lower(lhs).as_text()
-        np.testing.assert_array_equal(np.asarray(f(3)(lhs)), np.asarray(f(None)(lhs)))
+        assert "token_tile = 16 : i32" in f(8).lower(lhs).as_text()
+        assert "token_tile = 64 : i32" in f(None).lower(lhs).as_text()
+        np.testing.assert_array_equal(np.asarray(f(8)(lhs)), np.asarray(f(None)(lhs)))
 
     def test_sm90_layout_errors(self, monkeypatch):
         lhs, rhs, gs = self.lhs, self.rhs, self.gs                 # rhs N = 16
@@ -423,15 +429,18 @@ class TestBadInput:
             jn.grouped_gemm(jn.NVFP4Tensor(a4.data, a4.scales, a4.global_scale, "sm90"), rhs, gs,
                             backend="ffi")
 
-    def test_mma_env_rejects_sm90_weights_with_nvfp4_lhs(self, monkeypatch):
+    @pytest.mark.parametrize("how", ["env", "argument"])
+    def test_mma_rejects_sm90_weights_with_nvfp4_lhs(self, monkeypatch, how):
         rng = np.random.default_rng(1)
         lhs, rhs, gs, ref = make_problem(rng, 8, 128, 64, [4, 4], False)
         prepared = jn.prepare_weights(rhs)
         a4 = jn.quantize(lhs.astype(jnp.float32))
-        monkeypatch.setenv("JAX_NVFP4_KERNEL", "mma")
+        if how == "env":
+            monkeypatch.setenv("JAX_NVFP4_KERNEL", "mma")
+        kw = {"kernel": "mma"} if how == "argument" else {}
         with pytest.raises(ValueError, match=r"rhs.layout: 'sm90' weights with an NVFP4 lhs .*"
-                                             r"JAX_NVFP4_KERNEL=mma keeps W4A4 native"):
-            jn.grouped_gemm(a4, prepared, gs, backend="ffi")
+                                             r"kernel 'mma' keeps W4A4 native"):
+            jn.grouped_gemm(a4, prepared, gs, backend="ffi", **kw)
         # a bf16 lhs, the reference, and checkpoint weights still run
         out = jn.grouped_gemm(lhs, prepared, gs, out_dtype=jnp.float32, backend="ffi")
         assert rel_err(out, ref) <= 1e-5
@@ -444,8 +453,8 @@ class TestBadInput:
         rng = np.random.default_rng(2)
         lhs, rhs, gs, _ = make_problem(rng, 8, 128, 64, [4, 4], False)
         f = jax.jit(lambda a, b: jn.grouped_gemm(a, b, gs, backend="ffi"))
-        assert "rhs_layout = 0 : i64" in f.lower(lhs, rhs).as_text()
-        assert "rhs_layout = 1 : i64" in f.lower(lhs, jn.prepare_weights(rhs)).as_text()
+        assert "rhs_layout = 0 : i32" in f.lower(lhs, rhs).as_text()
+        assert "rhs_layout = 1 : i32" in f.lower(lhs, jn.prepare_weights(rhs)).as_text()
 
     def test_cpu_handler_checks_rhs_layout(self, on_cpu):
         """The handler's own checks, for callers that bypass grouped_gemm's validation."""
@@ -454,10 +463,10 @@ class TestBadInput:
         lhs, rhs, gs, _ = make_problem(rng, 8, 16, 64, [4, 4], False)
         no_sf = jnp.zeros((0,), jnp.float8_e4m3fn)
         call = lambda code: jax.block_until_ready(jn.gemm._grouped_gemm_op(  # noqa: E731
-            lhs, no_sf, rhs.data, rhs.scales, rhs.global_scale, gs, jnp.dtype(jnp.float32), 0,
+            lhs, no_sf, rhs.data, rhs.scales, rhs.global_scale, gs, jnp.dtype(jnp.float32), MMA16,
             code))
         with pytest.raises(jax.errors.JaxRuntimeError,
-                           match=r"rhs_layout: expected 0 \(checkpoint\) or 1 \(sm90\), got 2"):
+                           match=r"rhs_layout must be 0 \(checkpoint\) or 1 \(sm90\), got 2"):
             call(2)
         with pytest.raises(jax.errors.JaxRuntimeError,
                            match=r"sm90 layout \(rhs_layout 1\) needs N % 128 == 0 and K % 64 == "
@@ -476,5 +485,5 @@ class TestBadInput:
         assert rel_err(np.asarray(f(), np.float64), ref) <= 1e-5
         monkeypatch.setattr(jn.gemm, "workspace_bytes", lambda g, k=0: 4096 + 16 * g)
         with pytest.raises(jax.errors.JaxRuntimeError,
-                           match=r"workspace: expected at least K = 4160 bytes"):
+                           match=r"workspace has 4128 bytes, needs 4096 \+ 16\*G \+ K = 8288"):
             jax.block_until_ready(f())

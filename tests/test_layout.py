@@ -93,7 +93,7 @@ def test_bad_input_names_the_argument():
 
 
 def test_selftest_host_copy_matches(rng, tmp_path):
-    """tools/sm90_layout_host.h (the GPU self-test's C++ copies of prepare_sm90 and
+    """tools/bench/sm90_layout_host.h (the GPU self-test's C++ copies of prepare_sm90 and
     prepare_scales_sm90) gives the same bytes."""
     import shutil
     import subprocess
@@ -103,7 +103,7 @@ def test_selftest_host_copy_matches(rng, tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     src = tmp_path / "driver.cpp"
     src.write_text(
-        '#include "tools/sm90_layout_host.h"\n#include <cstdio>\n#include <cstdlib>\n'
+        '#include "tools/bench/sm90_layout_host.h"\n#include <cstdio>\n#include <cstdlib>\n'
         "int main(int, char** a) {\n"
         "  long G = atol(a[1]), N = atol(a[2]), K = atol(a[3]);\n"
         "  std::vector<uint8_t> in(G * N * K / 2);\n"

@@ -387,19 +387,29 @@ def _count_ops(hlo: str, op: str) -> int:
 
 
 @needs_ffi
-def test_rows_hint_counts_local_rows(rng):
+def test_rows_hint_counts_local_rows(rng, monkeypatch):
     """Under EP each device's GEMM sees all T*k routed rows (non-local ones past the groups); the
-    kernel-choice hint is the expected local share, ceil(T*k*L/E), not T*k. Single device: no hint."""
+    kernel-choice hint is the expected local share, ceil(T*k*L/E), not T*k. Single device: no hint.
+    (The hint only feeds the heuristic at trace time; the lowered call carries its choice.)"""
+    hints = []
+    choose = jn.kernel_config.choose
+
+    def spy(m, n, k, groups, **kw):
+        hints.append(kw.get("rows_hint", 0))
+        return choose(m, n, k, groups, **kw)
+
+    monkeypatch.setattr(jn.kernel_config, "choose", spy)
     cfg, w, x, _ = make_layer(rng)
     t, k = x.shape[0], cfg.top_k
     for ep in (2, 4, 8):
         mesh = ep_mesh(ep)
-        text = ep_fn(cfg, mesh, "psum").lower(x, jn.shard_moe_weights(w, mesh), None).as_text()
+        hints.clear()
+        ep_fn(cfg, mesh, "psum").lower(x, jn.shard_moe_weights(w, mesh), None)
         want = -(-t * k * (E // ep) // E)
-        routed = re.findall(r"rows_hint = (\d+) : i64", text)
-        assert routed.count(str(want)) == 2, (ep, routed)      # the routed L1 and L2 GEMMs
-    text = jax.jit(lambda x, w: jn.moe(x, w, cfg, backend="ffi")).lower(x, w).as_text()
-    assert set(re.findall(r"rows_hint = (\d+) : i64", text)) == {"0"}
+        assert hints.count(want) >= 2, (ep, hints)      # the routed L1 and L2 GEMMs
+    hints.clear()
+    jax.jit(lambda x, w: jn.moe(x, w, cfg, backend="ffi")).lower(x, w)
+    assert hints and set(hints) == {0}
 
 
 @pytest.mark.parametrize("backend", [pytest.param("ffi", marks=needs_ffi), "reference"])

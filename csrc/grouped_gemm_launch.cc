@@ -40,18 +40,12 @@ int DeviceArch(int device) {
   return arch;
 }
 
-uint32_t RunnableFamilies(int arch) {
-  uint32_t f = 0;
-  if (FamilyRunsOn(KernelFamily::kMma, arch)) f |= FamilyBit(KernelFamily::kMma);
-  if (kBuiltSm90a && FamilyRunsOn(KernelFamily::kMmaWs, arch)) f |= FamilyBit(KernelFamily::kMmaWs);
-  if (kBuiltSm90a && FamilyRunsOn(KernelFamily::kWgmma, arch)) f |= FamilyBit(KernelFamily::kWgmma);
-  return f;
-}
+uint32_t BuildRunnableFamilies(int arch) { return RunnableFamilies(arch, kBuiltCuda, kBuiltSm90a); }
 
 const char* ConfigUnsupportedReason(const KernelConfig& c, int arch) {
   if (!IsKnownConfig(c)) return "not one of the compiled kernel configurations (jax_nvfp4.kernel_configs())";
   if (!ArchSupported(arch)) return "the CUDA kernels need compute capability 8.0 or newer";
-  if (RunnableFamilies(arch) & FamilyBit(c.family)) return nullptr;
+  if (BuildRunnableFamilies(arch) & FamilyBit(c.family)) return nullptr;
   if (!kBuiltSm90a) return "this build carries no sm_90a image (portable build): only the mma family runs";
   return "the mma_ws and wgmma families run on compute capability 9.0 (Hopper) only";
 }

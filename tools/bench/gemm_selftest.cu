@@ -1,22 +1,21 @@
-// Standalone self-test and benchmark of the sm_90a grouped NVFP4 GEMM: v1 (mma.sync,
-// csrc/grouped_gemm_sm90.cu) and v2 (WGMMA, csrc/grouped_gemm_sm90_wgmma.cu).
+// Standalone self-test and benchmark of the grouped NVFP4 GEMM kernels (csrc/): each configuration
+// the heuristic picks (csrc/gemm_contract.h) against a float64 reference, on edge-case group sizes.
 //
-// Build (on the GPU machine):
-//   nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Xcompiler -fopenmp \
-//        -I. -I<cutlass>/include tools/gemm_selftest.cu csrc/grouped_gemm_sm90.cu \
-//        csrc/grouped_gemm_sm90_wgmma.cu -o gemm_selftest
+// Build: cmake with -DJAX_NVFP4_BUILD_TOOLS=ON builds it as the target gemm_selftest with the
+// extension's flags (e.g. pip wheel . -Cbuild-dir=build/tools -Ccmake.define.JAX_NVFP4_BUILD_TOOLS=ON;
+// tests/test_selftest.py does this and runs it on the GPU).
 // Usage: gemm_selftest [--small] [--no-bench] [--bench-only] [--no-sweep] [--seed S] [--kernel mma|wgmma|both] [--only L1-1536]
 //                      [--force BT]  (bench only that token tile)
 //                      [--sustain MS]  (bench under sustained back-to-back load, ~2 x MS ms per case)
 //                      [--lognormal]  (bench group sizes with log-normal weights, as python -m
 //                                      jax_nvfp4.bench draws them, instead of u^3 with ~20% empty)
 //                      [--layout sm90]  (weights in the sm90 load-time layout: W4A16 cases only)
-//                      [--kscan]  (v2 W4A16 time against K: per-k-tile vs per-tile cost)
-//                      [--trace L1-192]  (build with -DJAX_NVFP4_V2_DIAG=3: clock64 trace of v2's tile switches)
+//                      [--kscan]  (wgmma W4A16 time against K: per-k-tile vs per-tile cost)
 //   --small: only small shapes (for compute-sanitizer).
-//   --kernel: which launcher the self-test and the benchmark call (default mma = v1). "both" runs
-//     the self-test with each and benchmarks both side by side. v2 forwards the cases it does not
-//     handle (W4A4, K % 64 != 0) to v1; those rows print kern=v1.
+//   --kernel: which family the self-test and the benchmark run (default mma: the heuristic's choice
+//     among mma and, on sm_90, mma_ws; wgmma: wgmma wherever it handles the case, at its token-tile
+//     rule, else the mma choice). "both" runs the self-test with each and benchmarks both side by
+//     side. Rows print the family that ran.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -27,11 +26,10 @@
 
 #include <cuda_runtime.h>
 
-#include "csrc/grouped_gemm_sm90.h"
-#include "csrc/grouped_gemm_sm90_wgmma.h"
-#include "tools/sm90_layout_host.h"
+#include "csrc/grouped_gemm.h"
+#include "tools/bench/sm90_layout_host.h"
 
-#include "tools/cuda_check.h"
+#include "tools/bench/cuda_check.h"
 
 using jax_nvfp4::GroupedGemmParams;
 
@@ -167,24 +165,50 @@ static const char* mode_name(GsMode m) {
 }
 
 static int g_fail = 0;
-static bool g_wgmma = false;  // which launcher run_case/bench call
+static bool g_wgmma = false;  // which family run_case/bench run (--kernel)
+static int g_arch = 0;        // the device's compute capability (10 * major + minor)
+static int g_cur_force = 0;   // token tile forced for the next launches (0: the heuristic's)
 
+// The configuration the next launches of p run.
+static jax_nvfp4::KernelConfig config_of(const GroupedGemmParams& p) {
+  using jax_nvfp4::KernelFamily;
+  jax_nvfp4::ProblemDesc d;
+  d.arch = g_arch;
+  d.M = p.M;
+  d.N = p.N;
+  d.K = p.K;
+  d.G = p.G;
+  d.a_fp4 = p.a_fp4;
+  d.layout = p.rhs_layout;
+  const uint32_t runnable = jax_nvfp4::BuildRunnableFamilies(g_arch);
+  if (g_wgmma && (runnable & jax_nvfp4::FamilyBit(KernelFamily::kWgmma)) &&
+      jax_nvfp4::FamilyHandles(KernelFamily::kWgmma, d)) {
+    if (g_cur_force) return jax_nvfp4::DefaultConfigFor(KernelFamily::kWgmma, g_cur_force == 16 ? 32 : g_cur_force);
+    return jax_nvfp4::ConfigForFamily(KernelFamily::kWgmma, d);
+  }
+  d.families = runnable & ~jax_nvfp4::FamilyBit(KernelFamily::kWgmma);
+  const bool ws = (d.families & jax_nvfp4::FamilyBit(KernelFamily::kMmaWs)) &&
+                  jax_nvfp4::FamilyHandles(KernelFamily::kMmaWs, d);
+  if (g_cur_force == 16 && ws) return jax_nvfp4::DefaultConfigFor(KernelFamily::kMmaWs, 16);
+  if (g_cur_force) return jax_nvfp4::DefaultConfigFor(KernelFamily::kMma, g_cur_force);
+  return jax_nvfp4::ChooseKernelConfig(d);
+}
 static cudaError_t launch(const GroupedGemmParams& p, cudaStream_t s) {
-  return g_wgmma ? jax_nvfp4::LaunchGroupedGemmSm90Wgmma(p, s) : jax_nvfp4::LaunchGroupedGemmSm90(p, s);
+  const jax_nvfp4::KernelConfig c = config_of(p);
+  if (!jax_nvfp4::IsKnownConfig(c)) return cudaErrorInvalidValue;
+  return jax_nvfp4::LaunchGroupedGemm(p, c, g_arch, s);
 }
-// token tile of the kernel that actually runs, and its name
+// token tile of the configuration that runs (0: none), and its family
 static int tile_of(const GroupedGemmParams& p) {
-  if (g_wgmma && jax_nvfp4::GroupedGemmWgmmaHandles(p)) return jax_nvfp4::GroupedGemmWgmmaTokenTile(p);
-  return jax_nvfp4::GroupedGemmTokenTile(p);
+  const jax_nvfp4::KernelConfig c = config_of(p);
+  return jax_nvfp4::IsKnownConfig(c) ? c.token_tile : 0;
 }
-static const char* kern_of(const GroupedGemmParams& p) {
-  return (g_wgmma && jax_nvfp4::GroupedGemmWgmmaHandles(p)) ? "v2" : "v1";
-}
+static const char* kern_of(const GroupedGemmParams& p) { return jax_nvfp4::FamilyName(config_of(p).family); }
 
 static bool g_layout = false;  // --layout sm90: weights in the sm90 load-time layout (W4A16 only)
 
 static void run_case(const Case& cs, bool a_fp4, bool out_f32, uint64_t seed, int force_bt = 0) {
-  // Under --layout sm90 only the W4A16 cases with N % 128 == 0 and K % 64 == 0 run, on v1 or v2
+  // Under --layout sm90 only the W4A16 cases with N % 128 == 0 and K % 64 == 0 run
   // (the reference below keeps using the checkpoint-layout bytes, so it checks the re-layout and
   // the kernel's reading of it).
   if (g_layout && (a_fp4 || cs.N % 128 != 0 || cs.K % 64 != 0)) return;
@@ -250,8 +274,8 @@ static void run_case(const Case& cs, bool a_fp4, bool out_f32, uint64_t seed, in
 
   GroupedGemmParams p = make_params(d_lhs, d_lhs_s, d_rhs, d_rhs_s, d_alpha, d_gs, d_out, d_ws, ws_bytes, M, N,
                                     K, G, a_fp4, out_f32);
-  p.force_token_tile = force_bt;
-  p.rhs_layout = g_layout ? 1 : 0;
+  g_cur_force = force_bt;
+  p.rhs_layout = g_layout ? jax_nvfp4::RhsLayout::kSm90 : jax_nvfp4::RhsLayout::kCheckpoint;
   CK(launch(p, 0));
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
@@ -471,18 +495,19 @@ static void bench(std::vector<BenchRow>& table) {
       for (int fp4 = 0; fp4 < 2; ++fp4) {
         GroupedGemmParams p = make_params(d_lhs, d_lhs_s, d_rhs, d_rhs_s, d_alpha, d_gs, d_out, d_ws,
                                           jax_nvfp4::GroupedGemmWorkspaceBytes(G), rows, N, K, G, fp4, false);
+        // timing only: the random bytes are valid codes in either layout
+        if (g_layout && fp4) continue;
+        p.rhs_layout = g_layout ? jax_nvfp4::RhsLayout::kSm90 : jax_nvfp4::RhsLayout::kCheckpoint;
+        g_cur_force = 0;
         const int auto_bt = tile_of(p);
         BenchRow best{}, chosen{};
         best.ms = 1e30;
-        const bool v2 = g_wgmma && jax_nvfp4::GroupedGemmWgmmaHandles(p);
-        // timing only: the random bytes are valid codes in either layout
-        if (g_layout && fp4) continue;
-        p.rhs_layout = g_layout ? 1 : 0;
+        const bool wg = config_of(p).family == jax_nvfp4::KernelFamily::kWgmma;
         for (int bt : {16, 32, 64, 128, 256}) {
           if (g_force_bt ? bt != g_force_bt : (g_sweep == 0 && bt != auto_bt)) continue;
           if (rows >= 6144 && bt == 16) continue;  // hopeless, saves time
-          if (v2 ? (bt < 32) : (bt > 128)) continue;  // v2 tiles: 32, 64, 128
-          p.force_token_tile = bt;
+          if (wg ? (bt < 32) : (bt > 128)) continue;  // wgmma tiles: 32-256; mma: 16-128
+          g_cur_force = bt;
           if (tile_of(p) != bt) continue;  // not available in this build
           const std::vector<float> t = time_launches(p, e0, e1);
           const double ms = t[t.size() / 2];
@@ -544,13 +569,13 @@ struct TimingBuffers {
     CK(cudaMemcpy(gs, sizes.data(), G * 4, cudaMemcpyHostToDevice));
     GroupedGemmParams p = make_params(lhs, nullptr, rhs, rhs_s, alpha, gs, out, ws,
                                       jax_nvfp4::GroupedGemmWorkspaceBytes(G), rows, N, K, G, false, false);
-    p.rhs_layout = g_layout ? 1 : 0;
-    if (g_force_bt) p.force_token_tile = g_force_bt;
+    p.rhs_layout = g_layout ? jax_nvfp4::RhsLayout::kSm90 : jax_nvfp4::RhsLayout::kCheckpoint;
+    g_cur_force = g_force_bt;
     return p;
   }
 };
 
-// --kscan: v2 W4A16 time against K at fixed N, G and rows. A straight-line fit time = a + b * KT
+// --kscan: wgmma W4A16 time against K at fixed N, G and rows. A straight-line fit time = a + b * KT
 // per tile separates the per-k-tile cost from a per-tile cost (tile switches, epilogue, lookups).
 static void kscan() {
   const int64_t G = 48, N = 6144, maxK = 7168, maxM = 24576;
@@ -579,86 +604,17 @@ static void kscan() {
   }
 }
 
-#if JAX_NVFP4_V2_DIAG == 3
-// --trace L1-192 (build with -DJAX_NVFP4_V2_DIAG=3): one v2 launch of a bench shape with the
-// kernel's clock64 trace of the tile switches; prints medians over tiles of the first consumer
-// warp's mainloop, lookup, epilogue and the gap to its next tile, and how far ahead the weight
-// loader started each tile.
-static void trace_case(const char* name) {
-  const int64_t G = 48;
-  const bool l1 = !std::strncmp(name, "L1-", 3);
-  const int64_t K = l1 ? 7168 : 3072, N = l1 ? 6144 : 7168, rows = std::atoll(name + 3);
-  TimingBuffers buf(G, N, K, rows);
-  int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const size_t ntr = static_cast<size_t>(sms) * 256 * 8;
-  unsigned long long* d_tr;
-  CK(cudaMalloc(&d_tr, ntr * 8));
-  Rng r(1000 + rows);
-  const GroupedGemmParams p = buf.params(make_group_sizes(r, rows, G, g_bench_sizes), rows, N, K);
-  CK(jax_nvfp4::GroupedGemmWgmmaSetTrace(d_tr));
-  CK(launch(p, 0));  // warm-up
-  CK(cudaMemset(d_tr, 0, ntr * 8));
-  CK(cudaDeviceSynchronize());
-  CK(launch(p, 0));
-  CK(cudaDeviceSynchronize());
-  std::vector<unsigned long long> h(ntr);
-  CK(cudaMemcpy(h.data(), d_tr, ntr * 8, cudaMemcpyDeviceToHost));
-  const double kt = static_cast<double>(K / 64);
-  // busy: per CTA, clocks from its first tile's mainloop start to its last tile's epilogue end
-  // (SM clocks are not synchronized across SMs, but the persistent CTAs all start together), so
-  // max / mean is the time lost to the tile walk's imbalance at the end.
-  std::vector<double> mainl, look, epi, gap, lead, span, wait, wait_full, busy;
-  for (int b = 0; b < sms; ++b) {
-    const unsigned long long* e0 = &h[static_cast<size_t>(b) * 256 * 8];
-    double span_b = 0;  // up to the last recorded tile's epilogue end
-    for (int ti = 0; ti < 256; ++ti) {
-      const unsigned long long* e = e0 + ti * 8;
-      if (!e[0] || !e[3]) break;
-      span_b = static_cast<double>(e[3] - e0[0]);
-      mainl.push_back(static_cast<double>(e[1] - e[0]) / kt);
-      wait.push_back(static_cast<double>(e[6] & 0xffffffffull) / kt);
-      wait_full.push_back(static_cast<double>(e[6] >> 32) / kt);
-      look.push_back(static_cast<double>(e[2] - e[1]));
-      epi.push_back(static_cast<double>(e[3] - e[2]));
-      if (e[4]) lead.push_back(static_cast<double>(e[0]) - static_cast<double>(e[4]));
-      if (e[4] && e[5]) span.push_back(static_cast<double>(e[5] - e[4]) / kt);
-      if (ti + 1 < 256 && e[8]) gap.push_back(static_cast<double>(e[8]) - static_cast<double>(e[3]));
-    }
-    if (span_b > 0) busy.push_back(span_b);
-  }
-  double bmean = 0, bmax = 0, bmin = busy.empty() ? 0 : busy[0];
-  for (double v : busy) bmean += v, bmax = std::max(bmax, v), bmin = std::min(bmin, v);
-  if (!busy.empty()) bmean /= static_cast<double>(busy.size());
-  std::printf("trace %s: %zu CTAs busy (clk) mean %.0f min %.0f max %.0f, max/mean %.3f\n", name, busy.size(), bmean,
-              bmin, bmax, bmean > 0 ? bmax / bmean : 0.0);
-  auto med = [](std::vector<double> v) {
-    if (v.empty()) return 0.0;
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  std::printf("trace %s (%s layout, token tile %d): %zu tiles; medians in clk: mainloop per k-tile %.0f "
-              "(of which waiting for the stage %.0f: %.0f for its data, the rest for the scale warps), next-tile lookup %.0f, epilogue %.0f, gap to next tile "
-              "%.0f; weight loader started the tile %.0f clk before the consumer and issued at %.0f clk per "
-              "k-tile\n",
-              name, g_layout ? "sm90" : "checkpoint", tile_of(p), mainl.size(),
-              med(mainl), med(wait), med(wait_full), med(look), med(epi), med(gap), med(lead), med(span));
-  cudaFree(d_tr);
-}
-#endif
 
 int main(int argc, char** argv) {
   bool small = false, do_bench = true, bench_only = false, do_kscan = false;
-  const char* trace_name = nullptr;
   uint64_t seed = 42;
-  std::vector<bool> kernels = {false};  // false: v1 (mma), true: v2 (wgmma)
+  std::vector<bool> kernels = {false};  // false: mma, true: wgmma
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--small")) small = true;
     else if (!std::strcmp(argv[i], "--no-bench")) do_bench = false;
     else if (!std::strcmp(argv[i], "--bench-only")) bench_only = true;
     else if (!std::strcmp(argv[i], "--no-sweep")) g_sweep = 0;
     else if (!std::strcmp(argv[i], "--kscan")) do_kscan = true;
-    else if (!std::strcmp(argv[i], "--trace") && i + 1 < argc) trace_name = argv[++i];
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) g_only = argv[++i];
     else if (!std::strcmp(argv[i], "--force") && i + 1 < argc) g_force_bt = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--sustain") && i + 1 < argc) g_sustain_ms = std::atoi(argv[++i]);
@@ -680,18 +636,10 @@ int main(int argc, char** argv) {
   init_luts();
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
-  if (trace_name) {  // v2 only
-#if JAX_NVFP4_V2_DIAG == 3
-    g_wgmma = true;
-    trace_case(trace_name);
-    return 0;
-#else
-    std::fprintf(stderr, "--trace needs a build with -DJAX_NVFP4_V2_DIAG=3\n");
-    return 2;
-#endif
-  }
-  if (do_kscan) {  // v2 only
+  g_arch = jax_nvfp4::DeviceArch(0);
+  std::printf("device: %s, %d SMs, compute capability %d.%d\n", prop.name, prop.multiProcessorCount, g_arch / 10,
+              g_arch % 10);
+  if (do_kscan) {  // wgmma only
     g_wgmma = true;
     kscan();
     return 0;
@@ -699,7 +647,7 @@ int main(int argc, char** argv) {
 
   for (bool kw : kernels) {
     g_wgmma = kw;
-    std::printf("\n===== kernel: %s =====\n", kw ? "wgmma (v2, v1 fallback where unhandled)" : "mma (v1)");
+    std::printf("\n===== kernel: %s =====\n", kw ? "wgmma (mma where wgmma does not handle the case)" : "mma");
     if (!bench_only) {
       std::vector<Case> cases = {
           {0, 64, 64, 4, kSkewEmpty},       {1, 8, 32, 1, kExact},           {1, 8, 32, 1, kSkewEmpty},
@@ -707,7 +655,7 @@ int main(int argc, char** argv) {
           {300, 200, 160, 5, kSkewEmpty},   {300, 200, 160, 5, kOneGroupAll}, {300, 200, 160, 5, kNegative},
           {300, 200, 160, 5, kOversized},   {70, 130, 32, 2, kSkewEmpty},    {2048, 256, 256, 4, kSkewEmpty},
           {5000, 300, 512, 3, kNegative},
-          // K % 64 == 0 variants of the small shapes (v2 handles these: odd k-tile counts, N tails)
+          // K % 64 == 0 variants of the small shapes (wgmma handles these: odd k-tile counts, N tails)
           {1, 8, 64, 1, kExact},            {37, 8, 128, 3, kNegative},      {37, 8, 192, 3, kOversized},
           {300, 200, 192, 5, kSkewEmpty},   {300, 200, 192, 5, kOneGroupAll}, {70, 130, 64, 2, kSkewEmpty},
           {700, 72, 320, 9, kOversized},

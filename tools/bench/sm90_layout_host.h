@@ -1,6 +1,6 @@
 // Host-side copies of jax_nvfp4/layout.py's prepare_sm90 and prepare_scales_sm90 (the sm90
 // load-time layout of packed e2m1 codes and of their block scales), for the self-test
-// (tools/gemm_selftest.cu --layout sm90): rhs uint8 [G, N, K/2] and scales [G, N, K/16] in the
+// (tools/bench/gemm_selftest.cu --layout sm90): rhs uint8 [G, N, K/2] and scales [G, N, K/16] in the
 // checkpoint layout -> the same bytes re-laid out (N % 128 == 0, K % 64 == 0).
 // tests/test_layout.py compiles it with the host C++ compiler and compares it with layout.py.
 #pragma once
@@ -8,11 +8,13 @@
 #include <cstdint>
 #include <vector>
 
+#include "csrc/gemm_contract.h"
+
 namespace jax_nvfp4_tools {
 
 inline std::vector<uint8_t> prepare_sm90_host(const std::vector<uint8_t>& rhs, int64_t G, int64_t N, int64_t K) {
-  // (sign, e1, e0, m0) bit of fragment registers a0..a3 in the low half of a word (layout.py's docstring)
-  static const int kSlots[4][4] = {{15, 8, 7, 6}, {12, 5, 4, 3}, {9, 2, 1, 0}, {14, 13, 11, 10}};
+  // (sign, e1, e0, m0) bit of fragment registers a0..a3 in the low half of a word
+  const auto& kSlots = jax_nvfp4::kSm90SlotBits;
   const int64_t KH = K / 2;
   std::vector<uint8_t> out(rhs.size());
 #pragma omp parallel for collapse(2) schedule(static)

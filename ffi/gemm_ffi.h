@@ -1,0 +1,166 @@
+// The custom call "jax_nvfp4_grouped_gemm" as XLA FFI sees it, shared by the CPU and the CUDA
+// handler: the typed attributes (decoded into GemmAttrs) and the buffer checks that turn the call
+// frame into GroupedGemmParams (csrc/gemm_contract.h). Both handlers accept and check the same
+// attributes; the CPU handler ignores the kernel configuration once it is checked.
+//
+// Attributes (jax_nvfp4/gemm.py sets them; the lowered program shows them):
+//   rhs_layout  i32 enum RhsLayout      0 checkpoint, 1 sm90
+//   kernel      i32 enum KernelFamily   0 mma, 1 mma_ws, 2 wgmma
+//   token_tile, stages, cluster  i32    together with kernel: one kKernelConfigs entry
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "csrc/gemm_contract.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jax_nvfp4 {
+
+struct GemmAttrs {
+  RhsLayout rhs_layout;
+  KernelFamily kernel;
+  int32_t token_tile;
+  int32_t stages;
+  int32_t cluster;
+  KernelConfig config() const { return KernelConfig{kernel, token_tile, stages, cluster}; }
+};
+
+}  // namespace jax_nvfp4
+
+XLA_FFI_REGISTER_ENUM_ATTR_DECODING(jax_nvfp4::RhsLayout);
+XLA_FFI_REGISTER_ENUM_ATTR_DECODING(jax_nvfp4::KernelFamily);
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_nvfp4::GemmAttrs,
+                                      ::xla::ffi::StructMember<jax_nvfp4::RhsLayout>("rhs_layout"),
+                                      ::xla::ffi::StructMember<jax_nvfp4::KernelFamily>("kernel"),
+                                      ::xla::ffi::StructMember<int32_t>("token_tile"),
+                                      ::xla::ffi::StructMember<int32_t>("stages"),
+                                      ::xla::ffi::StructMember<int32_t>("cluster"));
+
+namespace jax_nvfp4 {
+
+namespace ffi = ::xla::ffi;
+
+// Aliases: template commas cannot appear inside the XLA_FFI_DEFINE_HANDLER_SYMBOL macro.
+using U8Buffer3 = ffi::Buffer<ffi::U8, 3>;
+using F32Buffer1 = ffi::Buffer<ffi::F32, 1>;
+using S32Buffer1 = ffi::Buffer<ffi::S32, 1>;
+using U8Buffer1 = ffi::Buffer<ffi::U8, 1>;
+
+inline ffi::Error BadArgument(const std::string& msg) {
+  return ffi::Error::InvalidArgument("jax_nvfp4_grouped_gemm: " + msg);
+}
+
+inline std::string DimsToString(ffi::AnyBuffer::Dimensions d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(d[i]);
+  }
+  return s + "]";
+}
+
+inline std::string ConfigToString(const KernelConfig& c) {
+  return std::string("kernel=") + FamilyName(c.family) + " (" + std::to_string(static_cast<int>(c.family)) +
+         "), token_tile=" + std::to_string(c.token_tile) + ", stages=" + std::to_string(c.stages) +
+         ", cluster=" + std::to_string(c.cluster);
+}
+
+// Bytes of the custom call's workspace output: the CUDA schedule's, plus K for the CPU handler's
+// one decoded weight row (jax_nvfp4.gemm.workspace_bytes).
+inline int64_t CustomCallWorkspaceBytes(int64_t G, int64_t K) {
+  return static_cast<int64_t>(GroupedGemmWorkspaceBytes(G)) + K;
+}
+
+// Checks the attributes and buffers of one call and fills *p (device or host pointers alike).
+inline ffi::Error DecodeGroupedGemm(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs,
+                                    ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
+                                    ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
+                                    const GemmAttrs& attrs, GroupedGemmParams* p) {
+  if (attrs.rhs_layout != RhsLayout::kCheckpoint && attrs.rhs_layout != RhsLayout::kSm90)
+    return BadArgument("attribute rhs_layout must be 0 (checkpoint) or 1 (sm90), got " +
+                       std::to_string(static_cast<int>(attrs.rhs_layout)));
+  if (!IsKnownConfig(attrs.config()))
+    return BadArgument("attributes " + ConfigToString(attrs.config()) +
+                       " are not a compiled kernel configuration (jax_nvfp4.kernel_configs() lists them)");
+
+  const auto rd = rhs.dimensions();
+  const int64_t G = rd[0], N = rd[1], K = 2 * rd[2];
+  if (G < 1) return BadArgument("rhs_data must have at least one group, got shape " + DimsToString(rd));
+  if (K % 32 != 0) return BadArgument("K = 2 * rhs_data.shape[2] must be a multiple of 32, got K = " + std::to_string(K));
+
+  if (rhs_scales.element_type() != ffi::DataType::F8E4M3FN) return BadArgument("rhs_scales must be float8_e4m3fn");
+  const auto rsd = rhs_scales.dimensions();
+  if (rsd.size() != 3 || rsd[0] != G || rsd[1] != N || rsd[2] != K / 16)
+    return BadArgument("rhs_scales shape " + DimsToString(rsd) + " does not match [G, N, K/16] = [" +
+                       std::to_string(G) + ", " + std::to_string(N) + ", " + std::to_string(K / 16) + "]");
+
+  const auto ld = lhs.dimensions();
+  if (ld.size() != 2) return BadArgument("lhs must be rank 2, got shape " + DimsToString(ld));
+  const int64_t M = ld[0];
+  bool a_fp4 = false;
+  if (lhs.element_type() == ffi::DataType::BF16) {
+    if (ld[1] != K) return BadArgument("bf16 lhs shape " + DimsToString(ld) + " does not match K = " + std::to_string(K));
+  } else if (lhs.element_type() == ffi::DataType::U8) {
+    a_fp4 = true;
+    if (ld[1] != K / 2)
+      return BadArgument("packed e2m1 lhs shape " + DimsToString(ld) + " does not match K/2 = " + std::to_string(K / 2));
+  } else {
+    return BadArgument("lhs must be bf16 (W4A16) or uint8 packed e2m1 (W4A4)");
+  }
+
+  if (lhs_scales.element_type() != ffi::DataType::F8E4M3FN) return BadArgument("lhs_scales must be float8_e4m3fn");
+  const auto lsd = lhs_scales.dimensions();
+  if (a_fp4) {
+    if (lsd.size() != 2 || lsd[0] != M || lsd[1] != K / 16)
+      return BadArgument("lhs_scales shape " + DimsToString(lsd) + " does not match [M, K/16] = [" +
+                         std::to_string(M) + ", " + std::to_string(K / 16) + "]");
+  } else if (lsd.size() != 1 || lsd[0] != 0) {
+    return BadArgument("for bf16 lhs (W4A16), lhs_scales must have shape [0], got " + DimsToString(lsd));
+  }
+
+  if (alpha.dimensions()[0] != G)
+    return BadArgument("alpha must have shape [G] = [" + std::to_string(G) + "], got " + DimsToString(alpha.dimensions()));
+  if (group_sizes.dimensions()[0] != G)
+    return BadArgument("group_sizes must have shape [G] = [" + std::to_string(G) + "], got " +
+                       DimsToString(group_sizes.dimensions()));
+
+  const auto od = out->dimensions();
+  const auto ot = out->element_type();
+  if (ot != ffi::DataType::F32 && ot != ffi::DataType::BF16) return BadArgument("out must be float32 or bfloat16");
+  if (od.size() != 2 || od[0] != M || od[1] != N)
+    return BadArgument("out shape " + DimsToString(od) + " does not match [M, N] = [" + std::to_string(M) + ", " +
+                       std::to_string(N) + "]");
+
+  const int64_t ws_bytes = workspace->dimensions()[0];
+  if (ws_bytes < CustomCallWorkspaceBytes(G, K))
+    return BadArgument("workspace has " + std::to_string(ws_bytes) + " bytes, needs 4096 + 16*G + K = " +
+                       std::to_string(CustomCallWorkspaceBytes(G, K)));
+
+  if (attrs.rhs_layout == RhsLayout::kSm90 && (N % 128 != 0 || K % 64 != 0))
+    return BadArgument("rhs_data: the sm90 layout (rhs_layout 1) needs N % 128 == 0 and K % 64 == 0, got N = " +
+                       std::to_string(N) + ", K = " + std::to_string(K));
+
+  p->lhs = lhs.untyped_data();
+  p->lhs_scales = a_fp4 ? static_cast<const uint8_t*>(lhs_scales.untyped_data()) : nullptr;
+  p->rhs = rhs.typed_data();
+  p->rhs_scales = static_cast<const uint8_t*>(rhs_scales.untyped_data());
+  p->alpha = alpha.typed_data();
+  p->group_sizes = group_sizes.typed_data();
+  p->out = out->untyped_data();
+  p->workspace = workspace->typed_data();
+  p->workspace_bytes = static_cast<size_t>(ws_bytes);
+  p->M = M;
+  p->N = N;
+  p->K = K;
+  p->G = G;
+  p->a_fp4 = a_fp4;
+  p->out_f32 = ot == ffi::DataType::F32;
+  p->rhs_layout = attrs.rhs_layout;
+  if (M > 0 && N > 0) {
+    if (const char* why = GroupedGemmCheckParams(*p)) return BadArgument(why);
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace jax_nvfp4

@@ -1,0 +1,158 @@
+"""Which CUDA kernel configuration runs a grouped GEMM: the typed configuration the custom call carries.
+
+The configurations and the heuristic that picks one live in the extension's C++ contract
+(``csrc/gemm_contract.h``: ``kKernelConfigs``, ``ChooseKernelConfig``); this module calls them at
+trace time, with the device's compute capability, and turns the result into the custom call's
+attributes (``kernel``, ``token_tile``, ``stages``, ``cluster``: visible in the lowered program).
+Families (docs/design.md describes each kernel):
+
+* ``"mma"``: mma.sync with a cp.async pipeline; every GPU from compute capability 8.0 (A100, L40S,
+  RTX 4090, H100/H200, B200, RTX 50xx). Also the only kernel that reads packed e2m1 activations.
+* ``"mma_ws"``: its warp-specialized variant (bulk copies, mbarriers), for decode-sized batches with
+  ``layout="sm90"`` weights; compute capability 9.0 only.
+* ``"wgmma"``: Hopper's wgmma, persistent and warp-specialized, for 16 rows per expert and more;
+  compute capability 9.0 only; bf16 activations, K a multiple of 64.
+
+``grouped_gemm(..., kernel=...)`` takes a family name (its token tile then follows the heuristic's
+rule for that family) or a :class:`KernelConfig` from :func:`kernel_configs`. The environment
+variable ``JAX_NVFP4_KERNEL`` (a family name) overrides the heuristic when ``kernel`` is not given;
+where that family does not handle a problem, the heuristic's choice runs instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+
+from . import _extension
+
+FAMILIES = ("mma", "mma_ws", "wgmma")
+"""Kernel families, in the order of the custom call's ``kernel`` attribute codes (0, 1, 2)."""
+
+ENV_OVERRIDE = "JAX_NVFP4_KERNEL"
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """One compiled kernel configuration (an entry of :func:`kernel_configs`).
+
+    Attributes:
+      family: "mma", "mma_ws" or "wgmma".
+      token_tile: rows of one group per CTA tile.
+      stages: pipeline depth.
+      cluster: CTAs per cluster (2 for the 256-token wgmma tile).
+    """
+
+    family: str
+    token_tile: int
+    stages: int
+    cluster: int = 1
+
+    def attributes(self) -> dict:
+        """The custom call's typed attributes for this configuration (int32 scalars)."""
+        import numpy as np  # noqa: PLC0415
+        return {"kernel": np.int32(FAMILIES.index(self.family)), "token_tile": np.int32(self.token_tile),
+                "stages": np.int32(self.stages), "cluster": np.int32(self.cluster)}
+
+
+def _ext():
+    ext = _extension.load()
+    if ext is None:
+        raise RuntimeError("jax_nvfp4: the compiled extension is not built; kernel configurations need it")
+    return ext
+
+
+def kernel_configs() -> tuple[KernelConfig, ...]:
+    """Every configuration the CUDA kernels are compiled for (the same table in every build)."""
+    return tuple(KernelConfig(*c) for c in _ext().kernel_configs())
+
+
+def device_arch(device=None) -> int:
+    """Compute capability of ``device`` (default: the default backend's first device) as
+    ``10 * major + minor`` (90 for an H100/H200), or 0 for a device that is not a CUDA GPU."""
+    if device is None:
+        device = jax.devices()[0]
+    cc = getattr(device, "compute_capability", None)
+    if device.platform != "gpu" or not cc:
+        return 0
+    major, minor = (int(x) for x in str(cc).split(".")[:2])
+    return 10 * major + minor
+
+
+def runnable_families(arch: int) -> tuple[str, ...]:
+    """The families this build of the extension runs on compute capability ``arch``."""
+    return tuple(_ext().runnable_families(int(arch)))
+
+
+def choose(m: int, n: int, k: int, groups: int, *, rows_hint: int = 0, w4a4: bool = False,
+           rhs_layout: str = "checkpoint", arch: int | None = None,
+           families: tuple[str, ...] | None = None) -> KernelConfig:
+    """The heuristic's configuration for a problem (the extension's ``ChooseKernelConfig``).
+
+    Args:
+      m, n, k, groups: lhs rows, output columns, reduction size, number of groups (experts).
+      rows_hint: expected rows inside the groups (0: ``m``).
+      w4a4: packed e2m1 activations reach the kernel (native W4A4).
+      rhs_layout: "checkpoint" or "sm90".
+      arch: compute capability as ``10 * major + minor`` (default: :func:`device_arch`).
+      families: the families the device may run (default: those this build runs on ``arch``).
+    """
+    if arch is None:
+        arch = device_arch()
+    mask = -1 if families is None else sum(1 << FAMILIES.index(f) for f in families)
+    return KernelConfig(*_ext().choose_kernel(int(arch), int(m), int(n), int(k), int(groups), int(rows_hint),
+                                              bool(w4a4), rhs_layout == "sm90", mask))
+
+
+def for_family(family: str, m: int, n: int, k: int, groups: int, *, rows_hint: int = 0, w4a4: bool = False,
+               rhs_layout: str = "checkpoint") -> KernelConfig | None:
+    """``family``'s configuration for a problem (its token-tile rule), or None where that family
+    does not handle it (wgmma: packed activations or K % 64 != 0; mma_ws: not sm90 weights)."""
+    if family not in FAMILIES:
+        raise ValueError(f"kernel: expected one of {FAMILIES} or a KernelConfig, got {family!r}")
+    c = _ext().config_for_family(family, int(m), int(n), int(k), int(groups), int(rows_hint), bool(w4a4),
+                                 rhs_layout == "sm90")
+    return None if c is None else KernelConfig(*c)
+
+
+def requested_family(kernel) -> str | KernelConfig | None:
+    """The caller's kernel request: the argument, else the ``JAX_NVFP4_KERNEL`` override, else None.
+    Raises ValueError for an unknown family name or configuration."""
+    if kernel is None:
+        env = os.environ.get(ENV_OVERRIDE)
+        if not env:
+            return None
+        if env not in FAMILIES:
+            raise ValueError(f"{ENV_OVERRIDE}: expected one of {FAMILIES}, got {env!r}")
+        return env
+    if isinstance(kernel, KernelConfig):
+        if kernel not in kernel_configs():
+            raise ValueError(f"kernel: {kernel} is not a compiled configuration; jax_nvfp4.kernel_config."
+                             f"kernel_configs() lists them")
+        return kernel
+    if isinstance(kernel, str) and kernel in FAMILIES:
+        return kernel
+    raise ValueError(f"kernel: expected one of {FAMILIES}, a KernelConfig or None, got {kernel!r}")
+
+
+def resolve(kernel, m: int, n: int, k: int, groups: int, *, rows_hint: int = 0, w4a4: bool = False,
+            rhs_layout: str = "checkpoint") -> KernelConfig:
+    """The configuration a call runs: an explicit KernelConfig as given; an explicit family at its
+    token-tile rule (ValueError where it does not handle the problem); the ``JAX_NVFP4_KERNEL``
+    family likewise, falling back to the heuristic; else the heuristic."""
+    from_env = kernel is None
+    req = requested_family(kernel)
+    if isinstance(req, KernelConfig):
+        return req
+    shape = dict(rows_hint=rows_hint, w4a4=w4a4, rhs_layout=rhs_layout)
+    if req is not None:
+        c = for_family(req, m, n, k, groups, **shape)
+        if c is not None:
+            return c
+        if not from_env:
+            raise ValueError(f"kernel: the {req!r} kernel does not handle this problem (K={k}, "
+                             f"{'W4A4' if w4a4 else 'W4A16'}, rhs layout {rhs_layout!r}); wgmma needs bf16 "
+                             "activations and K % 64 == 0, mma_ws sm90 weights and bf16 activations")
+    return choose(m, n, k, groups, **shape)
