@@ -183,7 +183,9 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         return _grouped_gemm_op(jnp.asarray(lhs), no_sf, rhs.data, rhs.scales, rhs_gs, group_sizes,
                                 out_dtype, config, code)
     alpha = lhs.global_scale.astype(jnp.float32) * rhs_gs
-    native_config = kernel_config.resolve(kernel, m, n, k, g, w4a4=True, **shape)
+    # the native route runs on the CPU only unless kernel "mma" was asked for (and the CPU
+    # handler checks the configuration but ignores it), so a wgmma request still lowers
+    native_config = kernel_config.resolve(kernel if mma else None, m, n, k, g, w4a4=True, **shape)
     args = (lhs.data, lhs.scales, rhs.data, rhs.scales, alpha, group_sizes)
     if mma:                                           # the mma kernel reads packed activations
         native, _ = _w4a4_routes(out_dtype, native_config, native_config, rhs.layout)

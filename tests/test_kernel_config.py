@@ -1,0 +1,227 @@
+"""The typed kernel configuration: the heuristic (csrc/gemm_contract.h through the extension), its
+plumbing into the custom call's attributes, the handlers' checks of them, and (GPU) every
+configuration forced through the public API against the float64 oracle."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_nvfp4 as jn
+from jax_nvfp4 import _extension
+from jax_nvfp4.kernel_config import FAMILIES, KernelConfig
+from conftest import gpu_devices, skip_or_fail
+from oracles import rel_err
+from test_gemm import check_output, make_problem, platform_device, poison
+
+kc = jn.kernel_config
+ALL = ("mma", "mma_ws", "wgmma")
+needs_ext = pytest.mark.skipif(not _extension.available(), reason="the extension is not built")
+
+
+@needs_ext
+def test_config_table():
+    configs = kc.kernel_configs()
+    assert configs == (
+        KernelConfig("mma", 16, 4, 1), KernelConfig("mma", 32, 5, 1), KernelConfig("mma", 64, 4, 1),
+        KernelConfig("mma", 128, 4, 1), KernelConfig("mma_ws", 16, 8, 1),
+        KernelConfig("wgmma", 32, 20, 1), KernelConfig("wgmma", 64, 12, 1),
+        KernelConfig("wgmma", 128, 8, 1), KernelConfig("wgmma", 256, 5, 2))
+    assert {c.family for c in configs} == set(FAMILIES)
+
+
+@needs_ext
+@pytest.mark.parametrize("rows_per_group,layout,want", [
+    (4, "checkpoint", KernelConfig("mma", 16, 4, 1)),      # decode: mma streams weights faster
+    (4, "sm90", KernelConfig("mma_ws", 16, 8, 1)),         # decode with sm90 weights
+    (14, "sm90", KernelConfig("mma", 32, 5, 1)),           # 13-15 rows: mma's 32-token tile
+    (16, "checkpoint", KernelConfig("wgmma", 64, 12, 1)),  # wgmma from 16 rows per group
+    (24, "sm90", KernelConfig("wgmma", 64, 12, 1)),
+    (25, "checkpoint", KernelConfig("wgmma", 128, 8, 1)),
+    (383, "checkpoint", KernelConfig("wgmma", 128, 8, 1)),
+    (384, "sm90", KernelConfig("wgmma", 256, 5, 2)),       # paired 256-token tiles
+])
+def test_heuristic_on_hopper(rows_per_group, layout, want):
+    g, n, k = 48, 6144, 7168
+    got = kc.choose(rows_per_group * g, n, k, g, rhs_layout=layout, arch=90, families=ALL)
+    assert got == want
+
+
+@needs_ext
+def test_heuristic_falls_back_to_mma():
+    g, n = 48, 6144
+    # K % 64 != 0 and packed activations: wgmma does not handle them; the mma tile follows the rows
+    assert kc.choose(100 * g, n, 7168 - 32, g, arch=90, families=ALL) == KernelConfig("mma", 64, 4, 1)
+    assert kc.choose(30 * g, n, 7168, g, w4a4=True, arch=90, families=ALL) == KernelConfig("mma", 32, 5, 1)
+    # rows_hint (expert parallelism: M counts every routed row) steers like the rows it names
+    assert kc.choose(100 * g, n, 7168, g, rows_hint=4 * g, arch=90,
+                     families=ALL) == KernelConfig("mma", 16, 4, 1)
+    # the families a device runs bound the choice: Ampere/Ada/Blackwell run mma only
+    for arch in (80, 86, 89, 100, 120):
+        assert kc.choose(500 * g, n, 7168, g, arch=arch, families=("mma",)) == KernelConfig("mma", 64, 4, 1)
+        assert kc.choose(4 * g, n, 7168, g, rhs_layout="sm90", arch=arch,
+                         families=("mma",)) == KernelConfig("mma", 16, 4, 1)
+
+
+@needs_ext
+def test_runnable_families_follow_the_build():
+    targets = _extension.load().cuda_targets().split()
+    if not _extension.has_cuda():
+        assert targets == [] and kc.runnable_families(90) == ()
+        return
+    assert "compute_80" in targets
+    for arch in (80, 86, 89, 100, 120):
+        assert kc.runnable_families(arch) == ("mma",)
+    assert kc.runnable_families(75) == ()
+    assert kc.runnable_families(90) == (ALL if "sm_90a" in targets else ("mma",))
+    # the heuristic on an H200 with this build
+    want = "wgmma" if "sm_90a" in targets else "mma"
+    assert kc.choose(500 * 48, 6144, 7168, 48, arch=90).family == want
+
+
+@needs_ext
+def test_for_family_and_resolve(monkeypatch):
+    shape = (200, 256, 320, 4)
+    assert kc.for_family("wgmma", *shape) == KernelConfig("wgmma", 128, 8, 1)
+    assert kc.for_family("wgmma", 200, 256, 96, 4) is None             # K % 64
+    assert kc.for_family("mma_ws", *shape) is None                     # checkpoint weights
+    assert kc.for_family("mma_ws", *shape, rhs_layout="sm90") == KernelConfig("mma_ws", 16, 8, 1)
+    assert kc.resolve("mma", *shape) == KernelConfig("mma", 64, 4, 1)
+    assert kc.resolve(KernelConfig("wgmma", 32, 20, 1), *shape) == KernelConfig("wgmma", 32, 20, 1)
+    with pytest.raises(ValueError, match=r"kernel: expected one of \('mma', 'mma_ws', 'wgmma'\)"):
+        kc.resolve("cutlass", *shape)
+    with pytest.raises(ValueError, match="is not a compiled configuration"):
+        kc.resolve(KernelConfig("mma", 24, 4, 1), *shape)
+    with pytest.raises(ValueError, match="the 'wgmma' kernel does not handle this problem"):
+        kc.resolve("wgmma", 200, 256, 96, 4)
+    # the environment variable overrides the heuristic, and falls back where its family cannot run
+    monkeypatch.setenv("JAX_NVFP4_KERNEL", "wgmma")
+    assert kc.resolve(None, *shape) == KernelConfig("wgmma", 128, 8, 1)
+    assert kc.resolve(None, 200, 256, 96, 4) == kc.choose(200, 256, 96, 4)
+    monkeypatch.setenv("JAX_NVFP4_KERNEL", "v2")
+    with pytest.raises(ValueError, match=r"JAX_NVFP4_KERNEL: expected one of"):
+        kc.resolve(None, *shape)
+
+
+def _lowered(kernel, rhs_layout="checkpoint", w4a4=False):
+    lhs, rhs, gs, _ = make_problem(np.random.default_rng(0), 40, 128, 128, [30, 10], w4a4)
+    if rhs_layout == "sm90":
+        rhs = jn.prepare_weights(rhs)
+    f = jax.jit(lambda a, b: jn.grouped_gemm(a, b, gs, backend="ffi", kernel=kernel))
+    return f.lower(lhs, rhs).as_text()
+
+
+@needs_ext
+def test_lowered_program_carries_the_config():
+    text = _lowered(KernelConfig("wgmma", 256, 5, 2), "sm90")
+    for attr in ("kernel = 2 : i32", "token_tile = 256 : i32", "stages = 5 : i32", "cluster = 2 : i32",
+                 "rhs_layout = 1 : i32"):
+        assert attr in text, attr
+    text = _lowered("mma")                                    # 20 rows per group: 32-token tile
+    for attr in ("kernel = 0 : i32", "token_tile = 32 : i32", "stages = 5 : i32", "cluster = 1 : i32",
+                 "rhs_layout = 0 : i32"):
+        assert attr in text, attr
+    # W4A4 under an explicit mma: the native call; under wgmma W4A4 lowers too (the GPU branch
+    # dequantizes the activations for wgmma, the CPU branch runs natively and ignores the kernel)
+    assert _lowered("mma", w4a4=True).count("kernel = 0 : i32") == 1
+    assert "token_tile" in _lowered("wgmma", w4a4=True)
+
+
+@needs_ext
+def test_cpu_handler_accepts_every_config_and_ignores_it(on_cpu):
+    platform_device("cpu")
+    lhs, rhs, gs, ref = make_problem(np.random.default_rng(1), 40, 128, 128, [30, 0, 10], False)
+    outs = [np.asarray(jn.grouped_gemm(lhs, rhs, gs, out_dtype=jnp.float32, backend="ffi", kernel=c))
+            for c in kc.kernel_configs()]
+    assert rel_err(outs[0], ref) <= 1e-5
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+
+
+def _raw_call(**attrs):
+    """The custom call with hand-written attributes (bypassing grouped_gemm's checks)."""
+    lhs, rhs, gs, _ = make_problem(np.random.default_rng(2), 8, 16, 64, [4, 4], False)
+    out_t = jax.ShapeDtypeStruct((8, 16), jnp.float32)
+    ws_t = jax.ShapeDtypeStruct((jn.gemm.workspace_bytes(2, 64),), jnp.uint8)
+    base = dict(rhs_layout=np.int32(0), kernel=np.int32(0), token_tile=np.int32(16), stages=np.int32(4),
+                cluster=np.int32(1))
+    base.update(attrs)
+    call = jax.ffi.ffi_call(_extension.TARGET, (out_t, ws_t))
+    return jax.block_until_ready(call(lhs, jnp.zeros((0,), jnp.float8_e4m3fn), rhs.data, rhs.scales,
+                                      rhs.global_scale, gs, **base))
+
+
+@needs_ext
+def test_cpu_handler_rejects_invalid_attributes(on_cpu):
+    platform_device("cpu")
+    assert np.all(np.isfinite(np.asarray(_raw_call()[0])))
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match=r"kernel=mma \(0\), token_tile=24, stages=4, cluster=1 are not a compiled "
+                             r"kernel configuration"):
+        _raw_call(token_tile=np.int32(24))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"kernel=\? \(7\)"):
+        _raw_call(kernel=np.int32(7))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"kernel=wgmma \(2\), token_tile=256, stages=5, cluster=1"):
+        _raw_call(kernel=np.int32(2), token_tile=np.int32(256), stages=np.int32(5))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"rhs_layout must be 0 \(checkpoint\) or 1 \(sm90\), got 3"):
+        _raw_call(rhs_layout=np.int32(3))
+    with pytest.raises(jax.errors.JaxRuntimeError, match="Wrong scalar data type"):
+        _raw_call(token_tile=np.float32(16))                # typed: int32 only
+
+
+def _device_configs():
+    devs = gpu_devices()
+    if not devs:
+        skip_or_fail("no GPU: the kernel families are not exercised")
+    if not _extension.has_cuda():
+        skip_or_fail("the extension was built without the CUDA handler")
+    fams = kc.runnable_families(kc.device_arch(devs[0]))
+    return devs[0], [c for c in kc.kernel_configs() if c.family in fams]
+
+
+@pytest.mark.parametrize("rhs_layout", ["checkpoint", "sm90"])
+@pytest.mark.parametrize("m,sizes", [
+    (37, [5, 0, 20]),                                    # decode-sized, an empty group
+    (700, [300, 1, 0, 250, 100]),                        # several tiles per group, a 1-row group
+    (1200, [500, 0, 600, 60]),                           # 256-token tiles fill, odd tails
+])
+def test_every_config_through_the_public_api(rng, rhs_layout, m, sizes):
+    """grouped_gemm(kernel=KernelConfig) runs each configuration this device and build can run (an
+    H200 with the full build: all nine; the portable build: the four mma ones) against float64."""
+    dev, configs = _device_configs()
+    n, k = 384, 320                                      # odd n-tile count: a cluster's spare tile
+    lhs, rhs, gs, ref = make_problem(rng, m, n, k, sizes, False)
+    if rhs_layout == "sm90":
+        rhs = jn.prepare_weights(rhs)
+    lhs, rhs, gs = jax.device_put((lhs, rhs, gs), dev)
+    ran = []
+    for c in configs:
+        if c.family == "mma_ws" and rhs_layout != "sm90":
+            continue
+        poison(dev, m, n, jnp.float32)
+        out = jn.grouped_gemm(lhs, rhs, gs, out_dtype=jnp.float32, backend="ffi", kernel=c)
+        check_output(out, m, n, sizes, jnp.float32, ref)
+        ran.append(c.family)
+    assert "mma" in ran
+
+
+def test_w4a4_native_mma_on_gpu(rng):
+    """kernel="mma" keeps W4A4 native (packed e2m1 activations) on the GPU."""
+    dev, configs = _device_configs()
+    lhs, rhs, gs, ref = make_problem(rng, 300, 136, 320, [100, 0, 150, 40], True)
+    lhs, rhs, gs = jax.device_put((lhs, rhs, gs), dev)
+    for c in [c for c in configs if c.family == "mma"] + ["mma"]:
+        out = jn.grouped_gemm(lhs, rhs, gs, out_dtype=jnp.float32, backend="ffi", kernel=c)
+        check_output(out, 300, 136, [100, 0, 150, 40], jnp.float32, ref)
+
+
+def test_unsupported_family_on_this_device_is_a_clear_error(rng):
+    """A family this device or build cannot run fails at call time naming the device."""
+    dev, configs = _device_configs()
+    missing = [c for c in kc.kernel_configs() if c not in configs]
+    if not missing:
+        pytest.skip("this device and build run every configuration")
+    lhs, rhs, gs, _ = make_problem(rng, 64, 128, 128, [32, 32], False)
+    lhs, rhs, gs = jax.device_put((lhs, jn.prepare_weights(rhs), gs), dev)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"cannot run on .*compute capability"):
+        jax.block_until_ready(jn.grouped_gemm(lhs, rhs, gs, backend="ffi", kernel=missing[-1]))
