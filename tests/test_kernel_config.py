@@ -166,7 +166,7 @@ def test_cpu_handler_rejects_invalid_attributes(on_cpu):
     with pytest.raises(jax.errors.JaxRuntimeError, match=r"rhs_layout must be 0 \(checkpoint\) or 1 \(sm90\), got 3"):
         _raw_call(rhs_layout=np.int32(3))
     with pytest.raises(jax.errors.JaxRuntimeError, match="Wrong scalar data type"):
-        _raw_call(token_tile=np.float32(16))                # typed: int32 only
+        _raw_call(token_tile=np.float32(16.5))              # typed: int32 only
 
 
 def _device_configs():
