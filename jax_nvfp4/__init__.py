@@ -3,7 +3,7 @@
 See :mod:`jax_nvfp4.formats` for the storage convention.
 """
 
-from . import checkpoint, layout, reference
+from . import checkpoint, kernel_config, layout, reference
 from .formats import LAYOUTS, NVFP4Tensor, scales_from_bytes
 from .gemm import grouped_gemm
 from .layout import prepare_weights
@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "LAYOUTS", "NVFP4Tensor", "MoEConfig", "MoEWeights", "checkpoint", "dequantize", "grouped_gemm",
+    "kernel_config",
     "layout", "moe", "quantize", "moe_expert_parallel", "prepare_weights", "quantize_moe", "route",
     "shard_moe_weights",
     "reference", "scales_from_bytes", "stage_activation", "swizzle_scales", "unswizzle_scales",

@@ -1,13 +1,14 @@
-"""The "sm90" load-time layout of NVFP4 weight codes for the Hopper kernels (v1 mma.sync, v2 WGMMA).
+"""The "sm90" load-time layout of NVFP4 weight codes for the CUDA kernels (mma.sync and wgmma).
 
 Use it through :func:`prepare_weights` (``jax_nvfp4.prepare_weights``): it re-lays-out the
 ``data`` of an NVFP4Tensor (or of every NVFP4 weight of a :class:`~jax_nvfp4.MoEWeights`) and
 marks the tensor ``layout="sm90"``; every consumer (the custom call's CPU and CUDA handlers, the
 pure-jnp reference, dequantization, checkpoint export) then reads the codes accordingly. The GPU
-self-test reads it too (``tools/gemm_selftest.cu --layout sm90``).
+self-test reads it too (``tools/bench/gemm_selftest.cu --layout sm90``); its C++ constants are in
+``csrc/gemm_contract.h``.
 
 Why: on Hopper both CUDA kernels are bound, at decode sizes, by the instructions that turn E2M1
-codes into bf16 MMA fragments (docs/perf-notes.md): in the checkpoint layout a thread needs byte t
+codes into bf16 MMA fragments (docs/design.md): in the checkpoint layout a thread needs byte t
 of scattered words and spends ~4.5 integer ops per bf16x2 register. This layout stores, once at load
 time, each thread's codes contiguously and with their bits pre-placed, so that three of every four
 fragment registers come out of one AND or one shift + AND, and one LDS.128 feeds a thread's whole
@@ -18,7 +19,7 @@ The layout, per expert and per block of 128 weight rows x 64 k (4096 bytes). Eac
 ``data[g, 128 i : 128 i + 128, :]`` (128 * K/2 contiguous bytes) holds its K/64 blocks one after
 another: block ``j`` (the codes of ``k`` in ``64 j .. 64 j + 63``) is bytes ``4096 j .. 4096 j +
 4095`` of the stripe, so a kernel streams a weight tile as contiguous 4 KB runs instead of 128
-runs of 32 bytes (on the H200: decode 8% faster, prefill 1-8%; docs/perf-notes.md, session 6).
+runs of 32 bytes (on the H200: decode 8% faster, prefill 1-8%; docs/design.md).
 Within a block:
 
 - byte offset ``512 * mt + 16 * lane + 4 * kb + byte`` holds the codes that thread ``lane`` (``g8 =
@@ -43,7 +44,7 @@ records of 512 bytes, record ``j`` being the scales of k-tile ``j`` (``k`` in ``
 byte ``512 (b // 4) + 4 r + b % 4`` of the stripe. A kernel then fetches a k-tile's scales as
 one contiguous 512-byte run instead of 128 separate 4-byte pieces, one per row: on the H200 a
 persistent weight stream of the decode case ran 23% faster that way (4.3 vs 3.5 TB/s,
-tools/stream_bulk_microbench.cu, docs/perf-notes.md session 7).
+tools/lab/stream_bulk_microbench.cu; docs/design.md).
 """
 
 from __future__ import annotations

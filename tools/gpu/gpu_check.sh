@@ -1,38 +1,92 @@
 #!/usr/bin/env bash
-# One GPU session's validation: install from this tree (CUTLASS headers from the carried wheel),
-# GPU tests with the default kernel choice and with JAX_NVFP4_KERNEL=wgmma (v2 wherever it can
-# run), the self-test (small shapes, both kernels, both weight layouts) under compute-sanitizer, the
-# benchmark, and with 2+ GPUs the multi-GPU tests and the expert-parallel benchmark. Logs in $OUT.
-#   usage: tools/gpu_check.sh [bench args...]   (~15 min on an H200: more than one 10-minute
-#   device call; STEPS="install tests_auto tests_wgmma" runs only the named steps, e.g. split in two;
-#   on 8 GPUs: STEPS="install tests_gpus bench_ep")
+# One GPU validation pass in a single device call (~9 minutes on an H200 with 16 cores):
+#   1. deps:      the carried wheels (.cutlass_wheel/ for the CUTLASS headers, .whl/ for pytest-xdist,
+#                 execnet, hypothesis), no package index;
+#   2. builds:    two wheels at once, each in its own build folder: the full build with the kernel
+#                 self-test (JAX_NVFP4_BUILD_TOOLS=ON; sm_80 + sm_90a machine code, compute_80 PTX)
+#                 installed into the Python environment, and the portable build
+#                 (JAX_NVFP4_CUDA_PORTABLE=ON: compute_80 PTX only, which the driver compiles at
+#                 load) installed into a separate folder put first on PYTHONPATH by the portable steps;
+#   3. images:    cuobjdump --list-elf --list-ptx of both extension modules;
+#   4. tests:     the GPU tests (gemm, moe, kernel configurations, the self-test) with pytest -n 4;
+#   5. memcheck:  the kernel self-test's small shapes under compute-sanitizer memcheck;
+#   6. bench:     python -m jax_nvfp4.bench with its usual arguments (plus any given to this script);
+#   7. portable:  the GPU tests of test_gemm.py, test_moe.py and test_kernel_config.py through the
+#                 portable build (the handler then runs the mma family: no sm_90a image), and its
+#                 benchmark rows (jax_nvfp4's four columns);
+# then a summary table. Steps are skipped once DEADLINE seconds (default 560) have passed, and each
+# step's time limit is cut to what is left, so the summary always prints.
+#   usage: tools/gpu/gpu_check.sh [bench args...]      logs in $OUT (default gpu-check-out)
+#   STEPS="deps builds tests" runs only the named steps.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-check-out}; mkdir -p "$out"
-export PYTHONUNBUFFERED=1
+out=$(cd "$out" && pwd)
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_NVFP4_REQUIRE_GPU=1
+export CUDA_CACHE_MAXSIZE=4294967296   # keep the portable build's JIT-compiled kernels between processes
+deadline=${DEADLINE:-560}
+build=build/gpu; main="$build/main"; port="$build/portable"; port_site="$build/portable_site"
+export out main port port_site   # for the step functions, which run under timeout in bash -c
 summary=()
-step() { local name=$1 lim=$2; shift 2; local t0=$SECONDS
+step() { local name=$1 lim=$2; shift 2; local t0=$SECONDS left=$((deadline - SECONDS))
   [ -n "${STEPS:-}" ] && [[ " $STEPS " != *" $name "* ]] && return 0
+  if [ "$left" -le 10 ]; then summary+=("$name|skipped (deadline)|0 s"); return 0; fi
+  [ "$lim" -gt "$left" ] && lim=$left
   if timeout "$lim" "$@" >"$out/$name.log" 2>&1; then summary+=("$name|ok|$((SECONDS - t0)) s")
   else summary+=("$name|FAILED (rc $?)|$((SECONDS - t0)) s"); fi
-  tail -n 4 "$out/$name.log"; }
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-step install 150 bash -c "python3 -m pip install -q --no-index --no-deps .cutlass_wheel/nvidia_cutlass-*.whl &&
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation ."
-step tests_auto 540 env JAX_NVFP4_REQUIRE_GPU=1 python3 -P -m pytest -q -p no:cacheprovider tests/test_gemm.py tests/test_moe.py -k "not cpu"
-inc=$(python3 -c "import cutlass_library,os;print(os.path.join(os.path.dirname(cutlass_library.__file__),'source'))")
-step selftest_build 60 nvcc -std=c++17 -O3 -Xcompiler -fopenmp -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
-  -I. -I"$inc/include" -o /tmp/st tools/gemm_selftest.cu csrc/grouped_gemm_sm90.cu csrc/grouped_gemm_sm90_wgmma.cu
-step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 1 /tmp/st --small --no-bench --kernel both
-step memcheck_sm90 90 compute-sanitizer --tool memcheck --error-exitcode 1 /tmp/st --small --no-bench --kernel both --layout sm90
-step bench 300 python3 -P -m jax_nvfp4.bench --out "$out" --check "$@"
-# The whole suite with the GPU as default backend (multi-device tests still use 8 CPU devices):
-# ~9 min on an H200, so only when named: STEPS="install tests_all".
-[[ " ${STEPS:-} " == *" tests_all "* ]] && step tests_all 580 env JAX_NVFP4_REQUIRE_GPU=1 python3 -P -m pytest -q -p no:cacheprovider tests
-step tests_wgmma 200 env JAX_NVFP4_REQUIRE_GPU=1 JAX_NVFP4_KERNEL=wgmma python3 -P -m pytest -q -p no:cacheprovider tests/test_gemm.py -k cuda
-if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
-  step tests_gpus 300 env JAX_NVFP4_REQUIRE_GPU=1 python3 -P -m pytest -q -p no:cacheprovider tests/test_sharding_gpus.py
-  step bench_ep 400 python3 -P -m jax_nvfp4.bench_ep --tokens 256,8192 --out "$out/ep"
-fi
-[ -f "$out/bench.log" ] && { echo; sed -n '/^case /,$p' "$out/bench.log" | head -40; }
-echo "== summary"; for row in "${summary[@]}"; do IFS='|' read -r a b c <<<"$row"; printf '%-15s %-15s %s\n' "$a" "$b" "$c"; done
+  echo "== $name"; tail -n 4 "$out/$name.log"; }
+nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee "$out/gpu.txt"
+
+step deps 120 python3 -m pip install -q --no-index --no-deps .cutlass_wheel/nvidia_cutlass-*.whl .whl/*.whl
+
+builds() {  # both wheels at once, half the cores each
+  local jobs=$(( ($(nproc) + 1) / 2 )); rm -rf "$main/whl" "$port/whl" "$port_site"
+  CMAKE_BUILD_PARALLEL_LEVEL=$jobs python3 -m pip wheel --no-build-isolation --no-deps . -w "$main/whl" \
+    -Cbuild-dir="$main" -Ccmake.define.JAX_NVFP4_BUILD_TOOLS=ON >"$out/build_main.log" 2>&1 & local a=$!
+  CMAKE_BUILD_PARALLEL_LEVEL=$jobs python3 -m pip wheel --no-build-isolation --no-deps . -w "$port/whl" \
+    -Cbuild-dir="$port" -Ccmake.define.JAX_NVFP4_CUDA_PORTABLE=ON >"$out/build_portable.log" 2>&1 & local b=$!
+  wait $a || { echo "full build failed (build_main.log)"; return 1; }
+  wait $b || { echo "portable build failed (build_portable.log)"; return 1; }
+  python3 -m pip install -q --no-index --no-deps --force-reinstall "$main"/whl/jax_nvfp4-*.whl &&
+    python3 -m pip install -q --no-index --no-deps --target "$port_site" "$port"/whl/jax_nvfp4-*.whl &&
+    echo "built: full and portable"
+}
+export -f builds
+step builds 300 bash -c builds
+
+images() {
+  local cuobjdump; cuobjdump=$(command -v cuobjdump || echo "$(dirname "$(command -v nvcc)")/cuobjdump")
+  for site in "" "$port_site"; do
+    PYTHONPATH="$site" python3 -P -c "import jax_nvfp4._jax_nvfp4 as e, jax_nvfp4.kernel_config as k
+print(e.__file__); print('  cuda targets:', e.cuda_targets()); print('  families on 9.0:', k.runnable_families(90))"
+    "$cuobjdump" --list-elf --list-ptx "$(PYTHONPATH="$site" python3 -P -c "import jax_nvfp4._jax_nvfp4 as e; print(e.__file__)")"
+  done
+}
+export -f images
+step images 60 bash -c images
+
+step tests 300 env JAX_NVFP4_SELFTEST="$main/gemm_selftest" python3 -P -m pytest -n 4 -q -p no:cacheprovider \
+  tests/test_gemm.py tests/test_moe.py tests/test_kernel_config.py tests/test_selftest.py -k "not cpu"
+
+memcheck() {
+  for lay in checkpoint sm90; do
+    compute-sanitizer --tool memcheck --error-exitcode 1 "$main/gemm_selftest" --small --no-bench --kernel both \
+      --layout "$lay" || return 1
+  done
+}
+export -f memcheck
+step memcheck 150 bash -c memcheck
+
+step bench 240 python3 -P -m jax_nvfp4.bench --out "$out" --check "$@"
+
+step portable_tests 240 env PYTHONPATH="$port_site" python3 -P -m pytest -n 4 -q -p no:cacheprovider \
+  tests/test_gemm.py tests/test_moe.py tests/test_kernel_config.py -k "not cpu"
+
+step portable_bench 150 env PYTHONPATH="$port_site" python3 -P -m jax_nvfp4.bench --out "$out/portable" \
+  --impls w4a16,w4a16_sm90,w4a4,w4a4_sm90
+
+for b in bench portable_bench; do
+  [ -f "$out/$b.log" ] && { echo; echo "== $b"; sed -n '/^case /,$p' "$out/$b.log" | head -40; }
+done
+echo; echo "== summary ($SECONDS s)"
+for row in "${summary[@]}"; do IFS='|' read -r a b c <<<"$row"; printf '%-16s %-20s %s\n' "$a" "$b" "$c"; done

@@ -1,36 +1,32 @@
 #!/usr/bin/env bash
-# Kernel work on a GPU machine, without installing the package: builds tools/gemm_selftest.cu
-# (v1 + v2 kernels) and runs one of
-#   check    self-test on small shapes, then all shapes (FULL=1), v2 (KERNEL=wgmma|mma|both)
+# Kernel work on a GPU machine, without installing the package: builds the kernel self-test and the
+# microbenchmarks with CMake (JAX_NVFP4_BUILD_TOOLS=ON, the extension's flags, build folder
+# build/lab) and runs one of
+#   check    self-test on small shapes, then all shapes (FULL=1) (KERNEL=wgmma|mma|both)
 #   sweep    check small shapes, then the bench shapes with every token tile (args go to the
-#            self-test, e.g. --no-sweep, --only L1-1536); NVFLAGS=-DJAX_NVFP4_V2_DIAG=1|2 builds the
-#            diagnostic variants (docs/perf-notes.md)
+#            self-test, e.g. --no-sweep, --only L1-1536)
 #   memcheck compute-sanitizer memcheck on the small shapes
 #   ncu      Nsight Compute stall reasons and per-SASS stall samples for bench cases (args, default
 #            L1-192 L1-24576)
 #   ncu2     Nsight Compute throughput sections for CASE[:KERNEL[:TOKEN_TILE]] arguments
-#   trace    clock64 trace of v2's tile switches per bench case (a -DJAX_NVFP4_V2_DIAG=3 build)
-#   wgmma    the wgmma microbenchmark (tools/wgmma_microbench.cu; argument alu: with ALU work,
+#   wgmma    the wgmma microbenchmark (tools/lab/wgmma_microbench.cu; argument alu: with ALU work,
 #            conv: converter warpgroups beside SS wgmmas)
-#   stream   v1's decode copy pipeline without its math (tools/stream_microbench.cu; args: K, CTAs)
-# NOBUILD=1 reuses /tmp/st from the previous command of the same device call; LAYOUT=sm90 runs the
-# self-test, benchmarks and profiles with the weights in the sm90 load-time layout (W4A16 cases only).
-# Headers: CUTLASS_INC (default .cutlass_hdr, an unzipped nvidia-cutlass wheel's
-# cutlass_library/source, carried to the device). Logs in $OUT.
+#   stream   the mma decode copy pipeline without its math (tools/lab/stream_microbench.cu; args: K, CTAs)
+# NOBUILD=1 skips the (incremental) build; LAYOUT=sm90 runs the self-test, benchmarks and profiles
+# with the weights in the sm90 load-time layout (W4A16 cases only). Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-kernel-lab-out}; mkdir -p "$out"
-inc=${CUTLASS_INC:-.cutlass_hdr}
 cmd=${1:-check}; shift || true
 k=${KERNEL:-wgmma}
 lay="${LAYOUT:+--layout $LAYOUT}"  # LAYOUT=sm90: weights in the sm90 layout (W4A16 cases)
 
 build() {
-  [ -n "${NOBUILD:-}" ] && [ -x /tmp/st ] && return 0  # NOBUILD=1: reuse the last build
-  nvcc -std=c++17 -O3 -Xcompiler -fopenmp -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
-    ${NVFLAGS:-} -lineinfo -I. -I"$inc/include" -I"$inc/util/include" -o /tmp/st \
-    tools/gemm_selftest.cu csrc/grouped_gemm_sm90.cu csrc/grouped_gemm_sm90_wgmma.cu >"$out/build.log" 2>&1 ||
+  [ -n "${NOBUILD:-}" ] && [ -x build/lab/gemm_selftest ] && return 0
+  { cmake -S . -B build/lab -G Ninja -DCMAKE_BUILD_TYPE=Release -DJAX_NVFP4_BUILD_TOOLS=ON \
+      -DPython_EXECUTABLE="$(command -v python3)" && cmake --build build/lab; } >"$out/build.log" 2>&1 ||
     { tail "$out/build.log"; exit 1; }
+  ln -sf "$PWD/build/lab/gemm_selftest" /tmp/st
 }
 small() { timeout 60 /tmp/st --small --no-bench --kernel "$k" $lay >"$out/small.log" 2>&1
   local rc=$?; echo "small rc=$rc $(tail -1 "$out/small.log")"; return $rc; }
@@ -79,21 +75,9 @@ case $cmd in
         "$out/ncu2_$tag.log" | awk '{$1=$1};1' | head -20
       grep -iE "bank.conflict|shared (load|store)" "$out/ncu2_$tag.log" | awk '{$1=$1};1' | head -6
     done ;;
-  trace)
-    # clock64 trace of v2's tile switches (a -DJAX_NVFP4_V2_DIAG=3 build) for bench cases (args,
-    # default L1-192 L2-192 L1-24576 L2-24576); LAYOUT applies. Overwrites /tmp/st: a later
-    # NOBUILD=1 command would reuse the diagnostic build
-    NVFLAGS="${NVFLAGS:-} -DJAX_NVFP4_V2_DIAG=3" NOBUILD= build
-    for c in ${*:-L1-192 L2-192 L1-24576 L2-24576}; do
-      timeout 60 /tmp/st --trace "$c" $lay 2>&1 | tee -a "$out/trace.log" | grep -E "^trace|rror"
-    done ;;
   wgmma)
-    nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -I. -I"$inc/include" \
-      -o /tmp/wgmma_microbench tools/wgmma_microbench.cu >"$out/build.log" 2>&1 || { tail "$out/build.log"; exit 1; }
-    timeout 120 /tmp/wgmma_microbench "$@" | tee "$out/wgmma.log" ;;
+    build; timeout 120 build/lab/wgmma_microbench "$@" | tee "$out/wgmma.log" ;;
   stream)
-    nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I. -o /tmp/stream_microbench \
-      tools/stream_microbench.cu >"$out/build.log" 2>&1 || { tail "$out/build.log"; exit 1; }
-    timeout 120 /tmp/stream_microbench "$@" | tee "$out/stream.log" ;;
-  *) echo "unknown command $cmd (check | sweep | memcheck | ncu | ncu2 | trace | wgmma | stream)"; exit 2 ;;
+    build; timeout 120 build/lab/stream_microbench "$@" | tee "$out/stream.log" ;;
+  *) echo "unknown command $cmd (check | sweep | memcheck | ncu | ncu2 | wgmma | stream)"; exit 2 ;;
 esac

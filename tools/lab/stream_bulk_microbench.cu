@@ -1,6 +1,6 @@
 // Supply ceiling of a persistent, warp-specialized weight stream (v2's shape, no math), Hopper.
 //
-// Question (docs/perf-notes.md, session 7): v2's producers alone (DIAG 4) stream the decode case
+// Question (docs/archive/perf-notes.md, session 7): v2's producers alone (DIAG 4) stream the decode case
 // at ~2.8 TB/s, below the ~3.2 TB/s the decode targets need. Is the limit the weights' bulk copies,
 // the block scales' 128 separate 4-byte copies per k-tile (from [N, K/16]: one 32-byte sector per
 // row, 8 k-tiles apart), or the pipeline depth / CTAs per SM? Each CTA walks tiles b, b + grid, ...
@@ -11,7 +11,7 @@
 //   none:  not at all (weights only: the stream's ceiling without scales).
 // A consumer warp waits for each stage and releases it after reading one word.
 //
-//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I. -o /tmp/sbm tools/stream_bulk_microbench.cu
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I. -o /tmp/sbm tools/lab/stream_bulk_microbench.cu
 //   /tmp/sbm [K] [tiles]   # default: L1 decode, K 7168, 2016 tiles (42 experts x 48 n-tiles)
 #include <cuda_runtime.h>
 
@@ -21,7 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "tools/cuda_check.h"
+#include "tools/bench/cuda_check.h"
 
 using namespace jax_nvfp4;  // mbarrier helpers
 

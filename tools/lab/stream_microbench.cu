@@ -1,6 +1,6 @@
 // Streaming ceiling of v1's decode pipeline shape, without its math (Hopper, sm_90a).
 //
-// Question it answers (docs/perf-notes.md, session 5): is v1 at decode (L1 192 rows: 2.3-2.6 TB/s
+// Question it answers (docs/archive/perf-notes.md, session 5): is v1 at decode (L1 192 rows: 2.3-2.6 TB/s
 // of weights) limited by the bytes its cp.async pipeline keeps in flight, or by its instruction
 // issue? This kernel copies what v1's 16-token config copies per 64-wide k-tile (per CTA of 128
 // threads: 128 weight rows x 32 B, 128 x 4 B of block scales, 16 activation rows x 128 B that every
@@ -9,11 +9,11 @@
 // contiguous: does a tile-major weight layout stream faster? Session 6 on the H200 (L1 shape): rows
 // 1.6-1.7 TB/s at every depth (slower than v1 itself, ~2.2 TB/s on the same bytes: this kernel does
 // not model v1's speed, for reasons not found), tiled 1.9-3.0 TB/s (best at 3 stages). The tiled
-// placement, adopted by the sm90 layout, then gave v1 -8% at decode (docs/perf-notes.md). The
+// placement, adopted by the sm90 layout, then gave v1 -8% at decode (docs/archive/perf-notes.md). The
 // third placement, kmajor, streamed exactly as tiled (session 7). The persistent, bulk-copy
-// counterpart is tools/stream_bulk_microbench.cu.
+// counterpart is tools/lab/stream_bulk_microbench.cu.
 //
-//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I. -o /tmp/smb tools/stream_microbench.cu
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I. -o /tmp/smb tools/lab/stream_microbench.cu
 //   /tmp/smb            # L1 decode shape: 2016 CTAs (42 experts x 48 n-tiles), K 7168
 #include <cuda_runtime.h>
 
@@ -21,7 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "tools/cuda_check.h"
+#include "tools/bench/cuda_check.h"
 
 constexpr int kThreads = 128;
 constexpr int kStage = 4096 + 512 + 16 * 144;  // weights, scales, activations (v1's pitch)

@@ -1,11 +1,11 @@
 // Microbenchmark: what one bf16 wgmma m64nNk16 costs an SM, by N, operand source (A from registers,
 // "RS", as the v2 grouped GEMM uses; or A from shared memory, "SS"), independent accumulator chains
-// and warpgroups per SM. It answers the question docs/perf-notes.md leaves open: is a small-N RS
+// and warpgroups per SM. It answers the question docs/archive/perf-notes.md leaves open: is a small-N RS
 // wgmma bound by a per-instruction cost far above its math (N/2 clk at the dense bf16 peak)?
 //
 // Build and run (GPU machine):
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
-//        -I. -I<cutlass>/include -o wgmma_microbench tools/wgmma_microbench.cu && ./wgmma_microbench [alu|conv]
+//        -I. -I<cutlass>/include -o wgmma_microbench tools/lab/wgmma_microbench.cu && ./wgmma_microbench [alu|conv]
 // Prints one row per configuration: clk per wgmma per SM (all warpgroups of the SM together),
 // the math-only figure N/2, and their ratio. Operand values are zero (timing only).
 // `wgmma_microbench alu` instead times v2's consumer pattern (wait_group 1, ALU work on the
@@ -15,7 +15,7 @@
 // place of LOP3 (which pipes the conversion can spread over). `wgmma_microbench conv` times
 // converter warpgroups beside SS wgmmas (see conv_kernel; run in session 5: one converter
 // warpgroup cannot keep up, so v2 keeps converting inline). Results and what they mean:
-// docs/perf-notes.md, sessions 3-5.
+// docs/archive/perf-notes.md, sessions 3-5.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,7 +27,7 @@
 #include <cute/arch/mma_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
 
-#include "tools/cuda_check.h"
+#include "tools/bench/cuda_check.h"
 
 namespace gmma = cute::SM90::GMMA;
 
@@ -50,7 +50,7 @@ JN_OPS(128)
 JN_OPS(256)
 #undef JN_OPS
 
-// K-major, 128-byte swizzle, 8-row groups 1024 bytes apart (as in csrc/grouped_gemm_sm90_wgmma.cu).
+// K-major, 128-byte swizzle, 8-row groups 1024 bytes apart (as in csrc/grouped_gemm_wgmma_sm90.cu).
 __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
   return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
          (uint64_t(1) << 62);
@@ -190,7 +190,7 @@ void run_n(int sms, long long* c, float* s) {
 // Each thread computes its next 16 fragment registers with OPS dependent-free LOP3s (16 chains,
 // interleaved) after wait_group 1, like v2's conversion of the next k-tile, then issues the 4
 // wgmmas (RS: from those registers; SS: A from shared memory, the registers only kept alive).
-// Question (docs/perf-notes.md, session 3): does ALU work on the issuing warps slow RS wgmmas
+// Question (docs/archive/perf-notes.md, session 3): does ALU work on the issuing warps slow RS wgmmas
 // down more than SS ones, i.e. is v2's ~50% tensor-pipe ceiling a register-operand effect?
 // PP (ping-pong): the two warpgroups take turns for "convert + issue" (named barriers 1 and 2),
 // so one converts while the other's wgmmas run instead of both converting at the same time.
