@@ -4,7 +4,7 @@ The oracle is float64 numpy on the dequantized operands (tests/oracles.py), neve
 alone. Rows past the groups must be exactly 0. The API allocates its output, so it cannot be
 poisoned directly; instead a NaN-filled result of the same size is computed and freed just
 before each call, so a reused buffer shows unwritten rows (and the CUDA self-test in
-tools/gemm_selftest.cu poisons its output explicitly).
+tools/bench/gemm_selftest.cu poisons its output explicitly).
 """
 
 import os

@@ -159,7 +159,7 @@ def test_moe_against_float64(rng, backend, activation, scale):
 
 def test_many_experts_against_float64(rng):
     # More experts than a GEMM CTA has threads (V4-Pro on one GPU holds 384): every expert's
-    # rows must come out right, not only the first ones (a v1 tile lookup bug once lost them).
+    # rows must come out right, not only the first ones (a tile lookup bug of the mma kernel once lost them).
     e, h, i, t = 320, 64, 32, 192
     f = float_layer(rng, e=e, h=h, i=i)
     w = quantized(f)

@@ -1,7 +1,7 @@
 """Expert parallelism on the GPUs of one host (2-8): equal to the layer on one GPU.
 
 tests/test_sharding.py covers the sharding logic on 8 CPU devices; this runs the CUDA kernels
-under ``shard_map`` with more local experts than a GEMM CTA has threads (a v1 lookup bug once
+under ``shard_map`` with more local experts than a GEMM CTA has threads (a lookup bug of the mma kernel once
 gave NaN there, found only by the 2-GPU benchmark), at decode (v1) and prefill (v2) row counts,
 for both combines, both weight layouts and with or without ``capacity_factor``. Skipped without at least 2 GPUs (with
 ``JAX_NVFP4_REQUIRE_GPU=1`` a machine with no GPU fails, one with a single GPU skips).

@@ -1,3 +1,5 @@
+// Lab microbenchmark (tools/lab/): "v1" below is the mma kernel, "v2" the wgmma kernel, as the archived
+// notes (docs/archive/perf-notes.md) name them.
 // Supply ceiling of a persistent, warp-specialized weight stream (v2's shape, no math), Hopper.
 //
 // Question (docs/archive/perf-notes.md, session 7): v2's producers alone (DIAG 4) stream the decode case

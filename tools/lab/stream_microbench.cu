@@ -1,3 +1,5 @@
+// Lab microbenchmark (tools/lab/): "v1" below is the mma kernel, "v2" the wgmma kernel, as the archived
+// notes (docs/archive/perf-notes.md) name them.
 // Streaming ceiling of v1's decode pipeline shape, without its math (Hopper, sm_90a).
 //
 // Question it answers (docs/archive/perf-notes.md, session 5): is v1 at decode (L1 192 rows: 2.3-2.6 TB/s

@@ -1,3 +1,5 @@
+// Lab microbenchmark (tools/lab/): "v1" below is the mma kernel, "v2" the wgmma kernel, as the archived
+// notes (docs/archive/perf-notes.md) name them.
 // Microbenchmark: what one bf16 wgmma m64nNk16 costs an SM, by N, operand source (A from registers,
 // "RS", as the v2 grouped GEMM uses; or A from shared memory, "SS"), independent accumulator chains
 // and warpgroups per SM. It answers the question docs/archive/perf-notes.md leaves open: is a small-N RS
