@@ -9,12 +9,13 @@
 #                 load) installed into a separate folder put first on PYTHONPATH by the portable steps;
 #   3. images:    cuobjdump --list-elf --list-ptx of both extension modules;
 #   4. tests:     the GPU tests (gemm, moe, kernel configurations, the self-test) with pytest -n 4;
-#   5. memcheck:  the kernel self-test's small shapes under compute-sanitizer memcheck;
-#   6. bench:     python -m jax_nvfp4.bench with its usual arguments (plus any given to this script);
-#   7. portable:  the GPU tests of test_gemm.py, test_moe.py and test_kernel_config.py through the
-#                 portable build (the handler then runs the mma family: no sm_90a image), and its
-#                 benchmark rows (jax_nvfp4's four columns);
-# then a summary table. Steps are skipped once DEADLINE seconds (default 560) have passed, and each
+#   5. portable_tests: the GPU tests of test_gemm.py, test_moe.py and test_kernel_config.py through
+#                 the portable build (the handler then runs the mma family: no sm_90a image);
+#   6. memcheck:  the kernel self-test's small shapes under compute-sanitizer memcheck;
+#   7. bench:     python -m jax_nvfp4.bench with its usual arguments (plus any given to this script,
+#                 e.g. --impls w4a16,w4a16_sm90,w4a4,w4a4_sm90 to leave out the slow peers);
+#   8. portable_bench: the benchmark rows of jax_nvfp4's four columns through the portable build;
+# then a summary table. Steps are skipped once DEADLINE seconds (default 550) have passed, and each
 # step's time limit is cut to what is left, so the summary always prints.
 #   usage: tools/gpu/gpu_check.sh [bench args...]      logs in $OUT (default gpu-check-out)
 #   STEPS="deps builds tests" runs only the named steps.
@@ -24,7 +25,7 @@ out=${OUT:-gpu-check-out}; mkdir -p "$out"
 out=$(cd "$out" && pwd)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_NVFP4_REQUIRE_GPU=1
 export CUDA_CACHE_MAXSIZE=4294967296   # keep the portable build's JIT-compiled kernels between processes
-deadline=${DEADLINE:-560}
+deadline=${DEADLINE:-550}
 build=build/gpu; main="$build/main"; port="$build/portable"; port_site="$build/portable_site"
 export out main port port_site   # for the step functions, which run under timeout in bash -c
 summary=()
@@ -68,6 +69,9 @@ step images 60 bash -c images
 step tests 300 env JAX_NVFP4_SELFTEST="$main/gemm_selftest" python3 -P -m pytest -n 4 -q -p no:cacheprovider \
   tests/test_gemm.py tests/test_moe.py tests/test_kernel_config.py tests/test_selftest.py -k "not cpu"
 
+step portable_tests 240 env PYTHONPATH="$port_site" python3 -P -m pytest -n 4 -q -p no:cacheprovider \
+  tests/test_gemm.py tests/test_moe.py tests/test_kernel_config.py -k "not cpu"
+
 memcheck() {
   for lay in checkpoint sm90; do
     compute-sanitizer --tool memcheck --error-exitcode 1 "$main/gemm_selftest" --small --no-bench --kernel both \
@@ -79,8 +83,6 @@ step memcheck 150 bash -c memcheck
 
 step bench 240 python3 -P -m jax_nvfp4.bench --out "$out" --check "$@"
 
-step portable_tests 240 env PYTHONPATH="$port_site" python3 -P -m pytest -n 4 -q -p no:cacheprovider \
-  tests/test_gemm.py tests/test_moe.py tests/test_kernel_config.py -k "not cpu"
 
 step portable_bench 150 env PYTHONPATH="$port_site" python3 -P -m jax_nvfp4.bench --out "$out/portable" \
   --impls w4a16,w4a16_sm90,w4a4,w4a4_sm90
