@@ -407,10 +407,12 @@ class TestBadInput:
                 jn.grouped_gemm(lhs, rhs, gs, backend="ffi", rows_hint=hint)
 
     def test_rows_hint_steers_the_config_and_changes_nothing(self):
-        # 200 rows in 2 groups: 100 per group picks the 64-token mma tile; a hint of 8 rows, 16
+        # 200 rows in 2 groups: 100 per group picks the 64-token mma tile; a hint of 8 rows, 16.
+        # The family is pinned to mma, which every device runs (on an sm_90 GPU the heuristic
+        # would pick wgmma here, whose accumulation order differs).
         lhs, rhs, gs, _ = make_problem(np.random.default_rng(5), 200, 16, 64, [4, 4], False)
         f = lambda h: jax.jit(lambda a: jn.grouped_gemm(a, rhs, gs, out_dtype=jnp.float32,  # noqa: E731
-                                                       backend="ffi", rows_hint=h))
+                                                       backend="ffi", rows_hint=h, kernel="mma"))
         assert "token_tile = 16 : i32" in f(8).lower(lhs).as_text()
         assert "token_tile = 64 : i32" in f(None).lower(lhs).as_text()
         np.testing.assert_array_equal(np.asarray(f(8)(lhs)), np.asarray(f(None)(lhs)))

@@ -190,7 +190,9 @@ static jax_nvfp4::KernelConfig config_of(const GroupedGemmParams& p) {
   const bool ws = (d.families & jax_nvfp4::FamilyBit(KernelFamily::kMmaWs)) &&
                   jax_nvfp4::FamilyHandles(KernelFamily::kMmaWs, d);
   if (g_cur_force == 16 && ws) return jax_nvfp4::DefaultConfigFor(KernelFamily::kMmaWs, 16);
-  if (g_cur_force) return jax_nvfp4::DefaultConfigFor(KernelFamily::kMma, g_cur_force);
+  // A forced 256-token tile is a wgmma one; where wgmma does not handle the problem (K % 64, packed
+  // activations) the mma family runs its largest tile instead.
+  if (g_cur_force) return jax_nvfp4::DefaultConfigFor(KernelFamily::kMma, g_cur_force > 128 ? 128 : g_cur_force);
   return jax_nvfp4::ChooseKernelConfig(d);
 }
 static cudaError_t launch(const GroupedGemmParams& p, cudaStream_t s) {
