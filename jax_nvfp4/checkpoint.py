@@ -53,18 +53,14 @@ Tensor names (Hugging Face DeepSeek style, ``{prefix}`` e.g. ``model.layers.3.ml
 Safetensors
 ===========
 
-The ``safetensors`` package's numpy/flax readers cannot return F8_E4M3 tensors, so this module
-has its own reader and writer (:func:`read_safetensors`, :func:`save_safetensors`). The file is an
-8-byte little-endian header length ``n``, ``n`` bytes of JSON ``{name: {"dtype", "shape",
-"data_offsets": [begin, end]}, "__metadata__": {...}}``, then the raw little-endian bytes (offsets
-relative to the end of the header).
+Files are read and written by :mod:`jax_nvfp4.safetensors_io` (re-exported here:
+:func:`read_safetensors`, :func:`save_safetensors`, :class:`SafetensorsReader`), which keeps
+F8_E4M3 block scales as stored, validates every header entry and writes atomically.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 import warnings
 from collections.abc import Mapping
 from typing import Any, Iterable, Optional, Sequence, Union
@@ -75,196 +71,16 @@ import numpy as np
 from .formats import BLOCK_SIZE, E2M1_VALUES, E4M3_MAX, E2M1_MAX, K_MULTIPLE, LAYOUTS, NVFP4Tensor
 from .layout import prepare_weights
 from .moe_params import MoEConfig, MoEWeights
+from .safetensors_io import (SafetensorsReader, read_safetensors, read_safetensors_metadata,
+                             save_safetensors)
 
 __all__ = [
-    "load_moe", "save_moe", "read_safetensors", "save_safetensors", "SafetensorsReader",
-    "detect_format", "FORMATS",
+    "load_moe", "save_moe", "read_safetensors", "save_safetensors", "read_safetensors_metadata",
+    "SafetensorsReader", "detect_format", "FORMATS",
 ]
 
 FORMATS = ("modelopt", "quark")
 """Checkpoint formats :func:`load_moe` understands (``"auto"`` picks one from the names)."""
-
-# ------------------------------------------------------------------------------------------------
-# safetensors reader / writer
-# ------------------------------------------------------------------------------------------------
-
-_ST_TO_NP: dict[str, np.dtype] = {
-    "F64": np.dtype("<f8"),
-    "F32": np.dtype("<f4"),
-    "F16": np.dtype("<f2"),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
-    "U8": np.dtype("u1"),
-    "I8": np.dtype("i1"),
-    "U16": np.dtype("<u2"),
-    "I16": np.dtype("<i2"),
-    "U32": np.dtype("<u4"),
-    "I32": np.dtype("<i4"),
-    "U64": np.dtype("<u8"),
-    "I64": np.dtype("<i8"),
-    "BOOL": np.dtype("?"),
-}
-_NP_TO_ST: dict[np.dtype, str] = {v.newbyteorder("=") if v.byteorder in "<>" else v: k
-                                 for k, v in _ST_TO_NP.items()}
-_MAX_HEADER = 100 * 1024 * 1024
-
-
-def _st_dtype_of(arr: np.ndarray, name: str) -> str:
-    dt = arr.dtype
-    key = dt.newbyteorder("=") if dt.byteorder in "<>" else dt
-    try:
-        return _NP_TO_ST[key]
-    except KeyError:
-        raise ValueError(f"{name}: dtype {dt} has no safetensors equivalent (supported: "
-                         f"{sorted(str(d) for d in _NP_TO_ST)})") from None
-
-
-def save_safetensors(path: Union[str, os.PathLike], tensors: Mapping[str, Any],
-                     metadata: Optional[Mapping[str, str]] = None) -> None:
-    """Write ``tensors`` (name -> numpy/jax array) to a safetensors file at ``path``.
-
-    Dtypes: float64/32/16, bfloat16, float8_e4m3fn (F8_E4M3), float8_e5m2, float8_e8m0fnu,
-    uint8/int8/int16/uint16/int32/uint32/int64/uint64, bool. Shapes are kept as given (a 0-d array
-    is stored with shape ``[]``). ``metadata`` is an optional str->str dict (``__metadata__``).
-    The file is readable by the ``safetensors`` package for the dtypes that package supports.
-    """
-    header: dict[str, Any] = {}
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    arrays = []
-    offset = 0
-    for name in tensors:
-        arr = np.asarray(tensors[name])
-        st = _st_dtype_of(arr, name)
-        arr = np.asarray(arr.astype(_ST_TO_NP[st], copy=False), order="C")  # little-endian, 0-d kept
-        header[name] = {"dtype": st, "shape": list(arr.shape),
-                        "data_offsets": [offset, offset + arr.nbytes]}
-        arrays.append(arr)
-        offset += arr.nbytes
-    hbytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    hbytes += b" " * (-len(hbytes) % 8)  # pad so the data starts 8-byte aligned
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hbytes)))
-        f.write(hbytes)
-        for arr in arrays:
-            f.write(arr.tobytes(order="C"))
-
-
-def _read_header(path: str) -> tuple[dict, int, int]:
-    """Return (header dict, data start offset, file size) of one safetensors file."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise ValueError(f"{path}: not a safetensors file (shorter than 8 bytes)")
-        (n,) = struct.unpack("<Q", raw)
-        if n > _MAX_HEADER or 8 + n > size:
-            raise ValueError(f"{path}: not a safetensors file (header length {n}, file size {size})")
-        hraw = f.read(n)
-    try:
-        header = json.loads(hraw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: unreadable safetensors JSON header: {e}") from None
-    if not isinstance(header, dict):
-        raise ValueError(f"{path}: safetensors header is not a JSON object")
-    return header, 8 + n, size
-
-
-class SafetensorsReader(Mapping):
-    """A lazy read-only mapping name -> numpy array over one or more safetensors files.
-
-    Only the JSON headers are read up front; each tensor is a view into a read-only ``np.memmap``
-    of its file (pages are read when touched). Tensors keep their stored dtype: F8_E4M3 arrives
-    as ``ml_dtypes.float8_e4m3fn``, BF16 as ``ml_dtypes.bfloat16``. A name stored in two files
-    raises ValueError.
-    """
-
-    def __init__(self, paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]):
-        if isinstance(paths, (str, os.PathLike)):
-            paths = [paths]
-        self._entries: dict[str, tuple[int, str, tuple[int, ...], int, int]] = {}
-        self._paths: list[str] = [os.fspath(p) for p in paths]
-        self._maps: dict[int, np.ndarray] = {}
-        self._starts: dict[int, int] = {}
-        self.metadata: dict[str, dict] = {}
-        for i, path in enumerate(self._paths):
-            header, start, size = _read_header(path)
-            meta = header.pop("__metadata__", None)
-            if meta is not None:
-                self.metadata[path] = meta
-            self._starts[i] = start
-            for name, info in header.items():
-                try:
-                    st = info["dtype"]
-                    shape = tuple(int(s) for s in info["shape"])
-                    b, e = (int(x) for x in info["data_offsets"])
-                except (KeyError, TypeError, ValueError):
-                    raise ValueError(f"{path}: malformed header entry for {name!r}: {info!r}") from None
-                if st not in _ST_TO_NP:
-                    raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {st!r} "
-                                     f"(supported: {sorted(_ST_TO_NP)})")
-                nbytes = int(np.prod(shape, dtype=np.int64)) * _ST_TO_NP[st].itemsize
-                if e - b != nbytes or b < 0 or start + e > size:
-                    raise ValueError(f"{path}: tensor {name!r} ({st} {list(shape)}) has data_offsets "
-                                     f"[{b}, {e}] inconsistent with its shape or the file size")
-                if name in self._entries:
-                    other = self._paths[self._entries[name][0]]
-                    raise ValueError(f"tensor {name!r} is stored in both {other} and {path}")
-                self._entries[name] = (i, st, shape, b, e)
-
-    def _map(self, i: int) -> np.ndarray:
-        if i not in self._maps:
-            path = self._paths[i]
-            if os.path.getsize(path) == 0:
-                self._maps[i] = np.zeros(0, np.uint8)
-            else:
-                self._maps[i] = np.memmap(path, dtype=np.uint8, mode="r")
-        return self._maps[i]
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        i, st, shape, b, e = self._entries[name]
-        dt = _ST_TO_NP[st]
-        start = self._starts[i]
-        if e == b:
-            return np.zeros(shape, dt)
-        count = (e - b) // dt.itemsize
-        return np.frombuffer(self._map(i), dtype=dt, count=count, offset=start + b).reshape(shape)
-
-    def __iter__(self):
-        return iter(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._entries
-
-    def dtype_of(self, name: str) -> str:
-        """The safetensors dtype string (e.g. ``"F8_E4M3"``) of tensor ``name``."""
-        return self._entries[name][1]
-
-    def file_of(self, name: str) -> str:
-        """The path of the file holding tensor ``name``."""
-        return self._paths[self._entries[name][0]]
-
-
-def read_safetensors(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], *,
-                     copy: bool = False) -> dict[str, np.ndarray]:
-    """Read every tensor of one or more safetensors files into a dict name -> numpy array.
-
-    Dtypes keep their stored meaning: F8_E4M3 -> ``ml_dtypes.float8_e4m3fn`` (the bytes, not a
-    value conversion), BF16 -> ``ml_dtypes.bfloat16``, F32 -> float32, U8 -> uint8, I32 -> int32,
-    etc. With ``copy=False`` (default) the arrays are read-only views of memory-mapped files; with
-    ``copy=True`` they are independent in-memory copies. For a lazy mapping that reads only the
-    headers up front, use :class:`SafetensorsReader`.
-    """
-    reader = SafetensorsReader(paths)
-    if copy:
-        return {k: np.array(reader[k]) for k in reader}
-    return {k: reader[k] for k in reader}
-
 
 # ------------------------------------------------------------------------------------------------
 # names and format detection

@@ -6,7 +6,6 @@ Small shapes (E=4, H=64, I=32, one shared expert), random non-zero data, CPU onl
 from __future__ import annotations
 
 import json
-import struct
 import warnings
 
 import ml_dtypes
@@ -167,115 +166,6 @@ def load_quiet(*args, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a well-formed checkpoint must load without warnings
         return ckpt.load_moe(*args, **kw)
-
-
-# ------------------------------------------------------------------------------------------------
-# safetensors reader / writer
-# ------------------------------------------------------------------------------------------------
-
-ALL_DTYPES = [np.float32, np.float16, np.float64, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn,
-              ml_dtypes.float8_e5m2, np.uint8, np.int8, np.int16, np.uint16, np.int32,
-              np.uint32, np.int64, np.uint64, np.bool_]
-
-
-def _random(rng, dt, shape):
-    raw = rng.integers(0, 256, size=(int(np.prod(shape)) * np.dtype(dt).itemsize,), dtype=np.uint8)
-    if np.dtype(dt) == np.bool_:
-        return (raw % 2).astype(np.bool_).reshape(shape)
-    return raw.view(dt).reshape(shape)
-
-
-def test_safetensors_roundtrip_all_dtypes(tmp_path):
-    rng = np.random.default_rng(0)
-    tensors = {f"t.{np.dtype(dt).name}": _random(rng, dt, (3, 5)) for dt in ALL_DTYPES}
-    tensors["scalar0"] = np.array(2.5, np.float32)
-    tensors["scalar1"] = np.array([0.125], ml_dtypes.bfloat16)
-    tensors["empty"] = np.zeros((0, 4), np.uint8)
-    path = tmp_path / "a.safetensors"
-    ckpt.save_safetensors(path, tensors, metadata={"format": "pt"})
-    back = ckpt.read_safetensors(path)
-    assert set(back) == set(tensors)
-    for k, v in tensors.items():
-        assert back[k].dtype == v.dtype and back[k].shape == v.shape, k
-        np.testing.assert_array_equal(raw(back[k]), raw(v), err_msg=k)
-    reader = ckpt.SafetensorsReader([path])
-    assert reader.dtype_of("t.float8_e4m3fn") == "F8_E4M3" and reader.dtype_of("t.bfloat16") == "BF16"
-    assert reader.metadata[str(path)] == {"format": "pt"}
-    copied = ckpt.read_safetensors([path], copy=True)
-    assert copied["t.uint8"].flags.writeable
-
-
-def test_reader_against_safetensors_package(tmp_path):
-    """Independent oracle: files written by the safetensors package read back identically, and
-    our files are read identically by the package (for the dtypes its numpy reader supports)."""
-    sn = pytest.importorskip("safetensors.numpy")
-    rng = np.random.default_rng(1)
-    dts = [np.float32, np.float16, ml_dtypes.bfloat16, np.uint8, np.int8, np.int32, np.int64]
-    tensors = {f"x.{np.dtype(dt).name}": _random(rng, dt, (4, 6)) for dt in dts}
-    tensors["s0"] = np.array(3.0, np.float32)
-    tensors["s1"] = np.array([3.0], np.float32)
-    p1 = tmp_path / "theirs.safetensors"
-    sn.save_file(tensors, str(p1))
-    ours = ckpt.read_safetensors(p1)
-    for k, v in tensors.items():
-        assert ours[k].dtype == v.dtype and ours[k].shape == v.shape, k
-        np.testing.assert_array_equal(raw(ours[k]), raw(v), err_msg=k)
-    p2 = tmp_path / "ours.safetensors"
-    ckpt.save_safetensors(p2, tensors)
-    theirs = sn.load_file(str(p2))
-    for k, v in tensors.items():
-        assert theirs[k].dtype == v.dtype and theirs[k].shape == v.shape, k
-        np.testing.assert_array_equal(raw(theirs[k]), raw(v), err_msg=k)
-
-
-def test_f8_written_by_safetensors_package_is_bitcast(tmp_path):
-    """The package can *write* F8_E4M3 (it cannot read it back into numpy): we read the bytes."""
-    sn = pytest.importorskip("safetensors.numpy")
-    raw = np.array([[0x3F, 0x7E, 0x01, 0xBF]], np.uint8)
-    p = tmp_path / "f8.safetensors"
-    sn.save_file({"s": raw.view(F8)}, str(p))
-    header = json.loads(open(p, "rb").read()[8:8 + struct.unpack("<Q", open(p, "rb").read(8))[0]])
-    assert header["s"]["dtype"] == "F8_E4M3"
-    got = ckpt.read_safetensors(p)["s"]
-    assert got.dtype == F8
-    np.testing.assert_array_equal(got.view(np.uint8), raw)
-    np.testing.assert_array_equal(got.astype(np.float32), [[1.875, 448.0, 2.0 ** -9, -1.875]])
-
-
-def test_f8_hand_built_header(tmp_path):
-    """A file built byte by byte: F8_E4M3 byte 0x3F must load as 1.875 (not 63)."""
-    header = {"__metadata__": {"k": "v"},
-              "sc": {"dtype": "F8_E4M3", "shape": [2, 2], "data_offsets": [0, 4]},
-              "w": {"dtype": "U8", "shape": [2], "data_offsets": [4, 6]},
-              "f": {"dtype": "F32", "shape": [], "data_offsets": [6, 10]}}
-    h = json.dumps(header).encode()
-    body = bytes([0x3F, 0x38, 0x7E, 0x00, 0x3F, 0x12]) + struct.pack("<f", 0.25)
-    p = tmp_path / "hand.safetensors"
-    p.write_bytes(struct.pack("<Q", len(h)) + h + body)
-    t = ckpt.read_safetensors(p)
-    assert t["sc"].dtype == F8
-    np.testing.assert_array_equal(t["sc"].astype(np.float32), [[1.875, 1.0], [448.0, 0.0]])
-    np.testing.assert_array_equal(t["w"], [0x3F, 0x12])
-    assert t["w"].dtype == np.uint8 and t["f"].shape == () and t["f"] == 0.25
-
-
-def test_reader_rejects_bad_files(tmp_path):
-    p = tmp_path / "bad.safetensors"
-    h = json.dumps({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}).encode()
-    p.write_bytes(struct.pack("<Q", len(h)) + h + b"\0" * 8)
-    with pytest.raises(ValueError, match="'a'"):
-        ckpt.read_safetensors(p)
-    h = json.dumps({"a": {"dtype": "Q7", "shape": [1], "data_offsets": [0, 1]}}).encode()
-    p.write_bytes(struct.pack("<Q", len(h)) + h + b"\0")
-    with pytest.raises(ValueError, match="unsupported dtype"):
-        ckpt.read_safetensors(p)
-    p.write_bytes(b"abc")
-    with pytest.raises(ValueError, match="not a safetensors file"):
-        ckpt.read_safetensors(p)
-    ckpt.save_safetensors(tmp_path / "x.safetensors", {"a": np.ones(2, np.float32)})
-    ckpt.save_safetensors(tmp_path / "y.safetensors", {"a": np.ones(2, np.float32)})
-    with pytest.raises(ValueError, match="both"):
-        ckpt.read_safetensors([tmp_path / "x.safetensors", tmp_path / "y.safetensors"])
 
 
 # ------------------------------------------------------------------------------------------------
