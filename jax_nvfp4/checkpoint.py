@@ -320,8 +320,10 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
         or ``"auto"`` (from the names; a weight-only checkpoint has neither and loads with input
         scales None).
       experts: optional expert ids to load (e.g. this rank's slice under expert parallelism);
-        the expert-stacked fields then have ``len(experts)`` rows in that order, while the router
-        weight, bias and hash table stay global (``[E, ...]``, ids in ``[0, E)``).
+        the expert-stacked fields then have ``len(experts)`` rows in that order and
+        ``MoEWeights.expert_ids`` records the ids (so :func:`save_moe` writes them back under
+        the same names), while the router weight, bias and hash table stay global (``[E, ...]``,
+        ids in ``[0, E)``).
       check: warn when the scales do not look like the ModelOpt/Quark convention (cheap,
         vectorized over experts; see the module docstring).
       layout: ``"checkpoint"`` (the stored byte order) or ``"sm90"``: the NVFP4 weights come back
@@ -353,8 +355,9 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
         if v % K_MULTIPLE:
             raise ValueError(f"config.{what} = {v} is not a multiple of {K_MULTIPLE}")
     ids = list(range(E)) if experts is None else [int(e) for e in experts]
-    if not ids or any(not 0 <= e < E for e in ids):
-        raise ValueError(f"experts: expected a non-empty list of ids in [0, {E}), got {ids[:8]}...")
+    if not ids or any(not 0 <= e < E for e in ids) or len(set(ids)) != len(ids):
+        raise ValueError(f"experts: expected a non-empty list of distinct ids in [0, {E}), got "
+                         f"{ids[:8]}...")
 
     if format == "auto":
         fmt = detect_format(src.keys(), prefix)
@@ -490,6 +493,7 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
         w13_input_scale=None if w13_in is None else j(w13_in),
         w2_input_scale=None if w2_in is None else j(w2_in),
         hash_table=None if hash_table is None else j(hash_table),
+        expert_ids=None if ids == list(range(E)) else tuple(ids),
     )
     if sh is not None:
         _, sg, su, sd = sh
@@ -512,6 +516,74 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
 # save_moe (MoEWeights -> checkpoint names)
 # ------------------------------------------------------------------------------------------------
 
+def _check_weights_for_save(w: MoEWeights, config: MoEConfig) -> list[int]:
+    """Check every field of ``w`` (checkpoint layout) against ``config``; return the expert ids
+    of the rows of the expert-stacked fields."""
+    E, H, I = config.num_experts, config.hidden_size, config.intermediate_size
+    dims = f"(config: E={E}, H={H}, I={I}, n_shared_experts={config.n_shared_experts})"
+
+    def shape(name, v, *expected):
+        found = tuple(np.shape(v))
+        if found not in expected:
+            exp = " or ".join(str(x) for x in expected)
+            raise ValueError(f"weights.{name}: expected shape {exp} {dims}, found {found}")
+
+    if w.w13 is None or w.w2 is None or w.router_weight is None:
+        raise ValueError("weights: router_weight, w13 and w2 are required")
+    n = int(np.shape(w.w13.data)[0]) if np.ndim(w.w13.data) == 3 else -1
+    shape("w13.data", w.w13.data, (n, 2 * I, H // 2))
+    shape("w13.scales", w.w13.scales, (n, 2 * I, H // BLOCK_SIZE))
+    shape("w13.global_scale", w.w13.global_scale, (n,), (n, 2))
+    shape("w2.data", w.w2.data, (n, H, I // 2))
+    shape("w2.scales", w.w2.scales, (n, H, I // BLOCK_SIZE))
+    shape("w2.global_scale", w.w2.global_scale, (n,))
+    for name in ("w13_input_scale", "w2_input_scale"):
+        if getattr(w, name) is not None:
+            shape(name, getattr(w, name), (n,))
+    shape("router_weight", w.router_weight, (E, H))
+    if w.router_bias is not None:
+        shape("router_bias", w.router_bias, (E,))
+    if w.hash_table is not None:
+        ht = np.asarray(w.hash_table)
+        if ht.ndim != 2 or ht.shape[1] != config.top_k:
+            raise ValueError(f"weights.hash_table: expected shape [vocab, top_k={config.top_k}], "
+                             f"found {ht.shape}")
+        if ht.size and (ht.min() < 0 or ht.max() >= E):
+            raise ValueError(f"weights.hash_table: expert ids must lie in [0, {E}), found "
+                             f"[{ht.min()}, {ht.max()}]")
+    if w.expert_ids is None:
+        if n != E:
+            raise ValueError(f"weights: the expert-stacked fields hold {n} experts but "
+                             f"config.num_experts = {E}; weights holding a subset must carry their "
+                             "ids in MoEWeights.expert_ids (load_moe(..., experts=...) sets them)")
+        ids = list(range(E))
+    else:
+        ids = list(w.expert_ids)
+        if len(ids) != n:
+            raise ValueError(f"weights.expert_ids: {len(ids)} ids for {n} expert rows")
+        if max(ids) >= E:
+            raise ValueError(f"weights.expert_ids: ids must lie in [0, config.num_experts={E}), "
+                             f"found {max(ids)}")
+    have_shared = w.shared_w13 is not None or w.shared_w2 is not None
+    if config.n_shared_experts == 0 and have_shared:
+        raise ValueError("weights.shared_w13/shared_w2 are set but config.n_shared_experts == 0")
+    if config.n_shared_experts > 0:
+        if w.shared_w13 is None or w.shared_w2 is None:
+            raise ValueError(f"weights.shared_w13 and shared_w2: required by "
+                             f"config.n_shared_experts = {config.n_shared_experts}")
+        Is = I * config.n_shared_experts
+        shape("shared_w13.data", w.shared_w13.data, (2 * Is, H // 2))
+        shape("shared_w13.scales", w.shared_w13.scales, (2 * Is, H // BLOCK_SIZE))
+        shape("shared_w13.global_scale", w.shared_w13.global_scale, (), (1,), (2,))
+        shape("shared_w2.data", w.shared_w2.data, (H, Is // 2))
+        shape("shared_w2.scales", w.shared_w2.scales, (H, Is // BLOCK_SIZE))
+        shape("shared_w2.global_scale", w.shared_w2.global_scale, (), (1,))
+        for name in ("shared_w13_input_scale", "shared_w2_input_scale"):
+            if getattr(w, name) is not None:
+                shape(name, getattr(w, name), (), (1,))
+    return ids
+
+
 def save_moe(weights: MoEWeights, config: MoEConfig, prefix: str, format: str = "modelopt", *,
              names: str = "hf", scalar_shape: tuple[int, ...] = ()) -> dict[str, np.ndarray]:
     """Produce checkpoint tensors (name -> numpy array) for one MoE layer, the inverse of
@@ -533,6 +605,13 @@ def save_moe(weights: MoEWeights, config: MoEConfig, prefix: str, format: str = 
       dict: weight uint8 ``[N, K/2]``, weight_scale float8_e4m3fn ``[N, K/16]``, weight_scale_2 /
       input scales float32 of ``scalar_shape``, router float32 ``[E, H]``, bias float32 ``[E]``,
       tid2eid int32 ``[vocab, top_k]``. Pass it to :func:`save_safetensors` to write a file.
+      Row ``j`` of the expert-stacked fields is written as expert ``weights.expert_ids[j]``
+      (``j`` when ``expert_ids`` is None).
+
+    Raises:
+      ValueError naming the field, the expected and the found shape when the weights disagree
+      with ``config`` (E, H, I, top_k, n_shared_experts), or when the weights hold a subset of the
+      experts without ``expert_ids`` (or with ids outside ``[0, E)``).
     """
     if format not in FORMATS:
         raise ValueError(f"format: expected one of {FORMATS}, got {format!r}")
@@ -546,6 +625,7 @@ def save_moe(weights: MoEWeights, config: MoEConfig, prefix: str, format: str = 
     # Checkpoints store the plain code order, and gate/up are split below by slicing rows,
     # which is only meaningful in that order.
     weights = prepare_weights(weights, "checkpoint")
+    ids = _check_weights_for_save(weights, config)
 
     def sc(v) -> np.ndarray:
         return np.asarray(v, np.float32).reshape(scalar_shape)
@@ -571,11 +651,11 @@ def save_moe(weights: MoEWeights, config: MoEConfig, prefix: str, format: str = 
     g13 = np.broadcast_to(g13.reshape(E, -1), (E, 2))
     i13 = None if weights.w13_input_scale is None else np.asarray(weights.w13_input_scale, np.float32)
     i2 = None if weights.w2_input_scale is None else np.asarray(weights.w2_input_scale, np.float32)
-    for e in range(E):
+    for r, e in enumerate(ids):
         base = f"{prefix}.experts.{e}"
-        put(f"{base}.{proj['gate']}", d13[e, :I], s13[e, :I], g13[e, 0], None if i13 is None else i13[e])
-        put(f"{base}.{proj['up']}", d13[e, I:], s13[e, I:], g13[e, 1], None if i13 is None else i13[e])
-        put(f"{base}.{proj['down']}", d2[e], s2[e], g2[e], None if i2 is None else i2[e])
+        put(f"{base}.{proj['gate']}", d13[r, :I], s13[r, :I], g13[r, 0], None if i13 is None else i13[r])
+        put(f"{base}.{proj['up']}", d13[r, I:], s13[r, I:], g13[r, 1], None if i13 is None else i13[r])
+        put(f"{base}.{proj['down']}", d2[r], s2[r], g2[r], None if i2 is None else i2[r])
 
     if weights.shared_w13 is not None:
         Is = I * config.n_shared_experts

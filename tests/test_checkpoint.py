@@ -5,6 +5,7 @@ Small shapes (E=4, H=64, I=32, one shared expert), random non-zero data, CPU onl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 
@@ -440,3 +441,64 @@ def test_gate_up_sharing_ws2_checked_together():
     s = lin[("expert", 1, "up")]["scales"]
     lin[("expert", 1, "up")]["scales"] = (s.astype(np.float32) / 16).astype(F8)
     check_loaded(load_quiet(tensors_from(lin, extra), PREFIX, cfg()), lin, extra)
+
+
+# ------------------------------------------------------------------------------------------------
+# save_moe writes only what it was given (issue 23 item 4)
+# ------------------------------------------------------------------------------------------------
+
+def test_save_moe_rejects_config_that_disagrees_with_weights():
+    lin, extra = reference(seed=16)
+    w = load_quiet(tensors_from(lin, extra), PREFIX, cfg())
+    for bad, field in ((cfg(intermediate_size=64), "w13.data"), (cfg(hidden_size=128), "w13.data"),
+                       (cfg(num_experts=8), "w13.data|num_experts|router_weight"),
+                       (cfg(n_shared_experts=2), "shared_w13.data"),
+                       (cfg(n_shared_experts=0), "shared_w13")):
+        with pytest.raises(ValueError, match=rf"weights\.({field})|config\.num_experts"):
+            ckpt.save_moe(w, bad, PREFIX)
+    with pytest.raises(ValueError, match=r"weights\.w13\.data.*\(4, 128, 32\).*\(4, 64, 32\)"):
+        ckpt.save_moe(w, cfg(intermediate_size=64), PREFIX)
+
+
+def test_save_moe_keeps_expert_ids(tmp_path):
+    """Weights loaded with experts=[3, 1] are written back as experts 3 and 1."""
+    lin, extra = reference(seed=17)
+    full = tensors_from(lin, extra)
+    sub = load_quiet(full, PREFIX, cfg(), experts=[3, 1])
+    assert sub.expert_ids == (3, 1)
+    out = ckpt.save_moe(sub, cfg(), PREFIX)
+    assert {k.split(".experts.")[1].split(".")[0] for k in out if ".experts." in k} == {"3", "1"}
+    for e in (3, 1):
+        for k in (f"{PREFIX}.experts.{e}.gate_proj.weight", f"{PREFIX}.experts.{e}.up_proj.weight_scale",
+                  f"{PREFIX}.experts.{e}.down_proj.weight_scale_2"):
+            np.testing.assert_array_equal(raw(out[k]), raw(full[k]), err_msg=k)
+    p = tmp_path / "sub.safetensors"
+    ckpt.save_safetensors(p, out)
+    back = load_quiet(p, PREFIX, cfg(), experts=[3])
+    np.testing.assert_array_equal(np.asarray(back.w13.data)[0], np.asarray(sub.w13.data)[0])
+    np.testing.assert_array_equal(np.asarray(back.w2.data)[0], lin[("expert", 3, "down")]["data"])
+    with pytest.raises(KeyError, match=r"experts\.0\."):
+        ckpt.load_moe(p, PREFIX, cfg(), experts=[0])
+    # a subset without ids (sliced by hand) is refused rather than renumbered
+    import jax
+    sliced = dataclasses.replace(sub, expert_ids=None)
+    with pytest.raises(ValueError, match="expert_ids"):
+        ckpt.save_moe(sliced, cfg(), PREFIX)
+    # expert_ids survives jit and tree maps (static pytree metadata)
+    assert jax.tree.map(lambda x: x, sub).expert_ids == (3, 1)
+    assert jax.jit(lambda w: w)(sub).expert_ids == (3, 1)
+    full_w = load_quiet(full, PREFIX, cfg(), experts=[0, 1, 2, 3])
+    assert full_w.expert_ids is None
+
+
+def test_expert_ids_validation():
+    lin, extra = reference(seed=18)
+    w = load_quiet(tensors_from(lin, extra), PREFIX, cfg())
+    with pytest.raises(ValueError, match="distinct"):
+        dataclasses.replace(w, expert_ids=(1, 1, 2, 3))
+    with pytest.raises(TypeError, match="expert_ids"):
+        dataclasses.replace(w, expert_ids=(0.5, 1, 2, 3))
+    with pytest.raises(ValueError, match=r"expert_ids.*\[0, config\.num_experts=4\)"):
+        ckpt.save_moe(dataclasses.replace(w, expert_ids=(0, 1, 2, 7)), cfg(), PREFIX)
+    with pytest.raises(ValueError, match="distinct"):
+        ckpt.load_moe(tensors_from(lin, extra), PREFIX, cfg(), experts=[1, 1])
