@@ -61,6 +61,8 @@ F8_E4M3 block scales as stored, validates every header entry and writes atomical
 from __future__ import annotations
 
 import os
+import re
+import sys
 import warnings
 from collections.abc import Mapping
 from typing import Any, Iterable, Optional, Sequence, Union
@@ -68,6 +70,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 import ml_dtypes
 import numpy as np
 
+from .hf_folder import open_checkpoint, where_looked
 from .formats import BLOCK_SIZE, E2M1_VALUES, E4M3_MAX, E2M1_MAX, K_MULTIPLE, LAYOUTS, NVFP4Tensor
 from .layout import prepare_weights
 from .moe_params import MoEConfig, MoEWeights
@@ -76,7 +79,8 @@ from .safetensors_io import (SafetensorsReader, read_safetensors, read_safetenso
 
 __all__ = [
     "load_moe", "save_moe", "read_safetensors", "save_safetensors", "read_safetensors_metadata",
-    "SafetensorsReader", "detect_format", "FORMATS",
+    "SafetensorsReader", "detect_format", "FORMATS", "load_model_moe", "iter_model_moe",
+    "moe_layer_prefixes", "open_checkpoint",
 ]
 
 FORMATS = ("modelopt", "quark")
@@ -116,14 +120,15 @@ def detect_format(names: Iterable[str], prefix: str = "") -> Optional[str]:
 
 
 def _as_source(source) -> Mapping:
-    if isinstance(source, (str, os.PathLike)):
-        return SafetensorsReader([source])
     if isinstance(source, Mapping):
         return source
-    if isinstance(source, (list, tuple)) and all(isinstance(p, (str, os.PathLike)) for p in source):
-        return SafetensorsReader(source)
-    raise TypeError("source: expected a mapping name -> array, a safetensors path or a list of "
-                    f"paths, got {type(source).__name__}")
+    if isinstance(source, (str, os.PathLike)) or (
+            isinstance(source, (list, tuple)) and source
+            and all(isinstance(p, (str, os.PathLike)) for p in source)):
+        return open_checkpoint(source)
+    raise TypeError("source: expected a mapping name -> array, a model folder, its "
+                    "model.safetensors.index.json, a safetensors path or a non-empty list of paths, "
+                    f"got {type(source).__name__}")
 
 
 def _resolve_proj(src: Mapping, base: str) -> dict[str, str]:
@@ -137,7 +142,7 @@ def _resolve_proj(src: Mapping, base: str) -> dict[str, str]:
             out[role] = b
         else:
             raise KeyError(f"missing tensor {a}.weight (or, with original DeepSeek names, "
-                           f"{b}.weight)")
+                           f"{b}.weight){where_looked(src)}")
     return out
 
 
@@ -149,7 +154,7 @@ def _get(src: Mapping, name: str) -> np.ndarray:
     try:
         v = src[name]
     except KeyError:
-        raise KeyError(f"missing tensor {name}") from None
+        raise KeyError(f"missing tensor {name}{where_looked(src)}") from None
     return np.asarray(v)
 
 
@@ -312,8 +317,11 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
     """Load one NVFP4 MoE layer from a ModelOpt or Quark checkpoint into :class:`MoEWeights`.
 
     Args:
-      source: a mapping name -> array (numpy or jax; block scales as float8_e4m3fn or their
-        uint8 bytes), a safetensors file path, or a list of paths (a sharded checkpoint).
+      source: a Hugging Face model folder (with ``model.safetensors.index.json``: only the
+        shards holding this layer's tensors are opened; else its ``model.safetensors`` or every
+        ``*.safetensors`` in it), its index file, one safetensors file, a list of files, or a
+        mapping name -> array (numpy or jax; block scales as float8_e4m3fn or their uint8
+        bytes). See :func:`jax_nvfp4.hf_folder.open_checkpoint`.
       prefix: the layer's name prefix, e.g. ``"model.layers.3.mlp"`` (no trailing dot).
       config: the layer's :class:`MoEConfig` (E, H, I, top_k and n_shared_experts are checked).
       format: ``"modelopt"`` (input scales ``*.input_scale``), ``"quark"`` (``*.input_scale_2``)
@@ -341,8 +349,9 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
         float32 [] (or None); hash_table int32 [vocab, top_k] or None.
 
     Raises:
-      KeyError naming the full tensor name when a tensor is missing; ValueError naming the tensor,
-      the expected and the found shape (or dtype) on a mismatch.
+      KeyError naming the full tensor name (and the files or index looked in) when a tensor is
+      missing; ValueError naming the tensor, the expected and the found shape (or dtype) on a
+      mismatch; FileNotFoundError for a path that is neither a file nor a folder.
     """
     import jax.numpy as jnp
 
@@ -671,3 +680,117 @@ def save_moe(weights: MoEWeights, config: MoEConfig, prefix: str, format: str = 
         put(f"{base}.{proj['down']}", np.asarray(weights.shared_w2.data),
             np.asarray(weights.shared_w2.scales), np.asarray(weights.shared_w2.global_scale), si2)
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# every MoE layer of a model
+# ------------------------------------------------------------------------------------------------
+
+_EXPERT_WEIGHT_RE = re.compile(r"^(.+)\.experts\.\d+\.(?:gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
+
+
+def _natural_key(s: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
+
+
+def moe_layer_prefixes(names: Iterable[str]) -> list[str]:
+    """The prefixes of the routed MoE layers among tensor ``names`` (those with a
+    ``{prefix}.gate.weight`` router and ``{prefix}.experts.{e}.*.weight`` tensors), in natural
+    order (``model.layers.2.mlp`` before ``model.layers.10.mlp``)."""
+    names = set(names)
+    found = {m.group(1) for n in names if (m := _EXPERT_WEIGHT_RE.match(n))}
+    return sorted((p for p in found if f"{p}.gate.weight" in names), key=_natural_key)
+
+
+class _StderrProgress:
+    """A one-line progress display on stderr (used when tqdm is not installed)."""
+
+    def __init__(self, total: int, desc: str):
+        self.total, self.desc, self.n = total, desc, 0
+        self._write("")
+
+    def _write(self, what: str) -> None:
+        sys.stderr.write(f"\r{self.desc}: {self.n}/{self.total} {what}".ljust(79))
+        sys.stderr.flush()
+
+    def set_postfix_str(self, what: str) -> None:
+        self._write(what)
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        self._write("")
+
+    def close(self) -> None:
+        sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _progress_bar(total: int, desc: str):
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _StderrProgress(total, desc)
+    return tqdm(total=total, desc=desc, unit="layer")
+
+
+def iter_model_moe(source, config: Optional[MoEConfig] = None, *,
+                   prefixes: Optional[Sequence[str]] = None, progress: bool = True, **load_kwargs):
+    """Yield ``(prefix, MoEWeights)`` for every routed MoE layer of a checkpoint, one at a time.
+
+    Args:
+      source: a model folder, its ``model.safetensors.index.json``, a safetensors file, a list
+        of files, or a mapping (as for :func:`load_moe`). The checkpoint is opened once; each
+        shard is opened at most once, when a layer it holds is loaded.
+      config: the layers' :class:`MoEConfig`; None reads it with
+        :meth:`MoEConfig.from_hf_config` from the ``config.json`` beside the checkpoint (a
+        folder or index source).
+      prefixes: the layers to load (default: every prefix :func:`moe_layer_prefixes` finds,
+        e.g. ``model.layers.3.mlp``, in layer order).
+      progress: show a progress bar on stderr (``tqdm`` when installed, else a one-line
+        counter); False for none.
+      **load_kwargs: passed to :func:`load_moe` (``format``, ``experts``, ``check``, ``layout``).
+
+    Yields:
+      ``(prefix, MoEWeights)`` as :func:`load_moe` returns them.
+    """
+    src = _as_source(source)
+    if config is None:
+        if not isinstance(source, (str, os.PathLike)):
+            raise ValueError("config: required unless source is a model folder or its index file "
+                             "(whose folder holds config.json)")
+        folder = os.fspath(source)
+        if not os.path.isdir(folder):
+            folder = os.path.dirname(os.path.abspath(folder))
+        config = MoEConfig.from_hf_config(folder)
+    if prefixes is None:
+        prefixes = moe_layer_prefixes(src.keys())
+        if not prefixes:
+            raise ValueError(f"source: no MoE layer found (no '{{prefix}}.gate.weight' with "
+                             f"'{{prefix}}.experts.{{e}}.*.weight' tensors){where_looked(src)}")
+    bar = _progress_bar(len(prefixes), "loading MoE layers") if progress else None
+    try:
+        for prefix in prefixes:
+            if bar is not None:
+                bar.set_postfix_str(prefix)
+            weights = load_moe(src, prefix, config, **load_kwargs)
+            if bar is not None:
+                bar.update(1)
+            yield prefix, weights
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def load_model_moe(source, config: Optional[MoEConfig] = None, *,
+                   prefixes: Optional[Sequence[str]] = None, progress: bool = True,
+                   **load_kwargs) -> dict[str, MoEWeights]:
+    """Load every routed MoE layer of a checkpoint: a dict prefix -> :class:`MoEWeights`.
+
+    Same arguments as :func:`iter_model_moe` (use that to place or convert each layer before
+    the next is read). Example::
+
+        config = MoEConfig.from_hf_config(folder)
+        layers = load_model_moe(folder, config, experts=my_rank_experts)  # progress on stderr
+    """
+    return dict(iter_model_moe(source, config, prefixes=prefixes, progress=progress,
+                               **load_kwargs))

@@ -90,6 +90,21 @@ class MoEConfig:
         kw.update(overrides)
         return cls(**kw)
 
+    @classmethod
+    def from_hf_config(cls, path_or_dict, **overrides) -> "MoEConfig":
+        """The routed MoE layer of a Hugging Face checkpoint, from its ``config.json``.
+
+        ``path_or_dict``: a config.json path, the model folder holding it, or the parsed dict.
+        Families: DeepSeek-V3 (and ``deepseek_v32``, Kimi-K2's ``kimi_k2``), DeepSeek-V4,
+        GLM-4.5 (``glm4_moe``), Qwen3-MoE (``qwen3_moe``); the quantization config (ModelOpt
+        ``hf_quant_config.json`` / ``quantization_config``, Quark) sets ``activation`` and
+        ``activation_scale``. ``overrides`` replace mapped fields. What the layer cannot
+        express is a ValueError naming the config key and its value. The key mapping is in
+        :mod:`jax_nvfp4.hf_config`.
+        """
+        from .hf_config import moe_config_from_hf
+        return moe_config_from_hf(path_or_dict, **overrides)
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
