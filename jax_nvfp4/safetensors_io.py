@@ -77,6 +77,20 @@ def _check_metadata(metadata: Any, where: str) -> dict[str, str]:
     return dict(metadata)
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where /proc allows (os.umask sets it)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
 def _write_atomic(path: str, chunks) -> None:
     """Write the byte chunks to ``path`` through a temporary file renamed over it."""
     folder = os.path.dirname(os.path.abspath(path))
@@ -86,10 +100,9 @@ def _write_atomic(path: str, chunks) -> None:
         try:
             mode = os.stat(path).st_mode & 0o7777      # keep an existing file's permissions
         except FileNotFoundError:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask                      # what open(path, "wb") would have made
-        os.fchmod(fd, mode)
+            mode = 0o666 & ~_umask()                   # what open(path, "wb") would have made
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             fd = -1
             for chunk in chunks:

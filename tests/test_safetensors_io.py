@@ -202,6 +202,9 @@ def test_metadata_name_rejected_and_metadata_roundtrips(tmp_path):
     with pytest.raises(ValueError, match="str -> str"):
         st.save_safetensors(p, {"a": np.ones(1, np.uint8)}, metadata={"step": 3})
     st.save_safetensors(p, {"a": np.ones(1, np.uint8)}, metadata={"format": "pt", "step": "3"})
+    with open(tmp_path / "plain", "wb"):   # a new file gets the mode open() would give it
+        pass
+    assert os.stat(p).st_mode & 0o7777 == os.stat(tmp_path / "plain").st_mode & 0o7777
     assert st.read_safetensors_metadata(p) == {"format": "pt", "step": "3"}
     assert set(st.read_safetensors(p)) == {"a"}
     st.save_safetensors(p, {"a": np.ones(1, np.uint8)})
