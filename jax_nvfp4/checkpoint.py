@@ -50,6 +50,15 @@ Tensor names (Hugging Face DeepSeek style, ``{prefix}`` e.g. ``model.layers.3.ml
 * ``{prefix}.shared_experts.{gate_proj|up_proj|down_proj|w1|w3|w2}.*`` (present iff
   ``config.n_shared_experts > 0``; width ``I * n_shared_experts``).
 
+Hugging Face folders
+====================
+
+:func:`load_moe` also takes a model folder or its ``model.safetensors.index.json``
+(:mod:`jax_nvfp4.hf_folder`: only the shards holding the requested tensors are opened);
+:func:`load_model_moe` / :func:`iter_model_moe` load every MoE layer of a model (found by
+:func:`moe_layer_prefixes`) with a progress bar; :meth:`MoEConfig.from_hf_config`
+(:mod:`jax_nvfp4.hf_config`) builds the layer's config from ``config.json``.
+
 Safetensors
 ===========
 

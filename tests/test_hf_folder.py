@@ -214,9 +214,11 @@ def test_load_model_moe_uses_tqdm_when_installed(folder, monkeypatch):
                      ("close",)]
 
 
-def test_quark_fixture_from_folder_matches_quark():
+@pytest.mark.parametrize("backend", ["reference", "auto"])
+def test_quark_fixture_from_folder_matches_quark(backend):
     """The real Quark export: two calls from its folder, then the layer against Quark's own
-    quantized forward (golden data we did not write)."""
+    quantized forward (golden data we did not write). ``auto`` is the custom call where built
+    (the CUDA handler on a GPU machine)."""
     config = jn.MoEConfig.from_hf_config(FIXTURE)
     assert config == jn.MoEConfig(num_experts=8, top_k=2, hidden_size=256, intermediate_size=128,
                                   scoring_func="sigmoid", n_group=2, topk_group=1,
@@ -227,6 +229,7 @@ def test_quark_fixture_from_folder_matches_quark():
     assert list(ckpt.load_model_moe(FIXTURE, progress=False)) == ["model.layers.1.mlp"]
     x = np.load(os.path.join(FIXTURE, "x.npy"))
     quark = np.load(os.path.join(FIXTURE, "quark_layer1_moe_out.npy"))
-    out = np.asarray(jn.moe(x, w, config, backend="reference"), np.float32)
+    out = np.asarray(jn.moe(x, w, config, backend=backend), np.float32)
     # Quark's forward is float32 math on the same quantized values: equal up to rounding order
-    np.testing.assert_allclose(out, quark, rtol=0, atol=1e-6 * np.abs(quark).max())
+    # (about 1e-7 relative here; the quantization error itself is about 0.2)
+    np.testing.assert_allclose(out, quark, rtol=0, atol=1e-5 * np.abs(quark).max())
