@@ -74,7 +74,7 @@ import re
 import sys
 import warnings
 from collections.abc import Mapping
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Iterable, Optional, Sequence
 
 import ml_dtypes
 import numpy as np

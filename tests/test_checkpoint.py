@@ -6,7 +6,6 @@ Small shapes (E=4, H=64, I=32, one shared expert), random non-zero data, CPU onl
 from __future__ import annotations
 
 import dataclasses
-import json
 import warnings
 
 import ml_dtypes

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from jax_nvfp4 import safetensors_io as st
-from jax_nvfp4 import checkpoint as ckpt
 
 F8 = np.dtype(ml_dtypes.float8_e4m3fn)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
