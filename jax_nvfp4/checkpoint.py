@@ -50,221 +50,50 @@ Tensor names (Hugging Face DeepSeek style, ``{prefix}`` e.g. ``model.layers.3.ml
 * ``{prefix}.shared_experts.{gate_proj|up_proj|down_proj|w1|w3|w2}.*`` (present iff
   ``config.n_shared_experts > 0``; width ``I * n_shared_experts``).
 
+Hugging Face folders
+====================
+
+:func:`load_moe` also takes a model folder or its ``model.safetensors.index.json``
+(:mod:`jax_nvfp4.hf_folder`: only the shards holding the requested tensors are opened);
+:func:`load_model_moe` / :func:`iter_model_moe` load every MoE layer of a model (found by
+:func:`moe_layer_prefixes`) with a progress bar; :meth:`MoEConfig.from_hf_config`
+(:mod:`jax_nvfp4.hf_config`) builds the layer's config from ``config.json``.
+
 Safetensors
 ===========
 
-The ``safetensors`` package's numpy/flax readers cannot return F8_E4M3 tensors, so this module
-has its own reader and writer (:func:`read_safetensors`, :func:`save_safetensors`). The file is an
-8-byte little-endian header length ``n``, ``n`` bytes of JSON ``{name: {"dtype", "shape",
-"data_offsets": [begin, end]}, "__metadata__": {...}}``, then the raw little-endian bytes (offsets
-relative to the end of the header).
+Files are read and written by :mod:`jax_nvfp4.safetensors_io` (re-exported here:
+:func:`read_safetensors`, :func:`save_safetensors`, :class:`SafetensorsReader`), which keeps
+F8_E4M3 block scales as stored, validates every header entry and writes atomically.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import struct
+import re
+import sys
 import warnings
 from collections.abc import Mapping
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Iterable, Optional, Sequence
 
 import ml_dtypes
 import numpy as np
 
+from .hf_folder import open_checkpoint, where_looked
 from .formats import BLOCK_SIZE, E2M1_VALUES, E4M3_MAX, E2M1_MAX, K_MULTIPLE, LAYOUTS, NVFP4Tensor
 from .layout import prepare_weights
 from .moe_params import MoEConfig, MoEWeights
+from .safetensors_io import (SafetensorsReader, read_safetensors, read_safetensors_metadata,
+                             save_safetensors)
 
 __all__ = [
-    "load_moe", "save_moe", "read_safetensors", "save_safetensors", "SafetensorsReader",
-    "detect_format", "FORMATS",
+    "load_moe", "save_moe", "read_safetensors", "save_safetensors", "read_safetensors_metadata",
+    "SafetensorsReader", "detect_format", "FORMATS", "load_model_moe", "iter_model_moe",
+    "moe_layer_prefixes", "open_checkpoint",
 ]
 
 FORMATS = ("modelopt", "quark")
 """Checkpoint formats :func:`load_moe` understands (``"auto"`` picks one from the names)."""
-
-# ------------------------------------------------------------------------------------------------
-# safetensors reader / writer
-# ------------------------------------------------------------------------------------------------
-
-_ST_TO_NP: dict[str, np.dtype] = {
-    "F64": np.dtype("<f8"),
-    "F32": np.dtype("<f4"),
-    "F16": np.dtype("<f2"),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
-    "U8": np.dtype("u1"),
-    "I8": np.dtype("i1"),
-    "U16": np.dtype("<u2"),
-    "I16": np.dtype("<i2"),
-    "U32": np.dtype("<u4"),
-    "I32": np.dtype("<i4"),
-    "U64": np.dtype("<u8"),
-    "I64": np.dtype("<i8"),
-    "BOOL": np.dtype("?"),
-}
-_NP_TO_ST: dict[np.dtype, str] = {v.newbyteorder("=") if v.byteorder in "<>" else v: k
-                                 for k, v in _ST_TO_NP.items()}
-_MAX_HEADER = 100 * 1024 * 1024
-
-
-def _st_dtype_of(arr: np.ndarray, name: str) -> str:
-    dt = arr.dtype
-    key = dt.newbyteorder("=") if dt.byteorder in "<>" else dt
-    try:
-        return _NP_TO_ST[key]
-    except KeyError:
-        raise ValueError(f"{name}: dtype {dt} has no safetensors equivalent (supported: "
-                         f"{sorted(str(d) for d in _NP_TO_ST)})") from None
-
-
-def save_safetensors(path: Union[str, os.PathLike], tensors: Mapping[str, Any],
-                     metadata: Optional[Mapping[str, str]] = None) -> None:
-    """Write ``tensors`` (name -> numpy/jax array) to a safetensors file at ``path``.
-
-    Dtypes: float64/32/16, bfloat16, float8_e4m3fn (F8_E4M3), float8_e5m2, float8_e8m0fnu,
-    uint8/int8/int16/uint16/int32/uint32/int64/uint64, bool. Shapes are kept as given (a 0-d array
-    is stored with shape ``[]``). ``metadata`` is an optional str->str dict (``__metadata__``).
-    The file is readable by the ``safetensors`` package for the dtypes that package supports.
-    """
-    header: dict[str, Any] = {}
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    arrays = []
-    offset = 0
-    for name in tensors:
-        arr = np.asarray(tensors[name])
-        st = _st_dtype_of(arr, name)
-        arr = np.asarray(arr.astype(_ST_TO_NP[st], copy=False), order="C")  # little-endian, 0-d kept
-        header[name] = {"dtype": st, "shape": list(arr.shape),
-                        "data_offsets": [offset, offset + arr.nbytes]}
-        arrays.append(arr)
-        offset += arr.nbytes
-    hbytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    hbytes += b" " * (-len(hbytes) % 8)  # pad so the data starts 8-byte aligned
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hbytes)))
-        f.write(hbytes)
-        for arr in arrays:
-            f.write(arr.tobytes(order="C"))
-
-
-def _read_header(path: str) -> tuple[dict, int, int]:
-    """Return (header dict, data start offset, file size) of one safetensors file."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise ValueError(f"{path}: not a safetensors file (shorter than 8 bytes)")
-        (n,) = struct.unpack("<Q", raw)
-        if n > _MAX_HEADER or 8 + n > size:
-            raise ValueError(f"{path}: not a safetensors file (header length {n}, file size {size})")
-        hraw = f.read(n)
-    try:
-        header = json.loads(hraw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: unreadable safetensors JSON header: {e}") from None
-    if not isinstance(header, dict):
-        raise ValueError(f"{path}: safetensors header is not a JSON object")
-    return header, 8 + n, size
-
-
-class SafetensorsReader(Mapping):
-    """A lazy read-only mapping name -> numpy array over one or more safetensors files.
-
-    Only the JSON headers are read up front; each tensor is a view into a read-only ``np.memmap``
-    of its file (pages are read when touched). Tensors keep their stored dtype: F8_E4M3 arrives
-    as ``ml_dtypes.float8_e4m3fn``, BF16 as ``ml_dtypes.bfloat16``. A name stored in two files
-    raises ValueError.
-    """
-
-    def __init__(self, paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]):
-        if isinstance(paths, (str, os.PathLike)):
-            paths = [paths]
-        self._entries: dict[str, tuple[int, str, tuple[int, ...], int, int]] = {}
-        self._paths: list[str] = [os.fspath(p) for p in paths]
-        self._maps: dict[int, np.ndarray] = {}
-        self._starts: dict[int, int] = {}
-        self.metadata: dict[str, dict] = {}
-        for i, path in enumerate(self._paths):
-            header, start, size = _read_header(path)
-            meta = header.pop("__metadata__", None)
-            if meta is not None:
-                self.metadata[path] = meta
-            self._starts[i] = start
-            for name, info in header.items():
-                try:
-                    st = info["dtype"]
-                    shape = tuple(int(s) for s in info["shape"])
-                    b, e = (int(x) for x in info["data_offsets"])
-                except (KeyError, TypeError, ValueError):
-                    raise ValueError(f"{path}: malformed header entry for {name!r}: {info!r}") from None
-                if st not in _ST_TO_NP:
-                    raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {st!r} "
-                                     f"(supported: {sorted(_ST_TO_NP)})")
-                nbytes = int(np.prod(shape, dtype=np.int64)) * _ST_TO_NP[st].itemsize
-                if e - b != nbytes or b < 0 or start + e > size:
-                    raise ValueError(f"{path}: tensor {name!r} ({st} {list(shape)}) has data_offsets "
-                                     f"[{b}, {e}] inconsistent with its shape or the file size")
-                if name in self._entries:
-                    other = self._paths[self._entries[name][0]]
-                    raise ValueError(f"tensor {name!r} is stored in both {other} and {path}")
-                self._entries[name] = (i, st, shape, b, e)
-
-    def _map(self, i: int) -> np.ndarray:
-        if i not in self._maps:
-            path = self._paths[i]
-            if os.path.getsize(path) == 0:
-                self._maps[i] = np.zeros(0, np.uint8)
-            else:
-                self._maps[i] = np.memmap(path, dtype=np.uint8, mode="r")
-        return self._maps[i]
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        i, st, shape, b, e = self._entries[name]
-        dt = _ST_TO_NP[st]
-        start = self._starts[i]
-        if e == b:
-            return np.zeros(shape, dt)
-        count = (e - b) // dt.itemsize
-        return np.frombuffer(self._map(i), dtype=dt, count=count, offset=start + b).reshape(shape)
-
-    def __iter__(self):
-        return iter(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._entries
-
-    def dtype_of(self, name: str) -> str:
-        """The safetensors dtype string (e.g. ``"F8_E4M3"``) of tensor ``name``."""
-        return self._entries[name][1]
-
-    def file_of(self, name: str) -> str:
-        """The path of the file holding tensor ``name``."""
-        return self._paths[self._entries[name][0]]
-
-
-def read_safetensors(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], *,
-                     copy: bool = False) -> dict[str, np.ndarray]:
-    """Read every tensor of one or more safetensors files into a dict name -> numpy array.
-
-    Dtypes keep their stored meaning: F8_E4M3 -> ``ml_dtypes.float8_e4m3fn`` (the bytes, not a
-    value conversion), BF16 -> ``ml_dtypes.bfloat16``, F32 -> float32, U8 -> uint8, I32 -> int32,
-    etc. With ``copy=False`` (default) the arrays are read-only views of memory-mapped files; with
-    ``copy=True`` they are independent in-memory copies. For a lazy mapping that reads only the
-    headers up front, use :class:`SafetensorsReader`.
-    """
-    reader = SafetensorsReader(paths)
-    if copy:
-        return {k: np.array(reader[k]) for k in reader}
-    return {k: reader[k] for k in reader}
-
 
 # ------------------------------------------------------------------------------------------------
 # names and format detection
@@ -300,14 +129,15 @@ def detect_format(names: Iterable[str], prefix: str = "") -> Optional[str]:
 
 
 def _as_source(source) -> Mapping:
-    if isinstance(source, (str, os.PathLike)):
-        return SafetensorsReader([source])
     if isinstance(source, Mapping):
         return source
-    if isinstance(source, (list, tuple)) and all(isinstance(p, (str, os.PathLike)) for p in source):
-        return SafetensorsReader(source)
-    raise TypeError("source: expected a mapping name -> array, a safetensors path or a list of "
-                    f"paths, got {type(source).__name__}")
+    if isinstance(source, (str, os.PathLike)) or (
+            isinstance(source, (list, tuple)) and source
+            and all(isinstance(p, (str, os.PathLike)) for p in source)):
+        return open_checkpoint(source)
+    raise TypeError("source: expected a mapping name -> array, a model folder, its "
+                    "model.safetensors.index.json, a safetensors path or a non-empty list of paths, "
+                    f"got {type(source).__name__}")
 
 
 def _resolve_proj(src: Mapping, base: str) -> dict[str, str]:
@@ -321,7 +151,7 @@ def _resolve_proj(src: Mapping, base: str) -> dict[str, str]:
             out[role] = b
         else:
             raise KeyError(f"missing tensor {a}.weight (or, with original DeepSeek names, "
-                           f"{b}.weight)")
+                           f"{b}.weight){where_looked(src)}")
     return out
 
 
@@ -333,7 +163,7 @@ def _get(src: Mapping, name: str) -> np.ndarray:
     try:
         v = src[name]
     except KeyError:
-        raise KeyError(f"missing tensor {name}") from None
+        raise KeyError(f"missing tensor {name}{where_looked(src)}") from None
     return np.asarray(v)
 
 
@@ -496,16 +326,21 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
     """Load one NVFP4 MoE layer from a ModelOpt or Quark checkpoint into :class:`MoEWeights`.
 
     Args:
-      source: a mapping name -> array (numpy or jax; block scales as float8_e4m3fn or their
-        uint8 bytes), a safetensors file path, or a list of paths (a sharded checkpoint).
+      source: a Hugging Face model folder (with ``model.safetensors.index.json``: only the
+        shards holding this layer's tensors are opened; else its ``model.safetensors`` or every
+        ``*.safetensors`` in it), its index file, one safetensors file, a list of files, or a
+        mapping name -> array (numpy or jax; block scales as float8_e4m3fn or their uint8
+        bytes). See :func:`jax_nvfp4.hf_folder.open_checkpoint`.
       prefix: the layer's name prefix, e.g. ``"model.layers.3.mlp"`` (no trailing dot).
       config: the layer's :class:`MoEConfig` (E, H, I, top_k and n_shared_experts are checked).
       format: ``"modelopt"`` (input scales ``*.input_scale``), ``"quark"`` (``*.input_scale_2``)
         or ``"auto"`` (from the names; a weight-only checkpoint has neither and loads with input
         scales None).
       experts: optional expert ids to load (e.g. this rank's slice under expert parallelism);
-        the expert-stacked fields then have ``len(experts)`` rows in that order, while the router
-        weight, bias and hash table stay global (``[E, ...]``, ids in ``[0, E)``).
+        the expert-stacked fields then have ``len(experts)`` rows in that order and
+        ``MoEWeights.expert_ids`` records the ids (so :func:`save_moe` writes them back under
+        the same names), while the router weight, bias and hash table stay global (``[E, ...]``,
+        ids in ``[0, E)``).
       check: warn when the scales do not look like the ModelOpt/Quark convention (cheap,
         vectorized over experts; see the module docstring).
       layout: ``"checkpoint"`` (the stored byte order) or ``"sm90"``: the NVFP4 weights come back
@@ -523,8 +358,9 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
         float32 [] (or None); hash_table int32 [vocab, top_k] or None.
 
     Raises:
-      KeyError naming the full tensor name when a tensor is missing; ValueError naming the tensor,
-      the expected and the found shape (or dtype) on a mismatch.
+      KeyError naming the full tensor name (and the files or index looked in) when a tensor is
+      missing; ValueError naming the tensor, the expected and the found shape (or dtype) on a
+      mismatch; FileNotFoundError for a path that is neither a file nor a folder.
     """
     import jax.numpy as jnp
 
@@ -537,8 +373,9 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
         if v % K_MULTIPLE:
             raise ValueError(f"config.{what} = {v} is not a multiple of {K_MULTIPLE}")
     ids = list(range(E)) if experts is None else [int(e) for e in experts]
-    if not ids or any(not 0 <= e < E for e in ids):
-        raise ValueError(f"experts: expected a non-empty list of ids in [0, {E}), got {ids[:8]}...")
+    if not ids or any(not 0 <= e < E for e in ids) or len(set(ids)) != len(ids):
+        raise ValueError(f"experts: expected a non-empty list of distinct ids in [0, {E}), got "
+                         f"{ids[:8]}...")
 
     if format == "auto":
         fmt = detect_format(src.keys(), prefix)
@@ -674,6 +511,7 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
         w13_input_scale=None if w13_in is None else j(w13_in),
         w2_input_scale=None if w2_in is None else j(w2_in),
         hash_table=None if hash_table is None else j(hash_table),
+        expert_ids=None if ids == list(range(E)) else tuple(ids),
     )
     if sh is not None:
         _, sg, su, sd = sh
@@ -696,6 +534,74 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
 # save_moe (MoEWeights -> checkpoint names)
 # ------------------------------------------------------------------------------------------------
 
+def _check_weights_for_save(w: MoEWeights, config: MoEConfig) -> list[int]:
+    """Check every field of ``w`` (checkpoint layout) against ``config``; return the expert ids
+    of the rows of the expert-stacked fields."""
+    E, H, I = config.num_experts, config.hidden_size, config.intermediate_size
+    dims = f"(config: E={E}, H={H}, I={I}, n_shared_experts={config.n_shared_experts})"
+
+    def shape(name, v, *expected):
+        found = tuple(np.shape(v))
+        if found not in expected:
+            exp = " or ".join(str(x) for x in expected)
+            raise ValueError(f"weights.{name}: expected shape {exp} {dims}, found {found}")
+
+    if w.w13 is None or w.w2 is None or w.router_weight is None:
+        raise ValueError("weights: router_weight, w13 and w2 are required")
+    n = int(np.shape(w.w13.data)[0]) if np.ndim(w.w13.data) == 3 else -1
+    shape("w13.data", w.w13.data, (n, 2 * I, H // 2))
+    shape("w13.scales", w.w13.scales, (n, 2 * I, H // BLOCK_SIZE))
+    shape("w13.global_scale", w.w13.global_scale, (n,), (n, 2))
+    shape("w2.data", w.w2.data, (n, H, I // 2))
+    shape("w2.scales", w.w2.scales, (n, H, I // BLOCK_SIZE))
+    shape("w2.global_scale", w.w2.global_scale, (n,))
+    for name in ("w13_input_scale", "w2_input_scale"):
+        if getattr(w, name) is not None:
+            shape(name, getattr(w, name), (n,))
+    shape("router_weight", w.router_weight, (E, H))
+    if w.router_bias is not None:
+        shape("router_bias", w.router_bias, (E,))
+    if w.hash_table is not None:
+        ht = np.asarray(w.hash_table)
+        if ht.ndim != 2 or ht.shape[1] != config.top_k:
+            raise ValueError(f"weights.hash_table: expected shape [vocab, top_k={config.top_k}], "
+                             f"found {ht.shape}")
+        if ht.size and (ht.min() < 0 or ht.max() >= E):
+            raise ValueError(f"weights.hash_table: expert ids must lie in [0, {E}), found "
+                             f"[{ht.min()}, {ht.max()}]")
+    if w.expert_ids is None:
+        if n != E:
+            raise ValueError(f"weights: the expert-stacked fields hold {n} experts but "
+                             f"config.num_experts = {E}; weights holding a subset must carry their "
+                             "ids in MoEWeights.expert_ids (load_moe(..., experts=...) sets them)")
+        ids = list(range(E))
+    else:
+        ids = list(w.expert_ids)
+        if len(ids) != n:
+            raise ValueError(f"weights.expert_ids: {len(ids)} ids for {n} expert rows")
+        if max(ids) >= E:
+            raise ValueError(f"weights.expert_ids: ids must lie in [0, config.num_experts={E}), "
+                             f"found {max(ids)}")
+    have_shared = w.shared_w13 is not None or w.shared_w2 is not None
+    if config.n_shared_experts == 0 and have_shared:
+        raise ValueError("weights.shared_w13/shared_w2 are set but config.n_shared_experts == 0")
+    if config.n_shared_experts > 0:
+        if w.shared_w13 is None or w.shared_w2 is None:
+            raise ValueError(f"weights.shared_w13 and shared_w2: required by "
+                             f"config.n_shared_experts = {config.n_shared_experts}")
+        Is = I * config.n_shared_experts
+        shape("shared_w13.data", w.shared_w13.data, (2 * Is, H // 2))
+        shape("shared_w13.scales", w.shared_w13.scales, (2 * Is, H // BLOCK_SIZE))
+        shape("shared_w13.global_scale", w.shared_w13.global_scale, (), (1,), (2,))
+        shape("shared_w2.data", w.shared_w2.data, (H, Is // 2))
+        shape("shared_w2.scales", w.shared_w2.scales, (H, Is // BLOCK_SIZE))
+        shape("shared_w2.global_scale", w.shared_w2.global_scale, (), (1,))
+        for name in ("shared_w13_input_scale", "shared_w2_input_scale"):
+            if getattr(w, name) is not None:
+                shape(name, getattr(w, name), (), (1,))
+    return ids
+
+
 def save_moe(weights: MoEWeights, config: MoEConfig, prefix: str, format: str = "modelopt", *,
              names: str = "hf", scalar_shape: tuple[int, ...] = ()) -> dict[str, np.ndarray]:
     """Produce checkpoint tensors (name -> numpy array) for one MoE layer, the inverse of
@@ -717,6 +623,13 @@ def save_moe(weights: MoEWeights, config: MoEConfig, prefix: str, format: str = 
       dict: weight uint8 ``[N, K/2]``, weight_scale float8_e4m3fn ``[N, K/16]``, weight_scale_2 /
       input scales float32 of ``scalar_shape``, router float32 ``[E, H]``, bias float32 ``[E]``,
       tid2eid int32 ``[vocab, top_k]``. Pass it to :func:`save_safetensors` to write a file.
+      Row ``j`` of the expert-stacked fields is written as expert ``weights.expert_ids[j]``
+      (``j`` when ``expert_ids`` is None).
+
+    Raises:
+      ValueError naming the field, the expected and the found shape when the weights disagree
+      with ``config`` (E, H, I, top_k, n_shared_experts), or when the weights hold a subset of the
+      experts without ``expert_ids`` (or with ids outside ``[0, E)``).
     """
     if format not in FORMATS:
         raise ValueError(f"format: expected one of {FORMATS}, got {format!r}")
@@ -730,6 +643,7 @@ def save_moe(weights: MoEWeights, config: MoEConfig, prefix: str, format: str = 
     # Checkpoints store the plain code order, and gate/up are split below by slicing rows,
     # which is only meaningful in that order.
     weights = prepare_weights(weights, "checkpoint")
+    ids = _check_weights_for_save(weights, config)
 
     def sc(v) -> np.ndarray:
         return np.asarray(v, np.float32).reshape(scalar_shape)
@@ -755,11 +669,11 @@ def save_moe(weights: MoEWeights, config: MoEConfig, prefix: str, format: str = 
     g13 = np.broadcast_to(g13.reshape(E, -1), (E, 2))
     i13 = None if weights.w13_input_scale is None else np.asarray(weights.w13_input_scale, np.float32)
     i2 = None if weights.w2_input_scale is None else np.asarray(weights.w2_input_scale, np.float32)
-    for e in range(E):
+    for r, e in enumerate(ids):
         base = f"{prefix}.experts.{e}"
-        put(f"{base}.{proj['gate']}", d13[e, :I], s13[e, :I], g13[e, 0], None if i13 is None else i13[e])
-        put(f"{base}.{proj['up']}", d13[e, I:], s13[e, I:], g13[e, 1], None if i13 is None else i13[e])
-        put(f"{base}.{proj['down']}", d2[e], s2[e], g2[e], None if i2 is None else i2[e])
+        put(f"{base}.{proj['gate']}", d13[r, :I], s13[r, :I], g13[r, 0], None if i13 is None else i13[r])
+        put(f"{base}.{proj['up']}", d13[r, I:], s13[r, I:], g13[r, 1], None if i13 is None else i13[r])
+        put(f"{base}.{proj['down']}", d2[r], s2[r], g2[r], None if i2 is None else i2[r])
 
     if weights.shared_w13 is not None:
         Is = I * config.n_shared_experts
@@ -775,3 +689,117 @@ def save_moe(weights: MoEWeights, config: MoEConfig, prefix: str, format: str = 
         put(f"{base}.{proj['down']}", np.asarray(weights.shared_w2.data),
             np.asarray(weights.shared_w2.scales), np.asarray(weights.shared_w2.global_scale), si2)
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# every MoE layer of a model
+# ------------------------------------------------------------------------------------------------
+
+_EXPERT_WEIGHT_RE = re.compile(r"^(.+)\.experts\.\d+\.(?:gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
+
+
+def _natural_key(s: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
+
+
+def moe_layer_prefixes(names: Iterable[str]) -> list[str]:
+    """The prefixes of the routed MoE layers among tensor ``names`` (those with a
+    ``{prefix}.gate.weight`` router and ``{prefix}.experts.{e}.*.weight`` tensors), in natural
+    order (``model.layers.2.mlp`` before ``model.layers.10.mlp``)."""
+    names = set(names)
+    found = {m.group(1) for n in names if (m := _EXPERT_WEIGHT_RE.match(n))}
+    return sorted((p for p in found if f"{p}.gate.weight" in names), key=_natural_key)
+
+
+class _StderrProgress:
+    """A one-line progress display on stderr (used when tqdm is not installed)."""
+
+    def __init__(self, total: int, desc: str):
+        self.total, self.desc, self.n = total, desc, 0
+        self._write("")
+
+    def _write(self, what: str) -> None:
+        sys.stderr.write(f"\r{self.desc}: {self.n}/{self.total} {what}".ljust(79))
+        sys.stderr.flush()
+
+    def set_postfix_str(self, what: str) -> None:
+        self._write(what)
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        self._write("")
+
+    def close(self) -> None:
+        sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _progress_bar(total: int, desc: str):
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _StderrProgress(total, desc)
+    return tqdm(total=total, desc=desc, unit="layer")
+
+
+def iter_model_moe(source, config: Optional[MoEConfig] = None, *,
+                   prefixes: Optional[Sequence[str]] = None, progress: bool = True, **load_kwargs):
+    """Yield ``(prefix, MoEWeights)`` for every routed MoE layer of a checkpoint, one at a time.
+
+    Args:
+      source: a model folder, its ``model.safetensors.index.json``, a safetensors file, a list
+        of files, or a mapping (as for :func:`load_moe`). The checkpoint is opened once; each
+        shard is opened at most once, when a layer it holds is loaded.
+      config: the layers' :class:`MoEConfig`; None reads it with
+        :meth:`MoEConfig.from_hf_config` from the ``config.json`` beside the checkpoint (a
+        folder or index source).
+      prefixes: the layers to load (default: every prefix :func:`moe_layer_prefixes` finds,
+        e.g. ``model.layers.3.mlp``, in layer order).
+      progress: show a progress bar on stderr (``tqdm`` when installed, else a one-line
+        counter); False for none.
+      **load_kwargs: passed to :func:`load_moe` (``format``, ``experts``, ``check``, ``layout``).
+
+    Yields:
+      ``(prefix, MoEWeights)`` as :func:`load_moe` returns them.
+    """
+    src = _as_source(source)
+    if config is None:
+        if not isinstance(source, (str, os.PathLike)):
+            raise ValueError("config: required unless source is a model folder or its index file "
+                             "(whose folder holds config.json)")
+        folder = os.fspath(source)
+        if not os.path.isdir(folder):
+            folder = os.path.dirname(os.path.abspath(folder))
+        config = MoEConfig.from_hf_config(folder)
+    if prefixes is None:
+        prefixes = moe_layer_prefixes(src.keys())
+        if not prefixes:
+            raise ValueError(f"source: no MoE layer found (no '{{prefix}}.gate.weight' with "
+                             f"'{{prefix}}.experts.{{e}}.*.weight' tensors){where_looked(src)}")
+    bar = _progress_bar(len(prefixes), "loading MoE layers") if progress else None
+    try:
+        for prefix in prefixes:
+            if bar is not None:
+                bar.set_postfix_str(prefix)
+            weights = load_moe(src, prefix, config, **load_kwargs)
+            if bar is not None:
+                bar.update(1)
+            yield prefix, weights
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def load_model_moe(source, config: Optional[MoEConfig] = None, *,
+                   prefixes: Optional[Sequence[str]] = None, progress: bool = True,
+                   **load_kwargs) -> dict[str, MoEWeights]:
+    """Load every routed MoE layer of a checkpoint: a dict prefix -> :class:`MoEWeights`.
+
+    Same arguments as :func:`iter_model_moe` (use that to place or convert each layer before
+    the next is read). Example::
+
+        config = MoEConfig.from_hf_config(folder)
+        layers = load_model_moe(folder, config, experts=my_rank_experts)  # progress on stderr
+    """
+    return dict(iter_model_moe(source, config, prefixes=prefixes, progress=progress,
+                               **load_kwargs))

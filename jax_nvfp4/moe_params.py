@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Optional
 
 import jax
@@ -89,6 +90,21 @@ class MoEConfig:
         kw.update(overrides)
         return cls(**kw)
 
+    @classmethod
+    def from_hf_config(cls, path_or_dict, **overrides) -> "MoEConfig":
+        """The routed MoE layer of a Hugging Face checkpoint, from its ``config.json``.
+
+        ``path_or_dict``: a config.json path, the model folder holding it, or the parsed dict.
+        Families: DeepSeek-V3 (and ``deepseek_v32``, Kimi-K2's ``kimi_k2``), DeepSeek-V4,
+        GLM-4.5 (``glm4_moe``), Qwen3-MoE (``qwen3_moe``); the quantization config (ModelOpt
+        ``hf_quant_config.json`` / ``quantization_config``, Quark) sets ``activation`` and
+        ``activation_scale``. ``overrides`` replace mapped fields. What the layer cannot
+        express is a ValueError naming the config key and its value. The key mapping is in
+        :mod:`jax_nvfp4.hf_config`.
+        """
+        from .hf_config import moe_config_from_hf
+        return moe_config_from_hf(path_or_dict, **overrides)
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +124,11 @@ class MoEWeights:
       shared_w2: NVFP4Tensor ``[H, Is]``.
       shared_w13_input_scale, shared_w2_input_scale: float32 ``[]`` static input scales.
       hash_table: int32 ``[vocab, top_k]`` expert ids per token id (hash-routed layers).
+      expert_ids: static (pytree metadata, not a leaf): the global expert id of each row of the
+        expert-stacked fields (w13, w2 and their input scales) when they hold a subset of the
+        layer's experts, e.g. ``load_moe(..., experts=[3, 1])`` gives ``(3, 1)``; None (default)
+        means rows ``0..E-1`` in order. :func:`jax_nvfp4.checkpoint.save_moe` writes each row
+        under its id. Computations do not read it (expert parallelism slices rows by position).
     """
 
     router_weight: jax.Array
@@ -121,3 +142,16 @@ class MoEWeights:
     shared_w13_input_scale: Optional[jax.Array] = None
     shared_w2_input_scale: Optional[jax.Array] = None
     hash_table: Optional[jax.Array] = None
+    expert_ids: Optional[tuple[int, ...]] = dataclasses.field(default=None,
+                                                              metadata=dict(static=True))
+
+    def __post_init__(self):
+        if self.expert_ids is not None:   # a hashable tuple of distinct non-negative ints
+            try:
+                ids = tuple(operator.index(e) for e in self.expert_ids)
+            except TypeError:
+                raise TypeError("expert_ids: expected a sequence of ints or None, got "
+                                f"{self.expert_ids!r:.100}") from None
+            if any(e < 0 for e in ids) or len(set(ids)) != len(ids):
+                raise ValueError(f"expert_ids: expected distinct non-negative ids, got {ids[:16]}")
+            object.__setattr__(self, "expert_ids", ids)

@@ -35,6 +35,9 @@ def weight_specs(weights: MoEWeights, axis_name: str = "ep") -> MoEWeights:
     specs = {}
     for f in dataclasses.fields(weights):
         v = getattr(weights, f.name)
+        if f.metadata.get("static"):   # pytree metadata (expert_ids): kept, so the trees match
+            specs[f.name] = v
+            continue
         spec = P(axis_name) if f.name in _EXPERT_FIELDS else P()
         specs[f.name] = None if v is None else jax.tree.map(lambda _: spec, v)
     return MoEWeights(**specs)

@@ -5,8 +5,7 @@ Small shapes (E=4, H=64, I=32, one shared expert), random non-zero data, CPU onl
 
 from __future__ import annotations
 
-import json
-import struct
+import dataclasses
 import warnings
 
 import ml_dtypes
@@ -167,115 +166,6 @@ def load_quiet(*args, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a well-formed checkpoint must load without warnings
         return ckpt.load_moe(*args, **kw)
-
-
-# ------------------------------------------------------------------------------------------------
-# safetensors reader / writer
-# ------------------------------------------------------------------------------------------------
-
-ALL_DTYPES = [np.float32, np.float16, np.float64, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn,
-              ml_dtypes.float8_e5m2, np.uint8, np.int8, np.int16, np.uint16, np.int32,
-              np.uint32, np.int64, np.uint64, np.bool_]
-
-
-def _random(rng, dt, shape):
-    raw = rng.integers(0, 256, size=(int(np.prod(shape)) * np.dtype(dt).itemsize,), dtype=np.uint8)
-    if np.dtype(dt) == np.bool_:
-        return (raw % 2).astype(np.bool_).reshape(shape)
-    return raw.view(dt).reshape(shape)
-
-
-def test_safetensors_roundtrip_all_dtypes(tmp_path):
-    rng = np.random.default_rng(0)
-    tensors = {f"t.{np.dtype(dt).name}": _random(rng, dt, (3, 5)) for dt in ALL_DTYPES}
-    tensors["scalar0"] = np.array(2.5, np.float32)
-    tensors["scalar1"] = np.array([0.125], ml_dtypes.bfloat16)
-    tensors["empty"] = np.zeros((0, 4), np.uint8)
-    path = tmp_path / "a.safetensors"
-    ckpt.save_safetensors(path, tensors, metadata={"format": "pt"})
-    back = ckpt.read_safetensors(path)
-    assert set(back) == set(tensors)
-    for k, v in tensors.items():
-        assert back[k].dtype == v.dtype and back[k].shape == v.shape, k
-        np.testing.assert_array_equal(raw(back[k]), raw(v), err_msg=k)
-    reader = ckpt.SafetensorsReader([path])
-    assert reader.dtype_of("t.float8_e4m3fn") == "F8_E4M3" and reader.dtype_of("t.bfloat16") == "BF16"
-    assert reader.metadata[str(path)] == {"format": "pt"}
-    copied = ckpt.read_safetensors([path], copy=True)
-    assert copied["t.uint8"].flags.writeable
-
-
-def test_reader_against_safetensors_package(tmp_path):
-    """Independent oracle: files written by the safetensors package read back identically, and
-    our files are read identically by the package (for the dtypes its numpy reader supports)."""
-    sn = pytest.importorskip("safetensors.numpy")
-    rng = np.random.default_rng(1)
-    dts = [np.float32, np.float16, ml_dtypes.bfloat16, np.uint8, np.int8, np.int32, np.int64]
-    tensors = {f"x.{np.dtype(dt).name}": _random(rng, dt, (4, 6)) for dt in dts}
-    tensors["s0"] = np.array(3.0, np.float32)
-    tensors["s1"] = np.array([3.0], np.float32)
-    p1 = tmp_path / "theirs.safetensors"
-    sn.save_file(tensors, str(p1))
-    ours = ckpt.read_safetensors(p1)
-    for k, v in tensors.items():
-        assert ours[k].dtype == v.dtype and ours[k].shape == v.shape, k
-        np.testing.assert_array_equal(raw(ours[k]), raw(v), err_msg=k)
-    p2 = tmp_path / "ours.safetensors"
-    ckpt.save_safetensors(p2, tensors)
-    theirs = sn.load_file(str(p2))
-    for k, v in tensors.items():
-        assert theirs[k].dtype == v.dtype and theirs[k].shape == v.shape, k
-        np.testing.assert_array_equal(raw(theirs[k]), raw(v), err_msg=k)
-
-
-def test_f8_written_by_safetensors_package_is_bitcast(tmp_path):
-    """The package can *write* F8_E4M3 (it cannot read it back into numpy): we read the bytes."""
-    sn = pytest.importorskip("safetensors.numpy")
-    raw = np.array([[0x3F, 0x7E, 0x01, 0xBF]], np.uint8)
-    p = tmp_path / "f8.safetensors"
-    sn.save_file({"s": raw.view(F8)}, str(p))
-    header = json.loads(open(p, "rb").read()[8:8 + struct.unpack("<Q", open(p, "rb").read(8))[0]])
-    assert header["s"]["dtype"] == "F8_E4M3"
-    got = ckpt.read_safetensors(p)["s"]
-    assert got.dtype == F8
-    np.testing.assert_array_equal(got.view(np.uint8), raw)
-    np.testing.assert_array_equal(got.astype(np.float32), [[1.875, 448.0, 2.0 ** -9, -1.875]])
-
-
-def test_f8_hand_built_header(tmp_path):
-    """A file built byte by byte: F8_E4M3 byte 0x3F must load as 1.875 (not 63)."""
-    header = {"__metadata__": {"k": "v"},
-              "sc": {"dtype": "F8_E4M3", "shape": [2, 2], "data_offsets": [0, 4]},
-              "w": {"dtype": "U8", "shape": [2], "data_offsets": [4, 6]},
-              "f": {"dtype": "F32", "shape": [], "data_offsets": [6, 10]}}
-    h = json.dumps(header).encode()
-    body = bytes([0x3F, 0x38, 0x7E, 0x00, 0x3F, 0x12]) + struct.pack("<f", 0.25)
-    p = tmp_path / "hand.safetensors"
-    p.write_bytes(struct.pack("<Q", len(h)) + h + body)
-    t = ckpt.read_safetensors(p)
-    assert t["sc"].dtype == F8
-    np.testing.assert_array_equal(t["sc"].astype(np.float32), [[1.875, 1.0], [448.0, 0.0]])
-    np.testing.assert_array_equal(t["w"], [0x3F, 0x12])
-    assert t["w"].dtype == np.uint8 and t["f"].shape == () and t["f"] == 0.25
-
-
-def test_reader_rejects_bad_files(tmp_path):
-    p = tmp_path / "bad.safetensors"
-    h = json.dumps({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}).encode()
-    p.write_bytes(struct.pack("<Q", len(h)) + h + b"\0" * 8)
-    with pytest.raises(ValueError, match="'a'"):
-        ckpt.read_safetensors(p)
-    h = json.dumps({"a": {"dtype": "Q7", "shape": [1], "data_offsets": [0, 1]}}).encode()
-    p.write_bytes(struct.pack("<Q", len(h)) + h + b"\0")
-    with pytest.raises(ValueError, match="unsupported dtype"):
-        ckpt.read_safetensors(p)
-    p.write_bytes(b"abc")
-    with pytest.raises(ValueError, match="not a safetensors file"):
-        ckpt.read_safetensors(p)
-    ckpt.save_safetensors(tmp_path / "x.safetensors", {"a": np.ones(2, np.float32)})
-    ckpt.save_safetensors(tmp_path / "y.safetensors", {"a": np.ones(2, np.float32)})
-    with pytest.raises(ValueError, match="both"):
-        ckpt.read_safetensors([tmp_path / "x.safetensors", tmp_path / "y.safetensors"])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -550,3 +440,64 @@ def test_gate_up_sharing_ws2_checked_together():
     s = lin[("expert", 1, "up")]["scales"]
     lin[("expert", 1, "up")]["scales"] = (s.astype(np.float32) / 16).astype(F8)
     check_loaded(load_quiet(tensors_from(lin, extra), PREFIX, cfg()), lin, extra)
+
+
+# ------------------------------------------------------------------------------------------------
+# save_moe writes only what it was given (issue 23 item 4)
+# ------------------------------------------------------------------------------------------------
+
+def test_save_moe_rejects_config_that_disagrees_with_weights():
+    lin, extra = reference(seed=16)
+    w = load_quiet(tensors_from(lin, extra), PREFIX, cfg())
+    for bad, field in ((cfg(intermediate_size=64), "w13.data"), (cfg(hidden_size=128), "w13.data"),
+                       (cfg(num_experts=8), "w13.data|num_experts|router_weight"),
+                       (cfg(n_shared_experts=2), "shared_w13.data"),
+                       (cfg(n_shared_experts=0), "shared_w13")):
+        with pytest.raises(ValueError, match=rf"weights\.({field})|config\.num_experts"):
+            ckpt.save_moe(w, bad, PREFIX)
+    with pytest.raises(ValueError, match=r"weights\.w13\.data.*\(4, 128, 32\).*\(4, 64, 32\)"):
+        ckpt.save_moe(w, cfg(intermediate_size=64), PREFIX)
+
+
+def test_save_moe_keeps_expert_ids(tmp_path):
+    """Weights loaded with experts=[3, 1] are written back as experts 3 and 1."""
+    lin, extra = reference(seed=17)
+    full = tensors_from(lin, extra)
+    sub = load_quiet(full, PREFIX, cfg(), experts=[3, 1])
+    assert sub.expert_ids == (3, 1)
+    out = ckpt.save_moe(sub, cfg(), PREFIX)
+    assert {k.split(".experts.")[1].split(".")[0] for k in out if ".experts." in k} == {"3", "1"}
+    for e in (3, 1):
+        for k in (f"{PREFIX}.experts.{e}.gate_proj.weight", f"{PREFIX}.experts.{e}.up_proj.weight_scale",
+                  f"{PREFIX}.experts.{e}.down_proj.weight_scale_2"):
+            np.testing.assert_array_equal(raw(out[k]), raw(full[k]), err_msg=k)
+    p = tmp_path / "sub.safetensors"
+    ckpt.save_safetensors(p, out)
+    back = load_quiet(p, PREFIX, cfg(), experts=[3])
+    np.testing.assert_array_equal(np.asarray(back.w13.data)[0], np.asarray(sub.w13.data)[0])
+    np.testing.assert_array_equal(np.asarray(back.w2.data)[0], lin[("expert", 3, "down")]["data"])
+    with pytest.raises(KeyError, match=r"experts\.0\."):
+        ckpt.load_moe(p, PREFIX, cfg(), experts=[0])
+    # a subset without ids (sliced by hand) is refused rather than renumbered
+    import jax
+    sliced = dataclasses.replace(sub, expert_ids=None)
+    with pytest.raises(ValueError, match="expert_ids"):
+        ckpt.save_moe(sliced, cfg(), PREFIX)
+    # expert_ids survives jit and tree maps (static pytree metadata)
+    assert jax.tree.map(lambda x: x, sub).expert_ids == (3, 1)
+    assert jax.jit(lambda w: w)(sub).expert_ids == (3, 1)
+    full_w = load_quiet(full, PREFIX, cfg(), experts=[0, 1, 2, 3])
+    assert full_w.expert_ids is None
+
+
+def test_expert_ids_validation():
+    lin, extra = reference(seed=18)
+    w = load_quiet(tensors_from(lin, extra), PREFIX, cfg())
+    with pytest.raises(ValueError, match="distinct"):
+        dataclasses.replace(w, expert_ids=(1, 1, 2, 3))
+    with pytest.raises(TypeError, match="expert_ids"):
+        dataclasses.replace(w, expert_ids=(0.5, 1, 2, 3))
+    with pytest.raises(ValueError, match=r"expert_ids.*\[0, config\.num_experts=4\)"):
+        ckpt.save_moe(dataclasses.replace(w, expert_ids=(0, 1, 2, 7)), cfg(), PREFIX)
+    with pytest.raises(ValueError, match="distinct"):
+        ckpt.load_moe(tensors_from(lin, extra), PREFIX, cfg(), experts=[1, 1])

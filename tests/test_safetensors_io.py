@@ -1,0 +1,313 @@
+"""Tests of jax_nvfp4.safetensors_io: the safetensors reader/writer (dtypes kept as stored, corrupt
+headers rejected, atomic writes), cross-checked against the ``safetensors`` package."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from jax_nvfp4 import safetensors_io as st
+
+F8 = np.dtype(ml_dtypes.float8_e4m3fn)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def raw(a) -> np.ndarray:
+    """The bytes of an array (any rank, including 0-d), for bit-exact comparisons."""
+    return np.asarray(a).reshape(-1).view(np.uint8)
+
+
+# ------------------------------------------------------------------------------------------------
+# safetensors reader / writer
+# ------------------------------------------------------------------------------------------------
+
+ALL_DTYPES = [np.float32, np.float16, np.float64, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn,
+              ml_dtypes.float8_e5m2, np.uint8, np.int8, np.int16, np.uint16, np.int32,
+              np.uint32, np.int64, np.uint64, np.bool_]
+
+
+def _random(rng, dt, shape):
+    raw = rng.integers(0, 256, size=(int(np.prod(shape)) * np.dtype(dt).itemsize,), dtype=np.uint8)
+    if np.dtype(dt) == np.bool_:
+        return (raw % 2).astype(np.bool_).reshape(shape)
+    return raw.view(dt).reshape(shape)
+
+
+def test_safetensors_roundtrip_all_dtypes(tmp_path):
+    rng = np.random.default_rng(0)
+    tensors = {f"t.{np.dtype(dt).name}": _random(rng, dt, (3, 5)) for dt in ALL_DTYPES}
+    tensors["scalar0"] = np.array(2.5, np.float32)
+    tensors["scalar1"] = np.array([0.125], ml_dtypes.bfloat16)
+    tensors["empty"] = np.zeros((0, 4), np.uint8)
+    path = tmp_path / "a.safetensors"
+    st.save_safetensors(path, tensors, metadata={"format": "pt"})
+    back = st.read_safetensors(path)
+    assert set(back) == set(tensors)
+    for k, v in tensors.items():
+        assert back[k].dtype == v.dtype and back[k].shape == v.shape, k
+        np.testing.assert_array_equal(raw(back[k]), raw(v), err_msg=k)
+    reader = st.SafetensorsReader([path])
+    assert reader.dtype_of("t.float8_e4m3fn") == "F8_E4M3" and reader.dtype_of("t.bfloat16") == "BF16"
+    assert reader.metadata[str(path)] == {"format": "pt"}
+    copied = st.read_safetensors([path], copy=True)
+    assert copied["t.uint8"].flags.writeable
+
+
+def test_reader_against_safetensors_package(tmp_path):
+    """Independent oracle: files written by the safetensors package read back identically, and
+    our files are read identically by the package (for the dtypes its numpy reader supports)."""
+    sn = pytest.importorskip("safetensors.numpy")
+    rng = np.random.default_rng(1)
+    dts = [np.float32, np.float16, ml_dtypes.bfloat16, np.uint8, np.int8, np.int32, np.int64]
+    tensors = {f"x.{np.dtype(dt).name}": _random(rng, dt, (4, 6)) for dt in dts}
+    tensors["s0"] = np.array(3.0, np.float32)
+    tensors["s1"] = np.array([3.0], np.float32)
+    p1 = tmp_path / "theirs.safetensors"
+    sn.save_file(tensors, str(p1))
+    ours = st.read_safetensors(p1)
+    for k, v in tensors.items():
+        assert ours[k].dtype == v.dtype and ours[k].shape == v.shape, k
+        np.testing.assert_array_equal(raw(ours[k]), raw(v), err_msg=k)
+    p2 = tmp_path / "ours.safetensors"
+    st.save_safetensors(p2, tensors)
+    theirs = sn.load_file(str(p2))
+    for k, v in tensors.items():
+        assert theirs[k].dtype == v.dtype and theirs[k].shape == v.shape, k
+        np.testing.assert_array_equal(raw(theirs[k]), raw(v), err_msg=k)
+
+
+def test_f8_written_by_safetensors_package_is_bitcast(tmp_path):
+    """The package can *write* F8_E4M3 (it cannot read it back into numpy): we read the bytes."""
+    sn = pytest.importorskip("safetensors.numpy")
+    raw_ = np.array([[0x3F, 0x7E, 0x01, 0xBF]], np.uint8)
+    p = tmp_path / "f8.safetensors"
+    sn.save_file({"s": raw_.view(F8)}, str(p))
+    header = json.loads(open(p, "rb").read()[8:8 + struct.unpack("<Q", open(p, "rb").read(8))[0]])
+    assert header["s"]["dtype"] == "F8_E4M3"
+    got = st.read_safetensors(p)["s"]
+    assert got.dtype == F8
+    np.testing.assert_array_equal(got.view(np.uint8), raw_)
+    np.testing.assert_array_equal(got.astype(np.float32), [[1.875, 448.0, 2.0 ** -9, -1.875]])
+
+
+def test_f8_hand_built_header(tmp_path):
+    """A file built byte by byte: F8_E4M3 byte 0x3F must load as 1.875 (not 63)."""
+    header = {"__metadata__": {"k": "v"},
+              "sc": {"dtype": "F8_E4M3", "shape": [2, 2], "data_offsets": [0, 4]},
+              "w": {"dtype": "U8", "shape": [2], "data_offsets": [4, 6]},
+              "f": {"dtype": "F32", "shape": [], "data_offsets": [6, 10]}}
+    h = json.dumps(header).encode()
+    body = bytes([0x3F, 0x38, 0x7E, 0x00, 0x3F, 0x12]) + struct.pack("<f", 0.25)
+    p = tmp_path / "hand.safetensors"
+    p.write_bytes(struct.pack("<Q", len(h)) + h + body)
+    t = st.read_safetensors(p)
+    assert t["sc"].dtype == F8
+    np.testing.assert_array_equal(t["sc"].astype(np.float32), [[1.875, 1.0], [448.0, 0.0]])
+    np.testing.assert_array_equal(t["w"], [0x3F, 0x12])
+    assert t["w"].dtype == np.uint8 and t["f"].shape == () and t["f"] == 0.25
+
+
+def test_reader_rejects_bad_files(tmp_path):
+    p = tmp_path / "bad.safetensors"
+    h = json.dumps({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}).encode()
+    p.write_bytes(struct.pack("<Q", len(h)) + h + b"\0" * 8)
+    with pytest.raises(ValueError, match="'a'"):
+        st.read_safetensors(p)
+    h = json.dumps({"a": {"dtype": "Q7", "shape": [1], "data_offsets": [0, 1]}}).encode()
+    p.write_bytes(struct.pack("<Q", len(h)) + h + b"\0")
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        st.read_safetensors(p)
+    p.write_bytes(b"abc")
+    with pytest.raises(ValueError, match="not a safetensors file"):
+        st.read_safetensors(p)
+    st.save_safetensors(tmp_path / "x.safetensors", {"a": np.ones(2, np.float32)})
+    st.save_safetensors(tmp_path / "y.safetensors", {"a": np.ones(2, np.float32)})
+    with pytest.raises(ValueError, match="both"):
+        st.read_safetensors([tmp_path / "x.safetensors", tmp_path / "y.safetensors"])
+
+
+
+
+# ------------------------------------------------------------------------------------------------
+# corrupt headers (issue 23 item 3): each a ValueError naming the file and the tensor
+# ------------------------------------------------------------------------------------------------
+
+def _hand_file(path, header: dict, body: bytes) -> None:
+    h = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(h)) + h + body)
+
+
+def _e(dtype, shape, offsets):
+    return {"dtype": dtype, "shape": shape, "data_offsets": offsets}
+
+
+CORRUPT = {
+    "overlap": ({"a": _e("F32", [2], [0, 8]), "b": _e("F32", [2], [4, 12])}, 16, "b"),
+    "shape_minus_one": ({"a": _e("F32", [-1], [4, 0])}, 8, "a"),
+    "two_minus_ones": ({"a": _e("F32", [-1, -1], [0, 4])}, 8, "a"),
+    "negative_dim": ({"a": _e("F32", [2, -2], [16, 0])}, 16, "a"),
+    "byte_count_overflows_int64": ({"a": _e("F32", [2 ** 32, 2 ** 32], [0, 0])}, 8, "a"),
+    "begin_after_end": ({"a": _e("U8", [0], [8, 8]), "b": _e("U8", [4], [6, 2])}, 8, "b"),
+    "past_end_of_file": ({"a": _e("U8", [16], [0, 16])}, 8, "a"),
+    "float_dim": ({"a": _e("F32", [2.5], [0, 8])}, 8, "a"),
+    "bool_dim": ({"a": _e("U8", [True], [0, 1])}, 8, "a"),
+    "float_offsets": ({"a": _e("F32", [2], [0.0, 8.0])}, 8, "a"),
+    "three_offsets": ({"a": _e("F32", [2], [0, 8, 8])}, 8, "a"),
+    "shape_not_a_list": ({"a": _e("F32", "2", [0, 8])}, 8, "a"),
+    "unknown_dtype": ({"a": _e("Q7", [1], [0, 1])}, 8, "a"),
+    "entry_not_an_object": ({"a": [1, 2]}, 8, "a"),
+    "missing_key": ({"a": {"dtype": "F32", "shape": [2]}}, 8, "a"),
+    "metadata_not_str_to_str": ({"__metadata__": {"step": 1}, "a": _e("U8", [1], [0, 1])}, 8,
+                                "__metadata__"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPT))
+def test_reader_rejects_corrupt_header(tmp_path, case):
+    header, nbody, tensor = CORRUPT[case]
+    p = tmp_path / f"{case}.safetensors"
+    _hand_file(p, header, bytes(range(nbody)))
+    with pytest.raises(ValueError) as ei:
+        st.read_safetensors(p)
+    msg = str(ei.value)
+    named = tensor if tensor == "__metadata__" else repr(tensor)
+    assert str(p) in msg and named in msg, msg
+
+
+def test_reader_accepts_touching_and_empty_tensors(tmp_path):
+    """Adjacent spans and zero-byte tensors (which may share an offset) are not overlaps."""
+    p = tmp_path / "ok.safetensors"
+    _hand_file(p, {"a": _e("U8", [2], [0, 2]), "z": _e("F32", [0, 3], [2, 2]),
+                   "b": _e("U8", [2], [2, 4])}, bytes([1, 2, 3, 4]))
+    t = st.read_safetensors(p)
+    np.testing.assert_array_equal(t["a"], [1, 2])
+    np.testing.assert_array_equal(t["b"], [3, 4])
+    assert t["z"].shape == (0, 3) and t["z"].dtype == np.float32
+
+
+def test_metadata_name_rejected_and_metadata_roundtrips(tmp_path):
+    p = tmp_path / "m.safetensors"
+    with pytest.raises(ValueError, match="__metadata__"):
+        st.save_safetensors(p, {"__metadata__": np.zeros(2, np.uint8), "a": np.ones(1, np.uint8)})
+    assert not p.exists()
+    with pytest.raises(ValueError, match="str -> str"):
+        st.save_safetensors(p, {"a": np.ones(1, np.uint8)}, metadata={"step": 3})
+    st.save_safetensors(p, {"a": np.ones(1, np.uint8)}, metadata={"format": "pt", "step": "3"})
+    with open(tmp_path / "plain", "wb"):   # a new file gets the mode open() would give it
+        pass
+    assert os.stat(p).st_mode & 0o7777 == os.stat(tmp_path / "plain").st_mode & 0o7777
+    assert st.read_safetensors_metadata(p) == {"format": "pt", "step": "3"}
+    assert set(st.read_safetensors(p)) == {"a"}
+    st.save_safetensors(p, {"a": np.ones(1, np.uint8)})
+    assert st.read_safetensors_metadata(p) == {}
+
+
+def test_metadata_against_safetensors_package(tmp_path):
+    """The package (the oracle) reads our metadata, and we read its."""
+    sn = pytest.importorskip("safetensors.numpy")
+    from safetensors import safe_open
+    t = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    ours, theirs = tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors"
+    st.save_safetensors(ours, t, metadata={"format": "np", "who": "jax_nvfp4"})
+    with safe_open(str(ours), framework="numpy") as f:
+        assert f.metadata() == {"format": "np", "who": "jax_nvfp4"}
+        np.testing.assert_array_equal(f.get_tensor("w"), t["w"])
+    sn.save_file(t, str(theirs), metadata={"format": "np", "k": "v"})
+    assert st.read_safetensors_metadata(theirs) == {"format": "np", "k": "v"}
+    np.testing.assert_array_equal(st.read_safetensors(theirs)["w"], t["w"])
+
+
+# ------------------------------------------------------------------------------------------------
+# atomic writes (issue 23 item 2)
+# ------------------------------------------------------------------------------------------------
+
+def _run(code: str, *args) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (a SIGBUS or a file size limit must not hit pytest)."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *map(str, args)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_overwrite_in_place_with_views_of_the_same_file(tmp_path):
+    """``t = read_safetensors(p); save_safetensors(p, t)``: t maps p while p is rewritten."""
+    p = tmp_path / "ckpt.safetensors"
+    rng = np.random.default_rng(0)
+    big = rng.integers(0, 256, size=(1 << 20,), dtype=np.uint8)
+    scales = rng.integers(0, 0x7E, size=(64, 16), dtype=np.uint8).view(F8)
+    st.save_safetensors(p, {"big": big, "scales": scales}, metadata={"k": "v"})
+    os.chmod(p, 0o640)
+    r = _run("""
+        import sys
+        import numpy as np
+        from jax_nvfp4 import checkpoint as ckpt
+        p = sys.argv[1]
+        t = ckpt.read_safetensors(p)             # read-only memory-mapped views of p
+        t["extra"] = np.arange(3, dtype=np.int32)
+        ckpt.save_safetensors(p, t, metadata={"k": "v2"})
+        print("saved")
+        """, p)
+    assert r.returncode == 0 and "saved" in r.stdout, (r.returncode, r.stderr[-2000:])
+    back = st.read_safetensors(p)
+    np.testing.assert_array_equal(back["big"], big)
+    np.testing.assert_array_equal(back["scales"].view(np.uint8), scales.view(np.uint8))
+    np.testing.assert_array_equal(back["extra"], [0, 1, 2])
+    assert st.read_safetensors_metadata(p) == {"k": "v2"}
+    assert os.stat(p).st_mode & 0o777 == 0o640
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.safetensors"]
+
+
+def test_failed_save_keeps_old_file_and_leaves_no_temp(tmp_path):
+    """A save that fails midway (here: the file size limit, as on a full disk) leaves the old
+    file intact and loadable, and removes its temporary file."""
+    p = tmp_path / "ckpt.safetensors"
+    old = {"w": np.arange(1000, dtype=np.float32), "s": np.full((4, 4), 0x38, np.uint8).view(F8)}
+    st.save_safetensors(p, old)
+    before = p.read_bytes()
+    r = _run("""
+        import resource, signal, sys
+        import numpy as np
+        from jax_nvfp4 import checkpoint as ckpt
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # get EFBIG instead of being killed
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+        try:
+            ckpt.save_safetensors(sys.argv[1], {"w": np.ones(1 << 20, np.float32)})
+        except OSError as e:
+            print("failed:", e)
+        else:
+            print("saved")
+        """, p)
+    assert r.returncode == 0 and "failed:" in r.stdout, (r.returncode, r.stdout, r.stderr[-2000:])
+    assert p.read_bytes() == before
+    back = st.read_safetensors(p)
+    np.testing.assert_array_equal(back["w"], old["w"])
+    np.testing.assert_array_equal(back["s"].view(np.uint8), old["s"].view(np.uint8))
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.safetensors"]
+
+
+def test_failed_save_in_process_removes_temp(tmp_path, monkeypatch):
+    """The same in-process: the writer raising partway (after the header) leaves nothing behind."""
+    p = tmp_path / "new.safetensors"
+
+    calls = []
+    real = st._write_atomic
+
+    def failing(path, chunks):
+        def gen():
+            for i, c in enumerate(chunks):
+                if i == 3:
+                    calls.append(i)
+                    raise OSError(28, "No space left on device")
+                yield c
+        return real(path, gen())
+
+    monkeypatch.setattr(st, "_write_atomic", failing)
+    with pytest.raises(OSError, match="No space"):
+        st.save_safetensors(p, {f"t{i}": np.full(10, i, np.uint8) for i in range(4)})
+    assert calls and os.listdir(tmp_path) == []
