@@ -11,6 +11,10 @@ Convention (the one every module, kernel and test in this package uses):
   and ``x ~= e2m1 * float(scale) * global_scale`` (the ModelOpt convention, and that of JAX's own
   nvfp4 quantizer). A stack of G experts carries ``global_scale`` of shape ``[G]``.
 * K must be a multiple of 32: 16 values per scale, 2 per byte, and what the kernels tile by.
+* Codes are encoded and decoded with integer shifts, masks and comparisons
+  (:func:`encode_e2m1`, :func:`decode_e2m1`), never a sub-byte bitcast: XLA constant-folds the
+  ``uint8 <-> float4_e2m1fn`` bitcast wrongly on some versions (a closed-over NVFP4 tensor in
+  ``jit`` read different values than the same tensor passed as an argument).
 * ``NVFP4Tensor.layout`` names the byte order of ``data`` and ``scales``: ``"checkpoint"`` (the
   order above) or ``"sm90"``, a load-time permutation of the same bytes for the Hopper kernels
   (:mod:`jax_nvfp4.layout`, :func:`jax_nvfp4.prepare_weights`): codes re-laid-out within 128 x 64
