@@ -1,7 +1,9 @@
 // CPU handler of the grouped NVFP4 GEMM (same contract as the CUDA handler; see
-// jax_nvfp4/reference.py for the semantics). Straight loops, one 16-wide block at a time: each
-// block's partial sum is exact-ish in float32 and then scaled, which keeps the float32 rounding
-// small. Not fast; it makes the custom-call path testable and usable without a GPU.
+// jax_nvfp4/reference.py for the semantics). Straight loops. Like the CUDA kernels, each weight
+// enters the dot as e2m1 * scale * 2^-7 (exact in float32) and the epilogue multiplies by
+// alpha * 2^7, so the float32 accumulator overflows exactly where theirs can (past 2^7 *
+// FLT_MAX of the exact dot), not where a product with an unscaled weight would. Not fast; it
+// makes the custom-call path testable and usable without a GPU.
 // The sm90 load-time layout (jax_nvfp4/layout.py, csrc/gemm_contract.h) is read natively: each weight
 // row's codes are gathered through the layout's index mapping, then the same loops run, so the
 // result is bitwise the one of the checkpoint layout.
@@ -22,6 +24,8 @@ using jax_nvfp4::F32Buffer1;
 using jax_nvfp4::S32Buffer1;
 using jax_nvfp4::U8Buffer1;
 using jax_nvfp4::U8Buffer3;
+
+constexpr float kWeightPrescale = 0.0078125f;  // 2^-7, as jax_nvfp4.reference.WEIGHT_PRESCALE
 
 constexpr float kE2m1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
                              -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
@@ -126,27 +130,29 @@ ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffe
       // k-tile (qstride 512, the row's 4 bytes at 4 (n % 128) of each record).
       const uint8_t* wsrow = sm90 ? ws + (g * N + n / 128 * 128) * KB + 4 * (n % 128) : ws + (g * N + n) * KB;
       const int64_t qstride = sm90 ? 512 : 4;
+      const float mul = al[g] * (1.f / kWeightPrescale);
       for (int64_t r = start; r < end; ++r) {
         float acc = 0.f;
         for (int64_t b = 0; b < KB; ++b) {
-          float part = 0.f;
-          float lhs_scale = w4a4 ? e4m3[as[r * KB + b]] : 1.f;
+          const float lhs_scale = w4a4 ? e4m3[as[r * KB + b]] : 1.f;
+          // the weights as e2m1 * scale * 2^-7 (exact in float32)
+          const float wscale = e4m3[wsrow[qstride * (b / 4) + b % 4]] * kWeightPrescale;
           for (int j = 0; j < 16; j += 2) {
             const int64_t k = b * 16 + j;
             float x0, x1;
-            if (w4a4) {
+            if (w4a4) {  // e2m1 * e4m3: exact in float32
               const uint8_t ab = a8[r * (K / 2) + k / 2];
-              x0 = kE2m1[ab & 0xF];
-              x1 = kE2m1[ab >> 4];
+              x0 = kE2m1[ab & 0xF] * lhs_scale;
+              x1 = kE2m1[ab >> 4] * lhs_scale;
             } else {
               x0 = Bf16ToFloat(a16[r * K + k]);
               x1 = Bf16ToFloat(a16[r * K + k + 1]);
             }
-            part += x0 * kE2m1[wcodes[k]] + x1 * kE2m1[wcodes[k + 1]];
+            acc += x0 * (kE2m1[wcodes[k]] * wscale);
+            acc += x1 * (kE2m1[wcodes[k + 1]] * wscale);
           }
-          acc += part * (lhs_scale * e4m3[wsrow[qstride * (b / 4) + b % 4]]);
         }
-        const float v = acc * al[g];
+        const float v = acc * mul;
         if (out_f32) of[r * N + n] = v;
         else ob[r * N + n] = FloatToBf16(v);
       }

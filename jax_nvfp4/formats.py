@@ -11,6 +11,10 @@ Convention (the one every module, kernel and test in this package uses):
   and ``x ~= e2m1 * float(scale) * global_scale`` (the ModelOpt convention, and that of JAX's own
   nvfp4 quantizer). A stack of G experts carries ``global_scale`` of shape ``[G]``.
 * K must be a multiple of 32: 16 values per scale, 2 per byte, and what the kernels tile by.
+* Codes are encoded and decoded with integer shifts, masks and comparisons
+  (:func:`encode_e2m1`, :func:`decode_e2m1`), never a sub-byte bitcast: XLA constant-folds the
+  ``uint8 <-> float4_e2m1fn`` bitcast wrongly on some versions (a closed-over NVFP4 tensor in
+  ``jit`` read different values than the same tensor passed as an argument).
 * ``NVFP4Tensor.layout`` names the byte order of ``data`` and ``scales``: ``"checkpoint"`` (the
   order above) or ``"sm90"``, a load-time permutation of the same bytes for the Hopper kernels
   (:mod:`jax_nvfp4.layout`, :func:`jax_nvfp4.prepare_weights`): codes re-laid-out within 128 x 64
@@ -47,16 +51,69 @@ def check_k(k: int, name: str = "x") -> None:
             f"{K_MULTIPLE} (16 values per block scale, 2 values per byte)")
 
 
+def encode_e2m1(values: jax.Array) -> jax.Array:
+    """float ``[...]`` already in [-6, 6] -> uint8 E2M1 codes 0..15, round to nearest, ties to even.
+
+    Integer arithmetic and comparisons only (no sub-byte dtype): XLA constant-folds bitcasts
+    to and from ``float4_e2m1fn`` wrongly on some versions, so no code path relies on them. A
+    negative value that rounds to 0 gives code 8 (-0), as a cast to float4_e2m1fn does.
+    """
+    v = jnp.asarray(values, jnp.float32)
+    a = jnp.abs(v)
+    # Midpoints between neighbouring magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}; a tie goes to the
+    # even code, i.e. up at 0.75, 1.75, 3.5 (to codes 2, 4, 6) and down at 0.25, 1.25, 2.5, 5.
+    mag = ((a > 0.25).astype(jnp.uint8) + (a >= 0.75) + (a > 1.25) + (a >= 1.75) + (a > 2.5)
+           + (a >= 3.5) + (a > 5.0))
+    return mag.astype(jnp.uint8) | (jnp.signbit(v).astype(jnp.uint8) << 3)
+
+
+def decode_e2m1(codes: jax.Array, dtype=jnp.float32) -> jax.Array:
+    """uint8 E2M1 codes 0..15 (only the low nibble is read) -> their values (:data:`E2M1_VALUES`).
+
+    Shifts, masks and selects only (see :func:`encode_e2m1` for why no sub-byte bitcast).
+    """
+    c = jnp.asarray(codes).astype(jnp.uint8)
+    e = (c >> 1) & 3
+    m = (c & 1).astype(jnp.float32)
+    # e2m1: exponent bits e, mantissa bit m: e == 0 is m * 0.5, else (1 + m / 2) * 2^(e - 1).
+    mag = jnp.where(e == 0, m, 2.0 + m) * jnp.where(e == 3, 2.0, jnp.where(e == 2, 1.0, 0.5))
+    return jnp.where((c & 8) != 0, -mag, mag).astype(dtype)
+
+
+def pack_nibbles(codes: jax.Array) -> jax.Array:
+    """uint8 codes ``[..., K]`` (0..15) -> uint8 ``[..., K/2]``, element 2j in the low nibble."""
+    pairs = jnp.asarray(codes).astype(jnp.uint8)
+    pairs = pairs.reshape(pairs.shape[:-1] + (pairs.shape[-1] // 2, 2))
+    return (pairs[..., 0] & 0xF) | (pairs[..., 1] << 4)
+
+
+def unpack_nibbles(data: jax.Array) -> jax.Array:
+    """uint8 ``[..., K/2]`` -> uint8 codes ``[..., K]`` (the inverse of :func:`pack_nibbles`)."""
+    data = jnp.asarray(data)
+    codes = jnp.stack([data & 0xF, data >> 4], axis=-1)
+    return codes.reshape(data.shape[:-1] + (data.shape[-1] * 2,))
+
+
+def decode_packed(data: jax.Array, dtype=jnp.float32) -> jax.Array:
+    """Packed uint8 ``[..., K/2]`` (checkpoint layout) -> E2M1 values ``[..., K]`` in ``dtype``."""
+    return decode_e2m1(unpack_nibbles(data), dtype)
+
+
 def pack_codes(codes: jax.Array) -> jax.Array:
-    """float4_e2m1fn ``[..., K]`` -> uint8 ``[..., K/2]`` (element 2j in the low nibble of byte j)."""
-    pairs = codes.reshape(codes.shape[:-1] + (codes.shape[-1] // 2, 2))
-    return jax.lax.bitcast_convert_type(pairs, jnp.uint8)
+    """float4_e2m1fn ``[..., K]`` -> uint8 ``[..., K/2]`` (element 2j in the low nibble of byte j).
+
+    Through a value conversion to float32 and :func:`encode_e2m1` (exact for E2M1 values), not a
+    sub-byte bitcast, so a constant input is folded correctly inside ``jit``.
+    """
+    return pack_nibbles(encode_e2m1(jnp.asarray(codes).astype(jnp.float32)))
 
 
 def unpack_codes(data: jax.Array) -> jax.Array:
-    """uint8 ``[..., K/2]`` -> float4_e2m1fn ``[..., K]`` (the inverse of :func:`pack_codes`)."""
-    pairs = jax.lax.bitcast_convert_type(data, jnp.float4_e2m1fn)  # [..., K/2, 2], [...,0] = low
-    return pairs.reshape(data.shape[:-1] + (data.shape[-1] * 2,))
+    """uint8 ``[..., K/2]`` -> float4_e2m1fn ``[..., K]`` (the inverse of :func:`pack_codes`).
+
+    For computing, use :func:`decode_packed` (float values, no sub-byte dtype at all).
+    """
+    return decode_packed(data).astype(jnp.float4_e2m1fn)
 
 
 def scales_from_bytes(raw: jax.Array) -> jax.Array:

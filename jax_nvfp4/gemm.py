@@ -128,8 +128,9 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         (from :func:`jax_nvfp4.prepare_weights`: every CUDA kernel reads it, with fewer
         instructions; with ``kernel="mma"`` a W4A4 lhs is a ValueError, since that choice keeps
         W4A4 native and no kernel reads packed activations with sm90 weights).
-      group_sizes: int32 ``[G]``; rows are grouped consecutively in group order. Negative sizes
-        count as 0 and the running sum is clamped to M.
+      group_sizes: int32 ``[G]`` (or a list, tuple or array of other integers whose values fit
+        int32; a concrete value that does not is a ValueError); rows are grouped consecutively in
+        group order. Negative sizes count as 0 and the running sum is clamped to M.
       out_dtype: bfloat16 or float32 (accumulation is always float32).
       backend: "ffi" (the custom call for the platform the arrays live on), "reference", or
         "auto" (ffi when the extension is built for this platform, else the reference with a
@@ -137,7 +138,7 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
       rows_hint: optional static int, the expected number of rows inside the groups when it is
         much smaller than M (e.g. under expert parallelism, where M counts every routed row but
         only the local experts' rows are grouped). It only steers the CUDA kernel and tile choice;
-        results do not depend on it.
+        results do not depend on it (values at or above M mean M).
       kernel: which CUDA kernel configuration runs (backend "ffi"; see
         :mod:`jax_nvfp4.kernel_config`): None for the heuristic's choice for this device and
         problem (or the ``JAX_NVFP4_KERNEL`` environment variable's family, an override), a
@@ -163,6 +164,8 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         return reference.grouped_gemm(lhs, rhs, group_sizes, out_dtype=out_dtype)
     m, k, g, n = reference.validate_gemm_args(lhs, rhs, group_sizes, out_dtype,
                                               float_lhs_dtypes=(jnp.bfloat16,))
+    group_sizes = reference.check_group_sizes(group_sizes, g)
+    rows_hint = min(int(rows_hint), m)            # a hint at or past M means M (as the kernels read it)
     req = kernel_config.requested_family(kernel)
     mma = (req.family if isinstance(req, KernelConfig) else req) == "mma"
     if mma and rhs.layout != "checkpoint" and isinstance(lhs, NVFP4Tensor):

@@ -26,8 +26,8 @@ import jax.numpy as jnp
 from .formats import NVFP4Tensor
 from .gemm import grouped_gemm
 from .moe_params import MoEConfig, MoEWeights
-from .quantization import dynamic_global_scale, quantize
-from .routing import route
+from .quantization import MAX_GLOBAL_SCALE, MIN_GLOBAL_SCALE, dynamic_global_scale, quantize
+from .routing import check_hash_table, route
 
 
 def swiglu(h: jax.Array, limit=None) -> jax.Array:
@@ -128,7 +128,10 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
     # expert parallelism's non-local rows (past the groups) do not make decode look like prefill.
     hint = None if num_local >= config.num_experts else -(-t * k * num_local // config.num_experts)
     inv = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
-    rw = jnp.where(is_local, route_weights.reshape(-1), 0.0).reshape(t, k, 1)
+    rw = route_weights.reshape(-1)
+    # NaN weights (a hash-routed token with an invalid id, routing.route) stay NaN on every
+    # device, so the token's row is NaN after the combine whatever the device count.
+    rw = jnp.where(is_local | jnp.isnan(rw), rw, 0.0).reshape(t, k, 1)
 
     def run_rows(n):
         """The first n sorted rows (every local row among them): [T, H] float32."""
@@ -169,6 +172,16 @@ def shared_expert(x, weights: MoEWeights, config: MoEConfig, *, backend="auto"):
                         config, backend)
 
 
+def _check_shape(v, name, shapes):
+    if v is None:
+        return None
+    shape = tuple(jnp.shape(v))
+    if shape not in shapes:
+        raise ValueError(f"{name}: expected shape {' or '.join(str(list(s)) for s in shapes)}, "
+                         f"got {list(shape)}")
+    return v
+
+
 def validate_moe(x, weights: MoEWeights, config: MoEConfig):
     """Check x and the weights against config; errors name the argument or field."""
     if not isinstance(config, MoEConfig):
@@ -183,6 +196,18 @@ def validate_moe(x, weights: MoEWeights, config: MoEConfig):
     if weights.router_weight.shape != (config.num_experts, h):
         raise ValueError(f"weights.router_weight: expected [{config.num_experts}, {h}], "
                          f"got {weights.router_weight.shape}")
+    _check_shape(weights.router_bias, "weights.router_bias", [(e,)])
+    for name, shapes in (("w13_input_scale", [(e,)]), ("w2_input_scale", [(e,)]),
+                         ("shared_w13_input_scale", [(), (1,)]),
+                         ("shared_w2_input_scale", [(), (1,)])):
+        v = _check_shape(getattr(weights, name), f"weights.{name}", shapes)
+        if v is not None and not isinstance(v, jax.core.Tracer) and v.size:
+            lo, hi = float(jnp.min(v)), float(jnp.max(v))
+            if not (MIN_GLOBAL_SCALE <= lo and hi <= MAX_GLOBAL_SCALE):  # False for NaN
+                raise ValueError(f"weights.{name}: static input scales must be finite and >= "
+                                 f"2^-126, got values in [{lo}, {hi}]")
+    if weights.hash_table is not None:
+        check_hash_table(weights.hash_table, config)
     for name, w, shape in (("w13", weights.w13, (e, 2 * i, h)), ("w2", weights.w2, (e, h, i))):
         if not isinstance(w, NVFP4Tensor):
             raise ValueError(f"weights.{name}: expected an NVFP4Tensor, got {type(w).__name__}")
@@ -239,6 +264,17 @@ def quantize_moe(router_weight, w13, w2, *, router_bias=None, shared_w13=None, s
       :class:`MoEWeights` with ``w13``/``w2`` NVFP4Tensors (global_scale ``[E]``).
     """
     f32 = lambda v: None if v is None else jnp.asarray(v, jnp.float32)  # noqa: E731
+    if hash_table is not None:
+        hash_table = jnp.asarray(hash_table)
+        e = jnp.shape(router_weight)[0]
+        if (not jnp.issubdtype(hash_table.dtype, jnp.integer) or hash_table.ndim != 2
+                or hash_table.size == 0):
+            raise ValueError(f"hash_table: expected integer expert ids [vocab, top_k], got "
+                             f"{hash_table.dtype} {tuple(hash_table.shape)}")
+        lo, hi = int(jnp.min(hash_table)), int(jnp.max(hash_table))
+        if lo < 0 or hi >= e:
+            raise ValueError(f"hash_table: expert ids must lie in [0, {e}) (E from "
+                             f"router_weight), got values in [{lo}, {hi}]")
     return MoEWeights(
         router_weight=jnp.asarray(router_weight, jnp.float32),
         w13=jax.vmap(quantize)(jnp.asarray(w13)),

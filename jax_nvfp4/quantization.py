@@ -2,14 +2,17 @@
 
 The format is described in :mod:`jax_nvfp4.formats`. Quantization, per tensor:
 
-1. ``global_scale = amax / (6 * 448)`` (dynamic) or the given static value; an all-zero input
-   gets 1.0 (never 0 or NaN).
+1. ``global_scale = amax / (6 * 448)`` (dynamic; clipped to ``[2^-126, FLT_MAX]``, 1.0 for an
+   input with no finite non-zero value: never 0, Inf or NaN) or the given static value (finite,
+   ``>= 2^-126``; a concrete bad one is a ValueError, a traced one makes every block NaN).
 2. ``y = x / global_scale``; per block of 16: ``scale = e4m3(clip(amax_block(y) / 6, 0, 448))``
    (round to nearest even).
 3. ``code = e2m1(clip(y / float(scale), -6, 6))`` (nearest, ties to even); a block whose scale
    rounds to 0 is all zeros.
 
-Values beyond a static range saturate at ``+-6 * 448 * global_scale``.
+Values beyond a static range saturate at ``+-6 * 448 * global_scale``; so do float64 values
+beyond ``2688 * FLT_MAX`` (float64 input is divided by the global scale in float64, so values
+past the float32 range get a finite global scale and keep their precision).
 
 Non-finite inputs (E2M1 has no Inf or NaN): the dynamic amax ignores them; +-Inf saturates to the
 largest magnitude (its block scale becomes 448, its code +-6); a NaN makes its whole block's scale
@@ -21,8 +24,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .formats import (BLOCK_SIZE, E2M1_MAX, E4M3_MAX, NVFP4Tensor, check_k, expand_global_scale,
-                      pack_codes, unpack_codes)
+from .formats import (BLOCK_SIZE, E2M1_MAX, E4M3_MAX, NVFP4Tensor, check_k, decode_packed,
+                      encode_e2m1, expand_global_scale, pack_nibbles)
 from .layout import checkpoint_data, checkpoint_scales
 
 
@@ -36,28 +39,58 @@ def _as_float(x, name: str) -> jax.Array:
     return x
 
 
+MIN_GLOBAL_SCALE = float(jnp.finfo(jnp.float32).smallest_normal)
+"""2^-126: the dynamic global scale is never below it (a subnormal scale would flush to 0)."""
+MAX_GLOBAL_SCALE = float(jnp.finfo(jnp.float32).max)
+
+
+def _compute_dtype(x: jax.Array):
+    """float64 for float64 input (x64 on: values past the float32 range stay finite until they
+    are divided by the global scale), else float32 (exact for float16/bfloat16/float32)."""
+    return x.dtype if jnp.finfo(x.dtype).bits > 32 else jnp.dtype(jnp.float32)
+
+
 def dynamic_global_scale(x: jax.Array) -> jax.Array:
-    """float32 ``[]``: ``amax(|x|) / (6 * 448)`` over the finite values of x, or 1.0 if that is 0."""
-    a = jnp.abs(jnp.asarray(x).astype(jnp.float32))
+    """float32 ``[]``: ``amax(|x|) / (6 * 448)`` over the finite values of x, clipped to
+    ``[2^-126, FLT_MAX]``, or 1.0 when there is no finite non-zero value. Never 0, Inf or NaN.
+
+    The amax is taken in x's precision (float64 input: beyond the float32 range too).
+    """
+    x = jnp.asarray(x)
+    a = jnp.abs(x.astype(_compute_dtype(x)))
     amax = jnp.max(jnp.where(jnp.isfinite(a), a, 0.0), initial=0.0)
     # XLA may compute this as amax * (1/2688) (last bit can differ under vmap); harmless: the
     # scale that is stored is the one every block was quantized with.
-    return jnp.where(amax > 0, amax / (E2M1_MAX * E4M3_MAX), 1.0).astype(jnp.float32)
+    gs = jnp.clip(amax / (E2M1_MAX * E4M3_MAX), MIN_GLOBAL_SCALE, MAX_GLOBAL_SCALE)
+    return jnp.where(amax > 0, gs, 1.0).astype(jnp.float32)
+
+
+def _check_static_scale(gs: jax.Array) -> None:
+    if isinstance(gs, jax.core.Tracer):
+        return                          # traced: a bad value gives NaN blocks (see quantize)
+    v = float(gs)
+    if not MIN_GLOBAL_SCALE <= v <= MAX_GLOBAL_SCALE:
+        raise ValueError(f"global_scale: expected a finite float32 >= 2^-126 (the smallest normal "
+                         f"float32), got {v!r}; a zero, negative, subnormal or non-finite scale "
+                         "cannot dequantize to the input")
 
 
 def quantize(x: jax.Array, global_scale=None) -> NVFP4Tensor:
     """Quantize ``x`` (float ``[..., K]``, K a multiple of 32) to NVFP4.
 
     Args:
-      x: float array ``[..., K]`` (any float dtype; computed in float32).
-      global_scale: None for dynamic (``amax / 2688`` of the whole x), or a static float32
-        scalar (a checkpoint's calibrated input scale).
+      x: float array ``[..., K]`` (any float dtype; computed in float32, float64 input divided
+        by the global scale in float64 first).
+      global_scale: None for dynamic (``amax / 2688`` of the whole x, at least 2^-126), or a
+        static float32 scalar (a checkpoint's calibrated input scale): a concrete one must be
+        finite and >= 2^-126 (else ValueError); a traced one that is not makes every block's
+        scale NaN, so the result dequantizes to NaN.
 
     Returns:
       NVFP4Tensor with data uint8 ``[..., K/2]``, scales float8_e4m3fn ``[..., K/16]`` and
       global_scale float32 ``[]``.
     """
-    x = _as_float(x, "x").astype(jnp.float32)
+    x = _as_float(x, "x")
     if global_scale is None:
         gs = dynamic_global_scale(x)
     else:
@@ -65,21 +98,27 @@ def quantize(x: jax.Array, global_scale=None) -> NVFP4Tensor:
         if gs.ndim != 0:
             raise ValueError(f"global_scale: expected a scalar, got shape {gs.shape} "
                              "(use jax.vmap for one scale per slice)")
+        _check_static_scale(gs)
+    ct = _compute_dtype(x)
+    bad_scale = ~((gs >= MIN_GLOBAL_SCALE) & (gs <= MAX_GLOBAL_SCALE))   # NaN compares False
+    x = x.astype(ct)
     blocks = x.reshape(x.shape[:-1] + (x.shape[-1] // BLOCK_SIZE, BLOCK_SIZE))
-    y = blocks / gs
+    y = (blocks / gs.astype(ct)).astype(jnp.float32)
     block_amax = jnp.max(jnp.abs(y), axis=-1, keepdims=True)  # NaN propagates, Inf stays Inf
     # The barriers make the e4m3 and e2m1 roundings real inside any jit: XLA on GPU may otherwise
     # elide a narrowing convert followed by a widening one (excess precision), so codes would be
     # computed against an unrounded scale (JAX's own nvfp4 quantizer guards the same way).
     scales = jax.lax.optimization_barrier(
-        jnp.clip(block_amax / E2M1_MAX, 0.0, E4M3_MAX).astype(jnp.float8_e4m3fn))
+        jnp.where(bad_scale, jnp.nan, jnp.clip(block_amax / E2M1_MAX, 0.0, E4M3_MAX))
+        .astype(jnp.float8_e4m3fn))
     scale_f32 = scales.astype(jnp.float32)
     safe = jnp.where(scale_f32 > 0, scale_f32, 1.0)
     q = jnp.clip(y / safe, -E2M1_MAX, E2M1_MAX)
     q = jnp.where((scale_f32 > 0) & ~jnp.isnan(y), q, 0.0)
-    codes = q.astype(jnp.float4_e2m1fn).reshape(x.shape)
-    data = jax.lax.optimization_barrier(pack_codes(codes))
-    return NVFP4Tensor(data, scales[..., 0], gs)
+    # Integer encoding (no float4 dtype): round to nearest even, exactly as a float4_e2m1fn cast.
+    codes = encode_e2m1(q).reshape(x.shape)
+    data = jax.lax.optimization_barrier(pack_nibbles(codes))
+    return NVFP4Tensor(data, scales[..., 0], gs.astype(jnp.float32))
 
 
 def e2m1_scaled(t: NVFP4Tensor, dtype=jnp.float32) -> jax.Array:
@@ -88,7 +127,7 @@ def e2m1_scaled(t: NVFP4Tensor, dtype=jnp.float32) -> jax.Array:
     Exact in bfloat16 (an E2M1 value times an e4m3 value has at most 6 significant bits). Reads
     the codes and scales in either layout (``t.layout``): sm90 ones are put back in checkpoint order first.
     """
-    codes = unpack_codes(checkpoint_data(t)).astype(jnp.float32)
+    codes = decode_packed(checkpoint_data(t), jnp.float32)
     k = codes.shape[-1]
     blocks = codes.reshape(codes.shape[:-1] + (k // BLOCK_SIZE, BLOCK_SIZE))
     out = blocks * checkpoint_scales(t).astype(jnp.float32)[..., None]
@@ -96,12 +135,18 @@ def e2m1_scaled(t: NVFP4Tensor, dtype=jnp.float32) -> jax.Array:
 
 
 def dequantize(t: NVFP4Tensor, dtype=jnp.float32) -> jax.Array:
-    """Dequantize to ``dtype``: ``e2m1 * float(scale) * global_scale``, shape ``t.shape``."""
+    """Dequantize to ``dtype``: ``e2m1 * float(scale) * global_scale``, shape ``t.shape``.
+
+    Computed in float32, or in float64 when ``dtype`` is float64 (x64 on)."""
     if not isinstance(t, NVFP4Tensor):
         raise ValueError(f"t: expected an NVFP4Tensor, got {type(t).__name__}")
     t.validate("t")
-    vals = e2m1_scaled(t, jnp.float32)
-    return (vals * expand_global_scale(t.global_scale, vals.ndim, t.data.shape[:-1])).astype(dtype)
+    # float64 output (x64 on) multiplies in float64: a float32 product could overflow where the
+    # value itself (a float64 input past the float32 range) does not.
+    ct = jnp.dtype(dtype) if jnp.finfo(dtype).bits > 32 else jnp.dtype(jnp.float32)
+    vals = e2m1_scaled(t, ct)
+    gs = expand_global_scale(t.global_scale, vals.ndim, t.data.shape[:-1]).astype(ct)
+    return (vals * gs).astype(dtype)
 
 
 def stage_activation(x: jax.Array, global_scale=None):

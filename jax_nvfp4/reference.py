@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .formats import NVFP4Tensor
 from .quantization import e2m1_scaled
 
 OUT_DTYPES = (jnp.bfloat16, jnp.float32)
+WEIGHT_PRESCALE = 2.0**-7
+"""Every backend multiplies the weights by this before the dot and alpha by its inverse after
+(the CUDA kernels' exact bf16 weight fragments e2m1 * scale * 2^-7)."""
 
 
 def group_bounds(group_sizes: jax.Array, num_rows: int):
@@ -17,8 +21,11 @@ def group_bounds(group_sizes: jax.Array, num_rows: int):
     Negative sizes count as 0 and the running sum is clamped to ``num_rows``; group g covers rows
     ``[starts[g], ends[g])``. This is the documented behaviour of every backend.
     """
-    sizes = jnp.maximum(group_sizes.astype(jnp.int32), 0)
-    ends = jnp.minimum(jnp.cumsum(sizes), num_rows).astype(jnp.int32)
+    # A saturating running sum: each size is clamped to [0, M] first, and min(a + b, M) of two
+    # values <= M < 2^31 cannot overflow in uint32 (a plain int32 cumsum wraps past 2^31 - 1).
+    sizes = jnp.clip(jnp.asarray(group_sizes), 0, num_rows).astype(jnp.uint32)
+    ends = jax.lax.associative_scan(lambda a, b: jnp.minimum(a + b, jnp.uint32(num_rows)), sizes)
+    ends = ends.astype(jnp.int32)
     starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
     return starts, ends
 
@@ -31,6 +38,45 @@ def row_groups(ends: jax.Array, num_rows: int):
     rows = jnp.arange(num_rows, dtype=jnp.int32)
     gid = jnp.searchsorted(ends, rows, side="right").astype(jnp.int32)
     return jnp.minimum(gid, ends.shape[0] - 1), rows < ends[-1]
+
+
+INT32_MAX = 2**31 - 1
+
+
+def check_group_sizes(group_sizes, g: int) -> jax.Array:
+    """``group_sizes`` (int array, list or tuple ``[G]``) -> int32 ``[G]``; errors name it.
+
+    Concrete values (a list, tuple, numpy array or a jax Array outside ``jit``) of any integer
+    dtype are accepted when every value fits int32; one that does not is a ValueError (it would
+    otherwise wrap silently). Traced values of a wider integer dtype (x64 on) are clipped to
+    ``[-2^31, 2^31 - 1]``, which changes nothing (negative sizes count as 0, the running sum is
+    clamped to M < 2^31).
+    """
+    if isinstance(group_sizes, (list, tuple)):
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+                   for v in group_sizes):
+            raise ValueError(f"group_sizes: expected integers, got {list(group_sizes)!r}")
+        if any(not -INT32_MAX - 1 <= int(v) <= INT32_MAX for v in group_sizes):
+            raise ValueError(f"group_sizes: every size must fit int32 (|size| < 2^31), got "
+                             f"{[int(v) for v in group_sizes]}")
+        group_sizes = np.asarray([int(v) for v in group_sizes], np.int32).reshape(len(group_sizes))
+    shape, dtype = np.shape(group_sizes), getattr(group_sizes, "dtype", None)
+    dtype = np.asarray(group_sizes).dtype if dtype is None else jnp.dtype(dtype)
+    if tuple(shape) != (g,):
+        raise ValueError(f"group_sizes: expected shape [{g}] (G from rhs), got {tuple(shape)}")
+    if not jnp.issubdtype(dtype, jnp.integer):
+        raise ValueError(f"group_sizes: expected int32 or another integer dtype, got {dtype}")
+    if dtype == jnp.int32:
+        return jnp.asarray(group_sizes)
+    if isinstance(group_sizes, jax.core.Tracer):
+        return jnp.clip(group_sizes, -INT32_MAX - 1, INT32_MAX).astype(jnp.int32)
+    v = np.asarray(group_sizes)
+    if v.size and (v.min() < -INT32_MAX - 1 or v.max() > INT32_MAX):
+        raise ValueError(f"group_sizes: every size must fit int32 (|size| < 2^31), got "
+                         f"{v.tolist()}")
+    if isinstance(group_sizes, jax.Array):
+        return group_sizes.astype(jnp.int32)
+    return jnp.asarray(v.astype(np.int32))
 
 
 def validate_gemm_args(lhs, rhs, group_sizes, out_dtype, *, float_lhs_dtypes=None):
@@ -68,11 +114,7 @@ def validate_gemm_args(lhs, rhs, group_sizes, out_dtype, *, float_lhs_dtypes=Non
         m, lk = lhs.shape
     if lk != k:
         raise ValueError(f"lhs: K={lk} does not match rhs K={k}")
-    group_sizes = jnp.asarray(group_sizes)
-    if group_sizes.shape != (g,):
-        raise ValueError(f"group_sizes: expected shape [{g}] (G from rhs), got {group_sizes.shape}")
-    if group_sizes.dtype != jnp.int32:
-        raise ValueError(f"group_sizes: expected int32, got {group_sizes.dtype}")
+    check_group_sizes(group_sizes, g)
     if jnp.dtype(out_dtype) not in [jnp.dtype(d) for d in OUT_DTYPES]:
         raise ValueError(f"out_dtype: expected bfloat16 or float32, got {jnp.dtype(out_dtype)}")
     return m, k, g, n
@@ -94,13 +136,17 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
       accumulated in float32; rows past the groups are 0.
     """
     m, k, g, n = validate_gemm_args(lhs, rhs, group_sizes, out_dtype)
+    group_sizes = check_group_sizes(group_sizes, g)
     if isinstance(lhs, NVFP4Tensor):
         a = e2m1_scaled(lhs, jnp.float32)
         lhs_gs = lhs.global_scale.astype(jnp.float32)
     else:
         a = jnp.asarray(lhs).astype(jnp.float32)
         lhs_gs = jnp.float32(1.0)
-    w = e2m1_scaled(rhs, jnp.float32)                      # [G, N, K], exact
+    # As the CUDA kernels do: the weights enter the dot as e2m1 * scale * 2^-7 (exact; |w| <= 21)
+    # and the epilogue multiplies by alpha * 2^7, so the float32 accumulator holds lhs . W / 128
+    # and overflows only past 2^7 * FLT_MAX (README, "Ranges").
+    w = e2m1_scaled(rhs, jnp.float32) * jnp.float32(WEIGHT_PRESCALE)      # [G, N, K], exact
     alpha = lhs_gs * jnp.broadcast_to(rhs.global_scale.astype(jnp.float32), (g,))
     starts, ends = group_bounds(group_sizes, m)
     gid, valid = row_groups(ends, m)
@@ -109,10 +155,20 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
     # put NaN back where a group's weight row had a NaN (what a per-group dot gives).
     nan = jnp.isnan(w)
     nan_rows = jnp.any(nan, axis=-1)                       # [G, N]
-    acc = jax.lax.ragged_dot(a, jnp.swapaxes(jnp.where(nan, 0.0, w), 1, 2),
-                             (ends - starts).astype(jnp.int32),
-                             precision=jax.lax.Precision.HIGHEST,
-                             preferred_element_type=jnp.float32)
+    try:
+        acc = jax.lax.ragged_dot(a, jnp.swapaxes(jnp.where(nan, 0.0, w), 1, 2),
+                                 (ends - starts).astype(jnp.int32),
+                                 precision=jax.lax.Precision.HIGHEST,
+                                 preferred_element_type=jnp.float32)
+    except NotImplementedError as e:
+        if "vmap" not in str(e):
+            raise
+        raise NotImplementedError(
+            "grouped_gemm(backend='reference') does not support jax.vmap: jax.lax.ragged_dot, "
+            "which it is built on, has no batching rule for it in jax " + jax.__version__ +
+            ". Use backend='ffi' (its vmap runs the custom call once per index) or jax.lax.map "
+            "over the batch.") from e
     acc = jnp.where(nan_rows[gid], jnp.nan, acc)
-    out = jnp.where(valid[:, None], acc * alpha[gid][:, None], 0.0)
+    out = jnp.where(valid[:, None], acc * (alpha * jnp.float32(1.0 / WEIGHT_PRESCALE))[gid][:, None],
+                    0.0)
     return out.astype(out_dtype)

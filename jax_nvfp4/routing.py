@@ -31,6 +31,42 @@ def _grouped_mask(choice: jax.Array, n_group: int, topk_group: int) -> jax.Array
     return jnp.repeat(gmask, e // n_group, axis=1)
 
 
+def check_hash_table(hash_table, config: MoEConfig) -> jax.Array:
+    """``hash_table`` int ``[vocab, top_k]`` with entries in ``[0, E)`` (values checked when
+    concrete); returns it as a jax array. Errors name ``weights.hash_table``."""
+    table = jnp.asarray(hash_table)
+    if not jnp.issubdtype(table.dtype, jnp.integer):
+        raise ValueError(f"weights.hash_table: expected an integer array, got {table.dtype}")
+    if table.ndim != 2 or table.shape[1] != config.top_k or table.shape[0] < 1:
+        raise ValueError(f"weights.hash_table: expected [vocab, top_k={config.top_k}] with "
+                         f"vocab >= 1, got {tuple(table.shape)}")
+    if not isinstance(table, jax.core.Tracer):
+        lo, hi = int(jnp.min(table)), int(jnp.max(table))   # two scalars: no table copy
+        if lo < 0 or hi >= config.num_experts:
+            raise ValueError(f"weights.hash_table: expert ids must lie in [0, "
+                             f"{config.num_experts}) (num_experts), got values in [{lo}, {hi}]")
+    return table
+
+
+def check_token_ids(token_ids, table, num_tokens: int) -> jax.Array:
+    """``token_ids`` int ``[T]`` for a hash-routed layer, in ``[0, vocab)`` when concrete."""
+    if token_ids is None:
+        raise ValueError("token_ids: this layer is hash-routed (weights.hash_table is set); "
+                         "pass the input token ids [T]")
+    token_ids = jnp.asarray(token_ids)
+    if token_ids.shape != (num_tokens,):
+        raise ValueError(f"token_ids: expected shape [{num_tokens}], got {token_ids.shape}")
+    if not jnp.issubdtype(token_ids.dtype, jnp.integer):
+        raise ValueError(f"token_ids: expected integer ids, got {token_ids.dtype}")
+    vocab = table.shape[0]
+    if not isinstance(token_ids, jax.core.Tracer) and num_tokens:
+        lo, hi = int(jnp.min(token_ids)), int(jnp.max(token_ids))
+        if lo < 0 or hi >= vocab:
+            raise ValueError(f"token_ids: expected ids in [0, {vocab}) (the hash table's "
+                             f"vocabulary), got values in [{lo}, {hi}]")
+    return token_ids
+
+
 def route(x: jax.Array, weights: MoEWeights, config: MoEConfig, token_ids=None):
     """Choose experts for each token.
 
@@ -39,7 +75,9 @@ def route(x: jax.Array, weights: MoEWeights, config: MoEConfig, token_ids=None):
       weights: the layer; uses router_weight ``[E, H]``, router_bias ``[E]`` and hash_table
         ``[vocab, top_k]`` when present.
       config: the layer's MoEConfig.
-      token_ids: int ``[T]``, required when the layer has a hash table.
+      token_ids: int ``[T]``, required when the layer has a hash table; concrete ids must lie in
+        ``[0, vocab)`` (else ValueError). A traced id outside it, or a table row with an id
+        outside ``[0, E)`` (a traced table), routes its token nowhere: ids -1, weights NaN.
 
     Returns:
       ``(expert_ids int32 [T, top_k], routing_weights float32 [T, top_k])``. Selection uses
@@ -48,14 +86,19 @@ def route(x: jax.Array, weights: MoEWeights, config: MoEConfig, token_ids=None):
       ``norm_topk_prob``, times ``routed_scaling_factor``. Ties go to the lower expert id.
     """
     scores = router_scores(x, weights.router_weight, config.scoring_func)
+    bad_token = None
     if weights.hash_table is not None:
-        if token_ids is None:
-            raise ValueError("token_ids: this layer is hash-routed (weights.hash_table is set); "
-                             "pass the input token ids [T]")
-        token_ids = jnp.asarray(token_ids)
-        if token_ids.shape != (x.shape[0],):
-            raise ValueError(f"token_ids: expected shape [{x.shape[0]}], got {token_ids.shape}")
-        ids = weights.hash_table[token_ids].astype(jnp.int32)
+        table = check_hash_table(weights.hash_table, config)
+        token_ids = check_token_ids(token_ids, table, x.shape[0])
+        vocab, e = table.shape[0], config.num_experts
+        ids = table[jnp.clip(token_ids, 0, vocab - 1)].astype(jnp.int32)
+        # Traced ids cannot be checked: a token whose id is outside [0, vocab) or whose table
+        # row holds an id outside [0, E) goes to no expert (ids -1) with NaN routing weights, so
+        # its layer output row is NaN on every backend and device count (visible, and no other
+        # token is touched).
+        ok = (token_ids >= 0) & (token_ids < vocab)
+        bad_token = ~(ok & jnp.all((ids >= 0) & (ids < e), axis=-1))
+        ids = jnp.where(bad_token[:, None], -1, ids)
     else:
         choice = scores
         if weights.router_bias is not None:
@@ -65,7 +108,9 @@ def route(x: jax.Array, weights: MoEWeights, config: MoEConfig, token_ids=None):
                                -jnp.inf)
         _, ids = jax.lax.top_k(choice, config.top_k)
         ids = ids.astype(jnp.int32)
-    w = jnp.take_along_axis(scores, ids, axis=1)
+    w = jnp.take_along_axis(scores, jnp.maximum(ids, 0), axis=1)
     if config.norm_topk_prob:
         w = w / (jnp.sum(w, axis=-1, keepdims=True) + 1e-20)
+    if bad_token is not None:
+        w = jnp.where(bad_token[:, None], jnp.nan, w)
     return ids, w * jnp.float32(config.routed_scaling_factor)

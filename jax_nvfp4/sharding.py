@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 
 from .moe import routed_experts, shared_expert, validate_moe
 from .moe_params import MoEConfig, MoEWeights
-from .routing import route
+from .routing import check_token_ids, route
 
 COMBINES = ("psum", "psum_scatter")
 _EXPERT_FIELDS = ("w13", "w2", "w13_input_scale", "w2_input_scale")
@@ -102,6 +102,8 @@ def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sha
         raise ValueError(f"x: combine='psum_scatter' needs T={t} divisible by {ep}")
     if weights.hash_table is not None and token_ids is None:
         raise ValueError("token_ids: this layer is hash-routed (weights.hash_table is set)")
+    if weights.hash_table is not None:                     # concrete ids: checked here, eagerly
+        check_token_ids(token_ids, weights.hash_table, t)
     capacity = None
     if capacity_factor is not None:
         if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, numbers.Real) \

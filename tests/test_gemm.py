@@ -489,3 +489,96 @@ class TestBadInput:
         with pytest.raises(jax.errors.JaxRuntimeError,
                            match=r"workspace has 4128 bytes, needs 4096 \+ 16\*G \+ K = 8288"):
             jax.block_until_ready(f())
+
+
+@pytest.mark.parametrize("platform", ["cpu", "cuda"])
+@pytest.mark.parametrize("backend", ["reference", "ffi"])
+class TestGroupSizesAndRange:
+    """Group sizes and the accumulation range (issue 23, items 5 and 9): every backend clamps
+    the same way, rejects what does not fit int32, and overflows at the same place."""
+
+    def run(self, platform, backend, lhs, rhs, gs, out_dtype=jnp.float32):
+        dev = platform_device(platform)
+        lhs, rhs = jax.device_put((lhs, rhs), dev)
+        with jax.default_device(dev):
+            return np.asarray(jn.grouped_gemm(lhs, rhs, gs, out_dtype=out_dtype,
+                                              backend=backend), np.float64)
+
+    @pytest.mark.parametrize("sizes", [[2**31 - 1, 1], [5, 2**31 - 1, 2**31 - 1],
+                                       [2**30, 2**30, 2**30, 3]])
+    def test_group_sizes_running_sum_saturates(self, rng, platform, backend, sizes):
+        lhs, rhs, gs, ref = make_problem(rng, 24, 16, 64, sizes, False)
+        out = self.run(platform, backend, lhs, rhs, gs)
+        assert np.all(np.isfinite(out)) and np.abs(out[0]).max() > 0
+        assert rel_err(out, ref) <= 1e-5
+
+    @pytest.mark.parametrize("sizes", [np.array([2**32 + 3, 3], np.int64), [2**31, 0],
+                                       (0, -2**31 - 1), np.array([2**31, 0], np.uint32)])
+    def test_group_sizes_beyond_int32_rejected(self, rng, platform, backend, sizes):
+        lhs, rhs, _, _ = make_problem(rng, 8, 16, 64, [4, 4], False)
+        platform_device(platform)
+        with pytest.raises(ValueError, match=r"group_sizes: every size must fit int32"):
+            jn.grouped_gemm(lhs, rhs, sizes, backend=backend)
+
+    @pytest.mark.parametrize("kind", ["list", "tuple", "int64", "int16", "uint8"])
+    def test_group_sizes_list_tuple_and_other_ints(self, rng, platform, backend, kind):
+        lhs, rhs, gs, ref = make_problem(rng, 12, 16, 64, [3, 0, 7], False)
+        conv = {"list": list, "tuple": tuple, "int64": lambda s: np.asarray(s, np.int64),
+                "int16": lambda s: np.asarray(s, np.int16),
+                "uint8": lambda s: np.asarray(s, np.uint8)}[kind]
+        out = self.run(platform, backend, lhs, rhs, conv([3, 0, 7]))
+        np.testing.assert_array_equal(out, self.run(platform, backend, lhs, rhs, gs))
+        assert rel_err(out, ref) <= 1e-5
+
+    def test_large_activations_within_range_stay_finite(self, rng, platform, backend):
+        # bf16 activations ~1e35 and unit weights: the exact result (~1e36) fits float32; every
+        # backend accumulates lhs . W / 128 (the CUDA kernels' scaled weights), so none overflows.
+        m, n, k = 16, 32, 128
+        w = rng.standard_normal((2, n, k)).astype(np.float32)
+        rhs = jax.vmap(jn.quantize)(jnp.asarray(w))
+        lhs = jnp.asarray(rng.standard_normal((m, k)) * 1e35, jnp.bfloat16)
+        sizes = [9, 7]
+        ref = grouped_gemm64(np.asarray(lhs, np.float64), dequant64(rhs.data, rhs.scales),
+                             np.asarray(rhs.global_scale, np.float64), sizes)
+        assert np.abs(ref).max() > 1e36 and np.abs(ref).max() < 3e38
+        for out_dtype, tol in ((jnp.float32, 1e-5), (jnp.bfloat16, 1e-2)):
+            out = self.run(platform, backend, lhs, rhs, jnp.asarray(sizes, jnp.int32), out_dtype)
+            assert np.all(np.isfinite(out)), f"{(~np.isfinite(out)).sum()} non-finite"
+            assert rel_err(out, ref) <= tol
+
+    def test_overflow_past_the_range_is_inf(self, rng, platform, backend):
+        # Past the range (every product x * W / 128 is beyond FLT_MAX) each backend gives +Inf.
+        rhs = jax.vmap(jn.quantize)(jnp.ones((2, 16, 64), jnp.float32))
+        lhs = jnp.full((6, 64), 3e38, jnp.bfloat16)
+        out = self.run(platform, backend, lhs, rhs, jnp.asarray([2, 3], jnp.int32))
+        assert np.all(np.isposinf(out[:5])) and np.all(out[5:] == 0)
+
+
+class TestRowsHintAndVmap:
+    """Issue 23, item 8: a huge rows_hint, and vmap of the reference backend."""
+
+    def test_rows_hint_past_m_means_m(self, on_cpu):
+        rng = np.random.default_rng(5)
+        lhs, rhs, gs, ref = make_problem(rng, 8, 16, 64, [4, 4], False)
+        f = lambda h: jax.jit(lambda a: jn.grouped_gemm(a, rhs, gs, out_dtype=jnp.float32,  # noqa: E731
+                                                       backend="ffi", rows_hint=h))
+        assert "rows_hint = 8 : i64" in f(10**20).lower(lhs).as_text()
+        np.testing.assert_array_equal(np.asarray(f(10**20)(lhs)), np.asarray(f(None)(lhs)))
+        out = jn.grouped_gemm(lhs, rhs, gs, out_dtype=jnp.float32, backend="reference",
+                              rows_hint=10**20)
+        assert rel_err(out, ref) <= 1e-5
+
+    def test_reference_vmap_error_names_the_backend(self, on_cpu):
+        rng = np.random.default_rng(6)
+        lhs, rhs, gs, _ = make_problem(rng, 8, 16, 64, [4, 4], False)
+        with pytest.raises(NotImplementedError,
+                           match=r"backend='reference'\) does not support jax.vmap.*backend='ffi'"):
+            jax.vmap(lambda a: jn.grouped_gemm(a, rhs, gs, backend="reference"))(
+                jnp.stack([lhs, lhs]))
+        with pytest.raises(NotImplementedError, match=r"backend='reference'\) does not support"):
+            jax.vmap(lambda s: jn.grouped_gemm(lhs, rhs, s, backend="reference"))(
+                jnp.stack([gs, gs]))
+        out = jax.vmap(lambda a: jn.grouped_gemm(a, rhs, gs, out_dtype=jnp.float32,
+                                                 backend="ffi"))(jnp.stack([lhs, lhs]))
+        ref = jn.grouped_gemm(lhs, rhs, gs, out_dtype=jnp.float32, backend="reference")
+        np.testing.assert_allclose(np.asarray(out[1]), np.asarray(ref), rtol=1e-6)

@@ -405,3 +405,93 @@ def test_bad_input(rng):
         cfg(top_k=9)
     with pytest.raises(ValueError, match="hidden_size"):
         cfg(hidden_size=100)
+
+
+class TestHashAndArgumentChecks:
+    """Issue 23, items 7 and 8: hash routing out of range, and errors naming the argument."""
+
+    def layer(self, rng, vocab=100):
+        f = float_layer(rng, shared=False)
+        table = rng.integers(0, E, (vocab, 6)).astype(np.int32)
+        w = jn.quantize_moe(f["router"], f["w13"], f["w2"], hash_table=table)
+        x = jnp.asarray(rng.standard_normal((T, H)).astype(np.float32))
+        tok = rng.integers(0, vocab, T).astype(np.int32)
+        return w, cfg(n_shared_experts=0), x, tok
+
+    @pytest.mark.parametrize("entry", [E, -1, 2**20])
+    def test_hash_table_out_of_range_rejected_eagerly(self, rng, entry):
+        w, c, x, tok = self.layer(rng)
+        bad = jn.MoEWeights(**{**w.__dict__, "hash_table": w.hash_table.at[7, 2].set(entry)})
+        with pytest.raises(ValueError, match=r"weights.hash_table: expert ids must lie in \[0, 8\)"):
+            jn.moe(x, bad, c, token_ids=tok, backend="reference")
+        with pytest.raises(ValueError, match=r"weights.hash_table: expert ids must lie"):
+            jn.route(x, bad, c, token_ids=tok)
+        f = float_layer(rng, shared=False)
+        with pytest.raises(ValueError, match=r"hash_table: expert ids must lie in \[0, 8\)"):
+            jn.quantize_moe(f["router"], f["w13"], f["w2"],
+                            hash_table=np.asarray(bad.hash_table))
+
+    def test_hash_table_width_and_dtype_rejected(self, rng):
+        w, c, x, tok = self.layer(rng)
+        for table in (w.hash_table[:, :5], w.hash_table[:, 0], w.hash_table.astype(jnp.float32)):
+            bad = jn.MoEWeights(**{**w.__dict__, "hash_table": table})
+            with pytest.raises(ValueError, match=r"weights.hash_table: expected"):
+                jn.moe(x, bad, c, token_ids=tok, backend="reference")
+
+    @pytest.mark.parametrize("tid", [100, -1, 2**31 - 1])
+    def test_token_ids_outside_vocab_rejected_eagerly(self, rng, tid):
+        w, c, x, tok = self.layer(rng)
+        with pytest.raises(ValueError, match=r"token_ids: expected ids in \[0, 100\)"):
+            jn.moe(x, w, c, token_ids=np.where(np.arange(T) == 3, tid, tok).astype(np.int32),
+                   backend="reference")
+        with pytest.raises(ValueError, match=r"token_ids: expected integer"):
+            jn.moe(x, w, c, token_ids=tok.astype(np.float32), backend="reference")
+
+    @pytest.mark.parametrize("backend", ["reference", "ffi"])
+    def test_traced_out_of_range_ids_give_nan_rows_only(self, rng, backend):
+        # Traced ids cannot be checked: such a token goes to no expert and its row is NaN;
+        # every other row is the layer's value (before: clamped, -1 wrapped, >= E poisoned).
+        w, c, x, tok = self.layer(rng)
+        f = jax.jit(lambda x, w, t: jn.moe(x, w, c, token_ids=t, backend=backend))
+        good = np.asarray(f(x, w, tok))
+        tok_bad = tok.copy()
+        tok_bad[3], tok_bad[5] = 100, -1                     # past the vocabulary, negative
+        table = np.asarray(w.hash_table).copy()
+        table[tok[9], 1] = E                                 # an expert id past E
+        if tok[9] in tok_bad[np.arange(T) != 9]:
+            pytest.skip("another token shares token 9's table row")
+        bad_w = jn.MoEWeights(**{**w.__dict__, "hash_table": jnp.asarray(table)})
+        out = np.asarray(f(x, bad_w, tok_bad))
+        nan_rows = np.isnan(out).all(axis=1)
+        np.testing.assert_array_equal(np.flatnonzero(nan_rows), [3, 5, 9])
+        assert not np.isnan(out[~nan_rows]).any()
+        np.testing.assert_allclose(out[~nan_rows], good[~nan_rows], rtol=1e-6, atol=1e-6)
+        ids, rw = jax.jit(lambda x, w, t: jn.route(x, w, c, token_ids=t))(x, bad_w, tok_bad)
+        np.testing.assert_array_equal(np.asarray(ids)[[3, 5, 9]], -1)
+        assert np.isnan(np.asarray(rw)[[3, 5, 9]]).all()
+
+    def test_router_bias_wrong_shape_named(self, rng):
+        w = quantized(float_layer(rng, shared=False))
+        for bias in (jnp.zeros((E + 1,)), jnp.zeros((1, E)), jnp.zeros(())):
+            bad = jn.MoEWeights(**{**w.__dict__, "router_bias": bias})
+            with pytest.raises(ValueError, match=r"weights.router_bias: expected shape \[8\]"):
+                jn.moe(jnp.ones((4, H)), bad, cfg(n_shared_experts=0), backend="reference")
+
+    def test_static_input_scales_wrong_shape_or_value_named(self, rng):
+        f = float_layer(rng)
+        ok = dict(w13_input_scale=np.full(E, 0.01, np.float32),
+                  w2_input_scale=np.full(E, 0.01, np.float32),
+                  shared_w13_input_scale=np.float32(0.01), shared_w2_input_scale=np.float32(0.01))
+        c = cfg(activation_scale="static")
+        x = jnp.ones((4, H))
+        jn.moe(x, quantized(f, **ok), c, backend="reference")           # the good case runs
+        for name, v, msg in (
+                ("w13_input_scale", np.ones((E, 2), np.float32), r"expected shape \[8\]"),
+                ("w2_input_scale", np.ones((E + 1,), np.float32), r"expected shape \[8\]"),
+                ("shared_w13_input_scale", np.ones((2,), np.float32),
+                 r"expected shape \[\] or \[1\]"),
+                ("w2_input_scale", np.zeros((E,), np.float32),
+                 "static input scales must be finite"),
+                ("shared_w2_input_scale", np.float32(np.nan), "static input scales must be")):
+            with pytest.raises(ValueError, match=f"weights.{name}: {msg}"):
+                jn.moe(x, quantized(f, **{**ok, name: v}), c, backend="reference")

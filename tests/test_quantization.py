@@ -136,6 +136,76 @@ class TestHandWorked:
         np.testing.assert_array_equal(dq[48:], 1.0)                   # other blocks untouched
 
 
+def x64():
+    """A context with 64-bit types on (jax.enable_x64 on jax >= 0.10, the experimental one before)."""
+    if hasattr(jax, "enable_x64"):
+        return jax.enable_x64(True)
+    from jax.experimental import enable_x64
+    return enable_x64()
+
+
+class TestOutOfRange:
+    """Issue 23, item 6: tiny, zero and huge scales have a defined result, never a silent 0."""
+
+    @pytest.mark.parametrize("amax", [1e-36, 3e-38, 2e-38])
+    def test_tiny_amax_global_scale_never_zero(self, amax):
+        x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32) * np.float32(amax)
+        t = jn.quantize(jnp.asarray(x))
+        assert float(t.global_scale) == 2.0**-126                    # the floor, not 0
+        dq = np.asarray(jn.dequantize(t), np.float64)
+        # (XLA on CPU flushes float32 subnormals to 0: values below 2^-126 may read as 0)
+        np.testing.assert_allclose(dq, dequant64(t.data, t.scales, t.global_scale), rtol=1e-7,
+                                   atol=2.0**-126)
+        assert np.abs(dq).max() > 0
+        assert np.abs(dq - x).max() <= amax / 5 + 2.0**-126   # NVFP4: <= 1/6 of the block amax
+
+    def test_global_scale_floor_keeps_normal_inputs_bit_exact(self, rng):
+        # at and above 2688 * 2^-126 the scale is amax / 2688 as before (and JAX's quantizer)
+        x = rng.standard_normal((4, 64)).astype(np.float32)
+        x *= np.float32(2688 * 2.0**-126 * 4) / np.abs(x).max()
+        t = jn.quantize(jnp.asarray(x))
+        assert float(t.global_scale) == np.float32(np.abs(x).max() / np.float32(2688))
+        codes, scales = oracle_quantize(x, t.global_scale)
+        np.testing.assert_array_equal(codes_of(t), codes)
+        np.testing.assert_array_equal(np.asarray(t.scales).view(np.uint8), scales)
+
+    @pytest.mark.parametrize("gs", [0.0, -0.5, np.nan, np.inf, 1e-40])
+    def test_static_global_scale_zero_or_invalid_rejected(self, gs):
+        with pytest.raises(ValueError, match=r"global_scale: expected a finite float32 >= 2\^-126"):
+            jn.quantize(jnp.ones((2, 32)), gs)
+        with pytest.raises(ValueError, match="global_scale: expected a finite"):
+            jn.stage_activation(jnp.ones((2, 32)), gs)
+
+    @pytest.mark.parametrize("gs", [0.0, -0.5, np.nan, np.inf])
+    def test_traced_invalid_global_scale_gives_nan(self, gs):
+        f = jax.jit(lambda x, s: jn.dequantize(jn.quantize(x, s)))
+        assert np.all(np.isnan(np.asarray(f(jnp.ones((2, 32)), jnp.float32(gs)))))
+        ok = jn.dequantize(jn.quantize(jnp.ones((2, 32)), 0.5))
+        np.testing.assert_array_equal(np.asarray(f(jnp.ones((2, 32)), jnp.float32(0.5))), ok)
+
+    def test_float64_beyond_float32_range(self):
+        with x64():
+            x = np.linspace(-1, 1, 64).reshape(2, 32) * 1e40
+            x[1, 3] = np.inf
+            t = jn.quantize(jnp.asarray(x))
+            assert t.global_scale.dtype == jnp.float32
+            assert float(t.global_scale) == np.float32(1e40 / 2688)
+            dq = np.asarray(jn.dequantize(t, jnp.float64))
+            np.testing.assert_allclose(dq, dequant64(t.data, t.scales, t.global_scale), rtol=1e-7)
+            finite = np.isfinite(x)
+            assert np.abs(dq - x)[finite].max() <= 1e40 / 5
+            assert dq[1, 3] == 2688 * np.float64(np.float32(t.global_scale))   # +Inf saturates
+            # past 2688 * FLT_MAX the global scale saturates at FLT_MAX, and so do the values
+            big = jn.quantize(jnp.asarray(np.full((1, 32), 1e300)))
+            assert float(big.global_scale) == np.finfo(np.float32).max
+            assert np.all(np.asarray(jn.dequantize(big, jnp.float64)) == 2688 *
+                          np.float64(np.finfo(np.float32).max))
+            # float32 input still matches the float32 path bit for bit
+            y = np.linspace(-3, 3, 64, dtype=np.float32).reshape(2, 32)
+            a, b = jn.quantize(jnp.asarray(y)), jn.quantize(jnp.asarray(y, jnp.float64))
+            np.testing.assert_array_equal(np.asarray(a.data), np.asarray(b.data))
+
+
 class TestOldBugs:
     """One named regression test per bug of the system this project descends from."""
 

@@ -266,6 +266,31 @@ def test_hash_routed_layer(rng):
         check_both_combines(cfg, w, x, ep, token_ids=tok, ref=ref)
 
 
+@pytest.mark.parametrize("backend", ["reference", BACKEND])
+def test_hash_routed_out_of_range_ids_nan_rows_like_one_device(rng, backend):
+    """Issue 23, item 7: traced ids outside the vocabulary or table entries outside [0, E)
+    make only their token's row NaN, on 8 devices as on one; concrete ones are ValueErrors."""
+    cfg, w, x, tok = make_layer(rng, hash_vocab=50, top_k=4, shared=False)
+    tok = tok.copy()
+    tok[2], tok[11] = 50, -1
+    good_table = np.asarray(w.hash_table)
+    table = good_table.copy()
+    table[tok[20], 0] = cfg.num_experts + 3
+    w = dataclasses.replace(w, hash_table=jnp.asarray(table))
+    bad = np.isin(np.arange(len(tok)), [2, 11]) | (tok == tok[20])
+    ref = single(x, w, cfg, tok, backend)
+    np.testing.assert_array_equal(np.isnan(ref).all(1), bad)
+    out = np.asarray(run_ep(x, w, cfg, ep_mesh(8), "psum", tok, backend))
+    np.testing.assert_array_equal(np.isnan(out).all(1), bad)
+    assert_close(out[~bad], ref[~bad], f"backend={backend}")
+    mesh = ep_mesh(8)
+    with pytest.raises(ValueError, match=r"weights.hash_table: expert ids must lie in \[0, 16\)"):
+        jn.moe_expert_parallel(x, w, cfg, mesh, token_ids=np.abs(tok) % 50, backend=backend)
+    w = dataclasses.replace(w, hash_table=jnp.asarray(good_table))
+    with pytest.raises(ValueError, match=r"token_ids: expected ids in \[0, 50\)"):
+        jn.moe_expert_parallel(x, w, cfg, mesh, token_ids=tok, backend=backend)
+
+
 def test_grouped_topk_v3_style(rng):
     cfg, w, x, _ = make_layer(rng, scoring_func="sigmoid", n_group=4, topk_group=2, top_k=4,
                               swiglu_limit=None)

@@ -1,0 +1,139 @@
+"""Every public op with its NVFP4 operands as jit arguments and as closed-over constants.
+
+A module-level ``weights`` captured by a jitted function becomes a compile-time constant, and
+XLA constant-folds what depends only on it. On jax 0.10 the CPU folding of a sub-byte bitcast
+(uint8 -> float4_e2m1fn) gave wrong values, so dequantize, the reference GEMM and the MoE layer
+disagreed with themselves (issue 23, item 1). Codes are now decoded with integer operations;
+these tests compare both ways bit for bit (and the argument way against a float64 oracle), on
+the CPU and, where one is present, on the GPU.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_nvfp4 as jn
+from jax_nvfp4 import _extension
+from conftest import cpu_devices, gpu_devices, skip_or_fail
+from oracles import dequant64, grouped_gemm64, rel_err
+
+
+@pytest.fixture(params=["cpu", "gpu"])
+def device(request):
+    if request.param == "cpu":
+        return jax.devices("cpu")[0]
+    devs = gpu_devices()
+    if not devs:
+        skip_or_fail("no GPU: closed-over constants are not checked on the GPU")
+    return devs[0]
+
+
+def both_ways(device, f, *args):
+    """``(jit(f)(*args), jit(lambda: f(*args))())`` on ``device``: arguments vs constants."""
+    with jax.default_device(device):
+        args = jax.device_put(args, device)
+        as_args = jax.jit(f)(*args)
+        closed = jax.jit(lambda: f(*args))()
+    return jax.tree.map(np.asarray, as_args), jax.tree.map(np.asarray, closed)
+
+
+def assert_same(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        assert x.dtype == y.dtype
+        np.testing.assert_array_equal(x.view(np.uint8) if x.dtype.itemsize == 1 else x,
+                                      y.view(np.uint8) if y.dtype.itemsize == 1 else y)
+
+
+def weights(rng, g=2, n=128, k=128):
+    w = rng.standard_normal((g, n, k)).astype(np.float32) * rng.uniform(0.5, 4, (g, 1, 1))
+    return jax.vmap(jn.quantize)(jnp.asarray(w))
+
+
+def test_dequantize_closed_over_constant(device, rng):
+    t = weights(rng)
+    a, c = both_ways(device, jn.dequantize, t)
+    assert_same(a, c)
+    np.testing.assert_allclose(a, dequant64(t.data, t.scales, t.global_scale), rtol=1e-6)
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_quantize_closed_over_constant(device, rng, static):
+    x = rng.standard_normal((6, 96)).astype(np.float32) * 3
+    x[2, 5], x[4, 40] = np.inf, np.nan
+    gs = 0.002 if static else None
+    a, c = both_ways(device, lambda x: jn.quantize(x, gs), jnp.asarray(x))
+    assert_same(a, c)
+    ref = jn.quantize(jnp.asarray(x), gs)                     # eager: nothing folded
+    assert_same(a, jax.tree.map(np.asarray, ref))
+
+
+@pytest.mark.parametrize("layout", ["checkpoint", "sm90"])
+def test_prepare_weights_closed_over_constant(device, rng, layout):
+    t = weights(rng)
+    start = t if layout == "sm90" else jn.prepare_weights(t)
+    a, c = both_ways(device, lambda t: jn.prepare_weights(t, layout), start)
+    assert_same(a, c)
+
+
+@pytest.mark.parametrize("backend", ["reference", "ffi"])
+@pytest.mark.parametrize("lhs_kind", ["bf16", "nvfp4"])
+@pytest.mark.parametrize("layout", ["checkpoint", "sm90"])
+def test_grouped_gemm_closed_over_constant(device, rng, backend, lhs_kind, layout):
+    if backend == "ffi" and (not _extension.available()
+                             or (device.platform == "gpu" and not _extension.has_cuda())):
+        skip_or_fail("the custom call is not built for this platform")
+    rhs = weights(rng, g=3)
+    x = rng.standard_normal((40, 128)).astype(np.float32)
+    sizes = [10, 0, 25]
+    if lhs_kind == "nvfp4":
+        lhs = jn.quantize(jnp.asarray(x))
+        a64 = dequant64(lhs.data, lhs.scales, lhs.global_scale)
+    else:
+        lhs = jnp.asarray(x, jnp.bfloat16)
+        a64 = np.asarray(lhs, np.float64)
+    ref = grouped_gemm64(a64, dequant64(rhs.data, rhs.scales),
+                         np.asarray(rhs.global_scale, np.float64), sizes)
+    if layout == "sm90":
+        rhs = jn.prepare_weights(rhs)
+    f = lambda a, w, s: jn.grouped_gemm(a, w, s, out_dtype=jnp.float32,  # noqa: E731
+                                        backend=backend)
+    a, c = both_ways(device, f, lhs, rhs, jnp.asarray(sizes, jnp.int32))
+    assert_same(a, c)
+    assert rel_err(a, ref) <= 1e-5
+
+
+def small_layer(rng, activation):
+    e, h, i = 4, 128, 128
+    cfg = jn.MoEConfig(num_experts=e, top_k=2, hidden_size=h, intermediate_size=i,
+                       n_shared_experts=1, activation=activation)
+    n = lambda *s: (rng.standard_normal(s) * 0.1).astype(np.float32)  # noqa: E731
+    w = jn.quantize_moe(n(e, h), n(e, 2 * i, h), n(e, h, i), router_bias=n(e),
+                        shared_w13=n(2 * i, h), shared_w2=n(h, i))
+    return cfg, w, jnp.asarray(rng.standard_normal((12, h)), jnp.bfloat16)
+
+
+@pytest.mark.parametrize("backend", ["reference", "ffi"])
+@pytest.mark.parametrize("activation", ["w4a4", "w4a16"])
+def test_moe_closed_over_constant(device, rng, backend, activation):
+    if backend == "ffi" and (not _extension.available()
+                             or (device.platform == "gpu" and not _extension.has_cuda())):
+        skip_or_fail("the custom call is not built for this platform")
+    cfg, w, x = small_layer(rng, activation)
+    a, c = both_ways(device, lambda x, w: jn.moe(x, w, cfg, backend=backend), x, w)
+    assert_same(a, c)
+
+
+def test_moe_expert_parallel_closed_over_constant(rng):
+    cfg, w, x = small_layer(rng, "w4a4")
+    mesh = jax.make_mesh((4,), ("ep",), devices=cpu_devices(4),
+                         axis_types=(jax.sharding.AxisType.Explicit,))
+    ws = jn.shard_moe_weights(w, mesh)
+    f = lambda x, w: jn.moe_expert_parallel(x, w, cfg, mesh, backend="reference")  # noqa: E731
+    with jax.default_device(cpu_devices(1)[0]):
+        as_args = np.asarray(jax.jit(f)(x, ws))
+        closed = np.asarray(jax.jit(lambda: f(x, ws))())
+        single = np.asarray(jax.jit(lambda x, w: jn.moe(x, w, cfg, backend="reference"))(x, w))
+    np.testing.assert_array_equal(as_args, closed)
+    np.testing.assert_allclose(as_args.astype(np.float32), single.astype(np.float32),
+                               rtol=2e-2, atol=2e-2)
