@@ -1,6 +1,7 @@
 """Benchmark and check of the expert-parallel MoE layer on the devices present.
 
-    python -m jax_nvfp4.bench_ep [--tokens 256,8192] [--ep 8] [--capacity-factor 1.25|none] [--out bench-ep-out]
+    python -m jax_nvfp4.bench_ep [--tokens 256,8192] [--ep 8] [--capacity-factor 1.25|none]
+        [--out bench-ep-out]
 
 DeepSeek-V4-Pro layer shapes (H 7168, I 3072, 384 experts, top-6, one shared expert) with random
 NVFP4 weights. Per token count it runs the layer on one device (:func:`jax_nvfp4.moe`, all

@@ -123,11 +123,6 @@ def local_weights(weights: moe_params.MoEWeights, start, count):
                                                      "w2_input_scale")})
 
 
-def _time(name, f, *args, **kw):
-    """Median ms of ``f(*args)`` (``name`` only labels the call; tests replace ``time_ms``)."""
-    return time_ms(f, *args, **kw)
-
-
 def run_layer_cases(args, backend, dev, log=print):
     """The per-GPU shard: layer, its GEMMs and the reference, per token count and activation."""
     results = []
@@ -148,14 +143,14 @@ def run_layer_cases(args, backend, dev, log=print):
             def layer(x, w, cfg=cfg):
                 return moe(x, w, cfg, backend=backend)
 
-            layer_ms = _time("layer", jax.jit(layer), x, weights, **timing)
+            layer_ms = time_ms(jax.jit(layer), x, weights, **timing)
             if t == args.hlo_tokens:   # which kernels the layer runs: the fusion work's map
                 path = os.path.join(args.out, f"layer_hlo_T{t}_{activation}.txt")
                 with open(path, "w") as fh:
                     fh.write(jax.jit(layer).lower(x, weights).compile().as_text())
             (g1, a1), (g2, a2) = gemm_cases(x, token_of, sizes, weights, cfg, backend)
-            gemm1_ms = _time("gemm1", g1, *a1, **timing)
-            gemm2_ms = _time("gemm2", g2, *a2, **timing)
+            gemm1_ms = time_ms(g1, *a1, **timing)
+            gemm2_ms = time_ms(g2, *a2, **timing)
             del a1, a2
             gemm_ms = gemm1_ms + gemm2_ms
             r = {"tokens": t, "rows": rows, "activation": activation, "layer_ms": layer_ms,
@@ -168,7 +163,7 @@ def run_layer_cases(args, backend, dev, log=print):
                 def reference(x, w, cfg=cfg):
                     return moe(x, w, cfg, backend="reference")
                 try:
-                    r["reference_ms"] = _time("reference", jax.jit(reference), x, weights,
+                    r["reference_ms"] = time_ms(jax.jit(reference), x, weights,
                                               target_s=args.target_s, repeats=min(3, args.repeats))
                 except Exception as e:  # noqa: BLE001 - e.g. out of memory: say so, go on
                     r["reference_error"] = f"{type(e).__name__}: {str(e)[:200]}"
@@ -202,7 +197,7 @@ def run_expert_parallel(args, backend, dev, log=print):
     def routing(x, w):
         return route(x, w, base)
 
-    route_ms = _time("route", jax.jit(routing), x, weights, **timing)
+    route_ms = time_ms(jax.jit(routing), x, weights, **timing)
     for activation in args.activations:
         cfg = dataclasses.replace(base, activation=activation)
 
@@ -213,12 +208,12 @@ def run_expert_parallel(args, backend, dev, log=print):
             return sharding.local_routed_experts(x, w, cfg, device_index=0, devices=args.ep,
                                                  backend=backend, capacity_factor=cf)
 
-        single_ms = _time("single", jax.jit(single), x, weights, **timing)
-        share_ms = _time("share", jax.jit(share), x, mine, **timing)
+        single_ms = time_ms(jax.jit(single), x, weights, **timing)
+        share_ms = time_ms(jax.jit(share), x, mine, **timing)
         def share_all_rows(x, w):
             return share(x, w, cf=None)
 
-        all_rows_ms = _time("share_all_rows", jax.jit(share_all_rows), x, mine, **timing)
+        all_rows_ms = time_ms(jax.jit(share_all_rows), x, mine, **timing)
         r = {"tokens": t, "activation": activation, "experts": total, "ep": args.ep,
              "local_experts": args.experts, "own_rows": own, "rows": t * args.top_k,
              "rows_run": next(n for n in ladder if n >= own),
@@ -227,9 +222,9 @@ def run_expert_parallel(args, backend, dev, log=print):
              "share_ms": share_ms, "share_all_rows_ms": all_rows_ms,
              "ratio": share_ms / (single_ms / args.ep), "route_ms": route_ms}
         out.append(r)
-        log(f"  T={t} {activation:5s}: one device of {args.ep} ({own} own rows of {t * args.top_k}, "
-            f"runs {r['rows_run']}): {share_ms:8.3f} ms (all rows: {all_rows_ms:8.3f}); one device, "
-            f"{total} experts: {single_ms:8.3f} ms, /{args.ep} = {single_ms / args.ep:7.3f}; "
+        log(f"  T={t} {activation:5s}: one device of {args.ep} ({own} own rows of "
+            f"{t * args.top_k}, runs {r['rows_run']}): {share_ms:8.3f} ms (all rows: "
+            f"{all_rows_ms:8.3f}); one device, {total} experts: {single_ms:8.3f} ms, /{args.ep} = {single_ms / args.ep:7.3f}; "
             f"ratio {r['ratio']:.2f}; routing alone {route_ms:.3f} ms", flush=True)
     return out
 
