@@ -1,6 +1,7 @@
 """Benchmark and check of the expert-parallel MoE layer on the devices present.
 
-    python -m jax_nvfp4.bench_ep [--tokens 256,8192] [--ep 8] [--capacity-factor 1.25] [--out bench-ep-out]
+    python -m jax_nvfp4.bench_ep [--tokens 256,8192] [--ep 8] [--capacity-factor 1.25|none]
+        [--out bench-ep-out]
 
 DeepSeek-V4-Pro layer shapes (H 7168, I 3072, 384 experts, top-6, one shared expert) with random
 NVFP4 weights. Per token count it runs the layer on one device (:func:`jax_nvfp4.moe`, all
@@ -79,6 +80,10 @@ def collective_fn(mesh, combine, axis_name="ep"):
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(axis_name), out_specs=out_spec))
 
 
+def _capacity_factor(text):
+    return None if text.lower() == "none" else float(text)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", default="256,8192", help="comma list of token counts T")
@@ -93,8 +98,10 @@ def main(argv=None):
                    help="weight layout (sm90: prepared once at load time, the fast path)")
     p.add_argument("--rtol", type=float, default=1e-5,
                    help="bound on |EP - single| relative to the row's largest |output|")
-    p.add_argument("--capacity-factor", type=float, default=None,
-                   help="moe_expert_parallel's capacity_factor (default: none, all rows per device)")
+    p.add_argument("--capacity-factor", type=_capacity_factor,
+                   default=sharding.DEFAULT_CAPACITY_FACTOR,
+                   help="moe_expert_parallel's capacity_factor (default: the layer's, "
+                        f"{sharding.DEFAULT_CAPACITY_FACTOR}; 'none': all rows on every device)")
     p.add_argument("--out", default=None, help="folder for bench_ep.json")
     args = p.parse_args(argv)
 

@@ -19,6 +19,7 @@ its own factor on the float32 GEMM output, never by re-rounding block scales.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -45,12 +46,19 @@ def _row_global_scale(x: jax.Array) -> jax.Array:
 
 
 def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, config, backend,
-                 rows_hint=None):
+                 rows_hint=None, gather=None):
     """One grouped GEMM over rows sorted by (local) expert; float32 ``[R, N]`` out.
 
     ``in_scale`` is the static per-expert activation scale float32 ``[G]`` (W4A4 static) or
-    None. Rows whose expert id is G (not local) lie past the groups and come out 0.
+    None. Rows whose expert id is G (not local) lie past the groups and come out 0. ``gather``:
+    None, or int32 ``[R]``: the GEMM's rows are ``x_rows[gather]`` (the dispatch). A dynamic
+    W4A4 input is then quantized once per row of x_rows when there are no more of those than R,
+    and the packed rows gathered: the same numbers (a row's scale is its own amax), ``top_k``
+    times fewer bytes quantized than quantizing each token once per chosen expert.
     """
+    if gather is not None and not (config.activation == "w4a4" and in_scale is None
+                                   and x_rows.shape[0] <= gather.shape[0]):
+        x_rows, gather = x_rows[gather], None
     g = w.data.shape[0]
     gs = w.global_scale.astype(jnp.float32)
     per_half = gs.ndim == 2                            # [G, 2]: gate and up differ
@@ -64,6 +72,9 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
             q_scale = row_scale = _row_global_scale(x_rows)
         q = jax.vmap(quantize)(x_rows, q_scale)
         lhs = NVFP4Tensor(q.data, q.scales, jnp.float32(1.0))
+        if gather is not None:                         # quantized per token, then dispatched
+            lhs = NVFP4Tensor(q.data[gather], q.scales[gather], jnp.float32(1.0))
+            row_scale = row_scale[gather]
     else:
         # A real bf16 rounding (the kernel's operand type) in every backend: without the barrier
         # XLA may keep excess precision for the reference backend on GPU.
@@ -92,6 +103,16 @@ def _static_scale(weights, name, config, shape=None):
     return v if shape is None else v.reshape(shape)
 
 
+def row_ladder(capacity: int, rows: int) -> tuple:
+    """The static row counts :func:`routed_experts` may run: ``capacity`` doubled until it
+    reaches ``rows`` (the last is ``rows``), e.g. ``(30, 60, 120, 192)`` for 30 and 192."""
+    sizes = []
+    while capacity < rows:
+        sizes.append(capacity)
+        capacity *= 2
+    return tuple(sizes) + (rows,)
+
+
 def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: MoEConfig, *,
                    expert_offset=0, backend="auto", capacity=None):
     """Run the routed experts held in ``weights`` (experts ``expert_offset ..`` + local count).
@@ -101,11 +122,13 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
       expert_ids: int32 ``[T, top_k]`` *global* expert ids; route_weights float32 ``[T, top_k]``.
       weights: w13 ``[L, 2I, H]``, w2 ``[L, H, I]`` (L local experts) and their input scales.
       expert_offset: global id of local expert 0 (a traced value inside shard_map is fine).
-      capacity: None, or a static int ``C`` < ``T * top_k``: the (token, expert) rows are sorted
-        local-first, and when at most C of them are local only the first C rows go through
-        dispatch, the GEMMs, SwiGLU and requantization (under expert parallelism most rows belong
-        to other devices' experts). When more than C are local, all ``T * top_k`` rows are run
-        instead (``lax.cond``), so the result never depends on C: nothing is dropped.
+      capacity: None, or a static int ``C`` >= 1: the (token, expert) rows are sorted
+        local-first and only the first ``n`` of them go through dispatch, the GEMMs, SwiGLU,
+        requantization and the combine, ``n`` the smallest of ``row_ladder(C, T * top_k)``
+        (``C, 2C, 4C, ..., T * top_k``) that holds every local row (``lax.switch``): the work
+        follows the local rows within a factor of 2 (under expert parallelism most rows belong
+        to other devices' experts), and the result never depends on C: nothing is dropped, and
+        each row and each sum is computed the same way whichever size runs.
 
     Returns:
       float32 ``[T, H]``: the weighted sum over each token's chosen experts that are local
@@ -135,10 +158,9 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
 
     def run_rows(n):
         """The first n sorted rows (every local row among them): [T, H] float32."""
-        xs = x[token_of[:n]]                             # [n, H] dispatch
-        h1 = _expert_gemm(xs, row_expert[:n], weights.w13,
+        h1 = _expert_gemm(x, row_expert[:n], weights.w13,            # dispatch: x[token_of[:n]]
                           _static_scale(weights, "w13_input_scale", config), group_sizes, config,
-                          backend, hint)
+                          backend, hint, gather=token_of[:n])
         act = swiglu(h1, config.swiglu_limit)
         y = _expert_gemm(act, row_expert[:n], weights.w2,
                          _static_scale(weights, "w2_input_scale", config), group_sizes, config,
@@ -152,8 +174,9 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
 
     if capacity is None or capacity >= t * k:
         return run_rows(t * k)
-    n_local = jnp.sum(group_sizes)
-    return jax.lax.cond(n_local <= capacity, lambda: run_rows(capacity), lambda: run_rows(t * k))
+    sizes = row_ladder(capacity, t * k)
+    rung = jnp.sum(jnp.asarray(sizes[:-1], jnp.int32) < jnp.sum(group_sizes))  # first that fits
+    return jax.lax.switch(rung, [functools.partial(run_rows, n) for n in sizes])
 
 
 def shared_expert(x, weights: MoEWeights, config: MoEConfig, *, backend="auto"):

@@ -6,9 +6,10 @@ ones (``global - axis_index * experts_per_device``; local weights are never inde
 global ids), runs its experts, and the partial outputs are summed over the axis. The shared
 expert runs once in total: each device computes it for its own slice of the tokens and adds it
 into the sum. Activation scales are per row (dynamic) or per expert (static), so the answer
-does not depend on the number of devices (see :mod:`jax_nvfp4.moe`). With ``capacity_factor``
-each device runs only a static share of the routed rows (its own, sorted first) when they fit,
-and all of them when they do not: the result is the same either way.
+does not depend on the number of devices (see :mod:`jax_nvfp4.moe`). Each device runs only
+about as many routed rows as its own experts received (its own, sorted first): the smallest of
+``C, 2C, 4C, ..., T * top_k`` rows that holds them, ``C = ceil(capacity_factor * T * top_k /
+devices)``; the result is the same whichever size runs.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from .moe_params import MoEConfig, MoEWeights
 from .routing import check_token_ids, route
 
 COMBINES = ("psum", "psum_scatter")
+DEFAULT_CAPACITY_FACTOR = 1.25
+"""``moe_expert_parallel``'s default: the first row count a device runs is 1.25x its even share."""
 _EXPERT_FIELDS = ("w13", "w2", "w13_input_scale", "w2_input_scale")
 
 
@@ -66,9 +69,45 @@ def shard_moe_weights(weights: MoEWeights, mesh: jax.sharding.Mesh, axis_name: s
     return jax.tree.map(lambda v, s: jax.device_put(v, NamedSharding(mesh, s)), weights, specs)
 
 
+def device_capacity(tokens: int, top_k: int, devices: int, capacity_factor) -> int | None:
+    """The first (smallest) row count one device runs: ``ceil(capacity_factor * tokens * top_k
+    / devices)``, or None (all ``tokens * top_k`` rows) for ``capacity_factor=None``."""
+    if capacity_factor is None:
+        return None
+    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, numbers.Real) \
+            or not math.isfinite(capacity_factor) or capacity_factor <= 0:
+        raise ValueError(f"capacity_factor: expected a finite number > 0 or None, got "
+                         f"{capacity_factor!r}")
+    return max(1, math.ceil(capacity_factor * tokens * top_k / devices))
+
+
+def local_routed_experts(x, weights: MoEWeights, config: MoEConfig, *, device_index, devices: int,
+                         token_ids=None, backend: str = "auto",
+                         capacity_factor: float | None = DEFAULT_CAPACITY_FACTOR):
+    """What one device of :func:`moe_expert_parallel` computes for its routed experts, before
+    the combine (also usable outside ``shard_map``, e.g. to time one device's share on one GPU).
+
+    Args:
+      x: ``[T, H]`` all tokens.
+      weights: this device's :class:`MoEWeights`: its ``num_experts / devices`` experts (w13,
+        w2 and their input scales), the full router (and hash table).
+      device_index: this device's index on the expert axis (int or traced int32).
+      devices: the axis size.
+
+    Returns:
+      float32 ``[T, H]``: the routed experts' output restricted to this device's experts.
+    """
+    local_e = config.num_experts // devices
+    ids, rw = route(x, weights, config, token_ids if weights.hash_table is not None else None)
+    capacity = device_capacity(x.shape[0], config.top_k, devices, capacity_factor)
+    return routed_experts(x, ids, rw, weights, config, expert_offset=device_index * local_e,
+                          backend=backend, capacity=capacity)
+
+
 def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sharding.Mesh, *,
                         axis_name: str = "ep", combine: str = "psum", token_ids=None,
-                        backend: str = "auto", capacity_factor: float | None = None):
+                        backend: str = "auto",
+                        capacity_factor: float | None = DEFAULT_CAPACITY_FACTOR):
     """The MoE layer with experts spread over ``mesh`` axis ``axis_name`` (``jax.shard_map``).
 
     Args:
@@ -79,13 +118,15 @@ def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sha
       combine: "psum" -> replicated ``[T, H]``; "psum_scatter" -> ``[T, H]`` sharded on tokens
         along the axis (half the traffic; T must be divisible by the axis size).
       token_ids: int ``[T]`` for hash-routed layers.
-      capacity_factor: None (default: every device runs its experts' GEMMs over all ``T *
-        top_k`` routed rows, the other devices' rows lying past the groups, and dispatch,
-        SwiGLU, requantization and combine touch all of them) or a float > 0: each device
-        processes only ``ceil(capacity_factor * T * top_k / devices)`` rows (its own, sorted
-        first) whenever its experts received no more than that, and all rows otherwise
-        (``lax.cond`` per device). Exact either way (no token is dropped); it trades the dead
-        rows' memory traffic for a data-dependent branch. 1.25-1.5 covers near-uniform routing.
+      capacity_factor: a float > 0 (default 1.25): each device sorts the ``T * top_k`` routed
+        rows with its own first and runs dispatch, both GEMMs, SwiGLU, requantization and the
+        combine over the first ``n`` of them only, ``n`` the smallest of ``C, 2C, 4C, ...,
+        T * top_k`` that holds all its own rows, ``C = ceil(capacity_factor * T * top_k /
+        devices)`` (``lax.switch`` per device, every size compiled). Exact whatever the routing
+        (nothing is dropped, and the answer does not depend on which size runs); the work follows
+        the device's own rows within a factor of 2 when routing is skewed, and is ``C`` rows when
+        it is near even. None: every device runs all ``T * top_k`` rows (no data-dependent
+        branch; the other devices' rows lie past the groups and are zeros).
 
     Returns:
       ``[T, H]`` in x's dtype, equal to :func:`jax_nvfp4.moe` up to float32 summation order.
@@ -104,23 +145,15 @@ def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sha
         raise ValueError("token_ids: this layer is hash-routed (weights.hash_table is set)")
     if weights.hash_table is not None:                     # concrete ids: checked here, eagerly
         check_token_ids(token_ids, weights.hash_table, t)
-    capacity = None
-    if capacity_factor is not None:
-        if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, numbers.Real) \
-                or not math.isfinite(capacity_factor) or capacity_factor <= 0:
-            raise ValueError(f"capacity_factor: expected a finite number > 0 or None, got "
-                             f"{capacity_factor!r}")
-        capacity = max(1, math.ceil(capacity_factor * t * config.top_k / ep))
-    local_e = config.num_experts // ep
+    device_capacity(t, config.top_k, ep, capacity_factor)        # checks capacity_factor
     tslice = -(-t // ep)                                   # shared-expert tokens per device
     has_shared = weights.shared_w13 is not None
     tok = jnp.zeros((t,), jnp.int32) if token_ids is None else jnp.asarray(token_ids)
 
     def body(x, w, tok):
         idx = jax.lax.axis_index(axis_name)
-        ids, rw = route(x, w, config, tok if w.hash_table is not None else None)
-        out = routed_experts(x, ids, rw, w, config, expert_offset=idx * local_e, backend=backend,
-                             capacity=capacity)
+        out = local_routed_experts(x, w, config, device_index=idx, devices=ep, token_ids=tok,
+                                   backend=backend, capacity_factor=capacity_factor)
         if has_shared:                                     # once in total: a token slice each
             xp = jnp.pad(x, ((0, tslice * ep - t), (0, 0)))
             mine = jax.lax.dynamic_slice_in_dim(xp, idx * tslice, tslice)

@@ -29,6 +29,7 @@ def test_runs_both_combines_and_writes_json(tmp_path):
     meta = bench_ep.main(SMALL + ["--tokens", "24,20", "--ep", "8", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "bench_ep.json").read_text())
     assert saved["results"] == meta["results"] and saved["ep"] == 8
+    assert saved["config"]["capacity_factor"] == sharding.DEFAULT_CAPACITY_FACTOR   # the layer's
     by_t = {r["tokens"]: r for r in meta["results"]}
     for combine in sharding.COMBINES:
         r = by_t[24][combine]
@@ -44,6 +45,7 @@ def test_capacity_factor_is_passed_and_checked(tmp_path):
     assert meta["config"]["capacity_factor"] == 1.5
     for combine in sharding.COMBINES:
         assert meta["results"][0][combine]["within_rtol"]
+    assert bench_ep._capacity_factor("none") is None and bench_ep._capacity_factor("2") == 2.0
 
 
 @needs_devices(4)

@@ -495,3 +495,27 @@ class TestHashAndArgumentChecks:
                 ("shared_w2_input_scale", np.float32(np.nan), "static input scales must be")):
             with pytest.raises(ValueError, match=f"weights.{name}: {msg}"):
                 jn.moe(x, quantized(f, **{**ok, name: v}), c, backend="reference")
+
+
+@pytest.mark.parametrize("backend", ["reference", "ffi"])
+def test_dispatch_quantizes_each_token_once(rng, backend):
+    """W4A4 dynamic: the gate/up GEMM's input is quantized once per token and the packed rows
+    dispatched, bit for bit the GEMM of the dispatched rows quantized one by one (each row's
+    scale is its own amax); the layer's program quantizes T rows, not T * top_k."""
+    from jax_nvfp4.moe import _expert_gemm
+    f = float_layer(rng, shared=False)
+    w, c = quantized(f), cfg(n_shared_experts=0)
+    x = jnp.asarray(rng.standard_normal((T, H)), jnp.float32)
+    ids, _ = jn.route(x, w, c)
+    order = jnp.argsort(ids.reshape(-1), stable=True)
+    rows, expert = order // c.top_k, ids.reshape(-1)[order]
+    sizes = jnp.bincount(ids.reshape(-1), length=E).astype(jnp.int32)
+    run = jax.jit(lambda x, gather: _expert_gemm(
+        x, expert, w.w13, None, sizes, c, backend, gather=gather))
+    per_row = np.asarray(run(x[rows], None))
+    per_token = np.asarray(run(x, rows))
+    assert np.abs(per_row).max() > 0
+    np.testing.assert_array_equal(per_token, per_row)
+    text = jax.jit(lambda x, w: jn.moe(x, w, c, backend=backend)).lower(x, w).as_text()
+    blocks = lambda n: f"tensor<{n}x{H // 16}x16xf32>"   # noqa: E731 - quantize's block view
+    assert blocks(T) in text and blocks(T * c.top_k) not in text

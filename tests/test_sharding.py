@@ -25,7 +25,8 @@ from jax.sharding import PartitionSpec as P
 
 import jax_nvfp4 as jn
 from jax_nvfp4 import _extension
-from jax_nvfp4.moe import routed_experts
+from jax_nvfp4 import sharding
+from jax_nvfp4.moe import routed_experts, row_ladder
 from jax_nvfp4.quantization import quantize
 from conftest import cpu_devices
 
@@ -131,15 +132,20 @@ def single(x, w, cfg, token_ids=None, backend=BACKEND):
     return np.asarray(f(x, w, token_ids))
 
 
-def ep_fn(cfg, mesh, combine, backend=BACKEND):
+def ep_fn(cfg, mesh, combine, backend=BACKEND, **kw):
     return jax.jit(lambda x, w, tok: jn.moe_expert_parallel(
-        x, w, cfg, mesh, combine=combine, token_ids=tok, backend=backend))
+        x, w, cfg, mesh, combine=combine, token_ids=tok, backend=backend, **kw))
 
 
-def run_ep(x, w, cfg, mesh, combine, token_ids=None, backend=BACKEND):
+def run_ep(x, w, cfg, mesh, combine, token_ids=None, backend=BACKEND, **kw):
     ws = jn.shard_moe_weights(w, mesh)
-    out = ep_fn(cfg, mesh, combine, backend)(x, ws, token_ids)
+    out = ep_fn(cfg, mesh, combine, backend, **kw)(x, ws, token_ids)
     return out
+
+
+def default_ladder(t, k, ep):
+    """The row counts each device may run by default (moe_expert_parallel's capacity_factor)."""
+    return row_ladder(sharding.device_capacity(t, k, ep, sharding.DEFAULT_CAPACITY_FACTOR), t * k)
 
 
 def assert_close(out, ref, what=""):
@@ -413,8 +419,9 @@ def _count_ops(hlo: str, op: str) -> int:
 
 @needs_ffi
 def test_rows_hint_counts_local_rows(rng, monkeypatch):
-    """Under EP each device's GEMM sees all T*k routed rows (non-local ones past the groups); the
-    kernel-choice hint is the expected local share, ceil(T*k*L/E), not T*k. Single device: no hint.
+    """Under EP each device's GEMMs see more rows than its own (the smallest row count of its
+    ladder that holds them, or all T*k rows; the others lie past the groups); the kernel-choice
+    hint is the expected local share, ceil(T*k*L/E), in every branch. Single device: no hint.
     (The hint only feeds the heuristic at trace time; the lowered call carries its choice.)"""
     hints = []
     choose = jn.kernel_config.choose
@@ -428,10 +435,12 @@ def test_rows_hint_counts_local_rows(rng, monkeypatch):
     t, k = x.shape[0], cfg.top_k
     for ep in (2, 4, 8):
         mesh = ep_mesh(ep)
-        hints.clear()
-        ep_fn(cfg, mesh, "psum").lower(x, jn.shard_moe_weights(w, mesh), None)
         want = -(-t * k * (E // ep) // E)
-        assert hints.count(want) >= 2, (ep, hints)      # the routed L1 and L2 GEMMs
+        for kw, n in (({}, len(default_ladder(t, k, ep))), ({"capacity_factor": None}, 1)):
+            hints.clear()
+            ep_fn(cfg, mesh, "psum", **kw).lower(x, jn.shard_moe_weights(w, mesh), None)
+            # the routed L1 and L2 GEMMs of each row count, and the shared expert's (hint 0)
+            assert hints.count(want) >= 2 * n and set(hints) <= {want, 0}, (ep, kw, hints)
     hints.clear()
     jax.jit(lambda x, w: jn.moe(x, w, cfg, backend="ffi")).lower(x, w)
     assert hints and set(hints) == {0}
@@ -453,8 +462,8 @@ def test_compiled_hlo_collectives(backend, rng):
                 "collective-permute": 0, op: 1}
         assert counts == want, (combine, counts)
         ncall = hlo.count('custom_call_target="jax_nvfp4_grouped_gemm"')
-        if backend == "ffi":
-            assert ncall == 4, ncall                   # 2 routed + 2 shared GEMMs per device
+        if backend == "ffi":                           # 2 routed per row count + 2 shared
+            assert ncall == 2 * len(default_ladder(x.shape[0], cfg.top_k, 4)) + 2, ncall
         else:
             assert ncall == 0
         assert_close(compiled(x, ws, None), ref, combine)
@@ -485,7 +494,7 @@ def test_capacity_gives_the_uncapped_answer(ep, mode):
     assert hi > lo, local                  # routing uneven enough for a mixed case
     mixed = (lo + hi) / 2
     for combine in ("psum", "psum_scatter"):
-        base = np.asarray(ep_fn(cfg, mesh, combine)(x, ws, None))
+        base = np.asarray(ep_fn(cfg, mesh, combine, capacity_factor=None)(x, ws, None))
         for cf in (hi + 0.5, mixed, 0.1):
             cap = int(np.ceil(cf * share))
             short = local <= cap
@@ -500,9 +509,16 @@ def test_capacity_gives_the_uncapped_answer(ep, mode):
 
 
 @needs_ffi
+def _gemm_rows(hlo):
+    """Row counts M of the grouped-GEMM custom calls in compiled HLO text."""
+    calls = re.findall(r"= \((?:f32|bf16)\[(\d+),\d+\]\{1,0\}, u8\[\d+\]\{0\}\) custom-call\(", hlo)
+    return sorted({int(m) for m in calls})
+
+
+@needs_ffi
 def test_capacity_runs_fewer_rows(rng):
-    """The short path's GEMMs take ceil(cf * T * k / ep) rows, the fallback's all T * k (both
-    branches are compiled; a conditional picks one per device)."""
+    """The GEMMs take ceil(cf * T * k / ep) rows, twice that, ... and all T * k (every branch is
+    compiled; a conditional picks one per device)."""
     cfg, w, x, _ = make_layer(rng)
     t, k, ep = x.shape[0], cfg.top_k, 4
     mesh = ep_mesh(ep)
@@ -510,10 +526,35 @@ def test_capacity_runs_fewer_rows(rng):
                                                     capacity_factor=1.5))
     hlo = f.lower(x, jn.shard_moe_weights(w, mesh)).compile().as_text()
     cap = int(np.ceil(1.5 * t * k / ep))
-    calls = re.findall(r"= \((?:f32|bf16)\[(\d+),\d+\]\{1,0\}, u8\[\d+\]\{0\}\) custom-call\(", hlo)
-    rows = sorted({int(m) for m in calls})
-    assert cap in rows and t * k in rows, (cap, rows)
+    assert row_ladder(cap, t * k) == (48, 96, 128) == (cap, 2 * cap, t * k)
+    assert _gemm_rows(hlo) == [t // ep, cap, 2 * cap, t * k]   # shared expert: T/ep rows
     assert "conditional(" in hlo or "conditional-start(" in hlo
+
+
+@needs_ffi
+@pytest.mark.parametrize("ep", [2, 8])
+def test_default_runs_about_the_own_rows(ep, rng):
+    """By default (no capacity_factor given) a device's GEMMs, and so the dispatch, SwiGLU,
+    requantization and combine around them, run 1.25x its even share of the rows when its own
+    rows fit, not all T * k of them."""
+    cfg, w, x, _ = make_layer(rng)
+    t, k = x.shape[0], cfg.top_k
+    mesh = ep_mesh(ep)
+    hlo = ep_fn(cfg, mesh, "psum", "ffi").lower(x, jn.shard_moe_weights(w, mesh), None) \
+        .compile().as_text()
+    ladder = default_ladder(t, k, ep)
+    assert ladder[0] == int(np.ceil(1.25 * t * k / ep)) < t * k and ladder[-1] == t * k
+    assert _gemm_rows(hlo) == sorted({t // ep, *ladder})
+
+
+def test_row_ladder():
+    assert row_ladder(30, 192) == (30, 60, 120, 192)
+    assert row_ladder(48, 96) == (48, 96)
+    assert row_ladder(100, 96) == (96,) and row_ladder(1, 1) == (1,)
+    for cap, rows in ((1, 1000), (7, 49152), (7680, 49152)):
+        lad = row_ladder(cap, rows)
+        assert lad[0] == min(cap, rows) and lad[-1] == rows
+        assert all(b == 2 * a for a, b in zip(lad[:-2], lad[1:-1])) and lad[-1] <= 2 * lad[-2]
 
 
 def test_capacity_with_everything_on_one_device(rng):
@@ -528,6 +569,42 @@ def test_capacity_with_everything_on_one_device(rng):
                                                       capacity_factor=1.25))(
         x, jn.shard_moe_weights(w, mesh))
     assert_close(out, ref, "skewed, capacity_factor=1.25")
+
+
+def _skewed_layer(routing, activation, rng):
+    """16 experts, top-4, T 32 on 8 devices (2 experts each): every token picks both experts of
+    one device (device 1 by bias, device 0 by hash table), which gets 4x its even share."""
+    if routing == "hash":
+        cfg, w, x, tok = make_layer(rng, hash_vocab=40, activation=activation)
+        table = np.stack([np.concatenate([[0, 1], 2 + rng.permutation(E - 2)[:2]])
+                          for _ in range(40)]).astype(np.int32)
+        return cfg, dataclasses.replace(w, hash_table=jnp.asarray(table)), x, tok, 0
+    bias = _normal(rng, (E,), 0.05)
+    bias[2:4] += 1e3
+    cfg, w, x, _ = make_layer(rng, bias=bias, activation=activation)
+    return cfg, w, x, None, 1
+
+
+@pytest.mark.parametrize("routing", ["score", "hash"])
+@pytest.mark.parametrize("activation", ["w4a4", "w4a16"])
+def test_skewed_routing_default_is_exact(routing, activation, rng):
+    """One device receives 4x its share (the largest row count but one of its ladder), the
+    others less (the smallest or the next): by default still the single-device answer with both
+    combines, and with the custom call bit for bit the all-rows answer (capacity_factor=None)."""
+    cfg, w, x, tok, hot = _skewed_layer(routing, activation, rng)
+    t, k, ep = x.shape[0], cfg.top_k, 8
+    local = _local_rows(x, w, cfg, ep, tok)
+    ladder = default_ladder(t, k, ep)
+    rung = [next(i for i, n in enumerate(ladder) if n >= r) for r in local]
+    assert local[hot] == 2 * t and rung[hot] == len(ladder) - 2, (local, ladder)
+    assert max(r for d, r in enumerate(rung) if d != hot) < rung[hot], (local, ladder)
+    ref, outs = check_both_combines(cfg, w, x, ep, token_ids=tok)
+    if BACKEND == "ffi":
+        mesh = ep_mesh(ep)
+        ws = jn.shard_moe_weights(w, mesh)
+        for combine in ("psum", "psum_scatter"):
+            all_rows = ep_fn(cfg, mesh, combine, capacity_factor=None)(x, ws, tok)
+            np.testing.assert_array_equal(outs[combine], np.asarray(all_rows), err_msg=combine)
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "1.5"])

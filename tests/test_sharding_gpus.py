@@ -61,7 +61,8 @@ def test_expert_parallel_on_gpus_equals_one_gpu(gpus, layout, rows_per_expert):
     mesh = jax.make_mesh((ep,), ("ep",), devices=gpus)
     ws = jn.shard_moe_weights(w, mesh)
     scale = float(np.abs(ref).max())
-    # capacity_factor: None (all rows), 1.25 (short path where the local rows fit), 0.05 (fallback)
+    # capacity_factor: None (all rows), 1.25 (the default: the first size where the local rows
+    # fit), 0.05 (a long ladder of sizes, each device on a larger one)
     for combine in ("psum", "psum_scatter"):
         for cf in (None, 1.25, 0.05):
             f = jax.jit(lambda x, w, c=combine, cf=cf: jn.moe_expert_parallel(
