@@ -1,9 +1,17 @@
 // nanobind module: hands the XLA FFI handlers to Python as capsules.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <string>
 
 #include "xla/ffi/api/c_api.h"
 
 namespace nb = nanobind;
+
+// The CUDA architectures the handler was compiled for (a comma list set by CMakeLists.txt).
+#ifndef JAX_NVFP4_CUDA_ARCHS
+#define JAX_NVFP4_CUDA_ARCHS ""
+#endif
 
 extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmCpu(XLA_FFI_CallFrame* call_frame);
 #ifdef JAX_NVFP4_WITH_CUDA
@@ -35,4 +43,5 @@ NB_MODULE(_jax_nvfp4, m) {
     return false;
 #endif
   });
+  m.def("cuda_archs", []() { return std::string(JAX_NVFP4_CUDA_ARCHS); });
 }

@@ -55,6 +55,10 @@ def pack_codes(codes: jax.Array) -> jax.Array:
 
 def unpack_codes(data: jax.Array) -> jax.Array:
     """uint8 ``[..., K/2]`` -> float4_e2m1fn ``[..., K]`` (the inverse of :func:`pack_codes`)."""
+    # The barrier keeps XLA from constant-folding the bitcast when data is a compile-time constant
+    # (weights closed over by a jitted function): its folder reads each code of the [..., 2]
+    # result as a whole byte (jax 0.10.2, CPU), giving wrong codes.
+    data = jax.lax.optimization_barrier(data)
     pairs = jax.lax.bitcast_convert_type(data, jnp.float4_e2m1fn)  # [..., K/2, 2], [...,0] = low
     return pairs.reshape(data.shape[:-1] + (data.shape[-1] * 2,))
 

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _extension, quantization, reference
+from . import _extension, autodiff, quantization, reference
 from .formats import NVFP4Tensor
 
 BACKENDS = ("auto", "ffi", "reference")
@@ -63,9 +63,10 @@ def _grouped_gemm_op(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, 
 @_grouped_gemm_op.defjvp
 def _grouped_gemm_jvp(out_dtype, rows_hint, rhs_layout, primals, tangents):
     raise NotImplementedError(
-        "jax_nvfp4.grouped_gemm (backend 'ffi') is forward-only: NVFP4 weights are inference "
-        "weights and the custom call has no derivative. Use backend='reference' to differentiate "
-        "with respect to the float lhs.")
+        "jax_nvfp4.grouped_gemm (backend 'ffi'): the custom call has no derivative with respect to "
+        "an NVFP4 lhs or the NVFP4 weights (inference weights). A float lhs is differentiable "
+        "(reverse mode, jax.grad/jax.vjp; see jax_nvfp4.autodiff), and jax_nvfp4.moe quantizes "
+        "its W4A4 activations with a straight-through estimator.")
 
 
 def _w4a4_routes(out_dtype, rows_hint=0, rhs_layout="checkpoint"):
@@ -111,6 +112,7 @@ def _resolve_backend(backend: str) -> str:
     return "reference"
 
 
+@autodiff.differentiable_lhs
 def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp.bfloat16,
                  backend: str = "auto", rows_hint: int | None = None) -> jax.Array:
     """Grouped NVFP4 GEMM: one GEMM per group (expert), group sizes on the device.
@@ -140,6 +142,12 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
     On the GPU, W4A4 runs as a fused exact dequantization of the activations to bf16 followed by
     the W4A16 kernel (transient bf16 copy of lhs, ``2 * M * K`` bytes); on the CPU, and with
     ``JAX_NVFP4_KERNEL=mma`` (the older mma.sync CUDA kernel), the custom call takes W4A4 natively.
+
+    Gradients: reverse mode (``jax.grad``, ``jax.vjp``) with respect to a float lhs, on every
+    backend: row r of group g gets ``alpha_g * dy[r] @ W_g`` (:func:`jax_nvfp4.autodiff.lhs_cotangent`,
+    pure jnp on the dequantized weights: the custom call has no transposed-weight kernel). The
+    weights get zero cotangents (frozen); an NVFP4 lhs has no derivative (with backend "ffi",
+    differentiating through it raises).
 
     Returns:
       ``[M, N]`` out_dtype; row r of group g is ``alpha_g * lhs[r] @ W_g.T`` with ``alpha_g = lhs
