@@ -98,17 +98,17 @@ def _resolve_backend(backend: str) -> str:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     if backend != "auto":
         if backend == "ffi" and not _extension.available():
-            raise RuntimeError("backend='ffi': the jax_nvfp4 extension is not built "
-                               "(reinstall with a C++ compiler; see README)")
+            raise RuntimeError(f"backend='ffi': {_extension.not_built_message()}")
         return backend
     on_gpu = jax.default_backend() == "gpu"
     if _extension.available() and (not on_gpu or _extension.has_cuda()):
         return "ffi"
     if not _warned_fallback:
         _warned_fallback = True
-        what = "the CUDA handler" if _extension.available() else "the compiled extension"
-        warnings.warn(f"jax_nvfp4: {what} is not built; grouped_gemm falls back to the pure-jnp "
-                      "reference (slow)", RuntimeWarning, stacklevel=3)
+        why = ("the extension was built without the CUDA handler (no nvcc at build time)"
+               if _extension.available() else _extension.not_built_message())
+        warnings.warn(f"jax_nvfp4: grouped_gemm falls back to the pure-jnp reference (slow): {why}",
+                      RuntimeWarning, stacklevel=3)
     return "reference"
 
 

@@ -503,6 +503,7 @@ def test_grad_oracle_matches_finite_differences(rng):
     np.testing.assert_allclose(np_moe_grad(x, w, c, ct, exact=True), fd, rtol=1e-6, atol=1e-8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["reference", "ffi"])
 @pytest.mark.parametrize("activation,scale", CASES)
 def test_grad_wrt_x_against_float64(rng, backend, activation, scale):

@@ -31,6 +31,7 @@ def leaves_equal(a, b):
         for u, v in zip(la, lb))
 
 
+@pytest.mark.slow
 def test_nnx_model_trains_around_the_frozen_moe(rng):
     nnx = pytest.importorskip("flax.nnx")
     optax = pytest.importorskip("optax")
@@ -71,6 +72,7 @@ def test_nnx_model_trains_around_the_frozen_moe(rng):
     assert leaves_equal(nnx.state(model, FrozenWeights), before)
 
 
+@pytest.mark.slow
 def test_linen_module(rng):
     nn = pytest.importorskip("flax.linen")
     from jax_nvfp4.nn.linen import COLLECTION, MoE
@@ -96,6 +98,7 @@ def test_linen_module(rng):
     assert np.any(np.asarray(g["Dense_0"]["kernel"]))
 
 
+@pytest.mark.slow
 def test_equinox_module(rng):
     eqx = pytest.importorskip("equinox")
     from jax_nvfp4.nn.eqx import MoE, trainable
