@@ -76,5 +76,6 @@ def pytest_collection_modifyitems(config, items):
             src = inspect.getsource(item.function)
         except (OSError, TypeError):
             src = ""
-        if "cpu_devices(" in src or "gpus" in item.path.name or "bench_ep" in item.path.name:
+        if ("cpu_devices(" in src or item.path.name.startswith("test_sharding")
+                or "bench_ep" in item.path.name):
             item.add_marker(pytest.mark.multidevice)
