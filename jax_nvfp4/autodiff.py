@@ -29,6 +29,24 @@ from .quantization import e2m1_scaled
 from .reference import group_bounds, row_groups
 
 
+@jax.custom_batching.custom_vmap
+def _ragged_dot(d, w, sizes):
+    """``jax.lax.ragged_dot`` in float32 that also batches when only some operands are batched."""
+    return jax.lax.ragged_dot(d, w, sizes, precision=jax.lax.Precision.HIGHEST,
+                              preferred_element_type=jnp.float32)
+
+
+@_ragged_dot.def_vmap
+def _ragged_dot_vmap(axis_size, in_batched, d, w, sizes):
+    # ragged_dot's own batching rule needs every operand batched (the weights would be copied
+    # per batch element); one call per element instead, as the custom call's vmap does.
+    def one(i):
+        pick = lambda v, batched: v[i] if batched else v  # noqa: E731
+        return _ragged_dot(*(pick(v, b) for v, b in zip((d, w, sizes), in_batched)))
+
+    return jax.lax.map(one, jnp.arange(axis_size)), True
+
+
 def lhs_cotangent(dy: jax.Array, rhs: NVFP4Tensor, group_sizes: jax.Array) -> jax.Array:
     """The cotangent of a grouped GEMM's float lhs, pure jnp.
 
@@ -52,9 +70,7 @@ def lhs_cotangent(dy: jax.Array, rhs: NVFP4Tensor, group_sizes: jax.Array) -> ja
     # As in reference.grouped_gemm: ragged_dot may mix groups through products with 0, so it runs
     # on finite weights and a group with a NaN weight gets NaN rows back.
     nan = jnp.isnan(w)
-    dx = jax.lax.ragged_dot(d, jnp.where(nan, 0.0, w), (ends - starts).astype(jnp.int32),
-                            precision=jax.lax.Precision.HIGHEST,
-                            preferred_element_type=jnp.float32)
+    dx = _ragged_dot(d, jnp.where(nan, 0.0, w), (ends - starts).astype(jnp.int32))
     return jnp.where((jnp.any(nan, axis=(1, 2))[gid] & valid)[:, None], jnp.nan, dx)
 
 
@@ -88,9 +104,8 @@ def frozen_weights(forward, x: jax.Array, rhs: NVFP4Tensor, group_sizes: jax.Arr
       rhs, group_sizes: as for :func:`jax_nvfp4.grouped_gemm`; zero cotangents.
       aux: any pytree of arrays ``forward`` needs (scales, row ids); zero cotangents.
 
-    Reverse mode only (``jax.grad``, ``jax.vjp``); ``jax.jvp`` raises (a ``custom_vjp``). The
-    backward does not batch under ``jax.vmap`` (``jax.lax.ragged_dot`` batches only when every
-    operand is batched): take the gradient of the whole batch instead.
+    Reverse mode only (``jax.grad``, ``jax.vjp``); ``jax.jvp`` raises (a ``custom_vjp``). Under
+    ``jax.vmap`` the backward runs once per batch element (sequential, like the custom call).
     """
     return _frozen(forward, x, rhs, group_sizes, aux)
 

@@ -71,6 +71,17 @@ def test_weights_get_zero_cotangents(rng):
     assert not np.any(np.asarray(g.global_scale)) and not np.any(np.asarray(g.scales, np.float32))
 
 
+def test_grad_under_vmap(rng, on_cpu):
+    platform_device("cpu")
+    x, rhs, gs, ct = problem(rng)
+    xs = jnp.stack([jnp.asarray(x), 2 * jnp.asarray(x)]).astype(jnp.bfloat16)
+    cts = jnp.stack([ct, -ct])
+    g = jax.vmap(jax.grad(lambda a, c: jnp.sum(jn.grouped_gemm(a, rhs, gs, out_dtype=jnp.float32,
+                                                               backend="ffi") * c)))(xs, cts)
+    ref = lhs_cotangent64(ct, rhs, SIZES)
+    assert rel_err(g[0], ref) <= 1e-2 and rel_err(g[1], -ref) <= 1e-2
+
+
 def test_frozen_weights_is_straight_through(rng):
     # The forward may round its input (here to a coarse grid); the backward ignores that.
     x, rhs, gs, ct = problem(rng)
