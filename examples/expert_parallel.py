@@ -80,7 +80,7 @@ def main():
     x = jax.random.normal(keys[6], (t, h), jnp.float32)
 
     print(f"jax {jax.__version__}, {ndev} {jax.devices()[0].platform} devices; "
-          f"extension built: {jn._extension.available()}")
+          f"extension built: {jn.extension_info().built}")
     print(f"layer: {e} experts (top-{config.top_k}) + shared expert, H={h}, I={i}, {t} tokens, "
           f"{args.activation}; expert axis: {ep} devices, {e // ep} experts each")
 

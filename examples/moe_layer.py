@@ -12,7 +12,6 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_nvfp4 as jn
-from jax_nvfp4.moe import swiglu
 
 
 def bf16_layer(x, f, config):
@@ -25,10 +24,10 @@ def bf16_layer(x, f, config):
         w13 = f["w13"][ids[:, j]].astype(jnp.float32)          # [T, 2I, H]
         w2 = f["w2"][ids[:, j]].astype(jnp.float32)
         h = jnp.einsum("th,tnh->tn", xs, w13)
-        a = swiglu(h, config.swiglu_limit)
+        a = jn.swiglu(h, config.swiglu_limit)
         out = out + rw[:, j, None] * jnp.einsum("ti,thi->th", a, w2)
     h = xs @ f["sw13"].astype(jnp.float32).T
-    return out + swiglu(h, config.swiglu_limit) @ f["sw2"].astype(jnp.float32).T
+    return out + jn.swiglu(h, config.swiglu_limit) @ f["sw2"].astype(jnp.float32).T
 
 
 def main():
@@ -51,8 +50,9 @@ def main():
                               shared_w13=f["sw13"], shared_w2=f["sw2"])
     x = jax.random.normal(keys[6], (t, h), jnp.bfloat16)
     ref = np.asarray(jax.jit(bf16_layer, static_argnums=2)(x, f, config), np.float64)
+    info = jn.extension_info()
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; extension built: "
-          f"{jn._extension.available()} (CUDA handler: {jn._extension.has_cuda()})")
+          f"{info.built} (CUDA handler: {info.cuda}, archs {info.cuda_archs})")
     print(f"layer: {e} experts, top-{config.top_k}, H={h}, I={i}, {t} tokens")
     for act in ("w4a16", "w4a4"):
         c = jn.MoEConfig.deepseek_v4_pro(num_experts=e, hidden_size=h, intermediate_size=i,

@@ -3,22 +3,28 @@
 See :mod:`jax_nvfp4.formats` for the storage convention.
 """
 
-from . import checkpoint, kernel_config, layout, reference
+from importlib import metadata as _metadata
+
+from . import autodiff, checkpoint, kernel_config, layout, reference
+from ._extension import ExtensionInfo, extension_info
 from .formats import LAYOUTS, NVFP4Tensor, scales_from_bytes
 from .gemm import grouped_gemm
 from .layout import prepare_weights
-from .moe import moe, quantize_moe
+from .moe import moe, quantize_moe, swiglu
 from .moe_params import MoEConfig, MoEWeights
 from .routing import route
 from .sharding import moe_expert_parallel, shard_moe_weights
 from .quantization import dequantize, quantize, stage_activation
 from .swizzle import swizzle_scales, unswizzle_scales
 
-__version__ = "0.1.0"
+try:
+    __version__ = _metadata.version("jax_nvfp4")
+except _metadata.PackageNotFoundError:     # running from a source tree that is not installed
+    __version__ = "0+unknown"
 
 __all__ = [
-    "LAYOUTS", "NVFP4Tensor", "MoEConfig", "MoEWeights", "checkpoint", "dequantize", "grouped_gemm",
-    "kernel_config",
+    "ExtensionInfo", "LAYOUTS", "NVFP4Tensor", "MoEConfig", "MoEWeights", "autodiff", "checkpoint",
+    "extension_info", "kernel_config", "swiglu", "dequantize", "grouped_gemm",
     "layout", "moe", "quantize", "moe_expert_parallel", "prepare_weights", "quantize_moe", "route",
     "shard_moe_weights",
     "reference", "scales_from_bytes", "stage_activation", "swizzle_scales", "unswizzle_scales",

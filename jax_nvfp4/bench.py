@@ -130,7 +130,10 @@ def pallas_best(x, wb, sizes, log):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="grouped NVFP4 GEMM benchmark (DeepSeek-V4 shapes)")
+    p = argparse.ArgumentParser(description="grouped NVFP4 GEMM benchmark (DeepSeek-V4 shapes)",
+                                epilog="Needs a GPU for meaningful numbers (the custom call's CUDA handler); "
+                                       "on CPU it runs the C++ handler, far slower.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", default="bench-out", help="folder for bench.json and bench.png")
     p.add_argument("--cases", default="", help="comma list like L1-192,L2-6144 (default all)")
     p.add_argument("--impls", default=",".join(IMPLS), help=f"comma list of {IMPLS}")

@@ -85,15 +85,19 @@ def _capacity_factor(text):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                epilog="Needs a GPU for meaningful numbers (the custom call's CUDA handler); "
+                                       "--platform cpu runs on 8 CPU devices as a functional "
+                                       "check only.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--tokens", default="256,8192", help="comma list of token counts T")
     p.add_argument("--ep", type=int, default=None, help="devices on the expert axis (default all)")
     p.add_argument("--platform", choices=("cpu", "gpu"), default=None,
                    help="whose devices to use (default: JAX's default backend)")
-    p.add_argument("--experts", type=int, default=384)
-    p.add_argument("--hidden", type=int, default=7168)
-    p.add_argument("--inter", type=int, default=3072)
-    p.add_argument("--activation", choices=("w4a4", "w4a16"), default="w4a4")
+    p.add_argument("--experts", type=int, default=384, help="routed experts E")
+    p.add_argument("--hidden", type=int, default=7168, help="H")
+    p.add_argument("--inter", type=int, default=3072, help="I")
+    p.add_argument("--activation", choices=("w4a4", "w4a16"), default="w4a4", help="GEMM inputs")
     p.add_argument("--layout", choices=layout.LAYOUTS, default="sm90",
                    help="weight layout (sm90: prepared once at load time, the fast path)")
     p.add_argument("--rtol", type=float, default=1e-5,

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _extension, kernel_config, quantization, reference
+from . import _extension, autodiff, kernel_config, quantization, reference
 from .formats import NVFP4Tensor
 from .kernel_config import KernelConfig
 
@@ -64,9 +64,10 @@ def _grouped_gemm_op(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, 
 @_grouped_gemm_op.defjvp
 def _grouped_gemm_jvp(out_dtype, config, rhs_layout, primals, tangents):
     raise NotImplementedError(
-        "jax_nvfp4.grouped_gemm (backend 'ffi') is forward-only: NVFP4 weights are inference "
-        "weights and the custom call has no derivative. Use backend='reference' to differentiate "
-        "with respect to the float lhs.")
+        "jax_nvfp4.grouped_gemm (backend 'ffi'): the custom call has no derivative with respect to "
+        "an NVFP4 lhs or the NVFP4 weights (inference weights). A float lhs is differentiable "
+        "(reverse mode, jax.grad/jax.vjp; see jax_nvfp4.autodiff), and jax_nvfp4.moe quantizes "
+        "its W4A4 activations with a straight-through estimator.")
 
 
 def _w4a4_routes(out_dtype, native_config, bf16_config, rhs_layout="checkpoint"):
@@ -98,20 +99,21 @@ def _resolve_backend(backend: str) -> str:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     if backend != "auto":
         if backend == "ffi" and not _extension.available():
-            raise RuntimeError("backend='ffi': the jax_nvfp4 extension is not built "
-                               "(reinstall with a C++ compiler; see README)")
+            raise RuntimeError(f"backend='ffi': {_extension.not_built_message()}")
         return backend
     on_gpu = jax.default_backend() == "gpu"
     if _extension.available() and (not on_gpu or _extension.has_cuda()):
         return "ffi"
     if not _warned_fallback:
         _warned_fallback = True
-        what = "the CUDA handler" if _extension.available() else "the compiled extension"
-        warnings.warn(f"jax_nvfp4: {what} is not built; grouped_gemm falls back to the pure-jnp "
-                      "reference (slow)", RuntimeWarning, stacklevel=3)
+        why = ("the extension was built without the CUDA handler (no nvcc at build time)"
+               if _extension.available() else _extension.not_built_message())
+        warnings.warn(f"jax_nvfp4: grouped_gemm falls back to the pure-jnp reference (slow): {why}",
+                      RuntimeWarning, stacklevel=3)
     return "reference"
 
 
+@autodiff.differentiable_lhs
 def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp.bfloat16,
                  backend: str = "auto", rows_hint: int | None = None,
                  kernel: str | KernelConfig | None = None) -> jax.Array:
@@ -150,6 +152,12 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
     On the GPU, W4A4 runs as a fused exact dequantization of the activations to bf16 followed by
     the W4A16 kernel (transient bf16 copy of lhs, ``2 * M * K`` bytes); on the CPU, and with
     ``kernel="mma"`` (or a KernelConfig of that family), the custom call takes W4A4 natively.
+
+    Gradients: reverse mode (``jax.grad``, ``jax.vjp``) with respect to a float lhs, on every
+    backend: row r of group g gets ``alpha_g * dy[r] @ W_g`` (:func:`jax_nvfp4.autodiff.lhs_cotangent`,
+    pure jnp on the dequantized weights: the custom call has no transposed-weight kernel). The
+    weights get zero cotangents (frozen); an NVFP4 lhs has no derivative (with backend "ffi",
+    differentiating through it raises).
 
     Returns:
       ``[M, N]`` out_dtype; row r of group g is ``alpha_g * lhs[r] @ W_g.T`` with ``alpha_g = lhs

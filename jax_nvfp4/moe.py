@@ -24,6 +24,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from . import autodiff
 from .formats import NVFP4Tensor
 from .gemm import grouped_gemm
 from .moe_params import MoEConfig, MoEWeights
@@ -55,6 +56,10 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
     W4A4 input is then quantized once per row of x_rows when there are no more of those than R,
     and the packed rows gathered: the same numbers (a row's scale is its own amax), ``top_k``
     times fewer bytes quantized than quantizing each token once per chosen expert.
+
+    Differentiable with respect to ``x_rows`` (reverse mode): the input rounding (bf16) or
+    quantization (W4A4) is a straight-through estimator and the weights are frozen
+    (:mod:`jax_nvfp4.autodiff`).
     """
     if gather is not None and not (config.activation == "w4a4" and in_scale is None
                                    and x_rows.shape[0] <= gather.shape[0]):
@@ -62,33 +67,41 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
     g = w.data.shape[0]
     gs = w.global_scale.astype(jnp.float32)
     per_half = gs.ndim == 2                            # [G, 2]: gate and up differ
-    alpha = jnp.ones((g,), jnp.float32) if per_half else gs
-    row_scale = None
-    if config.activation == "w4a4":
-        if in_scale is not None:                       # static: one scale per expert
-            q_scale = jnp.concatenate([in_scale, jnp.ones((1,), jnp.float32)])[row_expert]
-            alpha = in_scale * alpha                   # alpha_e = input scale * weight scale
-        else:                                          # dynamic: one scale per row
-            q_scale = row_scale = _row_global_scale(x_rows)
-        q = jax.vmap(quantize)(x_rows, q_scale)
-        lhs = NVFP4Tensor(q.data, q.scales, jnp.float32(1.0))
-        if gather is not None:                         # quantized per token, then dispatched
-            lhs = NVFP4Tensor(q.data[gather], q.scales[gather], jnp.float32(1.0))
-            row_scale = row_scale[gather]
-    else:
-        # A real bf16 rounding (the kernel's operand type) in every backend: without the barrier
-        # XLA may keep excess precision for the reference backend on GPU.
-        lhs = jax.lax.optimization_barrier(x_rows.astype(jnp.bfloat16))
     # replace keeps w.layout: prepared (sm90) weights reach the kernel as they are.
-    out = grouped_gemm(lhs, dataclasses.replace(w, global_scale=alpha), group_sizes,
-                       out_dtype=jnp.float32, backend=backend, rows_hint=rows_hint)
+    w = dataclasses.replace(w, global_scale=jnp.ones((g,), jnp.float32) if per_half else gs)
+
+    def forward(x_rows, w, group_sizes, aux):
+        row_expert, in_scale, gather = aux
+        alpha = w.global_scale
+        row_scale = None
+        if config.activation == "w4a4":
+            if in_scale is not None:                   # static: one scale per expert
+                q_scale = jnp.concatenate([in_scale, jnp.ones((1,), jnp.float32)])[row_expert]
+                alpha = in_scale * alpha               # alpha_e = input scale * weight scale
+            else:                                      # dynamic: one scale per row
+                q_scale = row_scale = _row_global_scale(x_rows)
+            q = jax.vmap(quantize)(x_rows, q_scale)
+            lhs = NVFP4Tensor(q.data, q.scales, jnp.float32(1.0))
+            if gather is not None:                     # quantized per token, then dispatched
+                lhs = NVFP4Tensor(q.data[gather], q.scales[gather], jnp.float32(1.0))
+                row_scale = row_scale[gather]
+        else:
+            # A real bf16 rounding (the kernel's operand type) in every backend: without the
+            # barrier XLA may keep excess precision for the reference backend on GPU.
+            lhs = jax.lax.optimization_barrier(x_rows.astype(jnp.bfloat16))
+        out = grouped_gemm(lhs, dataclasses.replace(w, global_scale=alpha), group_sizes,
+                           out_dtype=jnp.float32, backend=backend, rows_hint=rows_hint)
+        if row_scale is not None:
+            out = out * row_scale[:, None]
+        return out
+
+    out = autodiff.frozen_weights(forward, x_rows, w, group_sizes, (row_expert, in_scale, gather),
+                                  gather=gather)
     if per_half:
         e = jnp.minimum(row_expert, g - 1)
         half = out.shape[1] // 2
         out = out * jnp.concatenate([jnp.repeat(gs[e, :1], half, 1),
                                      jnp.repeat(gs[e, 1:], half, 1)], axis=1)
-    if row_scale is not None:
-        out = out * row_scale[:, None]
     return out
 
 
@@ -251,23 +264,44 @@ def moe(x, weights: MoEWeights, config: MoEConfig, *, token_ids=None, backend="a
     """The NVFP4 MoE layer on one device.
 
     Args:
-      x: ``[T, H]`` float tokens (bf16 typical).
+      x: ``[..., H]`` float tokens (bf16 typical): ``[T, H]``, ``[B, S, H]``, or one token ``[H]``.
+        The leading axes are flattened into T tokens and restored on the output.
       weights: :class:`MoEWeights` (w13 ``[E, 2I, H]``, w2 ``[E, H, I]`` NVFP4), in the
         checkpoint layout or prepared by :func:`jax_nvfp4.prepare_weights` (same result).
       config: :class:`MoEConfig` (static).
-      token_ids: int ``[T]`` input token ids, for hash-routed layers.
+      token_ids: int, shaped like x's leading axes (``[T]``, ``[B, S]``): the input token ids,
+        for hash-routed layers.
       backend: grouped GEMM backend, see :func:`jax_nvfp4.grouped_gemm`.
 
     Returns:
-      ``[T, H]`` in x's dtype: ``sum_k w_k * expert_k(x) (+ shared expert(x))``, accumulated in
+      x's shape and dtype: ``sum_k w_k * expert_k(x) (+ shared expert(x))``, accumulated in
       float32. No host synchronization: routing, dispatch and group sizes stay on the device.
+
+    Gradients: reverse mode (``jax.grad``, ``jax.vjp``) with respect to x, on every backend. The
+    NVFP4 expert weights are frozen (zero cotangents); the GEMMs' backward is pure jnp on the
+    dequantized weights, and the bf16 rounding (W4A16) or NVFP4 quantization (W4A4) of the GEMM
+    inputs is a straight-through estimator (identity in the backward); see
+    :mod:`jax_nvfp4.autodiff`. The router is plain float32 jnp, so ``router_weight`` does get its
+    true gradient if differentiated (the modules in :mod:`jax_nvfp4.nn` hold all weights frozen).
     """
-    x = validate_moe(x, weights, config)
+    if not isinstance(config, MoEConfig):
+        raise ValueError(f"config: expected a MoEConfig, got {type(config).__name__}")
+    x = jnp.asarray(x)
+    if x.ndim < 1 or x.shape[-1] != config.hidden_size:
+        raise ValueError(f"x: expected [..., {config.hidden_size}], got {x.shape}")
+    lead = x.shape[:-1]
+    if token_ids is not None:
+        token_ids = jnp.asarray(token_ids)
+        if token_ids.shape != lead:
+            raise ValueError(f"token_ids: expected shape {list(lead)} (x's leading axes), got "
+                             f"{list(token_ids.shape)}")
+        token_ids = token_ids.reshape(-1)
+    x = validate_moe(x.reshape(-1, config.hidden_size), weights, config)
     ids, rw = route(x, weights, config, token_ids)
     out = routed_experts(x, ids, rw, weights, config, backend=backend)
     if weights.shared_w13 is not None:
         out = out + shared_expert(x, weights, config, backend=backend)
-    return out.astype(x.dtype)
+    return out.astype(x.dtype).reshape(lead + (config.hidden_size,))
 
 
 def quantize_moe(router_weight, w13, w2, *, router_bias=None, shared_w13=None, shared_w2=None,

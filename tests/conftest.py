@@ -51,3 +51,31 @@ def on_cpu():
 def rng(request):
     """A numpy Generator seeded from the test's name: fresh, reproducible inputs per test."""
     return np.random.default_rng(sum(request.node.name.encode()))
+
+
+def pytest_sessionstart(session):
+    """Stop at once, naming the cause, when the tests import a source tree that holds no
+    compiled extension (e.g. ``python -m pytest`` from the repository root, where the checkout
+    shadows the installed package)."""
+    from jax_nvfp4 import _extension  # noqa: PLC0415
+    msg = _extension.source_tree_shadowing()
+    if msg is not None:
+        pytest.exit(f"jax_nvfp4 tests: {msg}", returncode=4)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Marks (registered in pyproject.toml): ``gpu`` for tests that need a GPU (they skip
+    without one), ``multidevice`` for tests on 8 CPU devices (``cpu_devices``) or several GPUs."""
+    import inspect  # noqa: PLC0415
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        name = item.nodeid.lower()
+        if "gpu" in params.values() or "cuda" in name or "gpus" in item.path.name:
+            item.add_marker(pytest.mark.gpu)
+        try:
+            src = inspect.getsource(item.function)
+        except (OSError, TypeError):
+            src = ""
+        if ("cpu_devices(" in src or item.path.name.startswith("test_sharding")
+                or "bench_ep" in item.path.name):
+            item.add_marker(pytest.mark.multidevice)

@@ -90,3 +90,13 @@ def test_validate_layout_errors(rng):
         jn.NVFP4Tensor(one.data, one.scales, one.global_scale, "sm90").validate("w")
     ok = jn.NVFP4Tensor(t.data, t.scales, t.global_scale, "sm90")
     assert ok.validate("w") is ok                         # 128 x 64 blocks fit
+
+
+def test_dequantize_of_a_jit_constant(rng):
+    # Codes closed over by a jitted function are compile-time constants; XLA's constant folding
+    # of the uint8 -> float4_e2m1fn bitcast read each code as a whole byte (wrong values).
+    from oracles import dequant64
+    t = tensor(rng, (2, 8, 64))
+    ref = dequant64(t.data, t.scales, t.global_scale)
+    np.testing.assert_allclose(np.asarray(jax.jit(lambda: jn.dequantize(t))()), ref, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(jax.jit(jn.dequantize)(t)), ref, rtol=1e-6)

@@ -81,29 +81,33 @@ def np_swiglu(hh, limit):
     return gate / (1 + np.exp(-gate)) * up
 
 
-def np_act_in(a, c, static_scale):
-    """The GEMM input as the layer sees it: bf16 (w4a16) or NVFP4-quantized rows (w4a4)."""
+_quantize_rows = jax.jit(jax.vmap(jn.quantize))   # jitted: one compile per shape, not per op
+_quantize = jax.jit(jn.quantize)
+
+
+def np_act_in(a, c, static_scale, exact=False):
+    """The GEMM input as the layer sees it: bf16 (w4a16) or NVFP4-quantized rows (w4a4); with
+    ``exact``, unrounded (the dequantized layer)."""
+    if exact:
+        return a
     if c.activation == "w4a16":
         return a.astype(ml_dtypes.bfloat16).astype(np.float64)
     rows = jnp.asarray(a.astype(np.float32))
     if static_scale is None:
-        t = jax.vmap(jn.quantize)(rows)
+        t = _quantize_rows(rows)
     else:
-        t = jn.quantize(rows, np.float32(static_scale))
+        t = _quantize(rows, np.float32(static_scale))
     return dequant64(t.data, t.scales, t.global_scale if static_scale is None else
                      np.full(len(a), np.float32(static_scale)))
 
 
-def np_mlp(a, w13, w2, c, s1=None, s2=None):
-    hh = np_act_in(a, c, s1) @ w13.T
-    return np_act_in(np_swiglu(hh, c.swiglu_limit), c, s2) @ w2.T
+def np_mlp(a, w13, w2, c, s1=None, s2=None, exact=False):
+    hh = np_act_in(a, c, s1, exact) @ w13.T
+    return np_act_in(np_swiglu(hh, c.swiglu_limit), c, s2, exact) @ w2.T
 
 
-def np_moe(x, w, c, token_ids=None):
-    x64 = np.asarray(x, np.float64)
-    ids, rw = np_route(x64, np.asarray(w.router_weight), None if w.router_bias is None else
-                       np.asarray(w.router_bias, np.float64), c,
-                       None if w.hash_table is None else np.asarray(w.hash_table), token_ids)
+def np_weights(w):
+    """float64 dequantized (w13, w2) of a MoEWeights."""
     w13 = dequant64(w.w13.data, w.w13.scales)
     gs13 = np.asarray(w.w13.global_scale, np.float64)
     if gs13.ndim == 1:
@@ -112,7 +116,75 @@ def np_moe(x, w, c, token_ids=None):
         half = w13.shape[1] // 2
         w13[:, :half] *= gs13[:, 0, None, None]
         w13[:, half:] *= gs13[:, 1, None, None]
-    w2 = dequant64(w.w2.data, w.w2.scales, w.w2.global_scale)
+    return w13, dequant64(w.w2.data, w.w2.scales, w.w2.global_scale)
+
+
+def np_swiglu_vjp(hh, g, limit):
+    """Cotangent of swiglu's input [R, 2I] from that of its output g [R, I]."""
+    gate, up = np.split(hh, 2, -1)
+    gl = gate if limit is None else np.minimum(gate, limit)
+    ul = up if limit is None else np.clip(up, -limit, limit)
+    sig = 1 / (1 + np.exp(-gl))
+    dgate = g * ul * sig * (1 + gl * (1 - sig))
+    dup = g * gl * sig
+    if limit is not None:
+        dgate = np.where(gate < limit, dgate, 0.0)
+        dup = np.where(np.abs(up) < limit, dup, 0.0)
+    return np.concatenate([dgate, dup], -1)
+
+
+def np_moe_grad(x, w, c, ct, exact=False):
+    """float64 gradient of ``sum(ct * layer(x))`` wrt x [T, H], written out by hand: the GEMM
+    inputs' rounding / quantization is the identity in the backward (straight-through), the
+    forward values are those the layer computes (``exact``: the unrounded, dequantized layer).
+    Routing: sqrtsoftplus scores without hash table or groups."""
+    assert c.scoring_func == "sqrtsoftplus" and c.n_group == 1 and w.hash_table is None
+    x64 = np.asarray(x, np.float64)
+    ct = np.asarray(ct, np.float64)
+    router = np.asarray(w.router_weight, np.float64)
+    ids, rw = np_route(x64, router, None if w.router_bias is None else
+                       np.asarray(w.router_bias, np.float64), c)
+    w13, w2 = np_weights(w)
+    static = c.activation_scale == "static"
+    dx = np.zeros_like(x64)
+    drw = np.zeros_like(rw)
+
+    def mlp_vjp(a, w13e, w2e, s1, s2, g_out):
+        hh = np_act_in(a, c, s1, exact) @ w13e.T
+        y = np_act_in(np_swiglu(hh, c.swiglu_limit), c, s2, exact) @ w2e.T
+        return y, np_swiglu_vjp(hh, g_out @ w2e, c.swiglu_limit) @ w13e
+
+    for e in range(c.num_experts):
+        tok, slot = np.nonzero(ids == e)
+        if len(tok) == 0:
+            continue
+        s1 = float(w.w13_input_scale[e]) if static else None
+        s2 = float(w.w2_input_scale[e]) if static else None
+        y, g = mlp_vjp(x64[tok], w13[e], w2[e], s1, s2, rw[tok, slot, None] * ct[tok])
+        np.add.at(dx, tok, g)
+        drw[tok, slot] += np.sum(ct[tok] * y, -1)
+    if w.shared_w13 is not None:
+        sw13 = dequant64(w.shared_w13.data, w.shared_w13.scales, w.shared_w13.global_scale)
+        sw2 = dequant64(w.shared_w2.data, w.shared_w2.scales, w.shared_w2.global_scale)
+        dx += mlp_vjp(x64, sw13, sw2, float(w.shared_w13_input_scale) if static else None,
+                      float(w.shared_w2_input_scale) if static else None, ct)[1]
+    # routing weights rw = scale * s_sel / sum(s_sel), s = sqrt(softplus(x @ router.T))
+    logits = x64 @ router.T
+    s_sel = np.take_along_axis(np.sqrt(np.logaddexp(0, logits)), ids, 1)
+    tot = s_sel.sum(1, keepdims=True)
+    ds = c.routed_scaling_factor * (drw / tot - np.sum(drw * s_sel, 1, keepdims=True) / tot ** 2)
+    dlogits = np.zeros_like(logits)
+    l_sel = np.take_along_axis(logits, ids, 1)
+    np.put_along_axis(dlogits, ids, ds / (1 + np.exp(-l_sel)) / (2 * s_sel), 1)
+    return dx + dlogits @ router
+
+
+def np_moe(x, w, c, token_ids=None, exact=False):
+    x64 = np.asarray(x, np.float64)
+    ids, rw = np_route(x64, np.asarray(w.router_weight), None if w.router_bias is None else
+                       np.asarray(w.router_bias, np.float64), c,
+                       None if w.hash_table is None else np.asarray(w.hash_table), token_ids)
+    w13, w2 = np_weights(w)
     static = c.activation_scale == "static"
     out = np.zeros_like(x64)
     for e in range(c.num_experts):
@@ -122,13 +194,14 @@ def np_moe(x, w, c, token_ids=None):
         s1 = float(w.w13_input_scale[e]) if static else None
         s2 = float(w.w2_input_scale[e]) if static else None
         # np.add.at: a hash table may send one token to the same expert twice
-        np.add.at(out, tok, rw[tok, slot, None] * np_mlp(x64[tok], w13[e], w2[e], c, s1, s2))
+        np.add.at(out, tok, rw[tok, slot, None] * np_mlp(x64[tok], w13[e], w2[e], c, s1, s2,
+                                                         exact))
     if w.shared_w13 is not None:
         sw13 = dequant64(w.shared_w13.data, w.shared_w13.scales, w.shared_w13.global_scale)
         sw2 = dequant64(w.shared_w2.data, w.shared_w2.scales, w.shared_w2.global_scale)
         out += np_mlp(x64, sw13, sw2, c,
                       float(w.shared_w13_input_scale) if static else None,
-                      float(w.shared_w2_input_scale) if static else None)
+                      float(w.shared_w2_input_scale) if static else None, exact)
     return out, ids
 
 
@@ -388,10 +461,81 @@ def test_load_moe_layout_sm90(rng):
         checkpoint.load_moe(tensors, "model.layers.5.mlp", c, layout="nope")
 
 
+STATIC_SCALES = dict(w13_input_scale=np.full(E, 3.0 / 2688), w2_input_scale=np.full(E, 0.05 / 2688),
+                     shared_w13_input_scale=3.0 / 2688, shared_w2_input_scale=0.05 / 2688)
+
+
+def test_leading_axes(rng):
+    w = quantized(float_layer(rng))
+    c = cfg(activation="w4a16")
+    f = jax.jit(lambda x, w, tok=None: jn.moe(x, w, c, token_ids=tok))
+    x = jnp.asarray(rng.standard_normal((2, 3, H)), jnp.float32)
+    flat = np.asarray(f(x.reshape(6, H), w))
+    out = f(x, w)
+    assert out.shape == (2, 3, H)
+    np.testing.assert_array_equal(np.asarray(out).reshape(6, H), flat)
+    one = f(x[1, 2], w)                                           # a single token [H]
+    assert one.shape == (H,)
+    np.testing.assert_allclose(np.asarray(one), flat[5], rtol=1e-6, atol=1e-7)
+    # hash routing: token_ids shaped like x's leading axes
+    table = rng.integers(0, E, (100, 6)).astype(np.int32)
+    hw = jn.MoEWeights(**{**w.__dict__, "hash_table": jnp.asarray(table)})
+    tok = rng.integers(0, 100, (2, 3)).astype(np.int32)
+    np.testing.assert_array_equal(np.asarray(f(x, hw, tok)).reshape(6, H),
+                                  np.asarray(f(x.reshape(6, H), hw, tok.reshape(6))))
+    with pytest.raises(ValueError, match=r"token_ids: expected shape \[2, 3\]"):
+        jn.moe(x, hw, c, token_ids=tok.reshape(6))
+
+
+def test_grad_oracle_matches_finite_differences(rng):
+    # np_moe_grad is written out by hand: check it against central differences of the float64
+    # dequantized layer. Tokens are independent, so every perturbed copy of every token goes
+    # through one np_moe call.
+    t, eps = 3, 1e-6
+    w = quantized(float_layer(rng))
+    c = cfg(activation="w4a16")
+    x = rng.standard_normal((t, H))
+    ct = rng.standard_normal((t, H))
+    step = eps * np.eye(H)[None]
+    plus, _ = np_moe((x[:, None] + step).reshape(-1, H), w, c, exact=True)
+    minus, _ = np_moe((x[:, None] - step).reshape(-1, H), w, c, exact=True)
+    fd = np.einsum("tjo,to->tj", ((plus - minus) / (2 * eps)).reshape(t, H, H), ct)
+    np.testing.assert_allclose(np_moe_grad(x, w, c, ct, exact=True), fd, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["reference", "ffi"])
+@pytest.mark.parametrize("activation,scale", CASES)
+def test_grad_wrt_x_against_float64(rng, backend, activation, scale):
+    """jax.grad of the layer wrt x [B, S, H] against the hand-written float64 backward of the
+    dequantized layer with straight-through GEMM inputs (the documented gradient)."""
+    w = quantized(float_layer(rng), **STATIC_SCALES)
+    c = cfg(activation=activation, activation_scale=scale)
+    x = rng.standard_normal((2, 12, H)).astype(np.float32)
+    ct = rng.standard_normal((2, 12, H)).astype(np.float32)
+    loss = lambda x, w: jnp.sum(jn.moe(x, w, c, backend=backend) * ct)  # noqa: E731
+    got = jax.jit(jax.grad(loss))(jnp.asarray(x), w)
+    assert got.shape == x.shape and got.dtype == jnp.float32
+    ref = np_moe_grad(x.reshape(-1, H), w, c, ct.reshape(-1, H))
+    # w4a4: as in the forward test, a code can flip where float32 and float64 straddle a boundary
+    assert rel_err(np.asarray(got).reshape(-1, H), ref) <= (1e-5 if activation == "w4a16" else 1e-2)
+
+
+def test_grad_leaves_the_nvfp4_weights_frozen(rng):
+    w = quantized(float_layer(rng))
+    x = jnp.asarray(rng.standard_normal((T, H)), jnp.float32)
+    g = jax.jit(jax.grad(lambda w: jnp.sum(jn.moe(x, w, cfg(), backend="ffi")), allow_int=True))(w)
+    for name in ("w13", "w2", "shared_w13", "shared_w2"):
+        t = getattr(g, name)
+        assert not np.any(np.asarray(t.scales, np.float32)), name
+        assert not np.any(np.asarray(t.global_scale)), name
+    assert np.any(np.asarray(g.router_weight))       # the router is plain float32 jnp
+
+
 def test_bad_input(rng):
     w = quantized(float_layer(rng, shared=False))
     x = jnp.ones((4, H))
-    with pytest.raises(ValueError, match=r"x: expected \[T, 128\]"):
+    with pytest.raises(ValueError, match=r"x: expected \[\.\.\., 128\]"):
         jn.moe(jnp.ones((4, 64)), w, cfg())
     with pytest.raises(ValueError, match="weights.w13"):
         jn.moe(x, jn.MoEWeights(**{**w.__dict__, "w13": w.w2}), cfg())

@@ -1,0 +1,132 @@
+"""Gradients with respect to the activations through GEMMs with frozen NVFP4 weights.
+
+NVFP4 weights are inference weights: nothing here differentiates them. What a model around a
+frozen NVFP4 layer needs is the cotangent of the layer's *input*, and for the grouped GEMM that is
+a linear map of the output cotangent alone: row ``r`` of group ``g`` gets
+``alpha_g * dy[r] @ W_g`` (``W_g`` the dequantized weights, ``alpha_g`` the global scale).
+
+The backward pass computes exactly that in pure jnp (``jax.lax.ragged_dot`` on the dequantized
+weights, float32 accumulation) on every backend. The custom call's kernels read the weights as
+``[N, K]`` only (no transposed-weight variant), so the backward is not a custom call: on the GPU
+it is XLA's dequantize + ragged_dot, slower than the forward kernel and holding a float32 copy of
+the weights while it runs.
+
+Whatever quantizes or rounds the GEMM input inside the forward (the bf16 cast of W4A16, the NVFP4
+quantization of W4A4) is treated as the identity in the backward: a straight-through estimator.
+The weights (codes, block scales, global scales), group sizes and any auxiliary inputs get zero
+cotangents.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from .formats import NVFP4Tensor
+from .quantization import e2m1_scaled
+from .reference import group_bounds, row_groups
+
+
+@jax.custom_batching.custom_vmap
+def _ragged_dot(d, w, sizes):
+    """``jax.lax.ragged_dot`` in float32 that also batches when only some operands are batched."""
+    return jax.lax.ragged_dot(d, w, sizes, precision=jax.lax.Precision.HIGHEST,
+                              preferred_element_type=jnp.float32)
+
+
+@_ragged_dot.def_vmap
+def _ragged_dot_vmap(axis_size, in_batched, d, w, sizes):
+    # ragged_dot's own batching rule needs every operand batched (the weights would be copied
+    # per batch element); one call per element instead, as the custom call's vmap does.
+    def one(i):
+        pick = lambda v, batched: v[i] if batched else v  # noqa: E731
+        return _ragged_dot(*(pick(v, b) for v, b in zip((d, w, sizes), in_batched)))
+
+    return jax.lax.map(one, jnp.arange(axis_size)), True
+
+
+def lhs_cotangent(dy: jax.Array, rhs: NVFP4Tensor, group_sizes: jax.Array) -> jax.Array:
+    """The cotangent of a grouped GEMM's float lhs, pure jnp.
+
+    Args:
+      dy: float ``[M, N]``, the output cotangent.
+      rhs: NVFP4Tensor ``[G, N, K]`` (either layout), global_scale ``[G]`` or ``[]``.
+      group_sizes: int32 ``[G]`` (negative sizes count as 0, the running sum is clamped to M).
+
+    Returns:
+      float32 ``[M, K]``: row r of group g is ``rhs.global_scale[g] * dy[r] @ e2m1_scaled(rhs[g])``
+      (float32 accumulation); rows past the groups are 0; the rows of a group whose weights hold a
+      NaN are NaN (as that group's forward rows are).
+    """
+    m = dy.shape[0]
+    g = rhs.data.shape[0]
+    w = e2m1_scaled(rhs, jnp.float32)                            # [G, N, K], exact
+    alpha = jnp.broadcast_to(rhs.global_scale.astype(jnp.float32), (g,))
+    starts, ends = group_bounds(group_sizes, m)
+    gid, valid = row_groups(ends, m)
+    d = jnp.where(valid[:, None], dy.astype(jnp.float32) * alpha[gid][:, None], 0.0)
+    # As in reference.grouped_gemm: ragged_dot may mix groups through products with 0, so it runs
+    # on finite weights and a group with a NaN weight gets NaN rows back.
+    nan = jnp.isnan(w)
+    dx = _ragged_dot(d, jnp.where(nan, 0.0, w), (ends - starts).astype(jnp.int32))
+    return jnp.where((jnp.any(nan, axis=(1, 2))[gid] & valid)[:, None], jnp.nan, dx)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _frozen(forward, x, rhs, group_sizes, aux, gather):
+    return forward(x, rhs, group_sizes, aux)
+
+
+def _frozen_fwd(forward, x, rhs, group_sizes, aux, gather):
+    # Only x's row count and dtype are needed in the backward: keep an empty [M, 0] array, not x.
+    proto = jnp.zeros((x.shape[0], 0), x.dtype)
+    return forward(x, rhs, group_sizes, aux), (rhs, group_sizes, proto, gather)
+
+
+def _frozen_bwd(forward, res, dy):
+    rhs, group_sizes, x_proto, gather = res
+    dx = lhs_cotangent(dy, rhs, group_sizes)
+    if gather is not None:                     # the GEMM's rows were x[gather]: scatter-add back
+        dx = jnp.zeros((x_proto.shape[0], dx.shape[1]), dx.dtype).at[gather].add(dx)
+    return dx.astype(x_proto.dtype), None, None, None, None
+
+
+_frozen.defvjp(_frozen_fwd, _frozen_bwd)
+
+
+def frozen_weights(forward, x: jax.Array, rhs: NVFP4Tensor, group_sizes: jax.Array, aux=None,
+                   gather=None):
+    """``forward(x, rhs, group_sizes, aux)`` with the straight-through backward of this module.
+
+    Args:
+      forward: a function returning ``[M, N]``, approximately ``x @ (alpha_g * W_g).T`` per group
+        (a grouped GEMM of x, or of x rounded or quantized, with ``rhs``); it must not close over
+        traced values (pass them in ``aux``).
+      x: float ``[M, K]``, the only input that gets a cotangent: :func:`lhs_cotangent` of the
+        output cotangent, in x's dtype.
+      rhs, group_sizes: as for :func:`jax_nvfp4.grouped_gemm`; zero cotangents.
+      aux: any pytree of arrays ``forward`` needs (scales, row ids); zero cotangents.
+      gather: None, or int32 ``[R]`` when the GEMM's rows are ``x[gather]`` (``forward`` applies
+        it itself, e.g. after quantizing each row of x once, and returns ``[R, N]``): the rows'
+        cotangents are then summed back into x's ``[M, K]``.
+
+    Reverse mode only (``jax.grad``, ``jax.vjp``); ``jax.jvp`` raises (a ``custom_vjp``). Under
+    ``jax.vmap`` the backward runs once per batch element (sequential, like the custom call).
+    """
+    return _frozen(forward, x, rhs, group_sizes, aux, gather)
+
+
+def differentiable_lhs(gemm):
+    """Wrap a grouped GEMM ``gemm(lhs, rhs, group_sizes, **static)`` so that a float lhs gets the
+    cotangent of :func:`lhs_cotangent`, whatever backend computes the forward. An NVFP4Tensor lhs
+    is passed through unchanged (its integer codes have no derivative)."""
+
+    @functools.wraps(gemm)
+    def wrapped(lhs, rhs, group_sizes, **kwargs):
+        if isinstance(lhs, NVFP4Tensor) or not isinstance(rhs, NVFP4Tensor):
+            return gemm(lhs, rhs, group_sizes, **kwargs)   # (bad rhs: gemm raises the error)
+        return frozen_weights(lambda a, w, gs, _: gemm(a, w, gs, **kwargs), lhs, rhs, group_sizes)
+
+    return wrapped
