@@ -70,7 +70,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         name = item.nodeid.lower()
-        if "gpu" in params.values() or "cuda" in name or "gpus" in item.path.name:
+        on_gpu = any(isinstance(v, str) and v == "gpu" for v in params.values())  # (arrays too)
+        if on_gpu or "cuda" in name or "gpus" in item.path.name:
             item.add_marker(pytest.mark.gpu)
         try:
             src = inspect.getsource(item.function)
