@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from .formats import NVFP4Tensor
 from .quantization import e2m1_scaled
-from .reference import group_bounds, row_groups
+from .reference import check_group_sizes, group_bounds, row_groups
 
 
 @jax.custom_batching.custom_vmap
@@ -127,6 +127,8 @@ def differentiable_lhs(gemm):
     def wrapped(lhs, rhs, group_sizes, **kwargs):
         if isinstance(lhs, NVFP4Tensor) or not isinstance(rhs, NVFP4Tensor):
             return gemm(lhs, rhs, group_sizes, **kwargs)   # (bad rhs: gemm raises the error)
+        # Checked here, before custom_vjp turns them into an int32 array (a wrap).
+        group_sizes = check_group_sizes(group_sizes, rhs.data.shape[0])
         return frozen_weights(lambda a, w, gs, _: gemm(a, w, gs, **kwargs), lhs, rhs, group_sizes)
 
     return wrapped

@@ -167,8 +167,9 @@ def test_paths_that_are_not_checkpoints(tmp_path):
         ckpt.load_moe(3, L1, CONFIG)
 
 
-def test_load_model_moe_every_layer(folder, opened, capsys):
+def test_load_model_moe_every_layer(folder, opened, capsys, monkeypatch):
     d, ref = folder
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)     # the fallback, tqdm installed or not
     opened.clear()
     layers = ckpt.load_model_moe(d, progress=False)           # config from config.json
     assert list(layers) == [L1, L2]

@@ -661,5 +661,7 @@ def test_dispatch_quantizes_each_token_once(rng, backend):
     assert np.abs(per_row).max() > 0
     np.testing.assert_array_equal(per_token, per_row)
     text = jax.jit(lambda x, w: jn.moe(x, w, c, backend=backend)).lower(x, w).as_text()
-    blocks = lambda n: f"tensor<{n}x{H // 16}x16xf32>"   # noqa: E731 - quantize's block view
-    assert blocks(T) in text and blocks(T * c.top_k) not in text
+    # quantize's per-block amax: a reduction of the [rows, K/16, 16] block view over its last axis
+    # (a dequantization of the dispatched rows has the block view too, but reduces nothing)
+    amax = lambda n: f"(tensor<{n}x{H // 16}x16xf32>, tensor<f32>) -> tensor<{n}x{H // 16}xf32>"  # noqa: E731
+    assert amax(T) in text and amax(T * c.top_k) not in text

@@ -8,13 +8,14 @@
 #                 (JAX_NVFP4_CUDA_PORTABLE=ON: compute_80 PTX only, which the driver compiles at
 #                 load) installed into a separate folder put first on PYTHONPATH by the portable steps;
 #   3. images:    cuobjdump --list-elf --list-ptx of both extension modules;
-#   4. tests:     the GPU tests (gemm, moe, kernel configurations, the self-test) with pytest -n 4;
+#   4. tests:     the whole suite with the GPU as default backend, pytest -n 4;
 #   5. portable_tests: the GPU tests of test_gemm.py, test_moe.py and test_kernel_config.py through
 #                 the portable build (the handler then runs the mma family: no sm_90a image);
 #   6. memcheck:  the kernel self-test's small shapes under compute-sanitizer memcheck;
 #   7. bench:     python -m jax_nvfp4.bench with its usual arguments (plus any given to this script,
 #                 e.g. --impls w4a16,w4a16_sm90,w4a4,w4a4_sm90 to leave out the slow peers);
-#   8. portable_bench: the benchmark rows of jax_nvfp4's four columns through the portable build;
+#   8. bench_layer: python -m jax_nvfp4.bench_layer (the MoE layer against its grouped GEMMs);
+#   9. portable_bench: the benchmark rows of jax_nvfp4's four columns through the portable build;
 # then a summary table. Steps are skipped once DEADLINE seconds (default 550) have passed, and each
 # step's time limit is cut to what is left, so the summary always prints.
 #   usage: tools/gpu/gpu_check.sh [bench args...]      logs in $OUT (default gpu-check-out)
@@ -66,8 +67,9 @@ print(e.__file__); print('  cuda targets:', e.cuda_targets()); print('  families
 export -f images
 step images 60 bash -c images
 
-step tests 300 env JAX_NVFP4_SELFTEST="$main/gemm_selftest" python3 -P -m pytest -n 4 -q -p no:cacheprovider \
-  tests/test_gemm.py tests/test_moe.py tests/test_kernel_config.py tests/test_selftest.py -k "not cpu"
+# The whole suite, the GPU as default backend (the multi-device tests run on 8 CPU devices).
+step tests 480 env JAX_NVFP4_SELFTEST="$main/gemm_selftest" python3 -P -m pytest -n 4 -q -p no:cacheprovider \
+  -rfE tests
 
 step portable_tests 240 env PYTHONPATH="$port_site" python3 -P -m pytest -n 4 -q -p no:cacheprovider \
   tests/test_gemm.py tests/test_moe.py tests/test_kernel_config.py -k "not cpu"
@@ -84,10 +86,12 @@ step memcheck 150 bash -c memcheck
 step bench 240 python3 -P -m jax_nvfp4.bench --out "$out" --check "$@"
 
 
+step bench_layer 240 python3 -P -m jax_nvfp4.bench_layer --out "$out/layer"
+
 step portable_bench 150 env PYTHONPATH="$port_site" python3 -P -m jax_nvfp4.bench --out "$out/portable" \
   --impls w4a16,w4a16_sm90,w4a4,w4a4_sm90
 
-for b in bench portable_bench; do
+for b in bench bench_layer portable_bench; do
   [ -f "$out/$b.log" ] && { echo; echo "== $b"; sed -n '/^case /,$p' "$out/$b.log" | head -40; }
 done
 echo; echo "== summary ($SECONDS s)"
