@@ -29,6 +29,20 @@ static ConfigTuple ToTuple(const jax_nvfp4::KernelConfig& c) {
   return {jax_nvfp4::FamilyName(c.family), c.token_tile, c.stages, c.cluster};
 }
 
+// The problem the heuristic sees, from the Python-side arguments.
+static jax_nvfp4::ProblemDesc Problem(int64_t m, int64_t n, int64_t k, int64_t g, int64_t rows_hint, bool a_fp4,
+                                      bool sm90_layout) {
+  jax_nvfp4::ProblemDesc d;
+  d.M = m;
+  d.N = n;
+  d.K = k;
+  d.G = g;
+  d.rows_hint = rows_hint;
+  d.a_fp4 = a_fp4;
+  d.layout = sm90_layout ? jax_nvfp4::RhsLayout::kSm90 : jax_nvfp4::RhsLayout::kCheckpoint;
+  return d;
+}
+
 NB_MODULE(_jax_nvfp4, m) {
   m.def("cpu_registrations", []() {
     nb::dict d;
@@ -61,14 +75,7 @@ NB_MODULE(_jax_nvfp4, m) {
       "config_for_family",
       [](const std::string& family, int64_t m, int64_t n, int64_t k, int64_t g, int64_t rows_hint, bool a_fp4,
          bool sm90_layout) -> nb::object {
-        jax_nvfp4::ProblemDesc d;
-        d.M = m;
-        d.N = n;
-        d.K = k;
-        d.G = g;
-        d.rows_hint = rows_hint;
-        d.a_fp4 = a_fp4;
-        d.layout = sm90_layout ? jax_nvfp4::RhsLayout::kSm90 : jax_nvfp4::RhsLayout::kCheckpoint;
+        jax_nvfp4::ProblemDesc d = Problem(m, n, k, g, rows_hint, a_fp4, sm90_layout);
         for (auto fam : {jax_nvfp4::KernelFamily::kMma, jax_nvfp4::KernelFamily::kMmaWs, jax_nvfp4::KernelFamily::kWgmma})
           if (family == jax_nvfp4::FamilyName(fam)) {
             if (!jax_nvfp4::FamilyHandles(fam, d)) return nb::none();
@@ -84,17 +91,10 @@ NB_MODULE(_jax_nvfp4, m) {
       "choose_kernel",
       [](int arch, int64_t m, int64_t n, int64_t k, int64_t g, int64_t rows_hint, bool a_fp4, bool sm90_layout,
          int64_t families) {
-        jax_nvfp4::ProblemDesc d;
+        jax_nvfp4::ProblemDesc d = Problem(m, n, k, g, rows_hint, a_fp4, sm90_layout);
         d.arch = arch;
         d.families = families >= 0 ? static_cast<uint32_t>(families)
                                    : jax_nvfp4::RunnableFamilies(arch, jax_nvfp4::kBuiltCuda, jax_nvfp4::kBuiltSm90a);
-        d.M = m;
-        d.N = n;
-        d.K = k;
-        d.G = g;
-        d.rows_hint = rows_hint;
-        d.a_fp4 = a_fp4;
-        d.layout = sm90_layout ? jax_nvfp4::RhsLayout::kSm90 : jax_nvfp4::RhsLayout::kCheckpoint;
         return ToTuple(jax_nvfp4::ChooseKernelConfig(d));
       },
       nb::arg("arch"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("g"), nb::arg("rows_hint"),
