@@ -117,16 +117,6 @@ __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, uint32_
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
-// Named barriers ordering the two consumer warpgroups' wgmma issues (bar 0 is __syncthreads).
-constexpr int kBarTurn0 = 1;  // warpgroup 0 may issue (warpgroup 1 has issued the previous stage)
-constexpr int kBarTurn1 = 2;  // warpgroup 1 may issue (warpgroup 0 has issued this stage)
-__device__ __forceinline__ void named_bar_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 // float8_e4m3fn bits -> float (bias 7, subnormals m * 2^-9, S.1111.111 NaN).
 __device__ __forceinline__ float e4m3_to_float(uint32_t b) {
   if ((b & 0x7Fu) == 0x7Fu) return __int_as_float(0x7FC00000);
@@ -208,7 +198,7 @@ __device__ __forceinline__ void wgmma_fp8(const uint32_t (&a)[4], uint64_t desc,
 // Consumer: one tile's mainloop with WGMMA N = NN over KT stages starting at (s, ph).
 template <int NN, int BTMAX, int STAGES>
 __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
-                                                  int r0, int& s, uint32_t& ph, int wg, bool& first) {
+                                                  int r0, int& s, uint32_t& ph) {
   using C = F8Cfg<BTMAX, STAGES>;
   const uint32_t full0 = bar_base;
   const uint32_t empty0 = bar_base + STAGES * 8;
@@ -254,14 +244,6 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
     uint32_t zero = 0u, one = 1u;
     asm volatile("" : "+r"(zero), "+r"(one)::"memory");
     fence_acc(part);
-    // The two warpgroups issue in turn (0, 1, 0, 1, ...), so that one's promotion and decoding run
-    // while the other's wgmmas keep the tensor cores busy, instead of both promoting at once.
-    if (wg == 0) {
-      if (!first) named_bar_sync(kBarTurn0, 256);
-      first = false;
-    } else {
-      named_bar_sync(kBarTurn1, 256);
-    }
     cute::warpgroup_arrive();
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -269,7 +251,6 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
       wgmma_fp8<NN>(frag[buf][j], desc[j], part, sc, std::make_index_sequence<NN / 2>{});
     }
     cute::warpgroup_commit_batch();
-    named_bar_arrive(wg == 0 ? kBarTurn1 : kBarTurn0, 256);
     fence_acc(part);
     // the next stage's fragments while this stage's wgmmas run
     int s_next = s;
@@ -441,8 +422,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
     const int cw = warp - 4;
     const int r0 = cw * 16 + (lane >> 2);  // tile rows r0 and r0 + 8
-    const int wg = cw >> 2;                // consumer warpgroup 0 or 1
-    bool first = true;                     // warpgroup 0's first issue waits for nobody
     float acc[BTMAX / 2];
     int s = 0;
     uint32_t ph = 0;
@@ -453,15 +432,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     while (have) {
 #pragma unroll
       for (int i = 0; i < BTMAX / 2; ++i) acc[i] = 0.0f;
-      WITH_TILE_N(BTMAX, t.rows, (consumer_mainloop<NN, BTMAX, STAGES>(acc, smem, bar_base, KT, r0, s, ph, wg, first)));
+      WITH_TILE_N(BTMAX, t.rows, (consumer_mainloop<NN, BTMAX, STAGES>(acc, smem, bar_base, KT, r0, s, ph)));
       L += gridDim.x;
       const bool have_next = find_tile(L, total, prefix, starts, ends, G, NT, BTMAX, gcur, nxt);
       WITH_TILE_N(BTMAX, t.rows, (consumer_epilogue<NN, BTMAX>(acc, p, t, r0)));
       t = nxt;
       have = have_next;
     }
-    // warpgroup 1's last arrival on turn 0: consume it so that no barrier is left half arrived
-    if (wg == 0 && !first) named_bar_sync(kBarTurn0, 256);
   }
 #endif
 }
