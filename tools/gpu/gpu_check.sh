@@ -11,10 +11,13 @@
 #   4. tests:     the whole suite with the GPU as default backend, pytest -n 4;
 #   5. portable_tests: the GPU tests of test_gemm.py, test_moe.py and test_kernel_config.py through
 #                 the portable build (the handler then runs the mma family: no sm_90a image);
-#   6. memcheck:  the kernel self-test's small shapes under compute-sanitizer memcheck;
+#   6. memcheck:  the kernel self-test's small shapes under compute-sanitizer memcheck, and the FP8
+#                 kernel's small cases (tools/lab/fp8_check.py --small) likewise;
 #   7. bench:     python -m jax_nvfp4.bench with its usual arguments (plus any given to this script,
 #                 e.g. --impls w4a16,w4a16_sm90,w4a4,w4a4_sm90 to leave out the slow peers);
 #   8. bench_layer: python -m jax_nvfp4.bench_layer (the MoE layer against its grouped GEMMs);
+#      fp8_check: the FP8 kernel against float64 on the bench shapes, timed beside the exact kernels;
+#      prepass:   the W4A4 pre-pass microbenchmark (tools/lab/prepass_bench.py);
 #   9. portable_bench: the benchmark rows of jax_nvfp4's four columns through the portable build;
 # then a summary table. Steps are skipped once DEADLINE seconds (default 550) have passed, and each
 # step's time limit is cut to what is left, so the summary always prints.
@@ -79,6 +82,7 @@ memcheck() {
     compute-sanitizer --tool memcheck --error-exitcode 1 "$main/gemm_selftest" --small --no-bench --kernel both \
       --layout "$lay" || return 1
   done
+  compute-sanitizer --tool memcheck --error-exitcode 1 python3 -P tools/lab/fp8_check.py --small || return 1
 }
 export -f memcheck
 step memcheck 150 bash -c memcheck
@@ -88,11 +92,16 @@ step bench 240 python3 -P -m jax_nvfp4.bench --out "$out" --check "$@"
 
 step bench_layer 240 python3 -P -m jax_nvfp4.bench_layer --out "$out/layer"
 
+step fp8_check 240 python3 -P tools/lab/fp8_check.py --check-rows 16 --out "$out/fp8_check.json"
+
+step prepass 120 python3 -P tools/lab/prepass_bench.py --out "$out/prepass.json"
+
 step portable_bench 150 env PYTHONPATH="$port_site" python3 -P -m jax_nvfp4.bench --out "$out/portable" \
   --impls w4a16,w4a16_sm90,w4a4,w4a4_sm90
 
 for b in bench bench_layer portable_bench; do
   [ -f "$out/$b.log" ] && { echo; echo "== $b"; sed -n '/^case /,$p' "$out/$b.log" | head -40; }
 done
+for b in fp8_check prepass; do [ -f "$out/$b.log" ] && { echo; echo "== $b"; tail -n 12 "$out/$b.log"; }; done
 echo; echo "== summary ($SECONDS s)"
 for row in "${summary[@]}"; do IFS='|' read -r a b c <<<"$row"; printf '%-16s %-20s %s\n' "$a" "$b" "$c"; done
