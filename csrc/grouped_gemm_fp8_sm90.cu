@@ -289,32 +289,6 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
   if (kt < KT) body(kt, std::integral_constant<int, 0>{});
 }
 
-template <int NN, int BTMAX>
-__device__ __forceinline__ void consumer_epilogue(const float (&acc)[BTMAX / 2], const F8Params& p, const Tile& t,
-                                                  int r0) {
-  const int lane = threadIdx.x & 31;
-  const int t4 = lane & 3;
-  const float mul = __ldg(p.alpha + t.g) * 8.0f;  // undo the 2^-3 of the e4m3 weights
-  const int64_t N = p.N;
-  const int64_t n_a = static_cast<int64_t>(t.n0) + r0;  // rows r0 and r0 + 8 of the tile
-  const int64_t rend = t.row0 + t.rows;
-#pragma unroll
-  for (int j = 0; j < NN / 8; ++j) {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int64_t tok = t.row0 + 8 * j + 2 * t4 + (c & 1);
-      const int64_t n = n_a + 8 * (c >> 1);
-      if (tok < rend && n < N) {
-        const float v = acc[4 * j + c] * mul;
-        if (p.out_f32)
-          static_cast<float*>(p.out)[tok * N + n] = v;
-        else
-          static_cast<__nv_bfloat16*>(p.out)[tok * N + n] = __float2bfloat16_rn(v);
-      }
-    }
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 template <int BTMAX, int STAGES>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -435,7 +409,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       WITH_TILE_N(BTMAX, t.rows, (consumer_mainloop<NN, BTMAX, STAGES>(acc, smem, bar_base, KT, r0, s, ph)));
       L += gridDim.x;
       const bool have_next = find_tile(L, total, prefix, starts, ends, G, NT, BTMAX, gcur, nxt);
-      WITH_TILE_N(BTMAX, t.rows, (consumer_epilogue<NN, BTMAX>(acc, p, t, r0)));
+      // undo the 2^-3 of the e4m3 weights
+      WITH_TILE_N(BTMAX, t.rows, (store_tile<NN>(acc, p, t, r0, __ldg(p.alpha + t.g) * 8.0f)));
       t = nxt;
       have = have_next;
     }
@@ -452,38 +427,16 @@ cudaError_t launch_fp8(const GroupedGemmParams& p, const F8Params& fp, cudaStrea
   using C = F8Cfg<BTMAX, STAGES>;
   auto kernel = grouped_gemm_fp8_kernel<BTMAX, STAGES>;
   static std::atomic<uint64_t> done_mask{0};
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
+  cudaError_t e = set_smem_once(kernel, C::kSmem, done_mask);
   if (e != cudaSuccess) return e;
-  const uint64_t bit = dev < 64 ? (uint64_t(1) << dev) : 0;
-  if (bit == 0 || !(done_mask.load(std::memory_order_acquire) & bit)) {
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
-    if (e != cudaSuccess) return e;
-    done_mask.fetch_or(bit, std::memory_order_acq_rel);
-  }
-  EncodeTiledFn encode = get_encode_fn();
-  if (!encode) return cudaErrorNotSupported;
   CUtensorMap tm_a, tm_w;
-  {  // activations: e4m3 [M][K] (as bytes), box 128 k x 32 tokens, 128-byte swizzle (WGMMA K-major B)
-    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.K), static_cast<cuuint64_t>(p.M)};
-    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.K)};
-    const cuuint32_t box[2] = {kBK, kBoxT};
-    const cuuint32_t estr[2] = {1, 1};
-    if (encode(&tm_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(p.lhs), dims, strides, box, estr,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-      return cudaErrorInvalidValue;
-  }
-  {  // weight codes: u8 [G * N][K / 2], box 64 bytes (128 k) x 128 rows, no swizzle
-    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.K / 2), static_cast<cuuint64_t>(p.G * p.N)};
-    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.K / 2)};
-    const cuuint32_t box[2] = {kBK / 2, kRowsW};
-    const cuuint32_t estr[2] = {1, 1};
-    if (encode(&tm_w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(p.rhs), dims, strides, box, estr,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-      return cudaErrorInvalidValue;
-  }
+  // activations: e4m3 [M][K] (as bytes), box 128 k x 32 tokens, 128-byte swizzle (WGMMA K-major B)
+  e = encode_2d(&tm_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.lhs, p.K, p.M, 1, kBK, kBoxT, CU_TENSOR_MAP_SWIZZLE_128B);
+  if (e != cudaSuccess) return e;
+  // weight codes: u8 [G * N][K / 2], box 64 bytes (128 k) x 128 rows, no swizzle
+  e = encode_2d(&tm_w, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.rhs, p.K / 2, p.G * p.N, 1, kBK / 2, kRowsW,
+                CU_TENSOR_MAP_SWIZZLE_NONE);
+  if (e != cudaSuccess) return e;
   kernel<<<num_sms(), kThreads, C::kSmem, stream>>>(tm_a, tm_w, fp);
   return cudaGetLastError();
 }

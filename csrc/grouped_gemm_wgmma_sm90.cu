@@ -346,32 +346,6 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
   release(prev_s);
 }
 
-template <int NN, int BTMAX>
-__device__ __forceinline__ void consumer_epilogue(const float (&acc)[BTMAX / 2], const WParams& p, const Tile& t,
-                                                  int r0) {
-  const int lane = threadIdx.x & 31;
-  const int t4 = lane & 3;
-  const float mul = __ldg(p.alpha + t.g) * 128.0f;  // undo the 2^-7 of the fp4 weights
-  const int64_t N = p.N;
-  const int64_t n_a = static_cast<int64_t>(t.n0) + r0;  // rows r0 and r0 + 8 of the tile
-  const int64_t rend = t.row0 + t.rows;
-#pragma unroll
-  for (int j = 0; j < NN / 8; ++j) {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int64_t tok = t.row0 + 8 * j + 2 * t4 + (c & 1);
-      const int64_t n = n_a + 8 * (c >> 1);
-      if (tok < rend && n < N) {
-        const float v = acc[4 * j + c] * mul;
-        if (p.out_f32)
-          static_cast<float*>(p.out)[tok * N + n] = v;
-        else
-          static_cast<__nv_bfloat16*>(p.out)[tok * N + n] = __float2bfloat16_rn(v);
-      }
-    }
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 template <int BTMAX, int STAGES, bool SM90L, int CL>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -599,7 +573,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       WITH_TILE_N(BTMAX, t.rows, (consumer_mainloop<NN, BTMAX, STAGES, SM90L, CL>(acc, smem, bar_base, KT, r0, sel, s, ph)));
       L += TILE_STEP;
       const bool have_next = NEXT_TILE(L, gcur, nxt);
-      WITH_TILE_N(BTMAX, t.rows, (consumer_epilogue<NN, BTMAX>(acc, p, t, r0)));
+      // undo the 2^-7 of the fp4 weights
+      WITH_TILE_N(BTMAX, t.rows, (store_tile<NN>(acc, p, t, r0, __ldg(p.alpha + t.g) * 128.0f)));
       t = nxt;
       have = have_next;
     }
@@ -622,29 +597,15 @@ cudaError_t launch_wgmma(const GroupedGemmParams& p, const WParams& wp, cudaStre
   using C = WCfg<BTMAX, STAGES>;
   auto kernel = grouped_gemm_wgmma_kernel<BTMAX, STAGES, SM90L, CL>;
   static std::atomic<uint64_t> done_mask{0};
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
+  cudaError_t e = set_smem_once(kernel, C::kSmem, done_mask);
   if (e != cudaSuccess) return e;
-  const uint64_t bit = dev < 64 ? (uint64_t(1) << dev) : 0;
-  if (bit == 0 || !(done_mask.load(std::memory_order_acquire) & bit)) {
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
-    if (e != cudaSuccess) return e;
-    done_mask.fetch_or(bit, std::memory_order_acq_rel);
-  }
-
-  EncodeTiledFn encode = get_encode_fn();
-  if (!encode) return cudaErrorNotSupported;
+  int dev = 0;
+  e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
   CUtensorMap tm_a;
-  {  // activations: bf16 [M][K], box 64 k x 32 tokens, 128-byte swizzle (the WGMMA K-major B layout)
-    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.K), static_cast<cuuint64_t>(p.M)};
-    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.K * 2)};
-    const cuuint32_t box[2] = {kBK, kBoxT};
-    const cuuint32_t estr[2] = {1, 1};
-    if (encode(&tm_a, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(p.lhs), dims,
-               strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-      return cudaErrorInvalidValue;
-  }
+  // activations: bf16 [M][K], box 64 k x 32 tokens, 128-byte swizzle (the WGMMA K-major B layout)
+  e = encode_2d(&tm_a, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, p.lhs, p.K, p.M, 2, kBK, kBoxT, CU_TENSOR_MAP_SWIZZLE_128B);
+  if (e != cudaSuccess) return e;
   if constexpr (CL == 1) {
     kernel<<<num_sms(), kThreads, C::kSmem, stream>>>(tm_a, wp);
     return cudaGetLastError();

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include <cuda.h>  // CUtensorMap and its enums (types only; the encoder comes via the runtime)
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 namespace jax_nvfp4 {
@@ -90,6 +91,34 @@ __device__ __forceinline__ bool find_tile(int L, int total, const int* __restric
   return true;
 }
 
+// Epilogue of both kernels: thread (lane) of consumer warp rows r0, r0 + 8 stores its m64nNN
+// accumulators (the WGMMA D fragment: column pair 8j + 2 (lane % 4), rows +0 / +8) times `mul`
+// into out [M, N] (float32 or bf16, round to nearest even), rows inside the tile's group and
+// columns below N only.
+template <int NN, int ACC, typename KParams>
+__device__ __forceinline__ void store_tile(const float (&acc)[ACC], const KParams& p, const Tile& t, int r0,
+                                           float mul) {
+  const int t4 = threadIdx.x & 3;
+  const int64_t N = p.N;
+  const int64_t n_a = static_cast<int64_t>(t.n0) + r0;  // rows r0 and r0 + 8 of the tile
+  const int64_t rend = t.row0 + t.rows;
+#pragma unroll
+  for (int j = 0; j < NN / 8; ++j) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int64_t tok = t.row0 + 8 * j + 2 * t4 + (c & 1);
+      const int64_t n = n_a + 8 * (c >> 1);
+      if (tok < rend && n < N) {
+        const float v = acc[4 * j + c] * mul;
+        if (p.out_f32)
+          static_cast<float*>(p.out)[tok * N + n] = v;
+        else
+          static_cast<__nv_bfloat16*>(p.out)[tok * N + n] = __float2bfloat16_rn(v);
+      }
+    }
+  }
+}
+
 // Host side
 using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
@@ -120,6 +149,38 @@ int num_sms() {
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) sms = 132;
   if (dev < 64) cache[dev].store(sms, std::memory_order_relaxed);
   return sms;
+}
+
+// Raises the kernel's dynamic shared memory limit to `bytes`, once per device (the first call on a
+// device; later calls are one atomic load).
+template <typename Kernel>
+cudaError_t set_smem_once(Kernel kernel, int bytes, std::atomic<uint64_t>& done_mask) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const uint64_t bit = dev < 64 ? (uint64_t(1) << dev) : 0;
+  if (bit == 0 || !(done_mask.load(std::memory_order_acquire) & bit)) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e != cudaSuccess) return e;
+    done_mask.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  return cudaSuccess;
+}
+
+// A 2D tensor map over a row-major [rows][cols] tensor of `elem_bytes`-byte elements (row pitch
+// cols * elem_bytes), box [box_rows][box_cols]; cudaErrorInvalidValue if the driver rejects it.
+inline cudaError_t encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void* ptr, int64_t cols, int64_t rows,
+                             int elem_bytes, uint32_t box_cols, uint32_t box_rows, CUtensorMapSwizzle swizzle) {
+  EncodeTiledFn encode = get_encode_fn();
+  if (!encode) return cudaErrorNotSupported;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols * elem_bytes)};
+  const cuuint32_t box[2] = {box_cols, box_rows};
+  const cuuint32_t estr[2] = {1, 1};
+  if (encode(map, type, 2, const_cast<void*>(ptr), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return cudaErrorInvalidValue;
+  return cudaSuccess;
 }
 
 }  // namespace

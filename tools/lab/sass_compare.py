@@ -8,7 +8,7 @@ numerics should leave every kernel's SASS identical).
 Kernels are matched by their mangled names with the anonymous namespace's per-file hash removed
 (so renamed source files still match); instructions are compared with their encodings, without
 addresses. Prints IDENTICAL / DIFFERENT per kernel, and kernels present on one side only. Exit
-status 1 if anything differs. (cuobjdump ships in the CUDA toolkit, or pip's nvidia-cuda-cuobjdump
+status 1 if anything differs. (Pass text: cuobjdump -sass output. cuobjdump ships in the CUDA toolkit, or pip's nvidia-cuda-cuobjdump
 with nvidia-cuda-nvdisasm.)
 """
 
