@@ -73,6 +73,50 @@ inline int64_t CustomCallWorkspaceBytes(int64_t G, int64_t K) {
   return static_cast<int64_t>(GroupedGemmWorkspaceBytes(G)) + K;
 }
 
+// Checks both calls share (their error messages start with `target`): rhs_scales [G, N, K/16]
+// e4m3, alpha and group_sizes [G], out [M, N] f32/bf16, the workspace size. On success fills the
+// pointers, sizes and out_f32 of *p that do not depend on the activation type.
+inline ffi::Error CheckRhsAndOutputs(const std::string& target, U8Buffer3 rhs, ffi::AnyBuffer rhs_scales,
+                                     F32Buffer1 alpha, S32Buffer1 group_sizes, ffi::Result<ffi::AnyBuffer> out,
+                                     ffi::Result<U8Buffer1> workspace, int64_t M, GroupedGemmParams* p) {
+  auto bad = [&](const std::string& m) { return ffi::Error::InvalidArgument(target + ": " + m); };
+  const auto rd = rhs.dimensions();
+  const int64_t G = rd[0], N = rd[1], K = 2 * rd[2];
+  if (rhs_scales.element_type() != ffi::DataType::F8E4M3FN) return bad("rhs_scales must be float8_e4m3fn");
+  const auto rsd = rhs_scales.dimensions();
+  if (rsd.size() != 3 || rsd[0] != G || rsd[1] != N || rsd[2] != K / 16)
+    return bad("rhs_scales shape " + DimsToString(rsd) + " does not match [G, N, K/16] = [" + std::to_string(G) +
+               ", " + std::to_string(N) + ", " + std::to_string(K / 16) + "]");
+  if (alpha.dimensions()[0] != G)
+    return bad("alpha must have shape [G] = [" + std::to_string(G) + "], got " + DimsToString(alpha.dimensions()));
+  if (group_sizes.dimensions()[0] != G)
+    return bad("group_sizes must have shape [G] = [" + std::to_string(G) + "], got " +
+               DimsToString(group_sizes.dimensions()));
+  const auto od = out->dimensions();
+  const auto ot = out->element_type();
+  if (ot != ffi::DataType::F32 && ot != ffi::DataType::BF16) return bad("out must be float32 or bfloat16");
+  if (od.size() != 2 || od[0] != M || od[1] != N)
+    return bad("out shape " + DimsToString(od) + " does not match [M, N] = [" + std::to_string(M) + ", " +
+               std::to_string(N) + "]");
+  const int64_t ws_bytes = workspace->dimensions()[0];
+  if (ws_bytes < CustomCallWorkspaceBytes(G, K))
+    return bad("workspace has " + std::to_string(ws_bytes) + " bytes, needs 4096 + 16*G + K = " +
+               std::to_string(CustomCallWorkspaceBytes(G, K)));
+  p->rhs = rhs.typed_data();
+  p->rhs_scales = static_cast<const uint8_t*>(rhs_scales.untyped_data());
+  p->alpha = alpha.typed_data();
+  p->group_sizes = group_sizes.typed_data();
+  p->out = out->untyped_data();
+  p->workspace = workspace->typed_data();
+  p->workspace_bytes = static_cast<size_t>(ws_bytes);
+  p->M = M;
+  p->N = N;
+  p->K = K;
+  p->G = G;
+  p->out_f32 = ot == ffi::DataType::F32;
+  return ffi::Error::Success();
+}
+
 // Checks the attributes and buffers of one call and fills *p (device or host pointers alike).
 inline ffi::Error DecodeGroupedGemm(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs,
                                     ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
@@ -91,12 +135,6 @@ inline ffi::Error DecodeGroupedGemm(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale
   const int64_t G = rd[0], N = rd[1], K = 2 * rd[2];
   if (G < 1) return BadArgument("rhs_data must have at least one group, got shape " + DimsToString(rd));
   if (K % 32 != 0) return BadArgument("K = 2 * rhs_data.shape[2] must be a multiple of 32, got K = " + std::to_string(K));
-
-  if (rhs_scales.element_type() != ffi::DataType::F8E4M3FN) return BadArgument("rhs_scales must be float8_e4m3fn");
-  const auto rsd = rhs_scales.dimensions();
-  if (rsd.size() != 3 || rsd[0] != G || rsd[1] != N || rsd[2] != K / 16)
-    return BadArgument("rhs_scales shape " + DimsToString(rsd) + " does not match [G, N, K/16] = [" +
-                       std::to_string(G) + ", " + std::to_string(N) + ", " + std::to_string(K / 16) + "]");
 
   const auto ld = lhs.dimensions();
   if (ld.size() != 2) return BadArgument("lhs must be rank 2, got shape " + DimsToString(ld));
@@ -121,24 +159,10 @@ inline ffi::Error DecodeGroupedGemm(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale
   } else if (lsd.size() != 1 || lsd[0] != 0) {
     return BadArgument("for bf16 lhs (W4A16), lhs_scales must have shape [0], got " + DimsToString(lsd));
   }
-
-  if (alpha.dimensions()[0] != G)
-    return BadArgument("alpha must have shape [G] = [" + std::to_string(G) + "], got " + DimsToString(alpha.dimensions()));
-  if (group_sizes.dimensions()[0] != G)
-    return BadArgument("group_sizes must have shape [G] = [" + std::to_string(G) + "], got " +
-                       DimsToString(group_sizes.dimensions()));
-
-  const auto od = out->dimensions();
-  const auto ot = out->element_type();
-  if (ot != ffi::DataType::F32 && ot != ffi::DataType::BF16) return BadArgument("out must be float32 or bfloat16");
-  if (od.size() != 2 || od[0] != M || od[1] != N)
-    return BadArgument("out shape " + DimsToString(od) + " does not match [M, N] = [" + std::to_string(M) + ", " +
-                       std::to_string(N) + "]");
-
-  const int64_t ws_bytes = workspace->dimensions()[0];
-  if (ws_bytes < CustomCallWorkspaceBytes(G, K))
-    return BadArgument("workspace has " + std::to_string(ws_bytes) + " bytes, needs 4096 + 16*G + K = " +
-                       std::to_string(CustomCallWorkspaceBytes(G, K)));
+  if (ffi::Error err = CheckRhsAndOutputs("jax_nvfp4_grouped_gemm", rhs, rhs_scales, alpha, group_sizes, out,
+                                          workspace, M, p);
+      err.failure())
+    return err;
 
   if (attrs.rhs_layout == RhsLayout::kSm90 && (N % 128 != 0 || K % 64 != 0))
     return BadArgument("rhs_data: the sm90 layout (rhs_layout 1) needs N % 128 == 0 and K % 64 == 0, got N = " +
@@ -146,19 +170,7 @@ inline ffi::Error DecodeGroupedGemm(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale
 
   p->lhs = lhs.untyped_data();
   p->lhs_scales = a_fp4 ? static_cast<const uint8_t*>(lhs_scales.untyped_data()) : nullptr;
-  p->rhs = rhs.typed_data();
-  p->rhs_scales = static_cast<const uint8_t*>(rhs_scales.untyped_data());
-  p->alpha = alpha.typed_data();
-  p->group_sizes = group_sizes.typed_data();
-  p->out = out->untyped_data();
-  p->workspace = workspace->typed_data();
-  p->workspace_bytes = static_cast<size_t>(ws_bytes);
-  p->M = M;
-  p->N = N;
-  p->K = K;
-  p->G = G;
   p->a_fp4 = a_fp4;
-  p->out_f32 = ot == ffi::DataType::F32;
   p->rhs_layout = attrs.rhs_layout;
   if (M > 0 && N > 0) {
     if (const char* why = GroupedGemmCheckParams(*p)) return BadArgument(why);
@@ -185,12 +197,6 @@ inline ffi::Error DecodeGroupedGemmFp8(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_sc
   if (G < 1) return bad("rhs_data must have at least one group, got shape " + DimsToString(rd));
   if (K % 128 != 0) return bad("FP8 mode needs K = 2 * rhs_data.shape[2] to be a multiple of 128, got K = " +
                                std::to_string(K));
-  if (rhs_scales.element_type() != ffi::DataType::F8E4M3FN) return bad("rhs_scales must be float8_e4m3fn");
-  const auto rsd = rhs_scales.dimensions();
-  if (rsd.size() != 3 || rsd[0] != G || rsd[1] != N || rsd[2] != K / 16)
-    return bad("rhs_scales shape " + DimsToString(rsd) + " does not match [G, N, K/16] = [" + std::to_string(G) +
-               ", " + std::to_string(N) + ", " + std::to_string(K / 16) + "]");
-
   const auto ld = lhs.dimensions();
   if (lhs.element_type() != ffi::DataType::F8E4M3FN || ld.size() != 2 || ld[1] != K)
     return bad("lhs must be float8_e4m3fn [M, K] with K = " + std::to_string(K) + ", got shape " + DimsToString(ld));
@@ -200,41 +206,18 @@ inline ffi::Error DecodeGroupedGemmFp8(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_sc
     return bad("lhs_scales must be float32 [K/128, M] = [" + std::to_string(K / 128) + ", " + std::to_string(M) +
                "], got shape " + DimsToString(lsd));
 
-  if (alpha.dimensions()[0] != G)
-    return bad("alpha must have shape [G] = [" + std::to_string(G) + "], got " + DimsToString(alpha.dimensions()));
-  if (group_sizes.dimensions()[0] != G)
-    return bad("group_sizes must have shape [G] = [" + std::to_string(G) + "], got " +
-               DimsToString(group_sizes.dimensions()));
-  const auto od = out->dimensions();
-  const auto ot = out->element_type();
-  if (ot != ffi::DataType::F32 && ot != ffi::DataType::BF16) return bad("out must be float32 or bfloat16");
-  if (od.size() != 2 || od[0] != M || od[1] != N)
-    return bad("out shape " + DimsToString(od) + " does not match [M, N] = [" + std::to_string(M) + ", " +
-               std::to_string(N) + "]");
-  const int64_t ws_bytes = workspace->dimensions()[0];
-  if (ws_bytes < CustomCallWorkspaceBytes(G, K))
-    return bad("workspace has " + std::to_string(ws_bytes) + " bytes, needs 4096 + 16*G + K = " +
-               std::to_string(CustomCallWorkspaceBytes(G, K)));
+  if (ffi::Error err = CheckRhsAndOutputs("jax_nvfp4_grouped_gemm_fp8", rhs, rhs_scales, alpha, group_sizes, out,
+                                          workspace, M, p);
+      err.failure())
+    return err;
   if (attrs.rhs_layout == RhsLayout::kSm90 && N % 128 != 0)
     return bad("rhs_data: the sm90 layout (rhs_layout 1) needs N % 128 == 0, got N = " + std::to_string(N));
 
   p->lhs = lhs.untyped_data();
   p->lhs_scales = nullptr;
   p->lhs_chunk_scales = static_cast<const float*>(lhs_scales.untyped_data());
-  p->rhs = rhs.typed_data();
-  p->rhs_scales = static_cast<const uint8_t*>(rhs_scales.untyped_data());
-  p->alpha = alpha.typed_data();
-  p->group_sizes = group_sizes.typed_data();
-  p->out = out->untyped_data();
-  p->workspace = workspace->typed_data();
-  p->workspace_bytes = static_cast<size_t>(ws_bytes);
-  p->M = M;
-  p->N = N;
-  p->K = K;
-  p->G = G;
   p->a_fp4 = false;
   p->fp8 = true;
-  p->out_f32 = ot == ffi::DataType::F32;
   p->rhs_layout = attrs.rhs_layout;
   if (M > 0 && N > 0) {
     if (const char* why = GroupedGemmCheckParams(*p)) return bad(why);

@@ -113,6 +113,21 @@ uint8_t FloatToE4m3(float f) {
   return sign | static_cast<uint8_t>(exp << 3 | man);
 }
 
+// Calls fn(g, start, end) for each group's rows [start, end) in order (negative sizes count as 0,
+// the running sum is clamped to M), then writes 0 to the rows past the last group.
+template <typename Fn>
+void ForEachGroup(const jax_nvfp4::GroupedGemmParams& p, Fn fn) {
+  int64_t start = 0;
+  for (int64_t g = 0; g < p.G; ++g) {
+    const int64_t end = std::min<int64_t>(start + std::max<int32_t>(p.group_sizes[g], 0), p.M);
+    fn(g, start, end);
+    start = end;
+  }
+  const int64_t tail = (p.M - start) * p.N;
+  if (p.out_f32) std::fill_n(static_cast<float*>(p.out) + start * p.N, tail, 0.f);
+  else std::fill_n(static_cast<uint16_t*>(p.out) + start * p.N, tail, uint16_t{0});
+}
+
 ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs_data,
                           ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
                           ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
@@ -123,7 +138,7 @@ ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffe
                                                     workspace, attrs, &p);
       err.failure())
     return err;
-  const int64_t G = p.G, N = p.N, K = p.K, M = p.M;
+  const int64_t N = p.N, K = p.K;
   const bool w4a4 = p.a_fp4, out_f32 = p.out_f32;
   const bool sm90 = p.rhs_layout == jax_nvfp4::RhsLayout::kSm90;
 
@@ -135,15 +150,12 @@ ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffe
   const uint16_t* a16 = static_cast<const uint16_t*>(lhs.untyped_data());
   const uint8_t* as = static_cast<const uint8_t*>(lhs_scales.untyped_data());
   const float* al = alpha.typed_data();
-  const int32_t* gs = group_sizes.typed_data();
   float* of = static_cast<float*>(out->untyped_data());
   uint16_t* ob = static_cast<uint16_t*>(out->untyped_data());
   const int64_t KB = K / 16;
 
   uint8_t* wcodes = workspace->typed_data();  // one weight row's codes, in k order
-  int64_t start = 0;
-  for (int64_t g = 0; g < G; ++g) {
-    const int64_t end = std::min<int64_t>(start + std::max<int32_t>(gs[g], 0), M);
+  ForEachGroup(p, [&](int64_t g, int64_t start, int64_t end) {
     for (int64_t n = 0; n < N && start < end; ++n) {
       const uint8_t* wg = w + g * N * (K / 2);
       if (sm90) RowCodesSm90(wg, K, n, wcodes);
@@ -180,13 +192,7 @@ ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffe
         else ob[r * N + n] = FloatToBf16(v);
       }
     }
-    start = end;
-  }
-  for (int64_t r = start; r < M; ++r)  // rows past the groups are 0
-    for (int64_t n = 0; n < N; ++n) {
-      if (out_f32) of[r * N + n] = 0.f;
-      else ob[r * N + n] = 0;
-    }
+  });
   return ffi::Error::Success();
 }
 
@@ -206,7 +212,7 @@ ffi::Error GroupedGemmFp8Cpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Bu
                                                        out, workspace, attrs, &p);
       err.failure())
     return err;
-  const int64_t G = p.G, N = p.N, K = p.K, M = p.M;
+  const int64_t N = p.N, K = p.K;
   const bool out_f32 = p.out_f32;
   const bool sm90 = p.rhs_layout == jax_nvfp4::RhsLayout::kSm90;
 
@@ -219,16 +225,13 @@ ffi::Error GroupedGemmFp8Cpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Bu
   const uint8_t* a8 = static_cast<const uint8_t*>(p.lhs);
   const float* xs = p.lhs_chunk_scales;
   const float* al = alpha.typed_data();
-  const int32_t* gs = group_sizes.typed_data();
   float* of = static_cast<float*>(out->untyped_data());
   uint16_t* ob = static_cast<uint16_t*>(out->untyped_data());
   const int64_t KB = K / 16, KC = K / 128;
 
   // workspace: one weight row's codes, then (in place) its e4m3 weights, in k order
   uint8_t* wrow = workspace->typed_data();
-  int64_t start = 0;
-  for (int64_t g = 0; g < G; ++g) {
-    const int64_t end = std::min<int64_t>(start + std::max<int32_t>(gs[g], 0), M);
+  ForEachGroup(p, [&](int64_t g, int64_t start, int64_t end) {
     for (int64_t n = 0; n < N && start < end; ++n) {
       const uint8_t* wg = w + g * N * (K / 2);
       if (sm90) RowCodesSm90(wg, K, n, wrow);
@@ -246,20 +249,14 @@ ffi::Error GroupedGemmFp8Cpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Bu
           float part = 0.f;
           for (int s = 0; s < 128; ++s)
             part += e4m3[a8[r * K + 128 * c + s]] * e4m3[wrow[128 * c + logical[s]]];
-          acc = std::fma(part, xs[c * M + r], acc);
+          acc = std::fma(part, xs[c * p.M + r], acc);
         }
         const float v = acc * mul;
         if (out_f32) of[r * N + n] = v;
         else ob[r * N + n] = FloatToBf16(v);
       }
     }
-    start = end;
-  }
-  for (int64_t r = start; r < M; ++r)  // rows past the groups are 0
-    for (int64_t n = 0; n < N; ++n) {
-      if (out_f32) of[r * N + n] = 0.f;
-      else ob[r * N + n] = 0;
-    }
+  });
   return ffi::Error::Success();
 }
 
