@@ -19,10 +19,16 @@ in one run:
   ``ragged_dot`` in float32; only up to ``--reference-max-tokens``).
 
 Then one device's share of an ``--ep``-way expert-parallel layer (``--experts`` of ``--experts x
---ep`` experts, all ``--ep-tokens`` tokens routed over all of them, only this device's experts'
-rows computed: :func:`jax_nvfp4.sharding.local_routed_experts`, what
-:func:`jax_nvfp4.moe_expert_parallel` runs on device 0 before the combine, which is not timed)
-on one device, beside 1/ep of the one-device layer with all experts. Writes ``bench_layer.json``,
+--ep`` experts, ``--ep-tokens`` tokens routed over all of them, only this device's experts' rows
+computed) on one device, beside 1/ep of the one-device layer with all experts. The share is
+:func:`device_share`, what :func:`jax_nvfp4.moe_expert_parallel` runs on device 0 except its two
+collectives, simulated on one GPU: device 0 routes its own ``ceil(T / ep)`` tokens
+(:func:`jax_nvfp4.sharding.route_token_slice`, timed), and the all-gather that would bring the
+other devices' routing decisions is replaced by an input holding them (computed once, untimed;
+the real all-gather moves ``T * top_k * 8`` bytes); then
+:func:`jax_nvfp4.sharding.local_routed_experts` on those decisions; the combine is not timed.
+``route_ms`` is the router over all T tokens (what every device ran before the token slice),
+``route_slice_ms`` over device 0's slice. Writes ``bench_layer.json``,
 ``bench_layer.png`` (matplotlib optional) and the compiled HLO of the layer at ``--hlo-tokens``
 (which kernels it runs) under ``--out``.
 """
@@ -177,6 +183,22 @@ def run_layer_cases(args, backend, dev, log=print):
     return results
 
 
+def device_share(x, weights, config, ids_all, rw_all, *, ep, backend,
+                 capacity_factor=sharding.DEFAULT_CAPACITY_FACTOR):
+    """Device 0's share of the ep-way layer on one device (see the module docstring): its token
+    slice routed here, the other slices' decisions taken from ``ids_all`` / ``rw_all`` (int32 /
+    float32 ``[T, top_k]``, :func:`jax_nvfp4.route` of all tokens, standing in for the
+    all-gather), then its experts' rows. ``weights``: device 0's experts, the whole router.
+    Returns float32 ``[T, H]``, equal to ``local_routed_experts(x, weights, ..., device_index=0)``.
+    """
+    ids, rw = sharding.route_token_slice(x, weights, config, device_index=0, devices=ep)
+    routing = tuple(jax.lax.dynamic_update_slice_in_dim(full, mine, 0, 0)
+                    for full, mine in ((ids_all, ids), (rw_all, rw)))
+    return sharding.local_routed_experts(x, weights, config, device_index=0, devices=ep,
+                                         backend=backend, capacity_factor=capacity_factor,
+                                         routing=routing)
+
+
 def run_expert_parallel(args, backend, dev, log=print):
     """One device's share of the ep-way layer vs 1/ep of the one-device layer, per activation."""
     out = []
@@ -190,7 +212,7 @@ def run_expert_parallel(args, backend, dev, log=print):
     t = args.ep_tokens
     x = jax.device_put(jax.random.normal(jax.random.key(args.seed + t), (t, args.hidden),
                                          jnp.bfloat16), dev)
-    ids, _ = jax.jit(route, static_argnums=2)(x, weights, base)
+    ids, rw = jax.jit(route, static_argnums=2)(x, weights, base)   # the gathered decisions
     own = int((np.asarray(ids) < args.experts).sum())
     cap = sharding.device_capacity(t, args.top_k, args.ep, sharding.DEFAULT_CAPACITY_FACTOR)
     ladder = row_ladder(cap, t * args.top_k)
@@ -198,35 +220,41 @@ def run_expert_parallel(args, backend, dev, log=print):
     def routing(x, w):
         return route(x, w, base)
 
+    def routing_slice(x, w):
+        return sharding.route_token_slice(x, w, base, device_index=0, devices=args.ep)
+
     route_ms = time_ms(jax.jit(routing), x, weights, **timing)
+    route_slice_ms = time_ms(jax.jit(routing_slice), x, weights, **timing)
     for activation in args.activations:
         cfg = dataclasses.replace(base, activation=activation)
 
         def single(x, w, cfg=cfg):
             return moe(x, w, cfg, backend=backend)
 
-        def share(x, w, cfg=cfg, cf=sharding.DEFAULT_CAPACITY_FACTOR):
-            return sharding.local_routed_experts(x, w, cfg, device_index=0, devices=args.ep,
-                                                 backend=backend, capacity_factor=cf)
+        def share(x, w, ids, rw, cfg=cfg, cf=sharding.DEFAULT_CAPACITY_FACTOR):
+            return device_share(x, w, cfg, ids, rw, ep=args.ep, backend=backend,
+                                capacity_factor=cf)
 
         single_ms = time_ms(jax.jit(single), x, weights, **timing)
-        share_ms = time_ms(jax.jit(share), x, mine, **timing)
-        def share_all_rows(x, w):
-            return share(x, w, cf=None)
+        share_ms = time_ms(jax.jit(share), x, mine, ids, rw, **timing)
+        def share_all_rows(x, w, ids, rw):
+            return share(x, w, ids, rw, cf=None)
 
-        all_rows_ms = time_ms(jax.jit(share_all_rows), x, mine, **timing)
+        all_rows_ms = time_ms(jax.jit(share_all_rows), x, mine, ids, rw, **timing)
         r = {"tokens": t, "activation": activation, "experts": total, "ep": args.ep,
              "local_experts": args.experts, "own_rows": own, "rows": t * args.top_k,
              "rows_run": next(n for n in ladder if n >= own),
              "capacity_factor": sharding.DEFAULT_CAPACITY_FACTOR,
              "single_ms": single_ms, "single_ms_over_ep": single_ms / args.ep,
              "share_ms": share_ms, "share_all_rows_ms": all_rows_ms,
-             "ratio": share_ms / (single_ms / args.ep), "route_ms": route_ms}
+             "ratio": share_ms / (single_ms / args.ep), "route_ms": route_ms,
+             "route_slice_ms": route_slice_ms}
         out.append(r)
         log(f"  T={t} {activation:5s}: one device of {args.ep} ({own} own rows of "
             f"{t * args.top_k}, runs {r['rows_run']}): {share_ms:8.3f} ms (all rows: "
             f"{all_rows_ms:8.3f}); one device, {total} experts: {single_ms:8.3f} ms, /{args.ep} = {single_ms / args.ep:7.3f}; "
-            f"ratio {r['ratio']:.2f}; routing alone {route_ms:.3f} ms", flush=True)
+            f"ratio {r['ratio']:.2f}; routing alone {route_ms:.3f} ms (all tokens), "
+            f"{route_slice_ms:.3f} ms (the device's slice)", flush=True)
     return out
 
 
@@ -321,12 +349,12 @@ def main(argv=None):
               f"{ref} |")
     if ep:
         print(f"\n| EP tokens | activation | device 0 of {args.ep} ms | all rows ms | "
-              f"1 device / {args.ep} ms | ratio | routing ms |")
-        print("|---|---|---|---|---|---|---|")
+              f"1 device / {args.ep} ms | ratio | routing ms, all tokens | routing ms, slice |")
+        print("|---|---|---|---|---|---|---|---|")
         for r in ep:
             print(f"| {r['tokens']} | {r['activation']} | {r['share_ms']:.3f} | "
                   f"{r['share_all_rows_ms']:.3f} | {r['single_ms_over_ep']:.3f} | "
-                  f"{r['ratio']:.2f} | {r['route_ms']:.3f} |")
+                  f"{r['ratio']:.2f} | {r['route_ms']:.3f} | {r['route_slice_ms']:.3f} |")
     try:
         _plot(results, ep, os.path.join(args.out, "bench_layer.png"))
     except Exception as e:  # noqa: BLE001 - the JSON and the table are already out

@@ -1,15 +1,19 @@
 """Expert parallelism: experts sharded over a mesh axis, all tokens on every device, psum combine.
 
-Every device routes all tokens (the router is replicated, so every device makes the same
-choice), keeps the (token, expert) pairs whose expert it holds, maps global expert ids to local
-ones (``global - axis_index * experts_per_device``; local weights are never indexed with
-global ids), runs its experts, and the partial outputs are summed over the axis. The shared
-expert runs once in total: each device computes it for its own slice of the tokens and adds it
-into the sum. Activation scales are per row (dynamic) or per expert (static), so the answer
-does not depend on the number of devices (see :mod:`jax_nvfp4.moe`). Each device runs only
-about as many routed rows as its own experts received (its own, sorted first): the smallest of
-``C, 2C, 4C, ..., T * top_k`` rows that holds them, ``C = ceil(capacity_factor * T * top_k /
-devices)``; the result is the same whichever size runs.
+Each device routes only its slice of the tokens (``ceil(T / devices)`` of them, T padded to a
+multiple of the device count), and the routing decisions (expert ids int32 and weights float32,
+``[T, top_k]`` each) are all-gathered over the axis (one int32 ``[T, 2 top_k]`` array): the
+router's work is split, and every device ends up with the same decisions for every token,
+computed by the same per-token math as one device's :func:`jax_nvfp4.route`. Each device then
+keeps the (token, expert) pairs whose expert it holds, maps global expert ids to local ones
+(``global - axis_index * experts_per_device``; local weights are never indexed with global ids),
+runs its experts, and the partial outputs are summed over the axis. The shared expert runs once
+in total: each device computes it for its own slice of the tokens and adds it into the sum.
+Activation scales are per row (dynamic) or per expert (static), so the answer does not depend on
+the number of devices (see :mod:`jax_nvfp4.moe`).
+Each device runs only about as many routed rows as its own experts received (its own, sorted
+first): the smallest of ``C, 2C, 4C, ..., T * top_k`` rows that holds them, ``C =
+ceil(capacity_factor * T * top_k / devices)``; the result is the same whichever size runs.
 """
 
 from __future__ import annotations
@@ -81,9 +85,33 @@ def device_capacity(tokens: int, top_k: int, devices: int, capacity_factor) -> i
     return max(1, math.ceil(capacity_factor * tokens * top_k / devices))
 
 
+def token_slice(a, device_index, devices: int):
+    """Rows ``device_index * S .. (device_index + 1) * S`` of ``a`` (``[T, ...]``), ``S =
+    ceil(T / devices)``, after padding T with zeros to ``S * devices``."""
+    size = -(-a.shape[0] // devices)
+    a = jnp.pad(a, ((0, size * devices - a.shape[0]),) + ((0, 0),) * (a.ndim - 1))
+    return jax.lax.dynamic_slice_in_dim(a, device_index * size, size)
+
+
+def route_token_slice(x, weights: MoEWeights, config: MoEConfig, *, device_index, devices: int,
+                      token_ids=None):
+    """Route one device's slice of the tokens: :func:`jax_nvfp4.route` on
+    ``token_slice(x, device_index, devices)`` (and the same slice of ``token_ids``).
+
+    Returns:
+      ``(expert_ids int32 [S, top_k], routing_weights float32 [S, top_k])``, ``S = ceil(T /
+      devices)``; rows past T (padding: zero tokens, token id 0) are to be dropped. Concatenated
+      over the devices and cut to T rows they are ``route(x, ...)``'s decisions.
+    """
+    tok = None
+    if weights.hash_table is not None:
+        tok = token_slice(jnp.asarray(token_ids), device_index, devices)
+    return route(token_slice(x, device_index, devices), weights, config, tok)
+
+
 def local_routed_experts(x, weights: MoEWeights, config: MoEConfig, *, device_index, devices: int,
                          token_ids=None, backend: str = "auto",
-                         capacity_factor: float | None = DEFAULT_CAPACITY_FACTOR):
+                         capacity_factor: float | None = DEFAULT_CAPACITY_FACTOR, routing=None):
     """What one device of :func:`moe_expert_parallel` computes for its routed experts, before
     the combine (also usable outside ``shard_map``, e.g. to time one device's share on one GPU).
 
@@ -93,12 +121,18 @@ def local_routed_experts(x, weights: MoEWeights, config: MoEConfig, *, device_in
         w2 and their input scales), the full router (and hash table).
       device_index: this device's index on the expert axis (int or traced int32).
       devices: the axis size.
+      routing: ``(expert_ids int32 [T, top_k], routing_weights float32 [T, top_k])`` for all
+        tokens (under :func:`moe_expert_parallel`: the all-gathered
+        :func:`route_token_slice` results), or None to route all T tokens here.
 
     Returns:
       float32 ``[T, H]``: the routed experts' output restricted to this device's experts.
     """
     local_e = config.num_experts // devices
-    ids, rw = route(x, weights, config, token_ids if weights.hash_table is not None else None)
+    if routing is None:
+        routing = route(x, weights, config,
+                        token_ids if weights.hash_table is not None else None)
+    ids, rw = routing
     capacity = device_capacity(x.shape[0], config.top_k, devices, capacity_factor)
     return routed_experts(x, ids, rw, weights, config, expert_offset=device_index * local_e,
                           backend=backend, capacity=capacity)
@@ -109,6 +143,10 @@ def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sha
                         backend: str = "auto",
                         capacity_factor: float | None = DEFAULT_CAPACITY_FACTOR):
     """The MoE layer with experts spread over ``mesh`` axis ``axis_name`` (``jax.shard_map``).
+
+    Each device routes ``ceil(T / devices)`` of the tokens and the decisions are all-gathered
+    (``T * top_k`` int32 ids and float32 weights); the routed experts, their dispatch and combine
+    are then split by expert, the shared expert by token.
 
     Args:
       x: ``[T, H]`` tokens (replicated: every device sees all tokens).
@@ -146,18 +184,24 @@ def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sha
     if weights.hash_table is not None:                     # concrete ids: checked here, eagerly
         check_token_ids(token_ids, weights.hash_table, t)
     device_capacity(t, config.top_k, ep, capacity_factor)        # checks capacity_factor
-    tslice = -(-t // ep)                                   # shared-expert tokens per device
+    tslice = -(-t // ep)                                   # tokens per device (padded T / ep)
+    k = config.top_k
     has_shared = weights.shared_w13 is not None
     tok = jnp.zeros((t,), jnp.int32) if token_ids is None else jnp.asarray(token_ids)
 
     def body(x, w, tok):
         idx = jax.lax.axis_index(axis_name)
-        out = local_routed_experts(x, w, config, device_index=idx, devices=ep, token_ids=tok,
-                                   backend=backend, capacity_factor=capacity_factor)
+        # The router runs on this device's token slice only; the decisions are gathered (ids
+        # and the weights' bits side by side: one all-gather of int32 [T, 2 top_k]), so every
+        # device holds every token's, made by the same per-token math as routing all T here.
+        ids, rw = route_token_slice(x, w, config, device_index=idx, devices=ep, token_ids=tok)
+        both = jnp.concatenate([ids, jax.lax.bitcast_convert_type(rw, jnp.int32)], axis=1)
+        both = jax.lax.all_gather(both, axis_name, tiled=True)[:t]
+        ids, rw = both[:, :k], jax.lax.bitcast_convert_type(both[:, k:], jnp.float32)
+        out = local_routed_experts(x, w, config, device_index=idx, devices=ep, backend=backend,
+                                   capacity_factor=capacity_factor, routing=(ids, rw))
         if has_shared:                                     # once in total: a token slice each
-            xp = jnp.pad(x, ((0, tslice * ep - t), (0, 0)))
-            mine = jax.lax.dynamic_slice_in_dim(xp, idx * tslice, tslice)
-            part = shared_expert(mine, w, config, backend=backend)
+            part = shared_expert(token_slice(x, idx, ep), w, config, backend=backend)
             full = jax.lax.dynamic_update_slice_in_dim(
                 jnp.zeros((tslice * ep, h), jnp.float32), part, idx * tslice, 0)
             out = out + full[:t]

@@ -52,7 +52,7 @@ def test_runs_and_writes_the_json(tmp_path):
 def test_overhead_share_is_computed_from_the_measured_numbers(tmp_path, monkeypatch):
     """With the timer replaced, every derived number follows from what was 'measured'."""
     fake = {"layer": 10.0, "gemm1": 3.0, "gemm2": 2.0, "reference": 99.0, "single": 80.0,
-            "share": 12.0, "share_all_rows": 30.0, "routing": 1.5}
+            "share": 12.0, "share_all_rows": 30.0, "routing": 1.5, "routing_slice": 0.25}
     seen = []
 
     def timer(f, *args, **kw):
@@ -69,6 +69,7 @@ def test_overhead_share_is_computed_from_the_measured_numbers(tmp_path, monkeypa
     for e in meta["expert_parallel"]:
         assert e["single_ms_over_ep"] == 20.0 and e["ratio"] == 0.6
         assert e["share_all_rows_ms"] == 30.0 and e["route_ms"] == 1.5
+        assert e["route_slice_ms"] == 0.25
 
 
 def _tiny_layer(experts, seed=0):
@@ -115,6 +116,29 @@ def test_device_shares_add_up_to_the_layer():
     for d in range(ep):
         assert np.abs(parts[d]).max() > 0, d
     np.testing.assert_allclose(sum(parts), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("cf", [sharding.DEFAULT_CAPACITY_FACTOR, None])
+def test_timed_share_is_device_zeros_share(cf):
+    """device_share (what the benchmark times: device 0 routes its token slice, the other
+    slices' decisions come in as an input) equals device 0's share with all tokens routed on
+    it, bit for bit; the slice it routes is T / ep tokens (40 / 4)."""
+    ep, local = 4, 4
+    cfg, w = _tiny_layer(ep * local, seed=4)
+    x = jax.random.normal(jax.random.key(5), (40, 128), jnp.float32)
+    mine = bench_layer.local_weights(w, 0, local)
+    ids, rw = jn.route(x, w, cfg)
+    want = jax.jit(lambda x, wl: sharding.local_routed_experts(
+        x, wl, cfg, device_index=0, devices=ep, capacity_factor=cf))(x, mine)
+    f = jax.jit(lambda x, wl, i, r: bench_layer.device_share(x, wl, cfg, i, r, ep=ep,
+                                                             backend="auto", capacity_factor=cf))
+    got = f(x, mine, ids, rw)
+    assert np.abs(np.asarray(want)).max() > 0
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    # the slice's decisions are the ones used: wrong ones given for it change nothing
+    assert np.array_equal(np.asarray(f(x, mine, ids.at[:10].set(0), rw.at[:10].set(0.0))),
+                          np.asarray(want))
+    assert " f32[10,16]{1,0} dot(" in f.lower(x, mine, ids, rw).compile().as_text()
 
 
 def test_help_and_bad_arguments(capsys):

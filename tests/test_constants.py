@@ -3,20 +3,21 @@
 A module-level ``weights`` captured by a jitted function becomes a compile-time constant, and
 XLA constant-folds what depends only on it. On jax 0.10 the CPU folding of a sub-byte bitcast
 (uint8 -> float4_e2m1fn) gave wrong values, so dequantize, the reference GEMM and the MoE layer
-disagreed with themselves (issue 23, item 1). Codes are now decoded with integer operations;
-these tests compare both ways bit for bit (and the argument way against a float64 oracle), on
-the CPU and, where one is present, on the GPU.
+disagreed with themselves (issue 23, item 1). Codes are now decoded with integer operations and
+a same-width uint32 -> float32 bitcast; these tests compare both ways bit for bit (and against
+ml_dtypes / a float64 oracle), on the CPU and, where one is present, on the GPU.
 """
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
 import jax_nvfp4 as jn
-from jax_nvfp4 import _extension
+from jax_nvfp4 import _extension, formats, quantization
 from conftest import cpu_devices, gpu_devices, skip_or_fail
-from oracles import dequant64, grouped_gemm64, rel_err
+from oracles import decode_e2m1_bytes, dequant64, grouped_gemm64, rel_err
 
 
 @pytest.fixture(params=["cpu", "gpu"])
@@ -137,3 +138,53 @@ def test_moe_expert_parallel_closed_over_constant(rng):
     np.testing.assert_array_equal(as_args, closed)
     np.testing.assert_allclose(as_args.astype(np.float32), single.astype(np.float32),
                                rtol=2e-2, atol=2e-2)
+
+
+def e2m1_oracle_bits(codes, dtype):
+    """ml_dtypes' float4_e2m1fn value of each low nibble, as the bit pattern of ``dtype``."""
+    v = (np.asarray(codes, np.uint8) & 0xF).view(ml_dtypes.float4_e2m1fn).astype(dtype)
+    return v.view(np.uint16 if v.dtype.itemsize == 2 else np.uint32)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_decode_e2m1_every_code_bit_exact(device, dtype):
+    # every byte (only the low nibble is read): values and the sign of -0 (code 8), eagerly, as
+    # a jit argument and as a closed-over constant, against ml_dtypes and the value table
+    codes = jnp.arange(256, dtype=jnp.uint8)
+    want = e2m1_oracle_bits(np.arange(256), dtype)
+    np.testing.assert_array_equal(
+        want[:16], formats.E2M1_VALUES.astype(dtype).view(want.dtype))
+    with jax.default_device(device):
+        eager = np.asarray(formats.decode_e2m1(jax.device_put(codes, device), dtype))
+    a, c = both_ways(device, lambda c: formats.decode_e2m1(c, dtype), codes)
+    for got in (eager, a, c):
+        assert got.dtype == jnp.dtype(dtype)
+        np.testing.assert_array_equal(got.view(want.dtype), want)
+
+
+def test_decode_packed_every_byte_closed_over_constant(device):
+    data = jnp.arange(256, dtype=jnp.uint8).reshape(8, 32)
+    a, c = both_ways(device, formats.decode_packed, data)
+    want = np.asarray(decode_e2m1_bytes(np.asarray(data)), np.float32)
+    np.testing.assert_array_equal(a.view(np.uint32), want.view(np.uint32))
+    np.testing.assert_array_equal(c.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_e2m1_scaled_closed_over_constant(device, rng, dtype):
+    # the GPU W4A4 pre-pass (e2m1 * e4m3 scale, bf16): every code under every scale byte
+    # (subnormal, zero, negative and NaN scales included), bit for bit against float64 ml_dtypes
+    block = np.array([0x10, 0x32, 0x54, 0x76, 0x98, 0xBA, 0xDC, 0xFE], np.uint8)  # codes 0..15
+    data = np.concatenate([np.tile(block, (16, 16)),
+                           rng.integers(0, 256, (16, 128), dtype=np.uint8)], axis=1)
+    sbytes = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    sbytes = np.concatenate([sbytes, sbytes[::-1, rng.permutation(16)]], axis=1)
+    t = jn.NVFP4Tensor(jnp.asarray(data), jn.scales_from_bytes(jnp.asarray(sbytes)),
+                       jnp.float32(1.0))
+    a, c = both_ways(device, lambda t: quantization.e2m1_scaled(t, dtype), t)
+    want = dequant64(data, sbytes).astype(dtype)          # exact products: any rounding agrees
+    assert_same(a, c)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(a.astype(np.float32)), nan)
+    bits = np.uint16 if a.dtype.itemsize == 2 else np.uint32
+    np.testing.assert_array_equal(a.view(bits)[~nan], want.view(bits)[~nan])

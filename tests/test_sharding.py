@@ -2,9 +2,11 @@
 
 ``moe_expert_parallel`` must give :func:`jax_nvfp4.moe`'s answer up to the float32 order of the
 final sum (per-device partial sums, then psum), whatever the number of devices, combine,
-activation mode, routing flavour or backend; move only the combine over the wire (one
-all-reduce or one reduce-scatter, never an all-gather of the weights); and reject bad arguments
-with errors naming them. The last test runs the layer across 2 processes x 4 CPU devices.
+activation mode, routing flavour or backend; route only each device's token slice and gather
+the decisions (bit for bit the former replicated router's answer); move only the combine and
+those decisions over the wire (one all-reduce or one reduce-scatter, one all-gather of int32
+[T, 2 top_k], never the weights); and reject bad arguments with errors naming them. The last
+test runs the layer across 2 processes x 4 CPU devices.
 """
 
 import dataclasses
@@ -26,7 +28,7 @@ from jax.sharding import PartitionSpec as P
 import jax_nvfp4 as jn
 from jax_nvfp4 import _extension
 from jax_nvfp4 import sharding
-from jax_nvfp4.moe import routed_experts, row_ladder
+from jax_nvfp4.moe import routed_experts, row_ladder, shared_expert
 from jax_nvfp4.quantization import quantize
 from conftest import cpu_devices
 
@@ -335,7 +337,7 @@ def test_two_axis_mesh(rng):
         assert_close(out, ref, combine)
         hlo = f.lower(x, ws, None).compile().as_text()
         op = "all-reduce" if combine == "psum" else "reduce-scatter"
-        assert _count_ops(hlo, op) == 1 and _count_ops(hlo, "all-gather") == 0
+        assert _count_ops(hlo, op) == 1 and _gathered(hlo) == [("s32", (32, 2 * cfg.top_k))]
         # reduced over "ep" only: explicit groups, iota groups, or the mesh spelling (jax 0.11)
         assert re.search(r"replica_groups=(\{\{0,1,2,3\},\{4,5,6,7\}\}|\[2,4\]<=\[8\]|"
                          r"mesh\['dp'=2,\s*'ep'=4\]\s*\{'ep'\})", hlo), hlo[-2000:]
@@ -411,6 +413,12 @@ def test_shard_moe_weights_placement(rng):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def _gathered(hlo: str):
+    """(dtype, shape) of each all-gather's result in compiled HLO text."""
+    return [(d, tuple(int(v) for v in dims.split(","))) for d, dims in
+            re.findall(r"=\s*(\w+)\[([\d,]+)\]\{[^}]*\}\s+all-gather(?:-start)?\(", hlo)]
+
+
 def _count_ops(hlo: str, op: str) -> int:
     """Instructions with opcode ``op`` (or its async ``-start`` form) in compiled HLO text."""
     return len(re.findall(rf"=\s*\S+\s+{op}(?:-start)?\(", hlo)) + \
@@ -458,9 +466,10 @@ def test_compiled_hlo_collectives(backend, rng):
         counts = {o: _count_ops(hlo, o) for o in
                   ("all-reduce", "reduce-scatter", "all-gather", "all-to-all",
                    "collective-permute")}
-        want = {"all-reduce": 0, "reduce-scatter": 0, "all-gather": 0, "all-to-all": 0,
+        want = {"all-reduce": 0, "reduce-scatter": 0, "all-gather": 1, "all-to-all": 0,
                 "collective-permute": 0, op: 1}
         assert counts == want, (combine, counts)
+        assert _gathered(hlo) == [("s32", (x.shape[0], 2 * cfg.top_k))]   # routing only
         ncall = hlo.count('custom_call_target="jax_nvfp4_grouped_gemm"')
         if backend == "ffi":                           # 2 routed per row count + 2 shared
             assert ncall == 2 * len(default_ladder(x.shape[0], cfg.top_k, 4)) + 2, ncall
@@ -605,6 +614,98 @@ def test_skewed_routing_default_is_exact(routing, activation, rng):
         for combine in ("psum", "psum_scatter"):
             all_rows = ep_fn(cfg, mesh, combine, capacity_factor=None)(x, ws, tok)
             np.testing.assert_array_equal(outs[combine], np.asarray(all_rows), err_msg=combine)
+
+
+# ----------------------------------------------------------------------------- token-slice routing
+
+
+def replicated_router_ep(cfg, mesh, combine, backend=BACKEND, axis_name="ep",
+                         capacity_factor=sharding.DEFAULT_CAPACITY_FACTOR):
+    """The former moe_expert_parallel, kept here as the bit-exact reference: every device routes
+    all T tokens itself (replicated router), then the same local experts, shared-expert slice
+    and combine."""
+    def f(x, w, tok):
+        t, h = x.shape
+        ep = mesh.shape[axis_name]
+        tslice = -(-t // ep)
+        tok = jnp.zeros((t,), jnp.int32) if tok is None else jnp.asarray(tok)
+
+        def body(x, w, tok):
+            idx = jax.lax.axis_index(axis_name)
+            out = sharding.local_routed_experts(x, w, cfg, device_index=idx, devices=ep,
+                                                token_ids=tok, backend=backend,
+                                                capacity_factor=capacity_factor)
+            if w.shared_w13 is not None:
+                xp = jnp.pad(x, ((0, tslice * ep - t), (0, 0)))
+                mine = jax.lax.dynamic_slice_in_dim(xp, idx * tslice, tslice)
+                part = shared_expert(mine, w, cfg, backend=backend)
+                out = out + jax.lax.dynamic_update_slice_in_dim(
+                    jnp.zeros((tslice * ep, h), jnp.float32), part, idx * tslice, 0)[:t]
+            if combine == "psum":
+                return jax.lax.psum(out, axis_name).astype(x.dtype)
+            return jax.lax.psum_scatter(out, axis_name, scatter_dimension=0,
+                                        tiled=True).astype(x.dtype)
+
+        specs = sharding.weight_specs(w, axis_name)
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), specs, P()),
+                             out_specs=P() if combine == "psum" else P(axis_name))(x, w, tok)
+    return jax.jit(f)
+
+
+def assert_equals_replicated_router(cfg, w, x, tok, combines=("psum", "psum_scatter"), **kw):
+    mesh = ep_mesh(8, AxisType.Auto)
+    ws = jn.shard_moe_weights(w, mesh)
+    for combine in combines:
+        new = np.asarray(ep_fn(cfg, mesh, combine, **kw)(x, ws, tok))
+        old = np.asarray(replicated_router_ep(cfg, mesh, combine, **kw)(x, ws, tok))
+        assert np.abs(old).max() > 1e-3, combine
+        np.testing.assert_array_equal(new, old, err_msg=combine)
+
+
+@pytest.mark.parametrize("routing", ["score", "hash"])
+@pytest.mark.parametrize("activation", ["w4a4", "w4a16"])
+def test_token_slice_routing_equals_replicated_router_skewed(routing, activation, rng):
+    """Each device routes T/8 tokens and gathers the decisions: bit for bit the replicated
+    router's layer, both combines, under the skew that sends one device 4x its share (its
+    capacity ladder's second-largest rung)."""
+    cfg, w, x, tok, _ = _skewed_layer(routing, activation, rng)
+    assert_equals_replicated_router(cfg, w, x, tok)
+
+
+@pytest.mark.parametrize("routing", ["score", "grouped", "hash"])
+def test_token_slice_routing_equals_replicated_router_t_not_multiple(routing, rng):
+    """T = 30 on 8 devices (slices of 4, the last one half padding), psum: bit for bit."""
+    kw = dict(hash_vocab=40) if routing == "hash" else (
+        dict(n_group=4, topk_group=2, scoring_func="sigmoid") if routing == "grouped" else {})
+    cfg, w, x, tok = make_layer(rng, t=30, **kw)
+    assert_equals_replicated_router(cfg, w, x, tok, combines=("psum",))
+
+
+@pytest.mark.parametrize("routing", ["score", "hash"])
+def test_route_token_slice_pieces_are_route(routing, rng):
+    """The 8 slices' decisions, concatenated and cut to T, are route()'s, bit for bit."""
+    cfg, w, x, tok = make_layer(rng, t=30, hash_vocab=40 if routing == "hash" else 0)
+    ids, rw = jax.jit(lambda x, w, tok: jn.route(x, w, cfg, tok))(x, w, tok)
+    f = jax.jit(lambda x, w, tok, d: sharding.route_token_slice(
+        x, w, cfg, device_index=d, devices=8, token_ids=tok))
+    parts = [f(x, w, tok, jnp.int32(d)) for d in range(8)]
+    assert parts[0][0].shape == (4, cfg.top_k) and parts[0][1].dtype == jnp.float32
+    np.testing.assert_array_equal(np.concatenate([p[0] for p in parts])[:30], np.asarray(ids))
+    np.testing.assert_array_equal(
+        np.concatenate([np.asarray(p[1]) for p in parts])[:30].view(np.uint32),
+        np.asarray(rw).view(np.uint32))
+
+
+@pytest.mark.parametrize("routing", ["score", "hash"])
+def test_router_runs_on_the_token_slice_only(routing, rng):
+    """The compiled layer's router matmul has ceil(T / 8) rows, not T (T = 30: 4 rows)."""
+    cfg, w, x, tok = make_layer(rng, t=30, hash_vocab=40 if routing == "hash" else 0)
+    mesh = ep_mesh(8)
+    hlo = ep_fn(cfg, mesh, "psum").lower(x, jn.shard_moe_weights(w, mesh), tok) \
+        .compile().as_text()
+    router = re.findall(rf"= f32\[(\d+),{cfg.num_experts}\]\{{1,0\}} dot\(", hlo)
+    assert router and set(router) == {"4"}, router
+    assert _gathered(hlo) == [("s32", (32, 2 * cfg.top_k))]
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "1.5"])
