@@ -4,6 +4,10 @@
 // out[r, n] = alpha[g] * sum_k A[r, k] * W[g, n, k]   for rows r of group g,
 // with W = e2m1(rhs_data) * e4m3(rhs_scales) (one scale per 16 consecutive k), and
 // A = lhs (bf16, W4A16) or e2m1(lhs) * e4m3(lhs_scales) (W4A4). Accumulation in f32.
+// FP8 mode (the custom call "jax_nvfp4_grouped_gemm_fp8", params.fp8): A is e4m3 codes with one
+// power-of-two float32 scale per row and 128-wide k chunk, W is rounded to e4m3 as
+// e4m3(e2m1 * scale * 2^-3), each chunk's dot is promoted into the float32 accumulator times the
+// row's chunk scale, and the epilogue multiplies by alpha * 2^3 (docs/design.md, "FP8 mode").
 // Group g covers rows [start_g, end_g): start_g = min(sum_{j<g} max(gs_j, 0), M),
 // end_g = min(start_g + max(gs_g, 0), M). Rows past end_{G-1} are written as 0.
 //
@@ -32,6 +36,7 @@ enum class KernelFamily : int32_t {
   kMma = 0,    // mma.sync, cp.async multistage (csrc/grouped_gemm_mma.cu): sm_80 and newer
   kMmaWs = 1,  // the same math, warp-specialized with bulk copies and mbarriers: sm_90, sm90 weights
   kWgmma = 2,  // wgmma with the weights as register operand, TMA, persistent (csrc/grouped_gemm_wgmma_sm90.cu)
+  kWgmmaFp8 = 3,  // FP8 mode: e4m3 wgmma, weights decoded to e4m3 in registers (csrc/grouped_gemm_fp8_sm90.cu)
 };
 
 struct KernelConfig {
@@ -53,6 +58,7 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     {KernelFamily::kMma, 16, 4, 1},   {KernelFamily::kMma, 32, 5, 1},    {KernelFamily::kMma, 64, 4, 1},
     {KernelFamily::kMma, 128, 4, 1},  {KernelFamily::kMmaWs, 16, 8, 1},  {KernelFamily::kWgmma, 32, 20, 1},
     {KernelFamily::kWgmma, 64, 12, 1}, {KernelFamily::kWgmma, 128, 8, 1}, {KernelFamily::kWgmma, 256, 5, 2},
+    {KernelFamily::kWgmmaFp8, 32, 15, 1}, {KernelFamily::kWgmmaFp8, 64, 12, 1}, {KernelFamily::kWgmmaFp8, 128, 8, 1},
 };
 inline constexpr int kNumKernelConfigs = static_cast<int>(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
 
@@ -74,6 +80,7 @@ inline const char* FamilyName(KernelFamily f) {
     case KernelFamily::kMma: return "mma";
     case KernelFamily::kMmaWs: return "mma_ws";
     case KernelFamily::kWgmma: return "wgmma";
+    case KernelFamily::kWgmmaFp8: return "wgmma_fp8";
   }
   return "?";
 }
@@ -83,8 +90,8 @@ inline constexpr uint32_t FamilyBit(KernelFamily f) { return 1u << static_cast<i
 
 // Compute capability as 10 * major + minor (90 = sm_90, 0 = no GPU).
 inline constexpr bool ArchSupported(int arch) { return arch >= 80; }
-// wgmma and the warp-specialized mma variant use sm_90a instructions (setmaxnreg, wgmma, bulk
-// copies): only an sm_90 device running the sm_90a image has them.
+// wgmma (both modes) and the warp-specialized mma variant use sm_90a instructions (setmaxnreg, wgmma,
+// bulk copies): only an sm_90 device running the sm_90a image has them.
 inline constexpr bool FamilyRunsOn(KernelFamily f, int arch) {
   return f == KernelFamily::kMma ? ArchSupported(arch) : arch == 90;
 }
@@ -97,6 +104,7 @@ inline constexpr uint32_t RunnableFamilies(int arch, bool built_cuda, bool built
   if (built_cuda && FamilyRunsOn(KernelFamily::kMma, arch)) f |= FamilyBit(KernelFamily::kMma);
   if (built_sm90a && FamilyRunsOn(KernelFamily::kMmaWs, arch)) f |= FamilyBit(KernelFamily::kMmaWs);
   if (built_sm90a && FamilyRunsOn(KernelFamily::kWgmma, arch)) f |= FamilyBit(KernelFamily::kWgmma);
+  if (built_sm90a && FamilyRunsOn(KernelFamily::kWgmmaFp8, arch)) f |= FamilyBit(KernelFamily::kWgmmaFp8);
   return f;
 }
 
@@ -110,6 +118,7 @@ struct ProblemDesc {
   int64_t rows_hint = 0;   // expected rows inside the groups (0: M)
   bool a_fp4 = false;      // packed e2m1 activations (W4A4 native)
   RhsLayout layout = RhsLayout::kCheckpoint;
+  bool fp8 = false;        // FP8 mode (only the wgmma_fp8 family computes it)
 };
 
 // Average rows per group: rows_hint (or M when 0 or >= M) / G, rounded up.
@@ -126,9 +135,19 @@ inline constexpr bool WgmmaShapeOk(const ProblemDesc& d) {
   return ((d.M + 63) / 64 + d.G) * ((d.N + 127) / 128) <= INT32_MAX;
 }
 
-// Whether `family` computes this problem (shapes, activation type, weight layout): wgmma takes
-// W4A16 with K % 64 == 0, mma_ws sm90 weights with bf16 activations, mma everything.
+// Shape conditions of the FP8-mode kernel: K % 128 == 0 (one promotion per 128-wide stage) and the
+// checkpoint weight layout (a thread reads 16 contiguous code bytes of one row per stage).
+inline constexpr bool WgmmaFp8ShapeOk(const ProblemDesc& d) {
+  if (d.K <= 0 || d.K % 128 != 0 || d.layout != RhsLayout::kCheckpoint) return false;
+  if (d.M > INT32_MAX - 256) return false;
+  return ((d.M + 31) / 32 + d.G) * ((d.N + 127) / 128) <= INT32_MAX;
+}
+
+// Whether `family` computes this problem (mode, shapes, activation type, weight layout): in FP8
+// mode only wgmma_fp8 (K % 128 == 0, checkpoint weights); otherwise wgmma takes W4A16 with
+// K % 64 == 0, mma_ws sm90 weights with bf16 activations, mma everything.
 inline constexpr bool FamilyHandles(KernelFamily f, const ProblemDesc& d) {
+  if (d.fp8 || f == KernelFamily::kWgmmaFp8) return d.fp8 && f == KernelFamily::kWgmmaFp8 && WgmmaFp8ShapeOk(d);
   if (f == KernelFamily::kWgmma) return WgmmaShapeOk(d);
   if (f == KernelFamily::kMmaWs) return d.layout == RhsLayout::kSm90 && !d.a_fp4;
   return true;
@@ -141,6 +160,7 @@ inline constexpr bool FamilyHandles(KernelFamily f, const ProblemDesc& d) {
 inline constexpr KernelConfig ConfigForFamily(KernelFamily f, const ProblemDesc& d) {
   const int64_t avg = AvgRowsPerGroup(d);
   if (f == KernelFamily::kWgmma) return DefaultConfigFor(f, avg >= 384 ? 256 : avg <= 24 ? 64 : 128);
+  if (f == KernelFamily::kWgmmaFp8) return DefaultConfigFor(f, avg <= 24 ? 32 : avg <= 64 ? 64 : 128);
   if (f == KernelFamily::kMmaWs) return DefaultConfigFor(f, 16);
   return DefaultConfigFor(f, avg <= 12 ? 16 : avg <= 40 ? 32 : 64);
 }
@@ -149,7 +169,10 @@ inline constexpr KernelConfig ConfigForFamily(KernelFamily f, const ProblemDesc&
 // weights faster: 0.35 ms against 0.51 ms at 4 rows per group on the H200, while from 32 rows up
 // wgmma is 1.3-1.8x faster); the warp-specialized mma variant for 16-token tiles of sm90 weights
 // (2-4% faster at decode); otherwise the mma kernel.
+// FP8 mode has one family: its configuration is returned whether or not the device runs it (the
+// handler then names the device).
 inline constexpr KernelConfig ChooseKernelConfig(const ProblemDesc& d) {
+  if (d.fp8) return ConfigForFamily(KernelFamily::kWgmmaFp8, d);
   auto usable = [&d](KernelFamily f) { return (d.families & FamilyBit(f)) && FamilyHandles(f, d); };
   if (usable(KernelFamily::kWgmma) && AvgRowsPerGroup(d) >= 16) return ConfigForFamily(KernelFamily::kWgmma, d);
   const KernelConfig c = ConfigForFamily(KernelFamily::kMma, d);
@@ -177,6 +200,10 @@ struct GroupedGemmParams {
   bool a_fp4 = false;    // W4A4 when true, W4A16 when false
   bool out_f32 = false;  // f32 output when true, bf16 when false
   RhsLayout rhs_layout = RhsLayout::kCheckpoint;
+  // FP8 mode: lhs is e4m3 [M, K] in the kernel k order (docs/design.md), lhs_chunk_scales f32
+  // [K/128, M] (power-of-two scale of row r's chunk c at c * M + r); lhs_scales unused.
+  bool fp8 = false;
+  const float* lhs_chunk_scales = nullptr;
 };
 
 // Bytes of workspace the CUDA launchers need: 4096 + 16 * G (the schedule's prefix sums and
@@ -196,10 +223,12 @@ inline const char* GroupedGemmCheckParams(const GroupedGemmParams& p) {
     return "rhs_layout must be 0 (checkpoint) or 1 (sm90)";
   if (p.rhs_layout == RhsLayout::kSm90 && (p.N % 128 != 0 || p.K % 64 != 0))
     return "the sm90 layout needs N % 128 == 0 and K % 64 == 0";
+  if (p.fp8 && (p.K % 128 != 0 || p.a_fp4)) return "FP8 mode needs K % 128 == 0 and e4m3 activations";
   if (p.M > 0 && p.N > 0) {
     if (!p.lhs || !p.rhs || !p.rhs_scales || !p.alpha || !p.group_sizes || !p.out || !p.workspace)
       return "null pointer";
     if (p.a_fp4 && !p.lhs_scales) return "null lhs_scales";
+    if (p.fp8 && !p.lhs_chunk_scales) return "null lhs_chunk_scales";
     if ((reinterpret_cast<uintptr_t>(p.lhs) | reinterpret_cast<uintptr_t>(p.rhs)) & 15)
       return "lhs/rhs must be 16-byte aligned";
     if (reinterpret_cast<uintptr_t>(p.workspace) & 15) return "workspace must be 16-byte aligned";

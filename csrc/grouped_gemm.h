@@ -22,7 +22,8 @@ const char* ConfigUnsupportedReason(const KernelConfig& c, int arch);
 // synchronisation, no device-to-host copy (CUDA-graph capturable). c must be a kKernelConfigs
 // entry that runs on `arch` (ConfigUnsupportedReason). wgmma and mma_ws need 16-byte aligned
 // buffers (XLA's are) and wgmma the driver's tensor-map encoder; where they are missing, the mma
-// kernel runs with the same token tile (64 for larger wgmma tiles). No CUDA kernel reads packed
+// kernel runs with the same token tile (64 for larger wgmma tiles). The FP8 mode (p.fp8) runs the
+// wgmma_fp8 configurations only, and those run nothing else. No CUDA kernel reads packed
 // e2m1 activations with sm90 weights (jax_nvfp4.grouped_gemm dequantizes W4A4 activations to bf16
 // first for them): cudaErrorNotSupported. Returns the first CUDA error (launch errors included),
 // or cudaErrorInvalidValue when GroupedGemmCheckParams rejects p.
@@ -36,5 +37,8 @@ cudaError_t LaunchGroupedGemmMma(const GroupedGemmParams& p, const KernelConfig&
 bool MmaWsBuffersOk(const GroupedGemmParams& p);
 cudaError_t LaunchGroupedGemmWgmma(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream);
 bool WgmmaBuffersOk(const GroupedGemmParams& p);
+// The FP8 mode (p.fp8; csrc/grouped_gemm_fp8_sm90.cu): configuration c of family wgmma_fp8, checkpoint
+// weights, K % 128 == 0; cudaErrorNotSupported for buffers it cannot read (misaligned scales).
+cudaError_t LaunchGroupedGemmFp8(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream);
 
 }  // namespace jax_nvfp4

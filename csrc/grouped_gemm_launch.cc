@@ -18,6 +18,11 @@ cudaError_t launch_wgmma_if_built(const GroupedGemmParams& p, const KernelConfig
   else return cudaErrorNotSupported;
 }
 template <bool kBuilt>
+cudaError_t launch_fp8_if_built(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream) {
+  if constexpr (kBuilt) return LaunchGroupedGemmFp8(p, c, stream);
+  else return cudaErrorNotSupported;
+}
+template <bool kBuilt>
 bool wgmma_buffers_ok_if_built(const GroupedGemmParams& p) {
   if constexpr (kBuilt) return WgmmaBuffersOk(p);
   else return false;
@@ -47,13 +52,15 @@ const char* ConfigUnsupportedReason(const KernelConfig& c, int arch) {
   if (!ArchSupported(arch)) return "the CUDA kernels need compute capability 8.0 or newer";
   if (BuildRunnableFamilies(arch) & FamilyBit(c.family)) return nullptr;
   if (!kBuiltSm90a) return "this build carries no sm_90a image (portable build): only the mma family runs";
-  return "the mma_ws and wgmma families run on compute capability 9.0 (Hopper) only";
+  return "the mma_ws, wgmma and wgmma_fp8 families run on compute capability 9.0 (Hopper) only";
 }
 
 cudaError_t LaunchGroupedGemm(const GroupedGemmParams& p, const KernelConfig& c, int arch, cudaStream_t stream) {
   if (GroupedGemmCheckParams(p) != nullptr) return cudaErrorInvalidValue;
   if (ConfigUnsupportedReason(c, arch) != nullptr) return cudaErrorNotSupported;
   const bool sm90_image = kBuiltSm90a && arch == 90;
+  if (p.fp8 != (c.family == KernelFamily::kWgmmaFp8)) return cudaErrorInvalidValue;
+  if (p.fp8) return launch_fp8_if_built<kBuiltSm90a>(p, c, stream);
   if (c.family == KernelFamily::kWgmma) {
     if (wgmma_buffers_ok_if_built<kBuiltSm90a>(p)) return launch_wgmma_if_built<kBuiltSm90a>(p, c, stream);
     return LaunchGroupedGemmMma(p, DefaultConfigFor(KernelFamily::kMma, c.token_tile < 64 ? c.token_tile : 64),

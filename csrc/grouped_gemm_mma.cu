@@ -594,8 +594,8 @@ template <int I>
 cudaError_t launch_entry(const GroupedGemmParams& p, const KParams& kp, bool pdl, cudaStream_t stream) {
   constexpr KernelConfig c = kKernelConfigs[I];
   constexpr int BT = c.token_tile, ST = c.stages, WT = warps_t_for(BT), MB = min_blocks_for(BT);
-  if constexpr (c.family == KernelFamily::kWgmma) {
-    return cudaErrorInvalidValue;  // csrc/grouped_gemm_wgmma_sm90.cu
+  if constexpr (c.family == KernelFamily::kWgmma || c.family == KernelFamily::kWgmmaFp8) {
+    return cudaErrorInvalidValue;  // csrc/grouped_gemm_wgmma_sm90.cu, csrc/grouped_gemm_fp8_sm90.cu
   } else if constexpr (c.family == KernelFamily::kMmaWs) {
     return launch_gemm<BT, WT, ST, false, MB, true, true>(kp, p.M, p.G, pdl, stream);
   } else {
@@ -610,7 +610,8 @@ template <int... I>
 cudaError_t launch_config(const GroupedGemmParams& p, const KernelConfig& c, const KParams& kp, bool pdl,
                           cudaStream_t stream, std::integer_sequence<int, I...>) {
   cudaError_t e = cudaErrorInvalidValue;
-  (void)((kKernelConfigs[I].family != KernelFamily::kWgmma && kKernelConfigs[I] == c
+  (void)((kKernelConfigs[I].family != KernelFamily::kWgmma && kKernelConfigs[I].family != KernelFamily::kWgmmaFp8 &&
+              kKernelConfigs[I] == c
               ? (e = launch_entry<I>(p, kp, pdl, stream), true)
               : false) ||
          ...);
@@ -627,7 +628,8 @@ bool MmaWsBuffersOk(const GroupedGemmParams& p) {
 cudaError_t LaunchGroupedGemmMma(const GroupedGemmParams& p, const KernelConfig& c, bool sm90_image,
                                  cudaStream_t stream) {
   if (GroupedGemmCheckParams(p) != nullptr) return cudaErrorInvalidValue;
-  if (c.family == KernelFamily::kWgmma || !IsKnownConfig(c)) return cudaErrorInvalidValue;
+  if (c.family == KernelFamily::kWgmma || c.family == KernelFamily::kWgmmaFp8 || !IsKnownConfig(c) || p.fp8)
+    return cudaErrorInvalidValue;
   if (c.family == KernelFamily::kMmaWs && (!sm90_image || !MmaWsBuffersOk(p))) return cudaErrorNotSupported;
   if (p.a_fp4 && p.rhs_layout == RhsLayout::kSm90) return cudaErrorNotSupported;  // bf16 activations only
   if (p.M == 0 || p.N == 0) return cudaSuccess;

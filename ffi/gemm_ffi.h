@@ -1,11 +1,12 @@
-// The custom call "jax_nvfp4_grouped_gemm" as XLA FFI sees it, shared by the CPU and the CUDA
-// handler: the typed attributes (decoded into GemmAttrs) and the buffer checks that turn the call
-// frame into GroupedGemmParams (csrc/gemm_contract.h). Both handlers accept and check the same
-// attributes; the CPU handler ignores the kernel configuration once it is checked.
+// The custom calls "jax_nvfp4_grouped_gemm" (exact) and "jax_nvfp4_grouped_gemm_fp8" (FP8 mode) as
+// XLA FFI sees them, shared by the CPU and the CUDA handlers: the typed attributes (decoded into
+// GemmAttrs) and the buffer checks that turn the call frame into GroupedGemmParams
+// (csrc/gemm_contract.h). Both handlers accept and check the same attributes; the CPU handlers
+// ignore the kernel configuration once it is checked.
 //
 // Attributes (jax_nvfp4/gemm.py sets them; the lowered program shows them):
 //   rhs_layout  i32 enum RhsLayout      0 checkpoint, 1 sm90
-//   kernel      i32 enum KernelFamily   0 mma, 1 mma_ws, 2 wgmma
+//   kernel      i32 enum KernelFamily   0 mma, 1 mma_ws, 2 wgmma (exact call); 3 wgmma_fp8 (FP8 call)
 //   token_tile, stages, cluster  i32    together with kernel: one kKernelConfigs entry
 #pragma once
 
@@ -83,6 +84,8 @@ inline ffi::Error DecodeGroupedGemm(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale
   if (!IsKnownConfig(attrs.config()))
     return BadArgument("attributes " + ConfigToString(attrs.config()) +
                        " are not a compiled kernel configuration (jax_nvfp4.kernel_configs() lists them)");
+  if (attrs.kernel == KernelFamily::kWgmmaFp8)
+    return BadArgument("kernel 3 (wgmma_fp8) computes the FP8 mode: it belongs to jax_nvfp4_grouped_gemm_fp8");
 
   const auto rd = rhs.dimensions();
   const int64_t G = rd[0], N = rd[1], K = 2 * rd[2];
@@ -159,6 +162,82 @@ inline ffi::Error DecodeGroupedGemm(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale
   p->rhs_layout = attrs.rhs_layout;
   if (M > 0 && N > 0) {
     if (const char* why = GroupedGemmCheckParams(*p)) return BadArgument(why);
+  }
+  return ffi::Error::Success();
+}
+
+// The FP8-mode call: lhs e4m3 [M, K] (kernel k order), lhs_scales f32 [K/128, M], rhs as for the
+// exact call, kernel wgmma_fp8. Checks the attributes and buffers and fills *p.
+inline ffi::Error DecodeGroupedGemmFp8(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs,
+                                       ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
+                                       ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
+                                       const GemmAttrs& attrs, GroupedGemmParams* p) {
+  auto bad = [](const std::string& m) { return ffi::Error::InvalidArgument("jax_nvfp4_grouped_gemm_fp8: " + m); };
+  if (attrs.rhs_layout != RhsLayout::kCheckpoint && attrs.rhs_layout != RhsLayout::kSm90)
+    return bad("attribute rhs_layout must be 0 (checkpoint) or 1 (sm90), got " +
+               std::to_string(static_cast<int>(attrs.rhs_layout)));
+  if (!IsKnownConfig(attrs.config()) || attrs.kernel != KernelFamily::kWgmmaFp8)
+    return bad("attributes " + ConfigToString(attrs.config()) +
+               " are not a compiled wgmma_fp8 configuration (jax_nvfp4.kernel_configs() lists them)");
+
+  const auto rd = rhs.dimensions();
+  const int64_t G = rd[0], N = rd[1], K = 2 * rd[2];
+  if (G < 1) return bad("rhs_data must have at least one group, got shape " + DimsToString(rd));
+  if (K % 128 != 0) return bad("FP8 mode needs K = 2 * rhs_data.shape[2] to be a multiple of 128, got K = " +
+                               std::to_string(K));
+  if (rhs_scales.element_type() != ffi::DataType::F8E4M3FN) return bad("rhs_scales must be float8_e4m3fn");
+  const auto rsd = rhs_scales.dimensions();
+  if (rsd.size() != 3 || rsd[0] != G || rsd[1] != N || rsd[2] != K / 16)
+    return bad("rhs_scales shape " + DimsToString(rsd) + " does not match [G, N, K/16] = [" + std::to_string(G) +
+               ", " + std::to_string(N) + ", " + std::to_string(K / 16) + "]");
+
+  const auto ld = lhs.dimensions();
+  if (lhs.element_type() != ffi::DataType::F8E4M3FN || ld.size() != 2 || ld[1] != K)
+    return bad("lhs must be float8_e4m3fn [M, K] with K = " + std::to_string(K) + ", got shape " + DimsToString(ld));
+  const int64_t M = ld[0];
+  const auto lsd = lhs_scales.dimensions();
+  if (lhs_scales.element_type() != ffi::DataType::F32 || lsd.size() != 2 || lsd[0] != K / 128 || lsd[1] != M)
+    return bad("lhs_scales must be float32 [K/128, M] = [" + std::to_string(K / 128) + ", " + std::to_string(M) +
+               "], got shape " + DimsToString(lsd));
+
+  if (alpha.dimensions()[0] != G)
+    return bad("alpha must have shape [G] = [" + std::to_string(G) + "], got " + DimsToString(alpha.dimensions()));
+  if (group_sizes.dimensions()[0] != G)
+    return bad("group_sizes must have shape [G] = [" + std::to_string(G) + "], got " +
+               DimsToString(group_sizes.dimensions()));
+  const auto od = out->dimensions();
+  const auto ot = out->element_type();
+  if (ot != ffi::DataType::F32 && ot != ffi::DataType::BF16) return bad("out must be float32 or bfloat16");
+  if (od.size() != 2 || od[0] != M || od[1] != N)
+    return bad("out shape " + DimsToString(od) + " does not match [M, N] = [" + std::to_string(M) + ", " +
+               std::to_string(N) + "]");
+  const int64_t ws_bytes = workspace->dimensions()[0];
+  if (ws_bytes < CustomCallWorkspaceBytes(G, K))
+    return bad("workspace has " + std::to_string(ws_bytes) + " bytes, needs 4096 + 16*G + K = " +
+               std::to_string(CustomCallWorkspaceBytes(G, K)));
+  if (attrs.rhs_layout == RhsLayout::kSm90 && N % 128 != 0)
+    return bad("rhs_data: the sm90 layout (rhs_layout 1) needs N % 128 == 0, got N = " + std::to_string(N));
+
+  p->lhs = lhs.untyped_data();
+  p->lhs_scales = nullptr;
+  p->lhs_chunk_scales = static_cast<const float*>(lhs_scales.untyped_data());
+  p->rhs = rhs.typed_data();
+  p->rhs_scales = static_cast<const uint8_t*>(rhs_scales.untyped_data());
+  p->alpha = alpha.typed_data();
+  p->group_sizes = group_sizes.typed_data();
+  p->out = out->untyped_data();
+  p->workspace = workspace->typed_data();
+  p->workspace_bytes = static_cast<size_t>(ws_bytes);
+  p->M = M;
+  p->N = N;
+  p->K = K;
+  p->G = G;
+  p->a_fp4 = false;
+  p->fp8 = true;
+  p->out_f32 = ot == ffi::DataType::F32;
+  p->rhs_layout = attrs.rhs_layout;
+  if (M > 0 && N > 0) {
+    if (const char* why = GroupedGemmCheckParams(*p)) return bad(why);
   }
   return ffi::Error::Success();
 }

@@ -7,6 +7,9 @@
 // The sm90 load-time layout (jax_nvfp4/layout.py, csrc/gemm_contract.h) is read natively: each weight
 // row's codes are gathered through the layout's index mapping, then the same loops run, so the
 // result is bitwise the one of the checkpoint layout.
+// The FP8-mode handler ("jax_nvfp4_grouped_gemm_fp8", same file) computes the arithmetic of
+// docs/design.md "FP8 mode": weights rounded to e4m3 as e4m3(e2m1 * scale * 2^-3), one float32 dot
+// per 128-wide chunk, promoted with fma(part, chunk scale, acc), the epilogue times alpha * 2^3.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -90,6 +93,26 @@ uint16_t FloatToBf16(float f) {  // round to nearest even; NaN stays NaN
   return static_cast<uint16_t>(u >> 16);
 }
 
+// float -> float8_e4m3fn bits, round to nearest even, subnormals kept. NaN (and magnitudes of 464
+// and more, which round past the largest finite 448; e4m3fn has no infinity) -> S.1111.111.
+uint8_t FloatToE4m3(float f) {
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  if (std::isnan(f)) return sign | 0x7F;
+  const float a = std::fabs(f);
+  if (a >= 464.f) return sign | 0x7F;
+  if (a == 0.f) return sign;
+  int e = 0;
+  std::frexp(a, &e);                             // a = m * 2^e, m in [0.5, 1): a in [2^(e-1), 2^e)
+  const int q = std::max(e - 1, -6) - 3;         // the e4m3 quantum at a: 3 mantissa bits, normals from 2^-6
+  const float r = std::nearbyint(std::ldexp(a, -q));  // exact scaling; rounds half to even (default mode)
+  const float v = std::ldexp(r, q);              // the rounded magnitude (may carry into the next binade)
+  if (v < 0.015625f) return sign | static_cast<uint8_t>(r);  // subnormal: v = r * 2^-9, r in 0..7
+  std::frexp(v, &e);
+  const int exp = e - 1 + 7;                     // bias 7
+  const int man = static_cast<int>(std::ldexp(v, -(e - 1)) * 8.f) - 8;
+  return sign | static_cast<uint8_t>(exp << 3 | man);
+}
+
 ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs_data,
                           ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
                           ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
@@ -167,6 +190,79 @@ ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffe
   return ffi::Error::Success();
 }
 
+// Logical k (0..127) of position s of a 128-wide chunk in the kernel k order (docs/design.md):
+// s = 32 j + 16 h + 4 t + i holds k = 32 t + 8 j + 4 h + i.
+int KernelOrderToLogical(int s) {
+  const int j = s >> 5, h = (s >> 4) & 1, t = (s >> 2) & 3, i = s & 3;
+  return 32 * t + 8 * j + 4 * h + i;
+}
+
+ffi::Error GroupedGemmFp8Cpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs_data,
+                             ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
+                             ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
+                             jax_nvfp4::GemmAttrs attrs) {
+  jax_nvfp4::GroupedGemmParams p;
+  if (ffi::Error err = jax_nvfp4::DecodeGroupedGemmFp8(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes,
+                                                       out, workspace, attrs, &p);
+      err.failure())
+    return err;
+  const int64_t G = p.G, N = p.N, K = p.K, M = p.M;
+  const bool out_f32 = p.out_f32;
+  const bool sm90 = p.rhs_layout == jax_nvfp4::RhsLayout::kSm90;
+
+  float e4m3[256];
+  for (int i = 0; i < 256; ++i) e4m3[i] = E4m3ToFloat(static_cast<uint8_t>(i));
+  int logical[128];
+  for (int s = 0; s < 128; ++s) logical[s] = KernelOrderToLogical(s);
+  const uint8_t* w = rhs_data.typed_data();
+  const uint8_t* ws = static_cast<const uint8_t*>(rhs_scales.untyped_data());
+  const uint8_t* a8 = static_cast<const uint8_t*>(p.lhs);
+  const float* xs = p.lhs_chunk_scales;
+  const float* al = alpha.typed_data();
+  const int32_t* gs = group_sizes.typed_data();
+  float* of = static_cast<float*>(out->untyped_data());
+  uint16_t* ob = static_cast<uint16_t*>(out->untyped_data());
+  const int64_t KB = K / 16, KC = K / 128;
+
+  // workspace: one weight row's codes, then (in place) its e4m3 weights, in k order
+  uint8_t* wrow = workspace->typed_data();
+  int64_t start = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t end = std::min<int64_t>(start + std::max<int32_t>(gs[g], 0), M);
+    for (int64_t n = 0; n < N && start < end; ++n) {
+      const uint8_t* wg = w + g * N * (K / 2);
+      if (sm90) RowCodesSm90(wg, K, n, wrow);
+      else RowCodesCheckpoint(wg, K, n, wrow);
+      const uint8_t* wsrow = sm90 ? ws + (g * N + n / 128 * 128) * KB + 4 * (n % 128) : ws + (g * N + n) * KB;
+      const int64_t qstride = sm90 ? 512 : 4;
+      for (int64_t k = 0; k < K; ++k) {  // e4m3(e2m1 * scale * 2^-3): the product is exact in float32
+        const float scale = e4m3[wsrow[qstride * (k / 64) + (k / 16) % 4]];
+        wrow[k] = FloatToE4m3(kE2m1[wrow[k]] * scale * 0.125f);
+      }
+      const float mul = al[g] * 8.f;
+      for (int64_t r = start; r < end; ++r) {
+        float acc = 0.f;
+        for (int64_t c = 0; c < KC; ++c) {
+          float part = 0.f;
+          for (int s = 0; s < 128; ++s)
+            part += e4m3[a8[r * K + 128 * c + s]] * e4m3[wrow[128 * c + logical[s]]];
+          acc = std::fma(part, xs[c * M + r], acc);
+        }
+        const float v = acc * mul;
+        if (out_f32) of[r * N + n] = v;
+        else ob[r * N + n] = FloatToBf16(v);
+      }
+    }
+    start = end;
+  }
+  for (int64_t r = start; r < M; ++r)  // rows past the groups are 0
+    for (int64_t n = 0; n < N; ++n) {
+      if (out_f32) of[r * N + n] = 0.f;
+      else ob[r * N + n] = 0;
+    }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4GroupedGemmCpu, GroupedGemmCpu,
@@ -179,4 +275,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4GroupedGemmCpu, GroupedGemmCpu,
                                   .Arg<S32Buffer1>()      // group_sizes
                                   .Ret<ffi::AnyBuffer>()  // out
                                   .Ret<U8Buffer1>()       // workspace (CPU: one row's codes)
+                                  .Attrs<jax_nvfp4::GemmAttrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4GroupedGemmFp8Cpu, GroupedGemmFp8Cpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()  // lhs: e4m3 [M, K], kernel k order
+                                  .Arg<ffi::AnyBuffer>()  // lhs_scales: f32 [K/128, M]
+                                  .Arg<U8Buffer3>()       // rhs_data
+                                  .Arg<ffi::AnyBuffer>()  // rhs_scales
+                                  .Arg<F32Buffer1>()      // alpha
+                                  .Arg<S32Buffer1>()      // group_sizes
+                                  .Ret<ffi::AnyBuffer>()  // out
+                                  .Ret<U8Buffer1>()       // workspace (CPU: one row's weights)
                                   .Attrs<jax_nvfp4::GemmAttrs>());

@@ -1,7 +1,8 @@
-// XLA FFI CUDA handler for "jax_nvfp4_grouped_gemm": checks the call (ffi/gemm_ffi.h), checks that
-// the kernel configuration it was lowered with runs on this device with this build, and enqueues
-// it (csrc/grouped_gemm.h). No allocation, no host sync. The configuration comes from
+// XLA FFI CUDA handlers for "jax_nvfp4_grouped_gemm" and "jax_nvfp4_grouped_gemm_fp8": each checks
+// the call (ffi/gemm_ffi.h), checks that the kernel configuration it was lowered with runs on this
+// device with this build, and enqueues it (csrc/grouped_gemm.h). No allocation, no host sync. The configuration comes from
 // jax_nvfp4.grouped_gemm (ChooseKernelConfig at trace time, or the caller's explicit choice).
+#include <cstdint>
 #include <string>
 
 #include <cuda_runtime.h>
@@ -33,24 +34,13 @@ std::string DeviceDescription(int dev, int arch) {
          std::to_string(arch % 10) + ")";
 }
 
-ffi::Error GroupedGemmCudaImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs,
-                               ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
-                               ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
-                               jax_nvfp4::GemmAttrs attrs) {
-  jax_nvfp4::GroupedGemmParams p;
-  if (ffi::Error err = jax_nvfp4::DecodeGroupedGemm(lhs, lhs_scales, rhs, rhs_scales, alpha, group_sizes, out,
-                                                    workspace, attrs, &p);
-      err.failure())
-    return err;
-  if (p.rhs_layout == jax_nvfp4::RhsLayout::kSm90 && p.a_fp4)
-    return BadArgument("rhs_layout 1 (sm90 weights) takes a bf16 lhs only on the GPU, got packed e2m1 "
-                       "(jax_nvfp4.grouped_gemm dequantizes W4A4 activations to bf16 first for such weights)");
-
+// Checks that configuration cfg runs on this device with this build, and enqueues the GEMM.
+ffi::Error CheckAndLaunch(const jax_nvfp4::GroupedGemmParams& p, const jax_nvfp4::KernelConfig& cfg,
+                          cudaStream_t stream) {
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return CudaError("cudaGetDevice", e);
   const int arch = jax_nvfp4::DeviceArch(dev);
-  const jax_nvfp4::KernelConfig cfg = attrs.config();
   if (const char* why = jax_nvfp4::ConfigUnsupportedReason(cfg, arch)) {
     const std::string device = DeviceDescription(dev, arch);
     if (!jax_nvfp4::ArchSupported(arch))
@@ -69,6 +59,41 @@ ffi::Error GroupedGemmCudaImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::Any
   return ffi::Error::Success();
 }
 
+ffi::Error GroupedGemmCudaImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs,
+                               ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
+                               ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
+                               jax_nvfp4::GemmAttrs attrs) {
+  jax_nvfp4::GroupedGemmParams p;
+  if (ffi::Error err = jax_nvfp4::DecodeGroupedGemm(lhs, lhs_scales, rhs, rhs_scales, alpha, group_sizes, out,
+                                                    workspace, attrs, &p);
+      err.failure())
+    return err;
+  if (p.rhs_layout == jax_nvfp4::RhsLayout::kSm90 && p.a_fp4)
+    return BadArgument("rhs_layout 1 (sm90 weights) takes a bf16 lhs only on the GPU, got packed e2m1 "
+                       "(jax_nvfp4.grouped_gemm dequantizes W4A4 activations to bf16 first for such weights)");
+  return CheckAndLaunch(p, attrs.config(), stream);
+}
+
+// The FP8 mode ("jax_nvfp4_grouped_gemm_fp8"): the wgmma_fp8 kernel, checkpoint-layout weights.
+ffi::Error GroupedGemmFp8CudaImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs,
+                                  ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
+                                  ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
+                                  jax_nvfp4::GemmAttrs attrs) {
+  jax_nvfp4::GroupedGemmParams p;
+  if (ffi::Error err = jax_nvfp4::DecodeGroupedGemmFp8(lhs, lhs_scales, rhs, rhs_scales, alpha, group_sizes, out,
+                                                       workspace, attrs, &p);
+      err.failure())
+    return err;
+  if (p.rhs_layout != jax_nvfp4::RhsLayout::kCheckpoint)
+    return ffi::Error::InvalidArgument(
+        "jax_nvfp4_grouped_gemm_fp8: the CUDA kernel reads checkpoint-layout weights only (rhs_layout 0), got "
+        "rhs_layout 1 (sm90); use jax_nvfp4.prepare_weights(w, 'checkpoint') for the FP8 mode");
+  if ((reinterpret_cast<uintptr_t>(p.rhs_scales) & 7) || (reinterpret_cast<uintptr_t>(p.lhs_chunk_scales) & 3))
+    return ffi::Error::InvalidArgument("jax_nvfp4_grouped_gemm_fp8: rhs_scales must be 8-byte aligned and "
+                                       "lhs_scales 4-byte aligned");
+  return CheckAndLaunch(p, attrs.config(), stream);
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4GroupedGemmCuda, GroupedGemmCudaImpl,
@@ -76,6 +101,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4GroupedGemmCuda, GroupedGemmCudaImpl,
                                   .Ctx<CudaStream>()
                                   .Arg<ffi::AnyBuffer>()  // lhs
                                   .Arg<ffi::AnyBuffer>()  // lhs_scales
+                                  .Arg<U8Buffer3>()       // rhs_data
+                                  .Arg<ffi::AnyBuffer>()  // rhs_scales
+                                  .Arg<F32Buffer1>()      // alpha
+                                  .Arg<S32Buffer1>()      // group_sizes
+                                  .Ret<ffi::AnyBuffer>()  // out
+                                  .Ret<U8Buffer1>()       // workspace
+                                  .Attrs<jax_nvfp4::GemmAttrs>(),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4GroupedGemmFp8Cuda, GroupedGemmFp8CudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<CudaStream>()
+                                  .Arg<ffi::AnyBuffer>()  // lhs: e4m3 [M, K], kernel k order
+                                  .Arg<ffi::AnyBuffer>()  // lhs_scales: f32 [K/128, M]
                                   .Arg<U8Buffer3>()       // rhs_data
                                   .Arg<ffi::AnyBuffer>()  // rhs_scales
                                   .Arg<F32Buffer1>()      // alpha

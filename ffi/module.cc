@@ -14,8 +14,10 @@
 namespace nb = nanobind;
 
 extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmCpu(XLA_FFI_CallFrame* call_frame);
+extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmFp8Cpu(XLA_FFI_CallFrame* call_frame);
 #ifdef JAX_NVFP4_WITH_CUDA
 extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmCuda(XLA_FFI_CallFrame* call_frame);
+extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmFp8Cuda(XLA_FFI_CallFrame* call_frame);
 #endif
 
 template <typename Fn>
@@ -31,7 +33,7 @@ static ConfigTuple ToTuple(const jax_nvfp4::KernelConfig& c) {
 
 // The problem the heuristic sees, from the Python-side arguments.
 static jax_nvfp4::ProblemDesc Problem(int64_t m, int64_t n, int64_t k, int64_t g, int64_t rows_hint, bool a_fp4,
-                                      bool sm90_layout) {
+                                      bool sm90_layout, bool fp8) {
   jax_nvfp4::ProblemDesc d;
   d.M = m;
   d.N = n;
@@ -40,6 +42,7 @@ static jax_nvfp4::ProblemDesc Problem(int64_t m, int64_t n, int64_t k, int64_t g
   d.rows_hint = rows_hint;
   d.a_fp4 = a_fp4;
   d.layout = sm90_layout ? jax_nvfp4::RhsLayout::kSm90 : jax_nvfp4::RhsLayout::kCheckpoint;
+  d.fp8 = fp8;
   return d;
 }
 
@@ -47,12 +50,14 @@ NB_MODULE(_jax_nvfp4, m) {
   m.def("cpu_registrations", []() {
     nb::dict d;
     d["jax_nvfp4_grouped_gemm"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmCpu);
+    d["jax_nvfp4_grouped_gemm_fp8"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmFp8Cpu);
     return d;
   });
   m.def("cuda_registrations", []() {
     nb::dict d;
 #ifdef JAX_NVFP4_WITH_CUDA
     d["jax_nvfp4_grouped_gemm"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmCuda);
+    d["jax_nvfp4_grouped_gemm_fp8"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmFp8Cuda);
 #endif
     return d;
   });
@@ -67,38 +72,42 @@ NB_MODULE(_jax_nvfp4, m) {
   m.def("runnable_families", [](int arch) {
     const uint32_t f = jax_nvfp4::RunnableFamilies(arch, jax_nvfp4::kBuiltCuda, jax_nvfp4::kBuiltSm90a);
     nb::list l;
-    for (auto fam : {jax_nvfp4::KernelFamily::kMma, jax_nvfp4::KernelFamily::kMmaWs, jax_nvfp4::KernelFamily::kWgmma})
+    for (auto fam : {jax_nvfp4::KernelFamily::kMma, jax_nvfp4::KernelFamily::kMmaWs, jax_nvfp4::KernelFamily::kWgmma,
+                     jax_nvfp4::KernelFamily::kWgmmaFp8})
       if (f & jax_nvfp4::FamilyBit(fam)) l.append(std::string(jax_nvfp4::FamilyName(fam)));
     return l;
   }, nb::arg("arch"), "The kernel families this build runs on compute capability arch (10 * major + minor).");
   m.def(
       "config_for_family",
       [](const std::string& family, int64_t m, int64_t n, int64_t k, int64_t g, int64_t rows_hint, bool a_fp4,
-         bool sm90_layout) -> nb::object {
-        jax_nvfp4::ProblemDesc d = Problem(m, n, k, g, rows_hint, a_fp4, sm90_layout);
-        for (auto fam : {jax_nvfp4::KernelFamily::kMma, jax_nvfp4::KernelFamily::kMmaWs, jax_nvfp4::KernelFamily::kWgmma})
+         bool sm90_layout, bool fp8) -> nb::object {
+        jax_nvfp4::ProblemDesc d = Problem(m, n, k, g, rows_hint, a_fp4, sm90_layout, fp8);
+        for (auto fam : {jax_nvfp4::KernelFamily::kMma, jax_nvfp4::KernelFamily::kMmaWs, jax_nvfp4::KernelFamily::kWgmma,
+                     jax_nvfp4::KernelFamily::kWgmmaFp8})
           if (family == jax_nvfp4::FamilyName(fam)) {
             if (!jax_nvfp4::FamilyHandles(fam, d)) return nb::none();
             return nb::cast(ToTuple(jax_nvfp4::ConfigForFamily(fam, d)));
           }
-        throw nb::value_error(("kernel: unknown family '" + family + "' (expected mma, mma_ws or wgmma)").c_str());
+        throw nb::value_error(
+            ("kernel: unknown family '" + family + "' (expected mma, mma_ws, wgmma or wgmma_fp8)").c_str());
       },
       nb::arg("family"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("g"), nb::arg("rows_hint"),
-      nb::arg("a_fp4"), nb::arg("sm90_layout"),
+      nb::arg("a_fp4"), nb::arg("sm90_layout"), nb::arg("fp8") = false,
       "The configuration of one family for this problem (its token-tile rule), or None where the family does not "
       "handle it.");
   m.def(
       "choose_kernel",
       [](int arch, int64_t m, int64_t n, int64_t k, int64_t g, int64_t rows_hint, bool a_fp4, bool sm90_layout,
-         int64_t families) {
-        jax_nvfp4::ProblemDesc d = Problem(m, n, k, g, rows_hint, a_fp4, sm90_layout);
+         int64_t families, bool fp8) {
+        jax_nvfp4::ProblemDesc d = Problem(m, n, k, g, rows_hint, a_fp4, sm90_layout, fp8);
         d.arch = arch;
         d.families = families >= 0 ? static_cast<uint32_t>(families)
                                    : jax_nvfp4::RunnableFamilies(arch, jax_nvfp4::kBuiltCuda, jax_nvfp4::kBuiltSm90a);
         return ToTuple(jax_nvfp4::ChooseKernelConfig(d));
       },
       nb::arg("arch"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("g"), nb::arg("rows_hint"),
-      nb::arg("a_fp4"), nb::arg("sm90_layout"), nb::arg("families") = -1,
+      nb::arg("a_fp4"), nb::arg("sm90_layout"), nb::arg("families") = -1, nb::arg("fp8") = false,
       "The kernel configuration ChooseKernelConfig picks, as (family, token_tile, stages, cluster). families: "
-      "a mask of 1 << family (0 mma, 1 mma_ws, 2 wgmma) the device can run; -1: this build's on arch.");
+      "a mask of 1 << family (0 mma, 1 mma_ws, 2 wgmma, 3 wgmma_fp8) the device can run; -1: this build's on "
+      "arch. fp8: the FP8 mode (the jax_nvfp4_grouped_gemm_fp8 call).");
 }

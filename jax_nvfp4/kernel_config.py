@@ -12,6 +12,9 @@ Families (docs/design.md describes each kernel):
   ``layout="sm90"`` weights; compute capability 9.0 only.
 * ``"wgmma"``: Hopper's wgmma, persistent and warp-specialized, for 16 rows per expert and more;
   compute capability 9.0 only; bf16 activations, K a multiple of 64.
+* ``"wgmma_fp8"``: the FP8 mode (``precision="fp8"``): e4m3 wgmma with the weights rounded to e4m3
+  in registers; compute capability 9.0 only; K a multiple of 128, checkpoint-layout weights. It is
+  the only family of that mode, and computes nothing else.
 
 ``grouped_gemm(..., kernel=...)`` takes a family name (its token tile then follows the heuristic's
 rule for that family) or a :class:`KernelConfig` from :func:`kernel_configs`. The environment
@@ -28,8 +31,16 @@ import jax
 
 from . import _extension
 
-FAMILIES = ("mma", "mma_ws", "wgmma")
-"""Kernel families, in the order of the custom call's ``kernel`` attribute codes (0, 1, 2)."""
+FAMILIES = ("mma", "mma_ws", "wgmma", "wgmma_fp8")
+"""Kernel families, in the order of the custom call's ``kernel`` attribute codes (0, 1, 2, 3)."""
+PRECISIONS = ("exact", "fp8")
+"""Compute modes: ``"exact"`` (the exact bf16 path) and ``"fp8"`` (e4m3 tensor cores, docs/design.md)."""
+
+
+def _check_precision(precision):
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
+    return precision == "fp8"
 
 ENV_OVERRIDE = "JAX_NVFP4_KERNEL"
 
@@ -39,7 +50,7 @@ class KernelConfig:
     """One compiled kernel configuration (an entry of :func:`kernel_configs`).
 
     Attributes:
-      family: "mma", "mma_ws" or "wgmma".
+      family: "mma", "mma_ws", "wgmma" or "wgmma_fp8".
       token_tile: rows of one group per CTA tile.
       stages: pipeline depth.
       cluster: CTAs per cluster (2 for the 256-token wgmma tile).
@@ -88,7 +99,7 @@ def runnable_families(arch: int) -> tuple[str, ...]:
 
 def choose(m: int, n: int, k: int, groups: int, *, rows_hint: int = 0, w4a4: bool = False,
            rhs_layout: str = "checkpoint", arch: int | None = None,
-           families: tuple[str, ...] | None = None) -> KernelConfig:
+           families: tuple[str, ...] | None = None, precision: str = "exact") -> KernelConfig:
     """The heuristic's configuration for a problem (the extension's ``ChooseKernelConfig``).
 
     Args:
@@ -98,22 +109,26 @@ def choose(m: int, n: int, k: int, groups: int, *, rows_hint: int = 0, w4a4: boo
       rhs_layout: "checkpoint" or "sm90".
       arch: compute capability as ``10 * major + minor`` (default: :func:`device_arch`).
       families: the families the device may run (default: those this build runs on ``arch``).
+      precision: "exact" or "fp8" (the FP8 mode has one family, ``wgmma_fp8``).
     """
+    fp8 = _check_precision(precision)
     if arch is None:
         arch = device_arch()
     mask = -1 if families is None else sum(1 << FAMILIES.index(f) for f in families)
     return KernelConfig(*_ext().choose_kernel(int(arch), int(m), int(n), int(k), int(groups), int(rows_hint),
-                                              bool(w4a4), rhs_layout == "sm90", mask))
+                                              bool(w4a4), rhs_layout == "sm90", mask, fp8))
 
 
 def for_family(family: str, m: int, n: int, k: int, groups: int, *, rows_hint: int = 0, w4a4: bool = False,
-               rhs_layout: str = "checkpoint") -> KernelConfig | None:
+               rhs_layout: str = "checkpoint", precision: str = "exact") -> KernelConfig | None:
     """``family``'s configuration for a problem (its token-tile rule), or None where that family
-    does not handle it (wgmma: packed activations or K % 64 != 0; mma_ws: not sm90 weights)."""
+    does not handle it (wgmma: packed activations or K % 64 != 0; mma_ws: not sm90 weights;
+    wgmma_fp8: not the FP8 mode, K % 128 != 0 or sm90 weights; the exact families: the FP8 mode)."""
+    fp8 = _check_precision(precision)
     if family not in FAMILIES:
         raise ValueError(f"kernel: expected one of {FAMILIES} or a KernelConfig, got {family!r}")
     c = _ext().config_for_family(family, int(m), int(n), int(k), int(groups), int(rows_hint), bool(w4a4),
-                                 rhs_layout == "sm90")
+                                 rhs_layout == "sm90", fp8)
     return None if c is None else KernelConfig(*c)
 
 
@@ -138,21 +153,28 @@ def requested_family(kernel) -> str | KernelConfig | None:
 
 
 def resolve(kernel, m: int, n: int, k: int, groups: int, *, rows_hint: int = 0, w4a4: bool = False,
-            rhs_layout: str = "checkpoint") -> KernelConfig:
-    """The configuration a call runs: an explicit KernelConfig as given; an explicit family at its
-    token-tile rule (ValueError where it does not handle the problem); the ``JAX_NVFP4_KERNEL``
-    family likewise, falling back to the heuristic; else the heuristic."""
+            rhs_layout: str = "checkpoint", precision: str = "exact") -> KernelConfig:
+    """The configuration a call runs: an explicit KernelConfig as given (ValueError when its family
+    does not compute ``precision``); an explicit family at its token-tile rule (ValueError where it
+    does not handle the problem); the ``JAX_NVFP4_KERNEL`` family likewise, falling back to the
+    heuristic; else the heuristic."""
+    fp8 = _check_precision(precision)
     from_env = kernel is None
     req = requested_family(kernel)
     if isinstance(req, KernelConfig):
+        if (req.family == "wgmma_fp8") != fp8:
+            raise ValueError(f"kernel: {req} does not compute precision={precision!r} (wgmma_fp8 computes the "
+                             "FP8 mode, the other families the exact mode)")
         return req
-    shape = dict(rows_hint=rows_hint, w4a4=w4a4, rhs_layout=rhs_layout)
+    shape = dict(rows_hint=rows_hint, w4a4=w4a4, rhs_layout=rhs_layout, precision=precision)
     if req is not None:
         c = for_family(req, m, n, k, groups, **shape)
         if c is not None:
             return c
         if not from_env:
             raise ValueError(f"kernel: the {req!r} kernel does not handle this problem (K={k}, "
-                             f"{'W4A4' if w4a4 else 'W4A16'}, rhs layout {rhs_layout!r}); wgmma needs bf16 "
-                             "activations and K % 64 == 0, mma_ws sm90 weights and bf16 activations")
+                             f"{'W4A4' if w4a4 else 'W4A16'}, rhs layout {rhs_layout!r}, precision "
+                             f"{precision!r}); wgmma needs bf16 activations and K % 64 == 0, mma_ws sm90 "
+                             "weights and bf16 activations, wgmma_fp8 the FP8 mode with K % 128 == 0 and "
+                             "checkpoint weights; the exact families do not compute the FP8 mode")
     return choose(m, n, k, groups, **shape)

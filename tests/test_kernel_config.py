@@ -26,8 +26,32 @@ def test_config_table():
         KernelConfig("mma", 16, 4, 1), KernelConfig("mma", 32, 5, 1), KernelConfig("mma", 64, 4, 1),
         KernelConfig("mma", 128, 4, 1), KernelConfig("mma_ws", 16, 8, 1),
         KernelConfig("wgmma", 32, 20, 1), KernelConfig("wgmma", 64, 12, 1),
-        KernelConfig("wgmma", 128, 8, 1), KernelConfig("wgmma", 256, 5, 2))
+        KernelConfig("wgmma", 128, 8, 1), KernelConfig("wgmma", 256, 5, 2),
+        KernelConfig("wgmma_fp8", 32, 15, 1), KernelConfig("wgmma_fp8", 64, 12, 1),
+        KernelConfig("wgmma_fp8", 128, 8, 1))
     assert {c.family for c in configs} == set(FAMILIES)
+
+
+@needs_ext
+@pytest.mark.parametrize("rows_per_group,tile", [(4, 32), (24, 32), (25, 64), (64, 64), (65, 128), (512, 128)])
+def test_fp8_heuristic(rows_per_group, tile):
+    """The FP8 mode has one family; its token tile follows the rows per group, on any device (the
+    handler names a device that cannot run it), and the exact families never compute it."""
+    g, n, k = 48, 6144, 7168
+    for arch, fams in ((90, ALL + ("wgmma_fp8",)), (80, ("mma",)), (0, None)):
+        got = kc.choose(rows_per_group * g, n, k, g, arch=arch, families=fams, precision="fp8")
+        assert (got.family, got.token_tile) == ("wgmma_fp8", tile)
+    assert kc.choose(4 * g, n, k, g, arch=90, families=ALL + ("wgmma_fp8",)).family != "wgmma_fp8"
+    assert kc.for_family("wgmma", 64 * g, n, k, g, precision="fp8") is None
+    assert kc.for_family("wgmma_fp8", 64 * g, n, k, g) is None                 # not the FP8 mode
+    assert kc.for_family("wgmma_fp8", 64 * g, n, k - 64, g, precision="fp8") is None   # K % 128
+    assert kc.for_family("wgmma_fp8", 64 * g, n, k, g, rhs_layout="sm90", precision="fp8") is None
+    with pytest.raises(ValueError, match="precision: expected one of"):
+        kc.choose(64, n, k, 1, precision="fp16")
+    with pytest.raises(ValueError, match="does not compute precision='fp8'"):
+        kc.resolve(KernelConfig("wgmma", 128, 8, 1), 64, n, k, 1, precision="fp8")
+    with pytest.raises(ValueError, match="does not compute precision='exact'"):
+        kc.resolve(KernelConfig("wgmma_fp8", 128, 8, 1), 64, n, k, 1)
 
 
 @needs_ext
@@ -73,7 +97,7 @@ def test_runnable_families_follow_the_build():
     for arch in (80, 86, 89, 100, 120):
         assert kc.runnable_families(arch) == ("mma",)
     assert kc.runnable_families(75) == ()
-    assert kc.runnable_families(90) == (ALL if "sm_90a" in targets else ("mma",))
+    assert kc.runnable_families(90) == (ALL + ("wgmma_fp8",) if "sm_90a" in targets else ("mma",))
     # the heuristic on an H200 with this build
     want = "wgmma" if "sm_90a" in targets else "mma"
     assert kc.choose(500 * 48, 6144, 7168, 48, arch=90).family == want
@@ -88,7 +112,7 @@ def test_for_family_and_resolve(monkeypatch):
     assert kc.for_family("mma_ws", *shape, rhs_layout="sm90") == KernelConfig("mma_ws", 16, 8, 1)
     assert kc.resolve("mma", *shape) == KernelConfig("mma", 64, 4, 1)
     assert kc.resolve(KernelConfig("wgmma", 32, 20, 1), *shape) == KernelConfig("wgmma", 32, 20, 1)
-    with pytest.raises(ValueError, match=r"kernel: expected one of \('mma', 'mma_ws', 'wgmma'\)"):
+    with pytest.raises(ValueError, match=r"kernel: expected one of \('mma', 'mma_ws', 'wgmma', 'wgmma_fp8'\)"):
         kc.resolve("cutlass", *shape)
     with pytest.raises(ValueError, match="is not a compiled configuration"):
         kc.resolve(KernelConfig("mma", 24, 4, 1), *shape)
@@ -132,7 +156,7 @@ def test_cpu_handler_accepts_every_config_and_ignores_it(on_cpu):
     platform_device("cpu")
     lhs, rhs, gs, ref = make_problem(np.random.default_rng(1), 40, 128, 128, [30, 0, 10], False)
     outs = [np.asarray(jn.grouped_gemm(lhs, rhs, gs, out_dtype=jnp.float32, backend="ffi", kernel=c))
-            for c in kc.kernel_configs()]
+            for c in kc.kernel_configs() if c.family != "wgmma_fp8"]     # the exact call's families
     assert rel_err(outs[0], ref) <= 1e-5
     for o in outs[1:]:
         np.testing.assert_array_equal(o, outs[0])
@@ -176,7 +200,7 @@ def _device_configs():
     if not _extension.has_cuda():
         skip_or_fail("the extension was built without the CUDA handler")
     fams = kc.runnable_families(kc.device_arch(devs[0]))
-    return devs[0], [c for c in kc.kernel_configs() if c.family in fams]
+    return devs[0], [c for c in kc.kernel_configs() if c.family in fams and c.family != "wgmma_fp8"]
 
 
 @pytest.mark.parametrize("rhs_layout", ["checkpoint", "sm90"])
@@ -187,7 +211,8 @@ def _device_configs():
 ])
 def test_every_config_through_the_public_api(rng, rhs_layout, m, sizes):
     """grouped_gemm(kernel=KernelConfig) runs each configuration this device and build can run (an
-    H200 with the full build: all nine; the portable build: the four mma ones) against float64."""
+    H200 with the full build: all nine of the exact mode; the portable build: the four mma ones)
+    against float64. (The FP8 mode's wgmma_fp8 configurations: tests/test_fp8.py.)"""
     dev, configs = _device_configs()
     n, k = 384, 320                                      # odd n-tile count: a cluster's spare tile
     lhs, rhs, gs, ref = make_problem(rng, m, n, k, sizes, False)
@@ -218,7 +243,7 @@ def test_w4a4_native_mma_on_gpu(rng):
 def test_unsupported_family_on_this_device_is_a_clear_error(rng):
     """A family this device or build cannot run fails at call time naming the device."""
     dev, configs = _device_configs()
-    missing = [c for c in kc.kernel_configs() if c not in configs]
+    missing = [c for c in kc.kernel_configs() if c not in configs and c.family != "wgmma_fp8"]
     if not missing:
         pytest.skip("this device and build run every configuration")
     lhs, rhs, gs, _ = make_problem(rng, 64, 128, 128, [32, 32], False)

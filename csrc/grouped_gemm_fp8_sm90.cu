@@ -1,0 +1,563 @@
+// Grouped NVFP4 GEMM for Hopper (sm_90a), FP8 mode: e4m3 WGMMA, the weights rounded to e4m3 in
+// registers, float32 promotion every 128 k.
+//
+// Contract: csrc/gemm_contract.h (params.fp8) and docs/design.md "FP8 mode": activations arrive as
+// e4m3 codes [M, K] in the kernel k order with one power-of-two float32 scale per row and 128-wide
+// chunk ([K/128, M]); weights are NVFP4 in the checkpoint layout (K % 128 == 0) and enter the
+// tensor cores as e4m3(e2m1 * scale * 2^-3); each chunk's dot (one pipeline stage) is added to the
+// float32 accumulator times the row's chunk scale; the epilogue multiplies by alpha * 2^3.
+//
+// D^T = W X^T as in the exact wgmma kernel (csrc/grouped_gemm_wgmma_sm90.cu, whose persistent
+// schedule and tile walk this kernel shares through csrc/wgmma_sm90_common.cuh): a CTA tile is 128
+// weight rows x up to BTMAX tokens of one group; the weights are the WGMMA A operand from
+// registers (RS), the tokens the N side from shared memory (e4m3, 128-byte swizzle, TMA).
+//
+// Warp specialization (384 threads, 1 CTA per SM, persistent):
+//   warpgroup 0 (producer): warp 0 issues the TMA loads of a stage (the activation boxes of 32
+//     tokens x 128 k that hold rows, and the weight box of 128 rows x 64 bytes = 128 k of codes);
+//     warp 1 cp.asyncs the stage's 128 x 8 block-scale bytes and the tile's BTMAX chunk scales;
+//     both complete full[s].
+//   warpgroups 1, 2 (consumers): 64 weight rows each. Per stage each thread reads its two rows'
+//     16 code bytes (k 32t .. 32t+31 of the chunk, t = lane % 4) with one LDS.128 each, looks up
+//     the e4m3 product table of each 16-wide block (below), builds the A fragments of the stage's
+//     four k32 steps and issues four m64nNk32 e4m3 wgmmas into a chunk accumulator. The next
+//     stage's fragments are built while those run; then the chunk accumulator is promoted,
+//     acc = fma(chunk, scale[token], acc), and the stage is released (empty[s]).
+//
+// Weight decoding. An e2m1 code is a sign and a 3-bit magnitude m; with the block's scale s fixed,
+// the e4m3 value of the magnitude is one of 8 bytes, T_s[m] = e4m3_rn(e2m1(m) * s * 2^-3) (the
+// product is at most 336: no saturation). Each CTA builds the table of all 256 scale bytes once
+// (2 KB of shared memory). A 32-bit word of 8 codes then becomes two fragment registers (4 e4m3
+// each) with one byte permute of the table per register (selector: the 4 magnitudes) and one byte
+// permute of the word and the word << 4 in sign-replicate mode (the 4 sign bits as 0x00 / 0xFF
+// bytes), merged by one LOP3: 9 integer instructions per 8 weights.
+//
+// Kernel k order. The 8-bit A fragment of m64k32 gives thread (g = lane/4, t = lane%4) k slots
+// 4t..4t+3 (registers 0, 1: rows g, g+8) and 16+4t..16+4t+3 (registers 2, 3). Slots are matched
+// to logical k so that a thread's codes for one stage are 16 contiguous bytes of its row: slot
+// 32j + 16h + 4t + i of a chunk (k32 step j) holds logical k 32t + 8j + 4h + i. The activations
+// are written in that order by jax_nvfp4 (a transpose fused into their quantization); the weights
+// keep the checkpoint layout.
+
+#include "csrc/grouped_gemm.h"
+#include "csrc/grouped_gemm_schedule.cuh"
+#include "csrc/e2m1_sm90_layout.cuh"
+#include "csrc/mbarrier_sm90.cuh"
+#include "csrc/wgmma_sm90_common.cuh"
+
+#include <atomic>
+#include <cstdint>
+#include <utility>
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cute/arch/mma_sm90_gmma.hpp>
+
+namespace jax_nvfp4 {
+namespace {
+
+namespace gmma = cute::SM90::GMMA;
+
+constexpr int kBK = 128;       // k per pipeline stage = one promotion chunk = one 128-byte e4m3 swizzle row
+constexpr int kBoxT = 32;      // tokens per activation TMA box
+constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+constexpr int kConsumerWarps = 8;
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;
+constexpr int kTableBytes = 256 * 8;  // e4m3 product table: 8 bytes per scale byte
+
+template <int BTMAX, int STAGES>
+struct F8Cfg {
+  static constexpr int kActOff = 0;                        // e4m3 [BTMAX][128], 128B swizzle
+  static constexpr int kWOff = BTMAX * kBK;                // u8 [128][64] packed e2m1 (checkpoint order)
+  static constexpr int kSOff = kWOff + kRowsW * kBK / 2;   // u8 [128][8] e4m3 block scales
+  static constexpr int kXsOff = kSOff + kRowsW * 8;        // f32 [BTMAX] chunk scales of the tile's tokens
+  static constexpr int kStage = (kXsOff + BTMAX * 4 + 1023) / 1024 * 1024;  // 128B swizzle: 1024B-aligned tiles
+  static constexpr int kTableOff = STAGES * kStage;
+  static constexpr int kBarOff = kTableOff + kTableBytes;  // full[], empty[]
+  static constexpr int kSmem = kBarOff + 2 * STAGES * 8 + 1024;  // + slack for 1024B alignment
+  static_assert(kSmem <= 232448, "shared memory");
+  static_assert(BTMAX % kBoxT == 0 && BTMAX <= 128, "token tile");
+};
+
+struct F8Params {
+  const uint8_t* rhs_scales;
+  const float* xs;  // [K/128, M]
+  const float* alpha;
+  void* out;
+  const int* ws;
+  int64_t M, N, K, G;
+  int NT;  // n-tiles per group
+  int KT;  // stages (k chunks)
+  bool out_f32;
+  const uint8_t* rhs;  // (fill_common_params sets it; the kernel reads the codes through the tensor map)
+};
+
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t lds_u16(uint32_t a) {
+  uint16_t v;
+  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ uint2 lds64(uint32_t a) {
+  uint2 v;
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ float2 lds64f(uint32_t a) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a));
+  return v;
+}
+// 8-byte cp.async, zero-filled past src_bytes (0 or 8).
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+// Named barriers ordering the two consumer warpgroups' wgmma issues (bar 0 is __syncthreads).
+constexpr int kBarTurn0 = 1;  // warpgroup 0 may issue (warpgroup 1 has issued the previous stage)
+constexpr int kBarTurn1 = 2;  // warpgroup 1 may issue (warpgroup 0 has issued this stage)
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// float8_e4m3fn bits -> float (bias 7, subnormals m * 2^-9, S.1111.111 NaN).
+__device__ __forceinline__ float e4m3_to_float(uint32_t b) {
+  if ((b & 0x7Fu) == 0x7Fu) return __int_as_float(0x7FC00000);
+  const uint32_t e = (b >> 3) & 0xFu, m = b & 7u;
+  const float v = e == 0 ? static_cast<float>(m) * 0.001953125f : __int_as_float(static_cast<int>(((e + 120u) << 23) | (m << 20)));
+  return (b & 0x80u) ? -v : v;
+}
+
+// The 8-byte product table of scale byte b: byte m = e4m3_rn(e2m1(m) * s * 2^-3), m = 0..7 (a NaN
+// scale gives NaN bytes, as e2m1 * NaN does in the exact kernels).
+__device__ __forceinline__ uint2 product_table(uint32_t b) {
+  const float s = e4m3_to_float(b) * 0.125f;  // exact
+  const float mags[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+  uint32_t h[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = make_float2(mags[2 * i] * s, mags[2 * i + 1] * s);  // exact products
+    h[i] = __nv_cvt_float2_to_fp8x2(v, __NV_SATFINITE, __NV_E4M3);      // .x -> low byte
+  }
+  return make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+}
+
+// 8 codes (one 32-bit word, element i in nibble i) -> two A-fragment registers of e4m3: lo = codes
+// 0..3, hi = codes 4..7, with tbl the block's product table. The magnitudes index the table (the
+// selector's high nibble bit is 0: plain byte select); the signs come from a permute of w and w << 4
+// in sign-replicate mode (bit 3 of each selector nibble: the byte becomes 0x00 or 0xFF by the msb of
+// the selected byte, which is the code's sign bit) and flip the e4m3 sign bit.
+__device__ __forceinline__ void e2m1x8_to_e4m3(uint32_t w, uint2 tbl, uint32_t& lo, uint32_t& hi) {
+  const uint32_t m = w & 0x77777777u;
+  const uint32_t w4 = w << 4;
+  const uint32_t mlo = prmt(tbl.x, tbl.y, m);
+  const uint32_t mhi = prmt(tbl.x, tbl.y, m >> 16);
+  // byte i of the result replicates the sign of code i: codes 0, 2 are bit 7 of bytes 0, 1 of w << 4
+  // (selector 4, 5), codes 1, 3 bit 7 of bytes 0, 1 of w (0, 1); codes 4..7 likewise from bytes 2, 3
+  const uint32_t slo = prmt(w, w4, 0x9D8Cu);
+  const uint32_t shi = prmt(w, w4, 0xBFAEu);
+  lo = mlo ^ (slo & 0x80808080u);
+  hi = mhi ^ (shi & 0x80808080u);
+}
+
+// WGMMA m64nNk32 RS, e4m3 x e4m3 -> f32, both operands K-major.
+template <int NN>
+struct F8Ops;
+template <>
+struct F8Ops<32> {
+  using RS = gmma::MMA_64x32x32_F32E4M3E4M3_RS_TN<>;
+};
+template <>
+struct F8Ops<64> {
+  using RS = gmma::MMA_64x64x32_F32E4M3E4M3_RS_TN<>;
+};
+template <>
+struct F8Ops<128> {
+  using RS = gmma::MMA_64x128x32_F32E4M3E4M3_RS_TN<>;
+};
+
+template <int NN, typename Acc, size_t... I>
+__device__ __forceinline__ void wgmma_fp8(const uint32_t (&a)[4], uint64_t desc, Acc& acc, gmma::ScaleOut sc,
+                                          std::index_sequence<I...>) {
+  F8Ops<NN>::RS::fma(a[0], a[1], a[2], a[3], desc, acc[I]..., sc);
+}
+
+// Runs STMT with constexpr NN = the smallest WGMMA N of 32/64/128 covering a tile of `rows` rows
+// (warpgroup-uniform; a macro so that ptxas sees one straight-line mainloop per branch).
+#define WITH_TILE_N(BTMAX, rows, STMT)               \
+  do {                                               \
+    if (BTMAX >= 128 && (rows) > 64) {               \
+      constexpr int NN = BTMAX >= 128 ? 128 : 32;    \
+      STMT;                                          \
+    } else if (BTMAX >= 64 && (rows) > 32) {         \
+      constexpr int NN = BTMAX >= 64 ? 64 : 32;      \
+      STMT;                                          \
+    } else {                                         \
+      constexpr int NN = 32;                         \
+      STMT;                                          \
+    }                                                \
+  } while (0)
+
+// Consumer: one tile's mainloop with WGMMA N = NN over KT stages starting at (s, ph).
+template <int NN, int BTMAX, int STAGES>
+__device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
+                                                  int r0, int& s, uint32_t& ph, int wg, bool& first) {
+  using C = F8Cfg<BTMAX, STAGES>;
+  const uint32_t full0 = bar_base;
+  const uint32_t empty0 = bar_base + STAGES * 8;
+  const int lane = threadIdx.x & 31;
+  const int t4 = lane & 3;
+  const uint32_t base = smem_u32(smem);
+  const uint32_t table = base + C::kTableOff;
+  uint32_t frag[2][4][4];
+  float part[NN / 2];
+  const uint32_t desc_lo0 = static_cast<uint32_t>(smem_desc_sw128(base + C::kActOff));
+
+  // The A fragments of stage st: rows r0 and r0 + 8, k 32 t4 .. 32 t4 + 31 of the chunk.
+  auto decode = [&](int st, uint32_t (&f)[4][4]) {
+    const uint32_t sb = base + st * C::kStage;
+    const uint4 wa = lds128(sb + C::kWOff + r0 * 64 + t4 * 16);
+    const uint4 wb = lds128(sb + C::kWOff + (r0 + 8) * 64 + t4 * 16);
+    const uint32_t sa = lds_u16(sb + C::kSOff + r0 * 8 + 2 * t4);        // blocks 2 t4, 2 t4 + 1
+    const uint32_t sc = lds_u16(sb + C::kSOff + (r0 + 8) * 8 + 2 * t4);
+    const uint2 ta[2] = {lds64(table + (sa & 0xFFu) * 8), lds64(table + (sa >> 8) * 8)};
+    const uint2 tb[2] = {lds64(table + (sc & 0xFFu) * 8), lds64(table + (sc >> 8) * 8)};
+    const uint32_t wva[4] = {wa.x, wa.y, wa.z, wa.w};
+    const uint32_t wvb[4] = {wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // word j: k 32 t4 + 8 j .. + 7, block 2 t4 + j / 2
+      e2m1x8_to_e4m3(wva[j], ta[j >> 1], f[j][0], f[j][2]);
+      e2m1x8_to_e4m3(wvb[j], tb[j >> 1], f[j][1], f[j][3]);
+    }
+  };
+
+  auto body = [&](int kt, auto buf_c) {
+    constexpr int buf = decltype(buf_c)::value;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cute::warpgroup_fence_operand(frag[buf][j][i]);
+    uint64_t desc[4];
+    const uint32_t dlo = desc_lo0 + static_cast<uint32_t>(s) * (C::kStage >> 4);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      desc[j] = (smem_desc_sw128(0) & 0xFFFFFFFF00000000ull) | (dlo + j * 2);  // + 32 bytes per k32 step
+      asm volatile("" : "+l"(desc[j])::"memory");
+    }
+    uint32_t zero = 0u, one = 1u;
+    asm volatile("" : "+r"(zero), "+r"(one)::"memory");
+    fence_acc(part);
+    // The two warpgroups issue in turn (0, 1, 0, 1, ...), so that one's promotion and decoding run
+    // while the other's wgmmas keep the tensor cores busy, instead of both promoting at once.
+    if (wg == 0) {
+      if (!first) named_bar_sync(kBarTurn0, 256);
+      first = false;
+    } else {
+      named_bar_sync(kBarTurn1, 256);
+    }
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(j == 0 ? zero : one);
+      wgmma_fp8<NN>(frag[buf][j], desc[j], part, sc, std::make_index_sequence<NN / 2>{});
+    }
+    cute::warpgroup_commit_batch();
+    named_bar_arrive(wg == 0 ? kBarTurn1 : kBarTurn0, 256);
+    fence_acc(part);
+    // the next stage's fragments while this stage's wgmmas run
+    int s_next = s;
+    uint32_t ph_next = ph;
+    advance_stage<STAGES>(s_next, ph_next);
+    if (kt + 1 < KT) {
+      mbar_wait(full0 + s_next * 8, ph_next);
+      decode(s_next, frag[buf ^ 1]);
+    }
+    cute::warpgroup_wait<0>();
+    fence_acc(part);
+    // promote: acc += chunk * scale of the column's token (columns 8 j8 + 2 t4 + {0, 1})
+    const uint32_t xs = base + s * C::kStage + C::kXsOff + 8 * t4;
+#pragma unroll
+    for (int j8 = 0; j8 < NN / 8; ++j8) {
+      const float2 sc = lds64f(xs + 32 * j8);
+      acc[4 * j8 + 0] = fmaf(part[4 * j8 + 0], sc.x, acc[4 * j8 + 0]);
+      acc[4 * j8 + 1] = fmaf(part[4 * j8 + 1], sc.y, acc[4 * j8 + 1]);
+      acc[4 * j8 + 2] = fmaf(part[4 * j8 + 2], sc.x, acc[4 * j8 + 2]);
+      acc[4 * j8 + 3] = fmaf(part[4 * j8 + 3], sc.y, acc[4 * j8 + 3]);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty0 + s * 8);
+    s = s_next;
+    ph = ph_next;
+  };
+
+  mbar_wait(full0 + s * 8, ph);
+  decode(s, frag[0]);
+  int kt = 0;
+#pragma unroll 1
+  for (; kt + 1 < KT; kt += 2) {
+    body(kt, std::integral_constant<int, 0>{});
+    body(kt + 1, std::integral_constant<int, 1>{});
+  }
+  if (kt < KT) body(kt, std::integral_constant<int, 0>{});
+}
+
+template <int NN, int BTMAX>
+__device__ __forceinline__ void consumer_epilogue(const float (&acc)[BTMAX / 2], const F8Params& p, const Tile& t,
+                                                  int r0) {
+  const int lane = threadIdx.x & 31;
+  const int t4 = lane & 3;
+  const float mul = __ldg(p.alpha + t.g) * 8.0f;  // undo the 2^-3 of the e4m3 weights
+  const int64_t N = p.N;
+  const int64_t n_a = static_cast<int64_t>(t.n0) + r0;  // rows r0 and r0 + 8 of the tile
+  const int64_t rend = t.row0 + t.rows;
+#pragma unroll
+  for (int j = 0; j < NN / 8; ++j) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int64_t tok = t.row0 + 8 * j + 2 * t4 + (c & 1);
+      const int64_t n = n_a + 8 * (c >> 1);
+      if (tok < rend && n < N) {
+        const float v = acc[4 * j + c] * mul;
+        if (p.out_f32)
+          static_cast<float*>(p.out)[tok * N + n] = v;
+        else
+          static_cast<__nv_bfloat16*>(p.out)[tok * N + n] = __float2bfloat16_rn(v);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+template <int BTMAX, int STAGES>
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_gemm_fp8_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_w,
+                            const F8Params p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using C = F8Cfg<BTMAX, STAGES>;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+  const uint32_t bar_base = smem_u32(smem + C::kBarOff);
+  const uint32_t full0 = bar_base;
+  const uint32_t empty0 = bar_base + STAGES * 8;
+
+  if (threadIdx.x == 0) {
+#pragma unroll 1
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full0 + s * 8, 1 + 32);             // arrive.expect_tx + the cp.async warp's lanes
+      mbar_init(empty0 + s * 8, kConsumerWarps);    // one per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_a)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_w)) : "memory");
+  }
+  if (threadIdx.x < 256) {
+    const uint2 e = product_table(threadIdx.x);
+    asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(smem_u32(smem + C::kTableOff) + threadIdx.x * 8),
+                 "r"(e.x), "r"(e.y)
+                 : "memory");
+  }
+  __syncthreads();
+
+  const int G = static_cast<int>(p.G);
+  const int* prefix = p.ws + kWsPrefix;
+  const int* starts = p.ws + ws_start_off(p.G);
+  const int* ends = p.ws + ws_end_off(p.G);
+  const int NT = p.NT;
+  const int total = __ldcg(p.ws + kWsTotalTiles) * NT;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int KT = p.KT;
+
+  if (warp < 4) {
+    // ------------------------------- producer warpgroup -------------------------------
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    if (warp >= 2) return;
+    int s = 0;
+    uint32_t ph = 0;
+    int gcur = 0;
+    Tile t;
+    if (warp == 0) {
+      // TMA: the activation boxes that hold the tile's rows, and the weight box (rows past G*N
+      // are zero-filled; rows past N of group g read the next group's, which the epilogue drops).
+      for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, NT, BTMAX, gcur, t); L += gridDim.x) {
+        const int nb = (t.rows + kBoxT - 1) / kBoxT;
+        const uint32_t bytes = nb * (kBoxT * kBK) + kRowsW * kBK / 2;
+        const int row0 = static_cast<int>(t.row0);
+        const int wrow = static_cast<int>(static_cast<int64_t>(t.g) * p.N + t.n0);
+#pragma unroll 1
+        for (int kt = 0; kt < KT; ++kt) {
+          mbar_wait(empty0 + s * 8, ph ^ 1);
+          if (lane == 0) {
+            const uint32_t st = smem_u32(smem) + s * C::kStage;
+            const uint32_t full = full0 + s * 8;
+            mbar_arrive_expect_tx(full, bytes);
+            for (int b = 0; b < nb; ++b)
+              tma_load_2d(st + C::kActOff + b * (kBoxT * kBK), &tm_a, full, kt * kBK, row0 + b * kBoxT);
+            tma_load_2d(st + C::kWOff, &tm_w, full, kt * (kBK / 2), wrow);
+          }
+          advance_stage<STAGES>(s, ph);
+        }
+      }
+      return;
+    }
+    // warp 1: the block scales (8 bytes per row and stage) and the tokens' chunk scales, cp.async,
+    // zero-filled past N and past M.
+    const int64_t N = p.N, M = p.M, KS = p.K / 16;
+    for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, NT, BTMAX, gcur, t); L += gridDim.x) {
+      const uint8_t* srow[4];
+      uint32_t sbytes[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t n = t.n0 + lane + 32 * i;
+        sbytes[i] = n < N ? 8u : 0u;
+        srow[i] = p.rhs_scales + (n < N ? (static_cast<int64_t>(t.g) * N + n) * KS : 0);
+      }
+#pragma unroll 1
+      for (int kt = 0; kt < KT; ++kt) {
+        mbar_wait(empty0 + s * 8, ph ^ 1);
+        const uint32_t st = smem_u32(smem) + s * C::kStage;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          cp_async8(st + C::kSOff + (lane + 32 * i) * 8, srow[i] + (sbytes[i] ? kt * 8 : 0), sbytes[i]);
+#pragma unroll
+        for (int i = 0; i < BTMAX / 32; ++i) {
+          const int64_t tok = t.row0 + lane + 32 * i;
+          const bool ok = tok < M;
+          cp_async4(st + C::kXsOff + (lane + 32 * i) * 4, p.xs + (ok ? kt * M + tok : 0), ok ? 4u : 0u);
+        }
+        cp_async_mbar_arrive(full0 + s * 8);
+        advance_stage<STAGES>(s, ph);
+      }
+    }
+  } else {
+    // ------------------------------- consumer warpgroups -------------------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+    const int cw = warp - 4;
+    const int r0 = cw * 16 + (lane >> 2);  // tile rows r0 and r0 + 8
+    const int wg = cw >> 2;                // consumer warpgroup 0 or 1
+    bool first = true;                     // warpgroup 0's first issue waits for nobody
+    float acc[BTMAX / 2];
+    int s = 0;
+    uint32_t ph = 0;
+    int gcur = 0;
+    Tile t, nxt;
+    int L = blockIdx.x;
+    bool have = find_tile(L, total, prefix, starts, ends, G, NT, BTMAX, gcur, t);
+    while (have) {
+#pragma unroll
+      for (int i = 0; i < BTMAX / 2; ++i) acc[i] = 0.0f;
+      WITH_TILE_N(BTMAX, t.rows, (consumer_mainloop<NN, BTMAX, STAGES>(acc, smem, bar_base, KT, r0, s, ph, wg, first)));
+      L += gridDim.x;
+      const bool have_next = find_tile(L, total, prefix, starts, ends, G, NT, BTMAX, gcur, nxt);
+      WITH_TILE_N(BTMAX, t.rows, (consumer_epilogue<NN, BTMAX>(acc, p, t, r0)));
+      t = nxt;
+      have = have_next;
+    }
+    // warpgroup 1's last arrival on turn 0: consume it so that no barrier is left half arrived
+    if (wg == 0 && !first) named_bar_sync(kBarTurn0, 256);
+  }
+#endif
+}
+
+#undef WITH_TILE_N
+
+// ---------------------------------------------------------------------------------------------
+// Host side
+template <int BTMAX, int STAGES>
+cudaError_t launch_fp8(const GroupedGemmParams& p, const F8Params& fp, cudaStream_t stream) {
+  using C = F8Cfg<BTMAX, STAGES>;
+  auto kernel = grouped_gemm_fp8_kernel<BTMAX, STAGES>;
+  static std::atomic<uint64_t> done_mask{0};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const uint64_t bit = dev < 64 ? (uint64_t(1) << dev) : 0;
+  if (bit == 0 || !(done_mask.load(std::memory_order_acquire) & bit)) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
+    if (e != cudaSuccess) return e;
+    done_mask.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  EncodeTiledFn encode = get_encode_fn();
+  if (!encode) return cudaErrorNotSupported;
+  CUtensorMap tm_a, tm_w;
+  {  // activations: e4m3 [M][K] (as bytes), box 128 k x 32 tokens, 128-byte swizzle (WGMMA K-major B)
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.K), static_cast<cuuint64_t>(p.M)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.K)};
+    const cuuint32_t box[2] = {kBK, kBoxT};
+    const cuuint32_t estr[2] = {1, 1};
+    if (encode(&tm_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(p.lhs), dims, strides, box, estr,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return cudaErrorInvalidValue;
+  }
+  {  // weight codes: u8 [G * N][K / 2], box 64 bytes (128 k) x 128 rows, no swizzle
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.K / 2), static_cast<cuuint64_t>(p.G * p.N)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.K / 2)};
+    const cuuint32_t box[2] = {kBK / 2, kRowsW};
+    const cuuint32_t estr[2] = {1, 1};
+    if (encode(&tm_w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(p.rhs), dims, strides, box, estr,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return cudaErrorInvalidValue;
+  }
+  kernel<<<num_sms(), kThreads, C::kSmem, stream>>>(tm_a, tm_w, fp);
+  return cudaGetLastError();
+}
+
+template <int I>
+cudaError_t launch_entry(const GroupedGemmParams& p, const F8Params& fp, cudaStream_t stream) {
+  constexpr KernelConfig c = kKernelConfigs[I];
+  if constexpr (c.family != KernelFamily::kWgmmaFp8) {
+    return cudaErrorInvalidValue;
+  } else {
+    return launch_fp8<c.token_tile, c.stages>(p, fp, stream);
+  }
+}
+
+template <int... I>
+cudaError_t launch_config(const GroupedGemmParams& p, const KernelConfig& c, const F8Params& fp, cudaStream_t stream,
+                          std::integer_sequence<int, I...>) {
+  cudaError_t e = cudaErrorInvalidValue;
+  (void)((kKernelConfigs[I].family == KernelFamily::kWgmmaFp8 && kKernelConfigs[I] == c
+              ? (e = launch_entry<I>(p, fp, stream), true)
+              : false) ||
+         ...);
+  return e;
+}
+
+}  // namespace
+
+cudaError_t LaunchGroupedGemmFp8(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream) {
+  if (GroupedGemmCheckParams(p) != nullptr || !p.fp8) return cudaErrorInvalidValue;
+  if (c.family != KernelFamily::kWgmmaFp8 || !IsKnownConfig(c)) return cudaErrorInvalidValue;
+  if (p.rhs_layout != RhsLayout::kCheckpoint || p.K % kBK != 0) return cudaErrorNotSupported;
+  if (p.G * p.N > INT32_MAX) return cudaErrorNotSupported;  // TMA row coordinate of the weight box
+  // 8-byte cp.async of the block scales, 4-byte of the chunk scales
+  if ((reinterpret_cast<uintptr_t>(p.rhs_scales) & 7) || (reinterpret_cast<uintptr_t>(p.lhs_chunk_scales) & 3))
+    return cudaErrorNotSupported;
+  if (get_encode_fn() == nullptr) return cudaErrorNotSupported;
+  if (p.M == 0 || p.N == 0) return cudaSuccess;
+
+  int* ws = static_cast<int*>(p.workspace);
+  cudaError_t e = launch_setup(p, c.token_tile, ws, stream);
+  if (e != cudaSuccess) return e;
+
+  F8Params fp;
+  fill_common_params(fp, p, ws);
+  fp.xs = p.lhs_chunk_scales;
+  fp.NT = static_cast<int>((p.N + kRowsW - 1) / kRowsW);
+  fp.KT = static_cast<int>(p.K / kBK);
+
+  e = launch_config(p, c, fp, stream, std::make_integer_sequence<int, kNumKernelConfigs>{});
+  if (e != cudaSuccess) return e;
+  return launch_zero_tail(p, ws, /*pdl=*/true, stream);
+}
+
+}  // namespace jax_nvfp4

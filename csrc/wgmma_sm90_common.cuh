@@ -1,0 +1,126 @@
+// Pieces shared by the two persistent Hopper kernels (csrc/grouped_gemm_wgmma_sm90.cu, exact mode;
+// csrc/grouped_gemm_fp8_sm90.cu, FP8 mode): small PTX wrappers (cp.async, TMA, 128-bit shared
+// loads, the K-major 128-byte-swizzle WGMMA descriptor), the persistent tile walk over the
+// group schedule (csrc/grouped_gemm_schedule.cuh), and the host's tensor-map encoder and SM count.
+// Included by both .cu files (internal linkage).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include <cuda.h>  // CUtensorMap and its enums (types only; the encoder comes via the runtime)
+#include <cuda_runtime.h>
+
+namespace jax_nvfp4 {
+namespace {
+
+constexpr int kRowsW = 128;  // weight rows (output columns) per CTA tile of both kernels
+
+// 4-byte cp.async, zero-filled past src_bytes (0 or 4).
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+__device__ __forceinline__ uint4 lds128(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+  return v;
+}
+// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
+__device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
+template <int N>
+__device__ __forceinline__ void fence_acc(float (&acc)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+}
+
+// Tile lookup (one warp, all lanes; returns the same values in every lane).
+struct Tile {
+  int g;
+  int n0;
+  int64_t row0;
+  int rows;
+};
+
+__device__ __forceinline__ bool find_tile(int L, int total, const int* __restrict__ prefix,
+                                          const int* __restrict__ starts, const int* __restrict__ ends, int G,
+                                          int NT, int BTMAX, int& gcur, Tile& t) {
+  if (L >= total) return false;
+  const int q = L / NT;
+  const int lane = threadIdx.x & 31;
+  // prefix is nondecreasing, prefix[gcur] <= q (gcur only moves forward) and prefix[G] > q.
+  while (true) {
+    const int j = gcur + 1 + lane;
+    const int v = j <= G ? __ldcg(prefix + j) : 0x7fffffff;
+    const unsigned m = __ballot_sync(0xffffffffu, v <= q);
+    const int c = __popc(m);
+    gcur += c;
+    if (c < 32) break;
+  }
+  const int g = gcur;
+  const int p0 = __ldcg(prefix + g);
+  const int tg = __ldcg(prefix + g + 1) - p0;
+  const int local = L - p0 * NT;
+  // Single-CTA kernels (BTMAX <= 128) walk a group's tiles token-tile-major: n-tile-major with the
+  // grid's even stride would give each CTA a fixed token-tile parity, so that in two-tile groups
+  // the even CTAs got every full first tile (busiest CTA 7.5% over the mean at 6144 rows, against
+  // 3.3% token-tile-major).
+  // The paired 256-token kernel keeps n-tile-major: its groups have many token tiles, and a weight
+  // tile's re-reads should stay in the same round of the walk (L2).
+  const bool tmajor = BTMAX <= 128;
+  const int nt = tmajor ? local % NT : local / tg;
+  const int tt = tmajor ? local / NT : local - nt * tg;
+  const int64_t st = __ldcg(starts + g);
+  const int64_t en = __ldcg(ends + g);
+  t.g = g;
+  t.n0 = nt * kRowsW;
+  t.row0 = st + static_cast<int64_t>(tt) * BTMAX;
+  const int64_t r = en - t.row0;
+  t.rows = static_cast<int>(r < BTMAX ? r : BTMAX);
+  return true;
+}
+
+// Host side
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiledFn get_encode_fn() {
+  static EncodeTiledFn fn = []() -> EncodeTiledFn {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      return nullptr;
+    return reinterpret_cast<EncodeTiledFn>(ptr);
+  }();
+  return fn;
+}
+
+int num_sms() {
+  static std::atomic<int> cache[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
+  if (dev < 64) {
+    int v = cache[dev].load(std::memory_order_relaxed);
+    if (v > 0) return v;
+  }
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) sms = 132;
+  if (dev < 64) cache[dev].store(sms, std::memory_order_relaxed);
+  return sms;
+}
+
+}  // namespace
+}  // namespace jax_nvfp4
