@@ -478,15 +478,14 @@ def test_moe_fp8_against_exact_and_float64(rng, on_cpu, backend, activation):
 @pytest.mark.parametrize("combine", ["psum", "psum_scatter"])
 def test_moe_expert_parallel_fp8(rng, combine):
     c, w, x, _ = moe_layer(rng, "w4a4")
-    c8 = jn.MoEConfig(**{**c.__dict__, "precision": "fp8"})
+    c8 = jn.MoEConfig(**{**c.__dict__, "precision": "fp8"})                  # fp8 vs exact: above
     backend = "ffi" if HAS_FFI else "reference"
     devs = cpu_devices(8)
     mesh = jax.make_mesh((8,), ("ep",), axis_types=(jax.sharding.AxisType.Explicit,), devices=devs)
     with jax.default_device(devs[0]):
         one = np.asarray(jax.jit(lambda x, w: jn.moe(x, w, c8, backend=backend))(x, w))
-        exact = np.asarray(jax.jit(lambda x, w: jn.moe(x, w, c, backend=backend))(x, w))
     ws = jn.shard_moe_weights(w, mesh)
     ep = jax.jit(lambda x, w: jn.moe_expert_parallel(x, w, c8, mesh, combine=combine,
                                                      backend=backend))(x, ws)
+    assert np.all(np.isfinite(one))
     np.testing.assert_allclose(np.asarray(ep), one, rtol=1e-5, atol=1e-5 * np.abs(one).max())
-    assert 1e-3 < rel_err(one, exact) <= 0.16

@@ -3,6 +3,8 @@ computation, on the benchmark's GEMM shapes and a routed MoE layer (CPU is enoug
 
     python tools/bench/fp8_accuracy.py [--rows 256] [--groups 4] [--out docs/fp8-accuracy.json]
 
+(jax_nvfp4 installed, or PYTHONPATH=. from the repository root.)
+
 GEMMs (jax_nvfp4.bench's L1: K 7168, N 6144; L2: K 3072, N 7168; Gaussian weights and inputs,
 skewed group sizes): relative L2 difference of fp8 to exact, for W4A16 (bf16 inputs) and W4A4
 (inputs quantized to NVFP4), and each mode's error against the float64 product of the unquantized
