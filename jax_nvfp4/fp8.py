@@ -21,17 +21,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import kernel_config
 from .formats import NVFP4Tensor
 from .quantization import e2m1_scaled
 from .reference import check_group_sizes, group_bounds, row_groups, validate_gemm_args
 
-PRECISIONS = ("exact", "fp8")
+PRECISIONS = kernel_config.PRECISIONS
 """Values of the ``precision`` argument of :func:`jax_nvfp4.grouped_gemm` and ``MoEConfig``."""
 CHUNK = 128
 """k values per activation scale (and per float32 promotion of the kernel's accumulator)."""
 WEIGHT_SHIFT = 3
 """The weights enter e4m3 as ``e2m1 * scale * 2^-3``; the epilogue multiplies by ``2^3``."""
-E4M3_MAX = 448.0
 _F32_SIGN = np.uint32(0x80000000)
 _F32_ABS = np.uint32(0x7FFFFFFF)
 
