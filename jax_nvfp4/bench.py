@@ -6,7 +6,8 @@ Per case (48 experts, skewed random group sizes) it times: jax_nvfp4 W4A16 and W
 call) with checkpoint-layout weights and with weights prepared once, outside the timed call, in the
 sm90 layout (``w4a16_sm90``, ``w4a4_sm90``; :func:`jax_nvfp4.prepare_weights`),
 ``jax.lax.ragged_dot`` on bf16 weights, XLA dequantize + ragged_dot, and the Pallas Mosaic-GPU
-ragged_dot on bf16 weights (best of a few tile configs). It prints median ms,
+ragged_dot on bf16 weights (best of a few tile configs), and the fp8 compute mode
+(``w4a16_fp8``, ``w4a4_fp8``: ``precision="fp8"``, checkpoint-layout weights). It prints median ms,
 TFLOP/s, weight GB/s and % of the floor (max of weight bytes / 4.05 TB/s and FLOPs / 711
 TFLOP/s, the H200 ceilings measured in ../shared/h200-baseline.md), writes JSON and a PNG plot.
 """
@@ -31,9 +32,12 @@ LAYERS = {"L1": (7168, 6144), "L2": (3072, 7168)}          # (K, N) per expert
 ROWS = (192, 1536, 6144, 24576)
 HBM_BYTES_PER_S = 4.05e12
 BF16_FLOPS = 711e12
-IMPLS = ("w4a16", "w4a16_sm90", "w4a4", "w4a4_sm90", "ragged_dot", "dequant_ragged_dot",
-         "pallas_mgpu")
-NVFP4_IMPLS = ("w4a16", "w4a16_sm90", "w4a4", "w4a4_sm90", "dequant_ragged_dot")  # 4.5-bit weights
+IMPLS = ("w4a16", "w4a16_sm90", "w4a4", "w4a4_sm90", "w4a16_fp8", "w4a4_fp8", "ragged_dot",
+         "dequant_ragged_dot", "pallas_mgpu")
+NVFP4_IMPLS = ("w4a16", "w4a16_sm90", "w4a4", "w4a4_sm90", "w4a16_fp8", "w4a4_fp8",
+               "dequant_ragged_dot")                                          # 4.5-bit weights
+FP8_IMPLS = ("w4a16_fp8", "w4a4_fp8")
+"""The fp8 compute mode (``precision="fp8"``): e4m3 rounding of both operands, not the exact GEMM."""
 
 
 def skewed_group_sizes(rows, groups, seed):
@@ -91,6 +95,9 @@ def impl_fns(x, rhs, sizes):
     fns["w4a16_sm90"] = (ffi, (x, rhs_sm90, sizes))
     fns["w4a4"] = (ffi, (xq, rhs, sizes))
     fns["w4a4_sm90"] = (ffi, (xq, rhs_sm90, sizes))
+    ffi8 = jax.jit(lambda a, w, s: gemm.grouped_gemm(a, w, s, backend="ffi", precision="fp8"))
+    fns["w4a16_fp8"] = (ffi8, (x, rhs, sizes))            # the fp8 kernel reads checkpoint weights
+    fns["w4a4_fp8"] = (ffi8, (xq, rhs, sizes))
 
     def dequant_bf16(w):                                  # [G, N, K] -> [G, K, N] bf16
         return jnp.swapaxes(quantization.dequantize(w, jnp.bfloat16), 1, 2)
@@ -164,6 +171,10 @@ def main(argv=None):
             got_sm90 = fns["w4a16_sm90"][0](*fns["w4a16_sm90"][1]).astype(jnp.float32)
             rel = float(jnp.linalg.norm(got_sm90 - want) / jnp.linalg.norm(want))
             print(f"  check {case}: rel err w4a16_sm90 vs ragged_dot {rel:.2e}", flush=True)
+            got_fp8 = fns["w4a16_fp8"][0](*fns["w4a16_fp8"][1]).astype(jnp.float32)
+            rel = float(jnp.linalg.norm(got_fp8 - got) / jnp.linalg.norm(got))
+            print(f"  check {case}: rel diff w4a16_fp8 vs w4a16 {rel:.2e} (e4m3 rounding)",
+                  flush=True)
         for impl in impls:
             extra = None
             if impl == "pallas_mgpu":

@@ -9,13 +9,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _extension, autodiff, kernel_config, quantization, reference
+from . import _extension, autodiff, fp8, kernel_config, quantization, reference
 from .formats import NVFP4Tensor
 from .kernel_config import KernelConfig
 
 BACKENDS = ("auto", "ffi", "reference")
 RHS_LAYOUT_CODES = {"checkpoint": 0, "sm90": 1}
 """The custom call's ``rhs_layout`` attribute for each ``NVFP4Tensor.layout``."""
+FP8_TARGET = "jax_nvfp4_grouped_gemm_fp8"
+"""The fp8 mode's custom call (docs/design.md, "FP8 mode")."""
 
 
 def workspace_bytes(num_groups: int, k: int = 0) -> int:
@@ -70,6 +72,61 @@ def _grouped_gemm_jvp(out_dtype, config, rhs_layout, primals, tangents):
         "its W4A4 activations with a straight-through estimator.")
 
 
+def _ffi_grouped_gemm_fp8(codes, scales_t, rhs_data, rhs_scales, alpha, group_sizes, out_dtype,
+                          config, rhs_layout):
+    m, n, g = codes.shape[0], rhs_data.shape[1], rhs_data.shape[0]
+    args = (codes, scales_t, rhs_data, rhs_scales, alpha, group_sizes)
+    out_t = _varying_type(args, (m, n), out_dtype)
+    ws_t = _varying_type(args, (workspace_bytes(g, 2 * rhs_data.shape[2]),), jnp.uint8)
+    out, _ = jax.ffi.ffi_call(FP8_TARGET, (out_t, ws_t), vmap_method="sequential")(
+        *args, rhs_layout=np.int32(rhs_layout), **config.attributes())
+    return out
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(6, 7, 8))
+def _grouped_gemm_fp8_op(codes, scales_t, rhs_data, rhs_scales, alpha, group_sizes, out_dtype,
+                         config, rhs_layout):
+    """The fp8 custom call: ``codes`` e4m3 ``[M, K]`` in the kernel k order, ``scales_t`` float32
+    ``[K/128, M]`` (chunk-major), ``alpha`` the full epilogue factor per group (without the 8)."""
+    return _ffi_grouped_gemm_fp8(codes, scales_t, rhs_data, rhs_scales, alpha, group_sizes,
+                                 out_dtype, config, rhs_layout)
+
+
+_grouped_gemm_fp8_op.defjvp(_grouped_gemm_jvp)
+
+
+def _on_gpu(*arrays) -> bool:
+    """Whether the computation runs on a GPU: the platform of the first concrete array, else the
+    default device's (``jax.default_device``), else the default backend's."""
+    for a in arrays:
+        if isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer):
+            try:
+                return next(iter(a.devices())).platform == "gpu"
+            except Exception:  # noqa: BLE001  (a deleted or otherwise unreadable array)
+                break
+    dev = jax.config.jax_default_device
+    if dev is not None:
+        return (dev if isinstance(dev, str) else dev.platform) in ("gpu", "cuda", "rocm")
+    return jax.default_backend() == "gpu"
+
+
+def _fp8_ffi(lhs, rhs, group_sizes, rhs_gs, out_dtype, kernel, m, n, k, g, rows_hint):
+    """The fp8 mode through the custom call: activations quantized in jnp (fp8.fp8_lhs), put in
+    the kernel's k order, scales transposed to ``[K/128, M]``."""
+    leaves = [lhs.data if isinstance(lhs, NVFP4Tensor) else lhs, rhs.data]
+    if rhs.layout != "checkpoint" and _on_gpu(*leaves):
+        raise ValueError(f"rhs.layout: precision='fp8' on the GPU reads checkpoint-layout weights "
+                         f"only, got {rhs.layout!r}; use jax_nvfp4.prepare_weights(w, 'checkpoint') "
+                         "for fp8")
+    config = kernel_config.resolve(kernel, m, n, k, g, rows_hint=rows_hint, rhs_layout=rhs.layout,
+                                   precision="fp8")
+    codes, scales, lhs_gs = fp8.fp8_lhs(lhs)
+    alpha = lhs_gs * rhs_gs
+    return _grouped_gemm_fp8_op(fp8.to_kernel_k_order(codes), scales.T, rhs.data, rhs.scales,
+                                alpha, group_sizes, out_dtype, config,
+                                RHS_LAYOUT_CODES[rhs.layout])
+
+
 def _w4a4_routes(out_dtype, native_config, bf16_config, rhs_layout="checkpoint"):
     """The two ways to run W4A4 through the custom call: ``(native, via_bf16)``, each taking
     ``(lhs_data, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes)``; ``rhs_data`` is in
@@ -116,7 +173,7 @@ def _resolve_backend(backend: str) -> str:
 @autodiff.differentiable_lhs
 def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp.bfloat16,
                  backend: str = "auto", rows_hint: int | None = None,
-                 kernel: str | KernelConfig | None = None) -> jax.Array:
+                 kernel: str | KernelConfig | None = None, precision: str = "exact") -> jax.Array:
     """Grouped NVFP4 GEMM: one GEMM per group (expert), group sizes on the device.
 
     Same semantics as :func:`jax_nvfp4.reference.grouped_gemm`.
@@ -124,7 +181,8 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
     Args:
       lhs: bfloat16 ``[M, K]`` (weights-only NVFP4, "W4A16") or an NVFP4Tensor ``[M, K]`` with a
         scalar global scale, e.g. from :func:`jax_nvfp4.stage_activation` ("W4A4"). The reference
-        backend also takes float16/float32 lhs; the custom call takes bf16 only.
+        backend, and every backend with ``precision="fp8"``, also takes float16/float32 lhs; the
+        exact custom call takes bf16 only.
       rhs: NVFP4Tensor ``[G, N, K]``: data uint8 ``[G, N, K/2]``, scales float8_e4m3fn
         ``[G, N, K/16]``, global_scale float32 ``[G]``; ``rhs.layout`` "checkpoint" or "sm90"
         (from :func:`jax_nvfp4.prepare_weights`: every CUDA kernel reads it, with fewer
@@ -148,6 +206,13 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         :class:`~jax_nvfp4.kernel_config.KernelConfig` from ``kernel_configs()``. The choice is
         lowered into the custom call's attributes; the CPU handler checks it and ignores it.
         Results do not depend on it beyond float32 summation order.
+      precision: "exact" (default: the products of the NVFP4 values, float32 accumulation) or
+        "fp8" (K % 128 == 0): activations rounded to e4m3 with a power-of-two float32 scale per
+        row and 128-wide k chunk, weights to e4m3 (``e2m1 * scale / 8``), FP8 tensor-core
+        products promoted to float32 every 128 k (:mod:`jax_nvfp4.fp8`; README, "FP8 compute
+        mode"). A W4A4 lhs is dequantized exactly (without its global scale) and rounded the
+        same way. On the GPU it needs an sm_90 device and checkpoint-layout weights (sm90 ones
+        are a ValueError); the CPU handler and the reference compute the same numbers.
 
     On the GPU, W4A4 runs as a fused exact dequantization of the activations to bf16 followed by
     the W4A16 kernel (transient bf16 copy of lhs, ``2 * M * K`` bytes); on the CPU, and with
@@ -167,13 +232,24 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         rows_hint = 0
     elif isinstance(rows_hint, bool) or not isinstance(rows_hint, (int, np.integer)) or rows_hint < 0:
         raise ValueError(f"rows_hint: expected a static int >= 0 or None, got {rows_hint!r}")
+    fp8.check_precision(precision)
     backend = _resolve_backend(backend)
     if backend == "reference":
-        return reference.grouped_gemm(lhs, rhs, group_sizes, out_dtype=out_dtype)
-    m, k, g, n = reference.validate_gemm_args(lhs, rhs, group_sizes, out_dtype,
-                                              float_lhs_dtypes=(jnp.bfloat16,))
+        return reference.grouped_gemm(lhs, rhs, group_sizes, out_dtype=out_dtype,
+                                      precision=precision)
+    # fp8 quantizes the activations in jnp before the custom call: any float lhs dtype works.
+    m, k, g, n = reference.validate_gemm_args(
+        lhs, rhs, group_sizes, out_dtype,
+        float_lhs_dtypes=None if precision == "fp8" else (jnp.bfloat16,))
+    fp8.check_precision(precision, k)
     group_sizes = reference.check_group_sizes(group_sizes, g)
     rows_hint = min(int(rows_hint), m)            # a hint at or past M means M (as the kernels read it)
+    if precision == "fp8":
+        if m == 0:
+            return jnp.zeros((0, n), jnp.dtype(out_dtype))
+        rhs_gs = jnp.broadcast_to(rhs.global_scale.astype(jnp.float32), (g,))
+        return _fp8_ffi(lhs, rhs, group_sizes, rhs_gs, jnp.dtype(out_dtype), kernel, m, n, k, g,
+                        int(rows_hint))
     req = kernel_config.requested_family(kernel)
     mma = (req.family if isinstance(req, KernelConfig) else req) == "mma"
     if mma and rhs.layout != "checkpoint" and isinstance(lhs, NVFP4Tensor):

@@ -90,7 +90,8 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
             # barrier XLA may keep excess precision for the reference backend on GPU.
             lhs = jax.lax.optimization_barrier(x_rows.astype(jnp.bfloat16))
         out = grouped_gemm(lhs, dataclasses.replace(w, global_scale=alpha), group_sizes,
-                           out_dtype=jnp.float32, backend=backend, rows_hint=rows_hint)
+                           out_dtype=jnp.float32, backend=backend, rows_hint=rows_hint,
+                           precision=config.precision)
         if row_scale is not None:
             out = out * row_scale[:, None]
         return out

@@ -33,6 +33,8 @@ class MoEConfig:
       activation: "w4a4" (activations re-quantized to NVFP4 before each GEMM) or "w4a16" (bf16).
       activation_scale: "dynamic" (global scale from the data's amax) or "static" (the
         checkpoint's calibrated input scale, per expert).
+      precision: the grouped GEMMs' compute mode, "exact" (default) or "fp8" (e4m3 operands,
+        see :func:`jax_nvfp4.grouped_gemm`; hidden_size and intermediate_size multiples of 128).
     """
 
     num_experts: int
@@ -48,8 +50,10 @@ class MoEConfig:
     n_shared_experts: int = 0
     activation: str = "w4a4"
     activation_scale: str = "dynamic"
+    precision: str = "exact"
 
     def __post_init__(self):
+        from .fp8 import CHUNK as FP8_CHUNK, PRECISIONS  # noqa: PLC0415  (fp8 -> layout -> here)
         if self.scoring_func not in SCORING_FUNCS:
             raise ValueError(f"scoring_func: expected one of {SCORING_FUNCS}, got {self.scoring_func!r}")
         if self.activation not in ACTIVATIONS:
@@ -57,6 +61,8 @@ class MoEConfig:
         if self.activation_scale not in ACTIVATION_SCALES:
             raise ValueError(f"activation_scale: expected one of {ACTIVATION_SCALES}, "
                              f"got {self.activation_scale!r}")
+        if not isinstance(self.precision, str) or self.precision not in PRECISIONS:
+            raise ValueError(f"precision: expected one of {PRECISIONS}, got {self.precision!r}")
         if not 1 <= self.top_k <= self.num_experts:
             raise ValueError(f"top_k: expected 1 <= top_k <= num_experts={self.num_experts}, "
                              f"got {self.top_k}")
@@ -71,6 +77,9 @@ class MoEConfig:
             v = getattr(self, name)
             if v <= 0 or v % 32:
                 raise ValueError(f"{name}: must be a positive multiple of 32 (NVFP4 K), got {v}")
+            if self.precision == "fp8" and v % FP8_CHUNK:
+                raise ValueError(f"{name}: precision='fp8' needs a multiple of {FP8_CHUNK} (the "
+                                 f"GEMMs' K), got {v}")
 
     @classmethod
     def deepseek_v4_pro(cls, **overrides) -> "MoEConfig":

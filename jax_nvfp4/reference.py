@@ -120,7 +120,8 @@ def validate_gemm_args(lhs, rhs, group_sizes, out_dtype, *, float_lhs_dtypes=Non
     return m, k, g, n
 
 
-def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp.bfloat16):
+def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp.bfloat16,
+                 precision: str = "exact"):
     """Grouped NVFP4 GEMM, pure jnp: one GEMM per group, rows grouped consecutively.
 
     Args:
@@ -129,13 +130,19 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         ``[G]``), in either layout (``rhs.layout``, see :func:`jax_nvfp4.prepare_weights`).
       group_sizes: int32 ``[G]``; see :func:`group_bounds` for negative sizes and sums past M.
       out_dtype: bfloat16 or float32.
+      precision: "exact" (the product below) or "fp8" (K % 128 == 0: activations and weights
+        rounded to e4m3 first, :func:`jax_nvfp4.fp8.grouped_gemm_fp8_reference`).
 
     Returns:
       ``[M, N]`` in out_dtype: row r of group g is ``alpha_g * dequant(lhs)[r] @
       e2m1_scaled(rhs[g]).T`` with ``alpha_g = lhs global scale (1 for float) * rhs.global_scale[g]``,
       accumulated in float32; rows past the groups are 0.
     """
+    from . import fp8  # noqa: PLC0415  (fp8 builds on this module)
+    fp8.check_precision(precision)
     m, k, g, n = validate_gemm_args(lhs, rhs, group_sizes, out_dtype)
+    if precision == "fp8":
+        return fp8.grouped_gemm_fp8_reference(lhs, rhs, group_sizes, out_dtype=out_dtype)
     group_sizes = check_group_sizes(group_sizes, g)
     if isinstance(lhs, NVFP4Tensor):
         a = e2m1_scaled(lhs, jnp.float32)

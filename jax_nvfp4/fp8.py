@@ -1,0 +1,212 @@
+"""The FP8 compute mode's arithmetic (``precision="fp8"``): e4m3 operands, power-of-two scales.
+
+Every backend computes the same numbers (docs/design.md, "FP8 mode"):
+
+1. Activations, per row and 128-wide k chunk: ``p = max(E - 135 + (F > 0x600000), -126)`` from the
+   float32 bits (exponent E, fraction F) of the chunk's amax, i.e. the smallest power of two
+   ``s = 2^p`` with ``amax / s <= 448``; codes ``e4m3(x / s)``, round to nearest even (exact
+   scaling: no saturation ever happens). A chunk holding an Inf or NaN has NaN codes (scale 1).
+2. Weights: ``w8 = e4m3(e2m1 * block_scale * 2^-3)`` (the product is exact; ``|w8| <= 336``).
+3. The GEMM: per chunk a float32 dot of the codes, folded as ``acc = fma(part, s, acc)``;
+   ``out = acc * (alpha * 8)``.
+
+The quantizer works on the float32 bit patterns with integer operations (max, exponent, the
+subnormal inputs): XLA on CPU flushes subnormal float32 operands of arithmetic to zero, so a float
+``max`` or ``x * 2^-p`` would give other codes there than on the GPU.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import kernel_config
+from .formats import NVFP4Tensor
+from .quantization import e2m1_scaled
+from .reference import check_group_sizes, group_bounds, row_groups, validate_gemm_args
+
+PRECISIONS = kernel_config.PRECISIONS
+"""Values of the ``precision`` argument of :func:`jax_nvfp4.grouped_gemm` and ``MoEConfig``."""
+CHUNK = 128
+"""k values per activation scale (and per float32 promotion of the kernel's accumulator)."""
+WEIGHT_SHIFT = 3
+"""The weights enter e4m3 as ``e2m1 * scale * 2^-3``; the epilogue multiplies by ``2^3``."""
+_F32_SIGN = np.uint32(0x80000000)
+_F32_ABS = np.uint32(0x7FFFFFFF)
+
+
+def check_precision(precision, k: int | None = None, name: str = "precision") -> str:
+    """Return ``precision`` if it is one of :data:`PRECISIONS`, else raise ValueError; in fp8
+    mode ``k`` (when given) must be a multiple of 128 (ValueError naming K)."""
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ValueError(f"{name}: expected one of {PRECISIONS}, got {precision!r}")
+    if precision == "fp8" and k is not None and k % CHUNK:
+        raise ValueError(f"K={k}: precision='fp8' needs K to be a multiple of {CHUNK} (one "
+                         "activation scale per 128-wide k chunk)")
+    return precision
+
+
+def _f32_bits(x: jax.Array) -> jax.Array:
+    """The float32 bit patterns (uint32) of x's values, float64 rounded to float32 first.
+    Conversions from bf16/f16 are exact (also for their subnormals)."""
+    return jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+
+
+def _pow2(e: jax.Array) -> jax.Array:
+    """float32 ``2^e`` for int32 ``e`` in [-126, 127] (built from its bits, exact)."""
+    return jax.lax.bitcast_convert_type(((e + 127).astype(jnp.uint32) << 23), jnp.float32)
+
+
+def quantize_activations_fp8(x: jax.Array):
+    """Activations to e4m3 with one power-of-two float32 scale per row and 128-wide k chunk.
+
+    Args:
+      x: float ``[M, K]`` (bfloat16, float16, float32; float64 is rounded to float32 first),
+        ``K % 128 == 0``. Jittable.
+
+    Returns:
+      ``(codes, scales)``: float8_e4m3fn ``[M, K]`` (logical k order) and float32 ``[M, K/128]``,
+      with ``x ~= codes * scales`` per chunk. For a chunk with amax bits (E, F):
+      ``scale = 2^max(E - 135 + (F > 0x600000), -126)`` and ``codes = e4m3(x / scale)`` (round to
+      nearest even, exact scaling, never saturating); an all-zero chunk has scale ``2^-126`` and
+      zero codes (signs kept); a chunk holding an Inf or NaN has NaN codes (0x7F) and scale 1.
+    """
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise ValueError(f"x: expected a floating-point array, got {x.dtype}")
+    if x.ndim != 2:
+        raise ValueError(f"x: expected [M, K], got shape {x.shape}")
+    m, k = x.shape
+    if k == 0 or k % CHUNK:
+        raise ValueError(f"x: K={k}: precision='fp8' needs K to be a positive multiple of {CHUNK}")
+    bits = _f32_bits(x).reshape(m, k // CHUNK, CHUNK)
+    mag = bits & _F32_ABS
+    # Ordering of non-negative float32 bit patterns as integers is that of their values, with
+    # Inf and NaN above every finite value: the integer max is the float amax (subnormals too).
+    amax = jnp.max(mag, axis=-1)                                         # [M, C] uint32
+    e_max = (amax >> 23).astype(jnp.int32)
+    f_max = amax & np.uint32(0x7FFFFF)
+    p = jnp.maximum(e_max - 135 + (f_max > np.uint32(0x600000)).astype(jnp.int32), -126)
+    nonfinite = e_max == 255
+    p = jnp.where(nonfinite, 0, p)
+    # y = x * 2^-p exactly, as a float32: normal x times a normal power of two (the product is
+    # exact unless it is below 2^-126, where e4m3 rounds it to 0 anyway); a subnormal x is
+    # F * 2^-149, i.e. float(F) * 2^(-149 - p), the factor a normal float32 whenever the result
+    # can reach e4m3's 2^-10 (else 0).
+    e_x = ((mag >> 23) & np.uint32(0xFF)).astype(jnp.int32)
+    neg = (bits & _F32_SIGN) != 0
+    xf = jax.lax.bitcast_convert_type(mag, jnp.float32)
+    pc = p[..., None]
+    y_normal = xf * _pow2(-pc)
+    sub_e = -149 - pc
+    y_sub = jnp.where(sub_e >= -126, (mag & np.uint32(0x7FFFFF)).astype(jnp.float32)
+                      * _pow2(jnp.maximum(sub_e, -126)), 0.0)
+    y = jnp.where(e_x == 0, y_sub, y_normal)
+    y = jnp.where(neg, -y, y)
+    codes = jnp.where(nonfinite[..., None], jnp.nan, y).astype(jnp.float8_e4m3fn)
+    scales = jnp.where(nonfinite, jnp.float32(1.0), _pow2(p))
+    return codes.reshape(m, k), scales
+
+
+def weights_fp8(rhs: NVFP4Tensor) -> jax.Array:
+    """NVFP4 weights to the fp8 mode's e4m3 operand: ``e4m3(e2m1 * float(scale) * 2^-3)``.
+
+    Args:
+      rhs: NVFP4Tensor ``[..., N, K]`` in either layout (read through
+        :func:`jax_nvfp4.quantization.e2m1_scaled`); the global scale is not applied.
+
+    Returns:
+      float8_e4m3fn ``[..., N, K]`` (logical k order). The float32 product is exact and at most
+      ``6 * 448 / 8 = 336``; a NaN block scale gives NaN for each code of its block.
+    """
+    # e2m1 * e4m3 is exact in float32 and never subnormal (>= 0.5 * 2^-9), nor is its 2^-3.
+    w = e2m1_scaled(rhs, jnp.float32) * jnp.float32(2.0**-WEIGHT_SHIFT)
+    return w.astype(jnp.float8_e4m3fn)
+
+
+def to_kernel_k_order(q: jax.Array) -> jax.Array:
+    """``[..., K]`` -> ``[..., K]``: inside each 128-wide chunk, position ``32j + 16h + 4t + i``
+    holds logical k ``32t + 8j + 4h + i`` (t, j in 0..3, h in 0..1, i in 0..3), the order the
+    CUDA kernel's fp8 fragments read. Any dtype; K % 128 == 0."""
+    lead, k = q.shape[:-1], q.shape[-1]
+    if k % CHUNK:
+        raise ValueError(f"q: K={k} is not a multiple of {CHUNK}")
+    n = len(lead)
+    v = q.reshape(lead + (k // CHUNK, 4, 4, 2, 4))                   # (t, j, h, i)
+    v = jnp.transpose(v, tuple(range(n + 1)) + tuple(n + 1 + a for a in (1, 2, 0, 3)))
+    return v.reshape(lead + (k,))                                    # (j, h, t, i)
+
+
+def from_kernel_k_order(q: jax.Array) -> jax.Array:
+    """The inverse of :func:`to_kernel_k_order`."""
+    lead, k = q.shape[:-1], q.shape[-1]
+    if k % CHUNK:
+        raise ValueError(f"q: K={k} is not a multiple of {CHUNK}")
+    n = len(lead)
+    v = q.reshape(lead + (k // CHUNK, 4, 2, 4, 4))                   # (j, h, t, i)
+    v = jnp.transpose(v, tuple(range(n + 1)) + tuple(n + 1 + a for a in (2, 0, 1, 3)))
+    return v.reshape(lead + (k,))                                    # (t, j, h, i)
+
+
+def fp8_lhs(lhs):
+    """The fp8 mode's activation operand and the factor it brings to alpha.
+
+    ``lhs`` a float ``[M, K]`` (quantized as it is) or an NVFP4Tensor ``[M, K]`` (its exact
+    ``e2m1 * scale`` values in float32 are quantized, its scalar global scale returned).
+    Returns ``(codes [M, K] e4m3 logical order, scales float32 [M, K/128], lhs_global float32 [])``.
+    """
+    if isinstance(lhs, NVFP4Tensor):
+        codes, scales = quantize_activations_fp8(e2m1_scaled(lhs, jnp.float32))
+        return codes, scales, lhs.global_scale.astype(jnp.float32)
+    codes, scales = quantize_activations_fp8(jnp.asarray(lhs))
+    return codes, scales, jnp.float32(1.0)
+
+
+def grouped_gemm_fp8_reference(lhs, rhs: NVFP4Tensor, group_sizes, *, out_dtype=jnp.bfloat16):
+    """The fp8 mode's grouped GEMM, pure jnp (what every backend computes with ``precision="fp8"``).
+
+    Args and group semantics as :func:`jax_nvfp4.reference.grouped_gemm`; K % 128 == 0.
+
+    Returns:
+      ``[M, N]`` out_dtype: row r of group g, column n is ``acc * (alpha_g * 8)`` where ``acc``
+      folds the chunks in order, ``acc = part_c * s[r, c] + acc`` (``part_c`` the float32 dot of
+      chunk c's e4m3 codes with :func:`weights_fp8`, ``s`` the chunk's power-of-two scale: the
+      product is exact, so this is the fma of the specification but for a product below 2^-126),
+      ``alpha_g = lhs global scale (1 for float) * rhs.global_scale[g]``; rows past the groups 0.
+    """
+    m, k, g, n = validate_gemm_args(lhs, rhs, group_sizes, out_dtype)
+    check_precision("fp8", k)
+    group_sizes = check_group_sizes(group_sizes, g)
+    codes, scales, lhs_gs = fp8_lhs(lhs)
+    w8 = weights_fp8(rhs).astype(jnp.float32)                             # [G, N, K]
+    alpha = lhs_gs * jnp.broadcast_to(rhs.global_scale.astype(jnp.float32), (g,))
+    starts, ends = group_bounds(group_sizes, m)
+    gid, valid = row_groups(ends, m)
+    sizes = (ends - starts).astype(jnp.int32)
+    # ragged_dot may mix groups through products with 0 (reference.grouped_gemm): NaN weights are
+    # zeroed for the dots and put back on the rows of their group at the end.
+    nan = jnp.isnan(w8)
+    nan_rows = jnp.any(nan, axis=-1)                                    # [G, N]
+    w8 = jnp.where(nan, 0.0, w8)
+    nc = k // CHUNK
+    a_c = jnp.moveaxis(codes.astype(jnp.float32).reshape(m, nc, CHUNK), 1, 0)        # [C, M, 128]
+    w_c = jnp.moveaxis(w8.reshape(g, n, nc, CHUNK), 2, 0).swapaxes(2, 3)            # [C, G, 128, N]
+    s_c = scales.T                                                                    # [C, M]
+
+    def step(acc, chunk):
+        a, w, s = chunk
+        part = jax.lax.ragged_dot(a, w, sizes, precision=jax.lax.Precision.HIGHEST,
+                                  preferred_element_type=jnp.float32)
+        return part * s[:, None] + acc, None
+
+    acc, _ = jax.lax.scan(step, jnp.zeros((m, n), jnp.float32), (a_c, w_c, s_c))
+    acc = jnp.where(nan_rows[gid], jnp.nan, acc)
+    factor = alpha * jnp.float32(2.0**WEIGHT_SHIFT)
+    out = jnp.where(valid[:, None], acc * factor[gid][:, None], 0.0)
+    return out.astype(out_dtype)
+
+
+__all__ = ["CHUNK", "PRECISIONS", "check_precision", "fp8_lhs", "from_kernel_k_order",
+           "grouped_gemm_fp8_reference", "quantize_activations_fp8", "to_kernel_k_order",
+           "weights_fp8"]
