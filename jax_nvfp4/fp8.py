@@ -80,11 +80,17 @@ def quantize_activations_fp8(x: jax.Array):
     m, k = x.shape
     if k == 0 or k % CHUNK:
         raise ValueError(f"x: K={k}: precision='fp8' needs K to be a positive multiple of {CHUNK}")
+    # Ordering of non-negative float bit patterns as integers is that of their values, with Inf and
+    # NaN above every finite value: the integer max is the float amax (subnormals too). A bf16
+    # input is reduced on its own 16-bit patterns, so that the reduction reads x and nothing
+    # [M, K]-sized is materialized between it and the elementwise pass below.
+    if x.dtype == jnp.bfloat16:
+        m16 = jax.lax.bitcast_convert_type(x, jnp.uint16).reshape(m, k // CHUNK, CHUNK) & np.uint16(0x7FFF)
+        amax = jnp.max(m16, axis=-1).astype(jnp.uint32) << 16             # [M, C] float32 bits
+    else:
+        amax = jnp.max(_f32_bits(x).reshape(m, k // CHUNK, CHUNK) & _F32_ABS, axis=-1)
     bits = _f32_bits(x).reshape(m, k // CHUNK, CHUNK)
     mag = bits & _F32_ABS
-    # Ordering of non-negative float32 bit patterns as integers is that of their values, with
-    # Inf and NaN above every finite value: the integer max is the float amax (subnormals too).
-    amax = jnp.max(mag, axis=-1)                                         # [M, C] uint32
     e_max = (amax >> 23).astype(jnp.int32)
     f_max = amax & np.uint32(0x7FFFFF)
     p = jnp.maximum(e_max - 135 + (f_max > np.uint32(0x600000)).astype(jnp.int32), -126)
