@@ -196,14 +196,16 @@ def grouped_gemm_fp8_reference(lhs, rhs: NVFP4Tensor, group_sizes, *, out_dtype=
     nan_rows = jnp.any(nan, axis=-1)                                    # [G, N]
     w8 = jnp.where(nan, 0.0, w8)
     nc = k // CHUNK
-    a_c = jnp.moveaxis(codes.astype(jnp.float32).reshape(m, nc, CHUNK), 1, 0)        # [C, M, 128]
-    w_c = jnp.moveaxis(w8.reshape(g, n, nc, CHUNK), 2, 0).swapaxes(2, 3)            # [C, G, 128, N]
+    # e4m3 values are exact in bf16 and so is each product of two (8 significant bits): the dots
+    # take bf16 operands with float32 accumulation, which every backend computes as such (a float32
+    # dot may run at reduced precision on the GPU, HIGHEST or not).
+    a_c = jnp.moveaxis(codes.astype(jnp.bfloat16).reshape(m, nc, CHUNK), 1, 0)       # [C, M, 128]
+    w_c = jnp.moveaxis(w8.astype(jnp.bfloat16).reshape(g, n, nc, CHUNK), 2, 0).swapaxes(2, 3)  # [C, G, 128, N]
     s_c = scales.T                                                                    # [C, M]
 
     def step(acc, chunk):
         a, w, s = chunk
-        part = jax.lax.ragged_dot(a, w, sizes, precision=jax.lax.Precision.HIGHEST,
-                                  preferred_element_type=jnp.float32)
+        part = jax.lax.ragged_dot(a, w, sizes, preferred_element_type=jnp.float32)
         return part * s[:, None] + acc, None
 
     acc, _ = jax.lax.scan(step, jnp.zeros((m, n), jnp.float32), (a_c, w_c, s_c))
