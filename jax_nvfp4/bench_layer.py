@@ -1,6 +1,10 @@
 """Benchmark of the whole MoE layer against its two grouped GEMMs (issue 24).
 
     python -m jax_nvfp4.bench_layer [--out bench-layer-out] [--tokens 32,256,1024,4096]
+                                    [--precision exact|fp8]
+
+``--precision fp8`` runs the layer's GEMMs in the FP8 mode (``MoEConfig.precision``) on
+checkpoint-layout weights (what its CUDA kernel reads) unless ``--layout`` says otherwise.
 
 Needs a GPU for meaningful numbers; on a CPU it runs at small sizes (``--small``) as a smoke test.
 
@@ -59,11 +63,12 @@ SMALL = dict(tokens="16,48", experts=8, hidden=128, inter=64, ep=4, ep_tokens=64
 """``--small``: CPU-sized defaults (options given explicitly still win)."""
 
 
-def layer_config(experts, hidden, inter, top_k, activation):
-    """The benchmarked layer: V4-Pro routing and SwiGLU, no shared expert."""
+def layer_config(experts, hidden, inter, top_k, activation, precision="exact"):
+    """The benchmarked layer: V4-Pro routing and SwiGLU, no shared expert; ``precision`` its
+    GEMMs' compute mode ("exact" or "fp8")."""
     return moe_params.MoEConfig.deepseek_v4_pro(
         num_experts=experts, top_k=top_k, hidden_size=hidden, intermediate_size=inter,
-        n_shared_experts=0, activation=activation)
+        n_shared_experts=0, activation=activation, precision=precision)
 
 
 def _routed_rows(x, weights, config):
@@ -86,8 +91,8 @@ def _gemm_lhs(rows, activation):
     return rows.astype(jnp.bfloat16), None
 
 
-def _gemm(lhs, w, sizes, backend):
-    return gemm.grouped_gemm(lhs, w, sizes, out_dtype=jnp.float32, backend=backend)
+def _gemm(lhs, w, sizes, backend, precision="exact"):
+    return gemm.grouped_gemm(lhs, w, sizes, out_dtype=jnp.float32, backend=backend, precision=precision)
 
 
 def gemm_inputs(x, token_of, sizes, weights, config, backend):
@@ -97,7 +102,7 @@ def gemm_inputs(x, token_of, sizes, weights, config, backend):
     @jax.jit
     def inputs(x, token_of, w13, sizes):
         lhs1, s1 = _gemm_lhs(x[token_of], config.activation)
-        h = _gemm(lhs1, w13, sizes, backend)
+        h = _gemm(lhs1, w13, sizes, backend, config.precision)
         act = swiglu(h if s1 is None else h * s1[:, None], config.swiglu_limit)
         lhs2, s2 = _gemm_lhs(act, config.activation)
         return lhs1, s1, lhs2, s2
@@ -111,10 +116,10 @@ def gemm_cases(x, token_of, sizes, weights, config, backend):
     lhs1, _, lhs2, _ = gemm_inputs(x, token_of, sizes, weights, config, backend)
 
     def gemm1(lhs, w, sizes):
-        return _gemm(lhs, w, sizes, backend)
+        return _gemm(lhs, w, sizes, backend, config.precision)
 
     def gemm2(lhs, w, sizes):
-        return _gemm(lhs, w, sizes, backend)
+        return _gemm(lhs, w, sizes, backend, config.precision)
 
     return ((jax.jit(gemm1), (lhs1, weights.w13, sizes)),
             (jax.jit(gemm2), (lhs2, weights.w2, sizes)))
@@ -133,7 +138,7 @@ def local_weights(weights: moe_params.MoEWeights, start, count):
 def run_layer_cases(args, backend, dev, log=print):
     """The per-GPU shard: layer, its GEMMs and the reference, per token count and activation."""
     results = []
-    base = layer_config(args.experts, args.hidden, args.inter, args.top_k, "w4a4")
+    base = layer_config(args.experts, args.hidden, args.inter, args.top_k, "w4a4", args.precision)
     weights = random_layer(base, seed=args.seed, device=dev)
     if args.layout != "checkpoint":
         with jax.default_device(dev):
@@ -160,7 +165,8 @@ def run_layer_cases(args, backend, dev, log=print):
             gemm2_ms = time_ms(g2, *a2, **timing)
             del a1, a2
             gemm_ms = gemm1_ms + gemm2_ms
-            r = {"tokens": t, "rows": rows, "activation": activation, "layer_ms": layer_ms,
+            r = {"tokens": t, "rows": rows, "activation": activation, "precision": args.precision,
+                 "layer_ms": layer_ms,
                  "gemm_ms": gemm_ms, "gemm1_ms": gemm1_ms, "gemm2_ms": gemm2_ms,
                  "overhead_ms": layer_ms - gemm_ms,
                  "overhead_share": (layer_ms - gemm_ms) / layer_ms,
@@ -203,7 +209,7 @@ def run_expert_parallel(args, backend, dev, log=print):
     """One device's share of the ep-way layer vs 1/ep of the one-device layer, per activation."""
     out = []
     total = args.experts * args.ep
-    base = layer_config(total, args.hidden, args.inter, args.top_k, "w4a4")
+    base = layer_config(total, args.hidden, args.inter, args.top_k, "w4a4", args.precision)
     weights = random_layer(base, seed=args.seed + 1, device=dev)
     if args.layout != "checkpoint":
         with jax.default_device(dev):
@@ -241,7 +247,8 @@ def run_expert_parallel(args, backend, dev, log=print):
             return share(x, w, ids, rw, cf=None)
 
         all_rows_ms = time_ms(jax.jit(share_all_rows), x, mine, ids, rw, **timing)
-        r = {"tokens": t, "activation": activation, "experts": total, "ep": args.ep,
+        r = {"tokens": t, "activation": activation, "precision": args.precision, "experts": total,
+             "ep": args.ep,
              "local_experts": args.experts, "own_rows": own, "rows": t * args.top_k,
              "rows_run": next(n for n in ladder if n >= own),
              "capacity_factor": sharding.DEFAULT_CAPACITY_FACTOR,
@@ -273,8 +280,11 @@ def _parser():
     p.add_argument("--top-k", type=int, default=6, help="experts per token")
     p.add_argument("--hidden", type=int, default=7168, help="H (model width)")
     p.add_argument("--inter", type=int, default=3072, help="I (expert width)")
-    p.add_argument("--layout", choices=layout.LAYOUTS, default="sm90",
-                   help="weight layout (sm90: prepared once at load time)")
+    p.add_argument("--layout", choices=layout.LAYOUTS, default=None,
+                   help="weight layout (sm90: prepared once at load time; default sm90, checkpoint "
+                        "with --precision fp8, whose CUDA kernel reads that layout)")
+    p.add_argument("--precision", choices=("exact", "fp8"), default="exact",
+                   help="the layer's GEMM compute mode (MoEConfig.precision)")
     p.add_argument("--backend", choices=gemm.BACKENDS, default="auto",
                    help="grouped GEMM backend of the timed layer")
     p.add_argument("--reference-max-tokens", type=int, default=256,
@@ -316,10 +326,12 @@ def main(argv=None):
             p.error(f"--{name.replace('_', '-')}: expected >= 1, got {getattr(args, name)}")
     if args.top_k > args.experts:
         p.error(f"--top-k {args.top_k} > --experts {args.experts}")
+    if args.layout is None:
+        args.layout = "checkpoint" if args.precision == "fp8" else "sm90"
     dev = jax.devices()[0]
     backend = gemm._resolve_backend(args.backend)
     print(f"device: {dev.device_kind} ({dev.platform}), jax {jax.__version__}, backend {backend}, "
-          f"{args.layout} layout", flush=True)
+          f"{args.layout} layout, {args.precision} precision", flush=True)
     if dev.platform != "gpu":
         print("note: not a GPU; these numbers only check that the benchmark runs", flush=True)
     os.makedirs(args.out, exist_ok=True)
@@ -333,6 +345,7 @@ def main(argv=None):
         ep = run_expert_parallel(args, backend, dev)
     meta = {"gpu": dev.device_kind, "platform": dev.platform, "driver": _driver_version(),
             "jax": jax.__version__, "backend": backend, "layout": args.layout,
+            "precision": args.precision,
             "config": {"experts": args.experts, "top_k": args.top_k, "hidden": args.hidden,
                        "inter": args.inter, "swiglu_limit": 10.0, "shared_experts": 0},
             "timing": {"target_s": args.target_s, "repeats": args.repeats, "stat": "median ms"},

@@ -49,6 +49,24 @@ def test_runs_and_writes_the_json(tmp_path):
     assert ep["own_rows"] <= ep["rows_run"] and ep["rows_run"] in row_ladder(cap, 32 * 6)
 
 
+def test_fp8_precision_runs_on_checkpoint_weights(tmp_path):
+    """--precision fp8: the layer and its GEMMs in the FP8 mode, on checkpoint-layout weights by
+    default (the FP8 CUDA kernel reads that layout); the GEMMs timed are the layer's (fp8 ones)."""
+    meta = bench_layer.main(["--small", "--tokens", "16", "--activations", "w4a16", "--inter", "128",
+                             "--ep-tokens", "0", "--hlo-tokens", "0", "--reference-max-tokens", "0",
+                             "--precision", "fp8", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "bench_layer.json").read_text())
+    assert saved["layout"] == "checkpoint" and saved["precision"] == "fp8"
+    (r,) = meta["results"]
+    assert r["precision"] == "fp8" and r["layer_ms"] > 0 and r["gemm_ms"] > 0
+    cfg = bench_layer.layer_config(8, 128, 128, 6, "w4a16", "fp8")
+    w = bench_layer.random_layer(cfg, seed=0, device=jax.devices("cpu")[0])
+    x = jax.random.normal(jax.random.key(2), (16, 128), jnp.bfloat16)
+    token_of, sizes = jax.jit(bench_layer._routed_rows, static_argnums=2)(x, w, cfg)
+    for g, a in bench_layer.gemm_cases(x, token_of, sizes, w, cfg, "ffi"):
+        assert "jax_nvfp4_grouped_gemm_fp8" in g.lower(*a).as_text()
+
+
 def test_overhead_share_is_computed_from_the_measured_numbers(tmp_path, monkeypatch):
     """With the timer replaced, every derived number follows from what was 'measured'."""
     fake = {"layer": 10.0, "gemm1": 3.0, "gemm2": 2.0, "reference": 99.0, "single": 80.0,
