@@ -8,6 +8,11 @@
 // power-of-two float32 scale per row and 128-wide k chunk, W is rounded to e4m3 as
 // e4m3(e2m1 * scale * 2^-3), each chunk's dot is promoted into the float32 accumulator times the
 // row's chunk scale, and the epilogue multiplies by alpha * 2^3 (docs/design.md, "FP8 mode").
+// SwiGLU epilogue (the custom call "jax_nvfp4_grouped_gemm_glu", params.glu): W's rows are gate/up
+// paired (row 16b + i holds gate feature 8b + i, row 16b + 8 + i up feature 8b + i, i < 8: every
+// kernel's thread holds accumulator rows n and n + 8 for n % 16 < 8), alpha is [G, 2] (gate, up),
+// h = acc * alpha[g][n % 16 >= 8] (times row_scale[r] when given), and
+// out[r, 8b + i] = silu(min(h_gate, L)) * clamp(h_up, -L, L) with silu(x) = x / (1 + exp(-x)), out [M, N/2].
 // Group g covers rows [start_g, end_g): start_g = min(sum_{j<g} max(gs_j, 0), M),
 // end_g = min(start_g + max(gs_g, 0), M). Rows past end_{G-1} are written as 0.
 //
@@ -188,9 +193,9 @@ struct GroupedGemmParams {
   const uint8_t* lhs_scales = nullptr;  // e4m3 [M, K/16] (a_fp4 only)
   const uint8_t* rhs = nullptr;         // u8 [G, N, K/2] in `rhs_layout`
   const uint8_t* rhs_scales = nullptr;  // e4m3 [G, N, K/16] in `rhs_layout`
-  const float* alpha = nullptr;         // f32 [G]
+  const float* alpha = nullptr;         // f32 [G] ([G, 2] with the SwiGLU epilogue)
   const int32_t* group_sizes = nullptr; // s32 [G], device memory
-  void* out = nullptr;                  // bf16 or f32 [M, N]
+  void* out = nullptr;                  // bf16 or f32 [M, N] ([M, N/2] with the SwiGLU epilogue)
   void* workspace = nullptr;            // device scratch, >= GroupedGemmWorkspaceBytes(G)
   size_t workspace_bytes = 0;
   int64_t M = 0;
@@ -204,7 +209,15 @@ struct GroupedGemmParams {
   // [K/128, M] (power-of-two scale of row r's chunk c at c * M + r); lhs_scales unused.
   bool fp8 = false;
   const float* lhs_chunk_scales = nullptr;
+  // SwiGLU epilogue (see the top of this file): alpha is f32 [G, 2], out [M, N/2]; row_scale f32 [M]
+  // or null; glu_limit > 0 (+inf: no clamp).
+  bool glu = false;
+  float glu_limit = 0.0f;
+  const float* row_scale = nullptr;
 };
+
+// Columns of the output: N, or N / 2 with the SwiGLU epilogue.
+inline constexpr int64_t OutputColumns(const GroupedGemmParams& p) { return p.glu ? p.N / 2 : p.N; }
 
 // Bytes of workspace the CUDA launchers need: 4096 + 16 * G (the schedule's prefix sums and
 // group bounds). The custom call's workspace output also holds K bytes for the CPU handler.
@@ -224,6 +237,8 @@ inline const char* GroupedGemmCheckParams(const GroupedGemmParams& p) {
   if (p.rhs_layout == RhsLayout::kSm90 && (p.N % 128 != 0 || p.K % 64 != 0))
     return "the sm90 layout needs N % 128 == 0 and K % 64 == 0";
   if (p.fp8 && (p.K % 128 != 0 || p.a_fp4)) return "FP8 mode needs K % 128 == 0 and e4m3 activations";
+  if (p.glu && (p.fp8 || p.N % 16 != 0 || !(p.glu_limit > 0.0f)))
+    return "the SwiGLU epilogue needs the exact mode, N % 16 == 0 and glu_limit > 0";
   if (p.M > 0 && p.N > 0) {
     if (!p.lhs || !p.rhs || !p.rhs_scales || !p.alpha || !p.group_sizes || !p.out || !p.workspace)
       return "null pointer";

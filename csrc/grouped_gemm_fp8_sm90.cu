@@ -94,6 +94,9 @@ struct F8Params {
   int KT;  // stages (k chunks)
   bool out_f32;
   const uint8_t* rhs;  // (fill_common_params sets it; the kernel reads the codes through the tensor map)
+  bool glu;  // (always false: the FP8 mode has no SwiGLU epilogue; the shared epilogue reads it)
+  float glu_limit;
+  const float* row_scale;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -410,7 +413,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       L += gridDim.x;
       const bool have_next = find_tile(L, total, prefix, starts, ends, G, NT, BTMAX, gcur, nxt);
       // undo the 2^-3 of the e4m3 weights
-      WITH_TILE_N(BTMAX, t.rows, (store_tile<NN>(acc, p, t, r0, __ldg(p.alpha + t.g) * 8.0f)));
+      WITH_TILE_N(BTMAX, t.rows, (store_tile<NN>(acc, p, t, r0, 8.0f)));
       t = nxt;
       have = have_next;
     }

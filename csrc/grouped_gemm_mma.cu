@@ -41,6 +41,7 @@
 #include "csrc/grouped_gemm.h"
 #include "csrc/grouped_gemm_schedule.cuh"
 #include "csrc/e2m1_sm90_layout.cuh"
+#include "csrc/epilogue.cuh"
 #include "csrc/mbarrier_sm90.cuh"
 
 #include <atomic>
@@ -91,6 +92,9 @@ struct KParams {
   int64_t M, N, K, G;
   bool scales_vec;  // K/16 % 4 == 0 and scale pointers 4-byte aligned: 4-byte cp.async for scales
   bool out_f32;
+  bool glu;  // SwiGLU epilogue (alpha [G, 2], out [M, N/2], optional row_scale)
+  float glu_limit;
+  const float* row_scale;
 };
 
 using CpAsync16 = cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>;
@@ -534,8 +538,9 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
     }
     if constexpr (!WS) cute::cp_async_wait<0>();
 
-    // Epilogue: acc[mt][nt] = {(n, r), (n, r+1), (n+8, r), (n+8, r+1)}.
-    const float mul = p.alpha[g] * fp4_fix;
+    // Epilogue: acc[mt][nt] = {(n, r), (n, r+1), (n+8, r), (n+8, r+1)}, n % 16 < 8 (csrc/epilogue.cuh).
+    float mul_lo, mul_hi;
+    epilogue_factors(p, g, fp4_fix, mul_lo, mul_hi);
 #pragma unroll
     for (int mt = 0; mt < kMT && (!WS || warp < kWarpsW); ++mt) {
       const int64_t n = n0 + wi * kWM + mt * 16 + g8;
@@ -543,17 +548,8 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
       for (int nt = 0; nt < NT; ++nt) {
         const int64_t r = row0 + wj * WT + nt * 8 + 2 * t4;
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int64_t rr = r + (c & 1);
-          const int64_t nn = n + (c >> 1) * 8;
-          if (rr < rend && nn < N) {
-            const float v = acc[mt][nt][c] * mul;
-            if (p.out_f32)
-              static_cast<float*>(p.out)[rr * N + nn] = v;
-            else
-              static_cast<__nv_bfloat16*>(p.out)[rr * N + nn] = __float2bfloat16_rn(v);
-          }
-        }
+        for (int c = 0; c < 2; ++c)
+          if (r + c < rend) store_pair(p, r + c, n, acc[mt][nt][c], acc[mt][nt][2 + c], mul_lo, mul_hi);
       }
     }
     // the next tile's prologue overwrites the stages (WS: the full/empty barriers order them)

@@ -152,6 +152,9 @@ inline void fill_common_params(KernelParams& k, const GroupedGemmParams& p, cons
   k.K = p.K;
   k.G = p.G;
   k.out_f32 = p.out_f32;
+  k.glu = p.glu;
+  k.glu_limit = p.glu_limit;
+  k.row_scale = p.row_scale;
 }
 
 // Enqueues the setup kernel for token tiles of BT rows (before the GEMM kernel).
@@ -163,14 +166,15 @@ inline cudaError_t launch_setup(const GroupedGemmParams& p, int BT, int* ws, cud
 // Enqueues the zeroing of the output rows past the last group (after the GEMM kernel, which
 // leaves them alone); the count comes from the workspace, so there is no host sync.
 inline cudaError_t launch_zero_tail(const GroupedGemmParams& p, const int* ws, bool pdl, cudaStream_t stream) {
-  const int64_t elems = p.M * p.N;
+  const int64_t cols = OutputColumns(p);
+  const int64_t elems = p.M * cols;
   const int64_t blocks64 = (elems + 256 * 8 - 1) / (256 * 8);
   const unsigned blocks = static_cast<unsigned>(blocks64 < 1024 ? blocks64 : 1024);
   if (p.out_f32)
     return launch_maybe_pdl(pdl, zero_tail_kernel<float>, dim3(blocks), dim3(256), 0, stream, static_cast<float*>(p.out),
-                            static_cast<const int*>(ws), p.M, p.N);
+                            static_cast<const int*>(ws), p.M, cols);
   return launch_maybe_pdl(pdl, zero_tail_kernel<__nv_bfloat16>, dim3(blocks), dim3(256), 0, stream,
-                          static_cast<__nv_bfloat16*>(p.out), static_cast<const int*>(ws), p.M, p.N);
+                          static_cast<__nv_bfloat16*>(p.out), static_cast<const int*>(ws), p.M, cols);
 }
 
 }  // namespace

@@ -125,6 +125,9 @@ struct WParams {
   int NT;   // n-tiles per group
   int KT;   // k-tiles
   bool out_f32;
+  bool glu;  // SwiGLU epilogue (alpha [G, 2], out [M, N/2], optional row_scale)
+  float glu_limit;
+  const float* row_scale;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -574,7 +577,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       L += TILE_STEP;
       const bool have_next = NEXT_TILE(L, gcur, nxt);
       // undo the 2^-7 of the fp4 weights
-      WITH_TILE_N(BTMAX, t.rows, (store_tile<NN>(acc, p, t, r0, __ldg(p.alpha + t.g) * 128.0f)));
+      WITH_TILE_N(BTMAX, t.rows, (store_tile<NN>(acc, p, t, r0, 128.0f)));
       t = nxt;
       have = have_next;
     }

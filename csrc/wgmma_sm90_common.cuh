@@ -12,6 +12,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "csrc/epilogue.cuh"
+
 namespace jax_nvfp4 {
 namespace {
 
@@ -92,29 +94,22 @@ __device__ __forceinline__ bool find_tile(int L, int total, const int* __restric
 }
 
 // Epilogue of both kernels: thread (lane) of consumer warp rows r0, r0 + 8 stores its m64nNN
-// accumulators (the WGMMA D fragment: column pair 8j + 2 (lane % 4), rows +0 / +8) times `mul`
-// into out [M, N] (float32 or bf16, round to nearest even), rows inside the tile's group and
-// columns below N only.
+// accumulators (the WGMMA D fragment: column pair 8j + 2 (lane % 4), rows +0 / +8) through
+// store_pair (csrc/epilogue.cuh; rows inside the tile's group only), scaled by alpha times `fix`.
 template <int NN, int ACC, typename KParams>
 __device__ __forceinline__ void store_tile(const float (&acc)[ACC], const KParams& p, const Tile& t, int r0,
-                                           float mul) {
+                                           float fix) {
   const int t4 = threadIdx.x & 3;
-  const int64_t N = p.N;
-  const int64_t n_a = static_cast<int64_t>(t.n0) + r0;  // rows r0 and r0 + 8 of the tile
+  const int64_t n = static_cast<int64_t>(t.n0) + r0;  // rows n and n + 8 of the weights, n % 16 < 8
   const int64_t rend = t.row0 + t.rows;
+  float mul_lo, mul_hi;
+  epilogue_factors(p, t.g, fix, mul_lo, mul_hi);
 #pragma unroll
   for (int j = 0; j < NN / 8; ++j) {
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int64_t tok = t.row0 + 8 * j + 2 * t4 + (c & 1);
-      const int64_t n = n_a + 8 * (c >> 1);
-      if (tok < rend && n < N) {
-        const float v = acc[4 * j + c] * mul;
-        if (p.out_f32)
-          static_cast<float*>(p.out)[tok * N + n] = v;
-        else
-          static_cast<__nv_bfloat16*>(p.out)[tok * N + n] = __float2bfloat16_rn(v);
-      }
+    for (int c = 0; c < 2; ++c) {
+      const int64_t tok = t.row0 + 8 * j + 2 * t4 + c;
+      if (tok < rend) store_pair(p, tok, n, acc[4 * j + c], acc[4 * j + 2 + c], mul_lo, mul_hi);
     }
   }
 }

@@ -1,4 +1,5 @@
-// The custom calls "jax_nvfp4_grouped_gemm" (exact) and "jax_nvfp4_grouped_gemm_fp8" (FP8 mode) as
+// The custom calls "jax_nvfp4_grouped_gemm" (exact), "jax_nvfp4_grouped_gemm_glu" (exact, SwiGLU
+// epilogue) and "jax_nvfp4_grouped_gemm_fp8" (FP8 mode) as
 // XLA FFI sees them, shared by the CPU and the CUDA handlers: the typed attributes (decoded into
 // GemmAttrs) and the buffer checks that turn the call frame into GroupedGemmParams
 // (csrc/gemm_contract.h). Both handlers accept and check the same attributes; the CPU handlers
@@ -8,6 +9,7 @@
 //   rhs_layout  i32 enum RhsLayout      0 checkpoint, 1 sm90
 //   kernel      i32 enum KernelFamily   0 mma, 1 mma_ws, 2 wgmma (exact call); 3 wgmma_fp8 (FP8 call)
 //   token_tile, stages, cluster  i32    together with kernel: one kKernelConfigs entry
+//   glu_limit   f32 (SwiGLU call "jax_nvfp4_grouped_gemm_glu" only)  > 0, +inf for no clamp
 #pragma once
 
 #include <cstdint>
@@ -27,6 +29,17 @@ struct GemmAttrs {
   KernelConfig config() const { return KernelConfig{kernel, token_tile, stages, cluster}; }
 };
 
+// The SwiGLU call's attributes: the exact call's and the clamp limit.
+struct GluAttrs {
+  RhsLayout rhs_layout;
+  KernelFamily kernel;
+  int32_t token_tile;
+  int32_t stages;
+  int32_t cluster;
+  float glu_limit;
+  GemmAttrs gemm() const { return GemmAttrs{rhs_layout, kernel, token_tile, stages, cluster}; }
+};
+
 }  // namespace jax_nvfp4
 
 XLA_FFI_REGISTER_ENUM_ATTR_DECODING(jax_nvfp4::RhsLayout);
@@ -37,6 +50,13 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_nvfp4::GemmAttrs,
                                       ::xla::ffi::StructMember<int32_t>("token_tile"),
                                       ::xla::ffi::StructMember<int32_t>("stages"),
                                       ::xla::ffi::StructMember<int32_t>("cluster"));
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_nvfp4::GluAttrs,
+                                      ::xla::ffi::StructMember<jax_nvfp4::RhsLayout>("rhs_layout"),
+                                      ::xla::ffi::StructMember<jax_nvfp4::KernelFamily>("kernel"),
+                                      ::xla::ffi::StructMember<int32_t>("token_tile"),
+                                      ::xla::ffi::StructMember<int32_t>("stages"),
+                                      ::xla::ffi::StructMember<int32_t>("cluster"),
+                                      ::xla::ffi::StructMember<float>("glu_limit"));
 
 namespace jax_nvfp4 {
 
@@ -73,12 +93,14 @@ inline int64_t CustomCallWorkspaceBytes(int64_t G, int64_t K) {
   return static_cast<int64_t>(GroupedGemmWorkspaceBytes(G)) + K;
 }
 
-// Checks both calls share (their error messages start with `target`): rhs_scales [G, N, K/16]
-// e4m3, alpha and group_sizes [G], out [M, N] f32/bf16, the workspace size. On success fills the
-// pointers, sizes and out_f32 of *p that do not depend on the activation type.
+// Checks all calls share (their error messages start with `target`): rhs_scales [G, N, K/16]
+// e4m3, alpha and group_sizes [G], out [M, N] f32/bf16, the workspace size; with glu (the SwiGLU
+// call) alpha [2G] and out [M, N/2]. On success fills the pointers, sizes and out_f32 of *p that do
+// not depend on the activation type.
 inline ffi::Error CheckRhsAndOutputs(const std::string& target, U8Buffer3 rhs, ffi::AnyBuffer rhs_scales,
                                      F32Buffer1 alpha, S32Buffer1 group_sizes, ffi::Result<ffi::AnyBuffer> out,
-                                     ffi::Result<U8Buffer1> workspace, int64_t M, GroupedGemmParams* p) {
+                                     ffi::Result<U8Buffer1> workspace, int64_t M, GroupedGemmParams* p,
+                                     bool glu = false) {
   auto bad = [&](const std::string& m) { return ffi::Error::InvalidArgument(target + ": " + m); };
   const auto rd = rhs.dimensions();
   const int64_t G = rd[0], N = rd[1], K = 2 * rd[2];
@@ -87,21 +109,25 @@ inline ffi::Error CheckRhsAndOutputs(const std::string& target, U8Buffer3 rhs, f
   if (rsd.size() != 3 || rsd[0] != G || rsd[1] != N || rsd[2] != K / 16)
     return bad("rhs_scales shape " + DimsToString(rsd) + " does not match [G, N, K/16] = [" + std::to_string(G) +
                ", " + std::to_string(N) + ", " + std::to_string(K / 16) + "]");
-  if (alpha.dimensions()[0] != G)
-    return bad("alpha must have shape [G] = [" + std::to_string(G) + "], got " + DimsToString(alpha.dimensions()));
+  if (alpha.dimensions()[0] != (glu ? 2 * G : G))
+    return bad(std::string(glu ? "alpha must have shape [2G] (gate, up per group) = [" : "alpha must have shape [G] = [") +
+               std::to_string(glu ? 2 * G : G) + "], got " + DimsToString(alpha.dimensions()));
   if (group_sizes.dimensions()[0] != G)
     return bad("group_sizes must have shape [G] = [" + std::to_string(G) + "], got " +
                DimsToString(group_sizes.dimensions()));
   const auto od = out->dimensions();
   const auto ot = out->element_type();
   if (ot != ffi::DataType::F32 && ot != ffi::DataType::BF16) return bad("out must be float32 or bfloat16");
-  if (od.size() != 2 || od[0] != M || od[1] != N)
-    return bad("out shape " + DimsToString(od) + " does not match [M, N] = [" + std::to_string(M) + ", " +
-               std::to_string(N) + "]");
+  const int64_t cols = glu ? N / 2 : N;
+  if (od.size() != 2 || od[0] != M || od[1] != cols)
+    return bad("out shape " + DimsToString(od) + " does not match " + (glu ? "[M, N/2]" : "[M, N]") + " = [" +
+               std::to_string(M) + ", " + std::to_string(cols) + "]");
+  // the CPU handlers decode one weight row (two with glu: a gate row and its up row) into the workspace
+  const int64_t ws_rows = glu ? 2 : 1;
   const int64_t ws_bytes = workspace->dimensions()[0];
-  if (ws_bytes < CustomCallWorkspaceBytes(G, K))
-    return bad("workspace has " + std::to_string(ws_bytes) + " bytes, needs 4096 + 16*G + K = " +
-               std::to_string(CustomCallWorkspaceBytes(G, K)));
+  if (ws_bytes < CustomCallWorkspaceBytes(G, ws_rows * K))
+    return bad("workspace has " + std::to_string(ws_bytes) + " bytes, needs 4096 + 16*G + " +
+               (glu ? "2*K" : "K") + " = " + std::to_string(CustomCallWorkspaceBytes(G, ws_rows * K)));
   p->rhs = rhs.typed_data();
   p->rhs_scales = static_cast<const uint8_t*>(rhs_scales.untyped_data());
   p->alpha = alpha.typed_data();
@@ -117,55 +143,57 @@ inline ffi::Error CheckRhsAndOutputs(const std::string& target, U8Buffer3 rhs, f
   return ffi::Error::Success();
 }
 
-// Checks the attributes and buffers of one call and fills *p (device or host pointers alike).
+// Checks the attributes and buffers of one exact call and fills *p (device or host pointers alike);
+// glu: the SwiGLU call's shapes (alpha [2G], out [M, N/2]; DecodeGroupedGemmGlu checks the rest).
 inline ffi::Error DecodeGroupedGemm(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs,
                                     ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
                                     ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
-                                    const GemmAttrs& attrs, GroupedGemmParams* p) {
+                                    const GemmAttrs& attrs, GroupedGemmParams* p, bool glu = false) {
+  const std::string target = glu ? "jax_nvfp4_grouped_gemm_glu" : "jax_nvfp4_grouped_gemm";
+  auto bad = [&target](const std::string& m) { return ffi::Error::InvalidArgument(target + ": " + m); };
   if (attrs.rhs_layout != RhsLayout::kCheckpoint && attrs.rhs_layout != RhsLayout::kSm90)
-    return BadArgument("attribute rhs_layout must be 0 (checkpoint) or 1 (sm90), got " +
+    return bad("attribute rhs_layout must be 0 (checkpoint) or 1 (sm90), got " +
                        std::to_string(static_cast<int>(attrs.rhs_layout)));
   if (!IsKnownConfig(attrs.config()))
-    return BadArgument("attributes " + ConfigToString(attrs.config()) +
+    return bad("attributes " + ConfigToString(attrs.config()) +
                        " are not a compiled kernel configuration (jax_nvfp4.kernel_configs() lists them)");
   if (attrs.kernel == KernelFamily::kWgmmaFp8)
-    return BadArgument("kernel 3 (wgmma_fp8) computes the FP8 mode: it belongs to jax_nvfp4_grouped_gemm_fp8");
+    return bad("kernel 3 (wgmma_fp8) computes the FP8 mode: it belongs to jax_nvfp4_grouped_gemm_fp8");
 
   const auto rd = rhs.dimensions();
   const int64_t G = rd[0], N = rd[1], K = 2 * rd[2];
-  if (G < 1) return BadArgument("rhs_data must have at least one group, got shape " + DimsToString(rd));
-  if (K % 32 != 0) return BadArgument("K = 2 * rhs_data.shape[2] must be a multiple of 32, got K = " + std::to_string(K));
+  if (G < 1) return bad("rhs_data must have at least one group, got shape " + DimsToString(rd));
+  if (K % 32 != 0) return bad("K = 2 * rhs_data.shape[2] must be a multiple of 32, got K = " + std::to_string(K));
 
   const auto ld = lhs.dimensions();
-  if (ld.size() != 2) return BadArgument("lhs must be rank 2, got shape " + DimsToString(ld));
+  if (ld.size() != 2) return bad("lhs must be rank 2, got shape " + DimsToString(ld));
   const int64_t M = ld[0];
   bool a_fp4 = false;
   if (lhs.element_type() == ffi::DataType::BF16) {
-    if (ld[1] != K) return BadArgument("bf16 lhs shape " + DimsToString(ld) + " does not match K = " + std::to_string(K));
+    if (ld[1] != K) return bad("bf16 lhs shape " + DimsToString(ld) + " does not match K = " + std::to_string(K));
   } else if (lhs.element_type() == ffi::DataType::U8) {
     a_fp4 = true;
     if (ld[1] != K / 2)
-      return BadArgument("packed e2m1 lhs shape " + DimsToString(ld) + " does not match K/2 = " + std::to_string(K / 2));
+      return bad("packed e2m1 lhs shape " + DimsToString(ld) + " does not match K/2 = " + std::to_string(K / 2));
   } else {
-    return BadArgument("lhs must be bf16 (W4A16) or uint8 packed e2m1 (W4A4)");
+    return bad("lhs must be bf16 (W4A16) or uint8 packed e2m1 (W4A4)");
   }
 
-  if (lhs_scales.element_type() != ffi::DataType::F8E4M3FN) return BadArgument("lhs_scales must be float8_e4m3fn");
+  if (lhs_scales.element_type() != ffi::DataType::F8E4M3FN) return bad("lhs_scales must be float8_e4m3fn");
   const auto lsd = lhs_scales.dimensions();
   if (a_fp4) {
     if (lsd.size() != 2 || lsd[0] != M || lsd[1] != K / 16)
-      return BadArgument("lhs_scales shape " + DimsToString(lsd) + " does not match [M, K/16] = [" +
+      return bad("lhs_scales shape " + DimsToString(lsd) + " does not match [M, K/16] = [" +
                          std::to_string(M) + ", " + std::to_string(K / 16) + "]");
   } else if (lsd.size() != 1 || lsd[0] != 0) {
-    return BadArgument("for bf16 lhs (W4A16), lhs_scales must have shape [0], got " + DimsToString(lsd));
+    return bad("for bf16 lhs (W4A16), lhs_scales must have shape [0], got " + DimsToString(lsd));
   }
-  if (ffi::Error err = CheckRhsAndOutputs("jax_nvfp4_grouped_gemm", rhs, rhs_scales, alpha, group_sizes, out,
-                                          workspace, M, p);
+  if (ffi::Error err = CheckRhsAndOutputs(target, rhs, rhs_scales, alpha, group_sizes, out, workspace, M, p, glu);
       err.failure())
     return err;
 
   if (attrs.rhs_layout == RhsLayout::kSm90 && (N % 128 != 0 || K % 64 != 0))
-    return BadArgument("rhs_data: the sm90 layout (rhs_layout 1) needs N % 128 == 0 and K % 64 == 0, got N = " +
+    return bad("rhs_data: the sm90 layout (rhs_layout 1) needs N % 128 == 0 and K % 64 == 0, got N = " +
                        std::to_string(N) + ", K = " + std::to_string(K));
 
   p->lhs = lhs.untyped_data();
@@ -173,7 +201,36 @@ inline ffi::Error DecodeGroupedGemm(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale
   p->a_fp4 = a_fp4;
   p->rhs_layout = attrs.rhs_layout;
   if (M > 0 && N > 0) {
-    if (const char* why = GroupedGemmCheckParams(*p)) return BadArgument(why);
+    if (const char* why = GroupedGemmCheckParams(*p)) return bad(why);
+  }
+  return ffi::Error::Success();
+}
+
+// The SwiGLU call "jax_nvfp4_grouped_gemm_glu": the exact call's operands with gate/up-paired weight
+// rows (csrc/gemm_contract.h), alpha f32 [2G], then row_scale f32 [M] or [0] (none); out [M, N/2].
+inline ffi::Error DecodeGroupedGemmGlu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs,
+                                       ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
+                                       F32Buffer1 row_scale, ffi::Result<ffi::AnyBuffer> out,
+                                       ffi::Result<U8Buffer1> workspace, const GluAttrs& attrs, GroupedGemmParams* p) {
+  auto bad = [](const std::string& m) { return ffi::Error::InvalidArgument("jax_nvfp4_grouped_gemm_glu: " + m); };
+  const int64_t N = rhs.dimensions()[1];
+  if (N % 16 != 0)
+    return bad("the gate/up-paired weights need N = rhs_data.shape[1] % 16 == 0, got N = " + std::to_string(N));
+  if (!(attrs.glu_limit > 0.0f))
+    return bad("attribute glu_limit must be > 0 (+inf for no clamp), got " + std::to_string(attrs.glu_limit));
+  if (ffi::Error err = DecodeGroupedGemm(lhs, lhs_scales, rhs, rhs_scales, alpha, group_sizes, out, workspace,
+                                         attrs.gemm(), p, /*glu=*/true);
+      err.failure())
+    return err;
+  const int64_t rs = row_scale.dimensions()[0];
+  if (rs != 0 && rs != p->M)
+    return bad("row_scale must have shape [M] = [" + std::to_string(p->M) + "] or [0] (none), got " +
+               DimsToString(row_scale.dimensions()));
+  p->glu = true;
+  p->glu_limit = attrs.glu_limit;
+  p->row_scale = rs ? row_scale.typed_data() : nullptr;
+  if (p->M > 0 && N > 0) {
+    if (const char* why = GroupedGemmCheckParams(*p)) return bad(why);
   }
   return ffi::Error::Success();
 }

@@ -7,6 +7,8 @@
 // The sm90 load-time layout (jax_nvfp4/layout.py, csrc/gemm_contract.h) is read natively: each weight
 // row's codes are gathered through the layout's index mapping, then the same loops run, so the
 // result is bitwise the one of the checkpoint layout.
+// The SwiGLU handler ("jax_nvfp4_grouped_gemm_glu") runs the same loops over each gate row and its
+// up row (csrc/gemm_contract.h) and stores silu(min(gate, L)) * clamp(up, -L, L).
 // The FP8-mode handler ("jax_nvfp4_grouped_gemm_fp8", same file) computes the arithmetic of
 // docs/design.md "FP8 mode": weights rounded to e4m3 as e4m3(e2m1 * scale * 2^-3), one float32 dot
 // per 128-wide chunk, promoted with fma(part, chunk scale, acc), the epilogue times alpha * 2^3.
@@ -123,9 +125,104 @@ void ForEachGroup(const jax_nvfp4::GroupedGemmParams& p, Fn fn) {
     fn(g, start, end);
     start = end;
   }
-  const int64_t tail = (p.M - start) * p.N;
-  if (p.out_f32) std::fill_n(static_cast<float*>(p.out) + start * p.N, tail, 0.f);
-  else std::fill_n(static_cast<uint16_t*>(p.out) + start * p.N, tail, uint16_t{0});
+  const int64_t cols = jax_nvfp4::OutputColumns(p);
+  const int64_t tail = (p.M - start) * cols;
+  if (p.out_f32) std::fill_n(static_cast<float*>(p.out) + start * cols, tail, 0.f);
+  else std::fill_n(static_cast<uint16_t*>(p.out) + start * cols, tail, uint16_t{0});
+}
+
+// silu(min(g, L)) * clamp(u, -L, L), silu(x) = x / (1 + exp(-x)), as csrc/epilogue.cuh: NaN passes.
+float SwigluClamped(float g, float u, float limit) {
+  g = g > limit ? limit : g;
+  u = u > limit ? limit : (u < -limit ? -limit : u);
+  return g / (1.0f + std::exp(-g)) * u;
+}
+
+// The exact mode's loops for a checked call (host pointers), plain or with the SwiGLU epilogue;
+// `wcodes` holds the decoded codes of one weight row (two with the SwiGLU: a gate row and its up row).
+void ExactGemmCpu(const jax_nvfp4::GroupedGemmParams& p, uint8_t* wcodes) {
+  const int64_t N = p.N, K = p.K;
+  const bool w4a4 = p.a_fp4, out_f32 = p.out_f32;
+  const bool sm90 = p.rhs_layout == jax_nvfp4::RhsLayout::kSm90;
+
+  float e4m3[256];
+  for (int i = 0; i < 256; ++i) e4m3[i] = E4m3ToFloat(static_cast<uint8_t>(i));
+  const uint8_t* w = p.rhs;
+  const uint8_t* ws = p.rhs_scales;
+  const uint8_t* a8 = static_cast<const uint8_t*>(p.lhs);
+  const uint16_t* a16 = static_cast<const uint16_t*>(p.lhs);
+  const uint8_t* as = p.lhs_scales;
+  const float* al = p.alpha;
+  float* of = static_cast<float*>(p.out);
+  uint16_t* ob = static_cast<uint16_t*>(p.out);
+  const int64_t KB = K / 16;
+  // Scale b of weight row n sits at row_scales(g, n)[qstride (b / 4) + b % 4]: checkpoint [N, K/16]
+  // rows (qstride 4); sm90 (layout.py) one 512-byte [128 rows][4] record per 128-row stripe and
+  // k-tile (qstride 512, the row's 4 bytes at 4 (n % 128) of each record).
+  const int64_t qstride = sm90 ? 512 : 4;
+  auto row_scales = [&](int64_t g, int64_t n) {
+    return sm90 ? ws + (g * N + n / 128 * 128) * KB + 4 * (n % 128) : ws + (g * N + n) * KB;
+  };
+  auto decode_row = [&](int64_t g, int64_t n, uint8_t* codes) {
+    const uint8_t* wg = w + g * N * (K / 2);
+    if (sm90) RowCodesSm90(wg, K, n, codes);
+    else RowCodesCheckpoint(wg, K, n, codes);
+  };
+  // lhs row r . weight row (codes, scales), the weights as e2m1 * scale * 2^-7 (exact in float32)
+  auto dot = [&](int64_t r, const uint8_t* codes, const uint8_t* wsrow) {
+    float acc = 0.f;
+    for (int64_t b = 0; b < KB; ++b) {
+      const float lhs_scale = w4a4 ? e4m3[as[r * KB + b]] : 1.f;
+      const float wscale = e4m3[wsrow[qstride * (b / 4) + b % 4]] * kWeightPrescale;
+      for (int j = 0; j < 16; j += 2) {
+        const int64_t k = b * 16 + j;
+        float x0, x1;
+        if (w4a4) {  // e2m1 * e4m3: exact in float32
+          const uint8_t ab = a8[r * (K / 2) + k / 2];
+          x0 = kE2m1[ab & 0xF] * lhs_scale;
+          x1 = kE2m1[ab >> 4] * lhs_scale;
+        } else {
+          x0 = Bf16ToFloat(a16[r * K + k]);
+          x1 = Bf16ToFloat(a16[r * K + k + 1]);
+        }
+        acc += x0 * (kE2m1[codes[k]] * wscale);
+        acc += x1 * (kE2m1[codes[k + 1]] * wscale);
+      }
+    }
+    return acc;
+  };
+  auto store = [&](int64_t idx, float v) {
+    if (out_f32) of[idx] = v;
+    else ob[idx] = FloatToBf16(v);
+  };
+  constexpr float kFix = 1.f / kWeightPrescale;
+  ForEachGroup(p, [&](int64_t g, int64_t start, int64_t end) {
+    if (!p.glu) {
+      for (int64_t n = 0; n < N && start < end; ++n) {
+        decode_row(g, n, wcodes);
+        const uint8_t* wsrow = row_scales(g, n);
+        const float mul = al[g] * kFix;
+        for (int64_t r = start; r < end; ++r) store(r * N + n, dot(r, wcodes, wsrow) * mul);
+      }
+      return;
+    }
+    // SwiGLU: gate row n (n % 16 < 8) and its up row n + 8 give output column 8 (n / 16) + n % 8
+    uint8_t* up_codes = wcodes + K;
+    const float mul_gate = al[2 * g] * kFix, mul_up = al[2 * g + 1] * kFix;
+    for (int64_t n = 0; n < N && start < end; n += (n % 16 == 7) ? 9 : 1) {
+      decode_row(g, n, wcodes);
+      decode_row(g, n + 8, up_codes);
+      const uint8_t *gs = row_scales(g, n), *us = row_scales(g, n + 8);
+      for (int64_t r = start; r < end; ++r) {
+        float gate = dot(r, wcodes, gs) * mul_gate, up = dot(r, up_codes, us) * mul_up;
+        if (p.row_scale) {
+          gate *= p.row_scale[r];
+          up *= p.row_scale[r];
+        }
+        store(r * (N / 2) + n / 16 * 8 + n % 8, SwigluClamped(gate, up, p.glu_limit));
+      }
+    }
+  });
 }
 
 ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs_data,
@@ -138,61 +235,20 @@ ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffe
                                                     workspace, attrs, &p);
       err.failure())
     return err;
-  const int64_t N = p.N, K = p.K;
-  const bool w4a4 = p.a_fp4, out_f32 = p.out_f32;
-  const bool sm90 = p.rhs_layout == jax_nvfp4::RhsLayout::kSm90;
+  ExactGemmCpu(p, workspace->typed_data());
+  return ffi::Error::Success();
+}
 
-  float e4m3[256];
-  for (int i = 0; i < 256; ++i) e4m3[i] = E4m3ToFloat(static_cast<uint8_t>(i));
-  const uint8_t* w = rhs_data.typed_data();
-  const uint8_t* ws = static_cast<const uint8_t*>(rhs_scales.untyped_data());
-  const uint8_t* a8 = static_cast<const uint8_t*>(lhs.untyped_data());
-  const uint16_t* a16 = static_cast<const uint16_t*>(lhs.untyped_data());
-  const uint8_t* as = static_cast<const uint8_t*>(lhs_scales.untyped_data());
-  const float* al = alpha.typed_data();
-  float* of = static_cast<float*>(out->untyped_data());
-  uint16_t* ob = static_cast<uint16_t*>(out->untyped_data());
-  const int64_t KB = K / 16;
-
-  uint8_t* wcodes = workspace->typed_data();  // one weight row's codes, in k order
-  ForEachGroup(p, [&](int64_t g, int64_t start, int64_t end) {
-    for (int64_t n = 0; n < N && start < end; ++n) {
-      const uint8_t* wg = w + g * N * (K / 2);
-      if (sm90) RowCodesSm90(wg, K, n, wcodes);
-      else RowCodesCheckpoint(wg, K, n, wcodes);
-      // Scale b of row n sits at wsrow[qstride (b / 4) + b % 4]: checkpoint [N, K/16] rows
-      // (qstride 4); sm90 (layout.py) one 512-byte [128 rows][4] record per 128-row stripe and
-      // k-tile (qstride 512, the row's 4 bytes at 4 (n % 128) of each record).
-      const uint8_t* wsrow = sm90 ? ws + (g * N + n / 128 * 128) * KB + 4 * (n % 128) : ws + (g * N + n) * KB;
-      const int64_t qstride = sm90 ? 512 : 4;
-      const float mul = al[g] * (1.f / kWeightPrescale);
-      for (int64_t r = start; r < end; ++r) {
-        float acc = 0.f;
-        for (int64_t b = 0; b < KB; ++b) {
-          const float lhs_scale = w4a4 ? e4m3[as[r * KB + b]] : 1.f;
-          // the weights as e2m1 * scale * 2^-7 (exact in float32)
-          const float wscale = e4m3[wsrow[qstride * (b / 4) + b % 4]] * kWeightPrescale;
-          for (int j = 0; j < 16; j += 2) {
-            const int64_t k = b * 16 + j;
-            float x0, x1;
-            if (w4a4) {  // e2m1 * e4m3: exact in float32
-              const uint8_t ab = a8[r * (K / 2) + k / 2];
-              x0 = kE2m1[ab & 0xF] * lhs_scale;
-              x1 = kE2m1[ab >> 4] * lhs_scale;
-            } else {
-              x0 = Bf16ToFloat(a16[r * K + k]);
-              x1 = Bf16ToFloat(a16[r * K + k + 1]);
-            }
-            acc += x0 * (kE2m1[wcodes[k]] * wscale);
-            acc += x1 * (kE2m1[wcodes[k + 1]] * wscale);
-          }
-        }
-        const float v = acc * mul;
-        if (out_f32) of[r * N + n] = v;
-        else ob[r * N + n] = FloatToBf16(v);
-      }
-    }
-  });
+ffi::Error GroupedGemmGluCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs_data,
+                             ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
+                             F32Buffer1 row_scale, ffi::Result<ffi::AnyBuffer> out,
+                             ffi::Result<U8Buffer1> workspace, jax_nvfp4::GluAttrs attrs) {
+  jax_nvfp4::GroupedGemmParams p;
+  if (ffi::Error err = jax_nvfp4::DecodeGroupedGemmGlu(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes,
+                                                       row_scale, out, workspace, attrs, &p);
+      err.failure())
+    return err;
+  ExactGemmCpu(p, workspace->typed_data());
   return ffi::Error::Success();
 }
 
@@ -273,6 +329,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4GroupedGemmCpu, GroupedGemmCpu,
                                   .Ret<ffi::AnyBuffer>()  // out
                                   .Ret<U8Buffer1>()       // workspace (CPU: one row's codes)
                                   .Attrs<jax_nvfp4::GemmAttrs>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4GroupedGemmGluCpu, GroupedGemmGluCpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()  // lhs
+                                  .Arg<ffi::AnyBuffer>()  // lhs_scales
+                                  .Arg<U8Buffer3>()       // rhs_data: gate/up-paired rows
+                                  .Arg<ffi::AnyBuffer>()  // rhs_scales
+                                  .Arg<F32Buffer1>()      // alpha [2G]
+                                  .Arg<S32Buffer1>()      // group_sizes
+                                  .Arg<F32Buffer1>()      // row_scale [M] or [0]
+                                  .Ret<ffi::AnyBuffer>()  // out [M, N/2]
+                                  .Ret<U8Buffer1>()       // workspace (CPU: a gate row's and an up row's codes)
+                                  .Attrs<jax_nvfp4::GluAttrs>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4GroupedGemmFp8Cpu, GroupedGemmFp8Cpu,
                               ffi::Ffi::Bind()

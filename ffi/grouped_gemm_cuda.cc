@@ -1,4 +1,5 @@
-// XLA FFI CUDA handlers for "jax_nvfp4_grouped_gemm" and "jax_nvfp4_grouped_gemm_fp8": each checks
+// XLA FFI CUDA handlers for "jax_nvfp4_grouped_gemm", "jax_nvfp4_grouped_gemm_glu" (the same kernels
+// with the SwiGLU epilogue) and "jax_nvfp4_grouped_gemm_fp8": each checks
 // the call (ffi/gemm_ffi.h), checks that the kernel configuration it was lowered with runs on this
 // device with this build, and enqueues it (csrc/grouped_gemm.h). No allocation, no host sync. The configuration comes from
 // jax_nvfp4.grouped_gemm (ChooseKernelConfig at trace time, or the caller's explicit choice).
@@ -74,6 +75,23 @@ ffi::Error GroupedGemmCudaImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::Any
   return CheckAndLaunch(p, attrs.config(), stream);
 }
 
+// The SwiGLU call ("jax_nvfp4_grouped_gemm_glu"): the exact kernels with the SwiGLU epilogue.
+ffi::Error GroupedGemmGluCudaImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs,
+                                  ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
+                                  F32Buffer1 row_scale, ffi::Result<ffi::AnyBuffer> out,
+                                  ffi::Result<U8Buffer1> workspace, jax_nvfp4::GluAttrs attrs) {
+  jax_nvfp4::GroupedGemmParams p;
+  if (ffi::Error err = jax_nvfp4::DecodeGroupedGemmGlu(lhs, lhs_scales, rhs, rhs_scales, alpha, group_sizes, row_scale,
+                                                       out, workspace, attrs, &p);
+      err.failure())
+    return err;
+  if (p.rhs_layout == jax_nvfp4::RhsLayout::kSm90 && p.a_fp4)
+    return ffi::Error::InvalidArgument(
+        "jax_nvfp4_grouped_gemm_glu: rhs_layout 1 (sm90 weights) takes a bf16 lhs only on the GPU, got packed e2m1 "
+        "(jax_nvfp4.grouped_gemm_swiglu dequantizes W4A4 activations to bf16 first for such weights)");
+  return CheckAndLaunch(p, attrs.gemm().config(), stream);
+}
+
 // The FP8 mode ("jax_nvfp4_grouped_gemm_fp8"): the wgmma_fp8 kernel, checkpoint-layout weights.
 ffi::Error GroupedGemmFp8CudaImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs,
                                   ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
@@ -108,6 +126,21 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4GroupedGemmCuda, GroupedGemmCudaImpl,
                                   .Ret<ffi::AnyBuffer>()  // out
                                   .Ret<U8Buffer1>()       // workspace
                                   .Attrs<jax_nvfp4::GemmAttrs>(),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4GroupedGemmGluCuda, GroupedGemmGluCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<CudaStream>()
+                                  .Arg<ffi::AnyBuffer>()  // lhs
+                                  .Arg<ffi::AnyBuffer>()  // lhs_scales
+                                  .Arg<U8Buffer3>()       // rhs_data: gate/up-paired rows
+                                  .Arg<ffi::AnyBuffer>()  // rhs_scales
+                                  .Arg<F32Buffer1>()      // alpha [2G]
+                                  .Arg<S32Buffer1>()      // group_sizes
+                                  .Arg<F32Buffer1>()      // row_scale [M] or [0]
+                                  .Ret<ffi::AnyBuffer>()  // out [M, N/2]
+                                  .Ret<U8Buffer1>()       // workspace
+                                  .Attrs<jax_nvfp4::GluAttrs>(),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4GroupedGemmFp8Cuda, GroupedGemmFp8CudaImpl,

@@ -15,9 +15,11 @@ namespace nb = nanobind;
 
 extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmCpu(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmFp8Cpu(XLA_FFI_CallFrame* call_frame);
+extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmGluCpu(XLA_FFI_CallFrame* call_frame);
 #ifdef JAX_NVFP4_WITH_CUDA
 extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmCuda(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmFp8Cuda(XLA_FFI_CallFrame* call_frame);
+extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmGluCuda(XLA_FFI_CallFrame* call_frame);
 #endif
 
 template <typename Fn>
@@ -51,6 +53,7 @@ NB_MODULE(_jax_nvfp4, m) {
     nb::dict d;
     d["jax_nvfp4_grouped_gemm"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmCpu);
     d["jax_nvfp4_grouped_gemm_fp8"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmFp8Cpu);
+    d["jax_nvfp4_grouped_gemm_glu"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmGluCpu);
     return d;
   });
   m.def("cuda_registrations", []() {
@@ -58,6 +61,7 @@ NB_MODULE(_jax_nvfp4, m) {
 #ifdef JAX_NVFP4_WITH_CUDA
     d["jax_nvfp4_grouped_gemm"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmCuda);
     d["jax_nvfp4_grouped_gemm_fp8"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmFp8Cuda);
+    d["jax_nvfp4_grouped_gemm_glu"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmGluCuda);
 #endif
     return d;
   });
