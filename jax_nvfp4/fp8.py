@@ -80,10 +80,10 @@ def _amax_bits(x: jax.Array) -> jax.Array:
 def _scale_exponent(amax: jax.Array):
     """amax bits uint32 ``[M, C]`` -> ``(p, nonfinite)``: int32 ``p = max(E - 135 + (F >
     0x600000), -126)`` (0 where nonfinite) and bool ``nonfinite`` (amax Inf or NaN)."""
-    e_max = (amax >> 23).astype(jnp.int32)
-    f_max = amax & np.uint32(0x7FFFFF)
-    p = jnp.maximum(e_max - 135 + (f_max > np.uint32(0x600000)).astype(jnp.int32), -126)
-    nonfinite = e_max == 255
+    # E + (F > 0x600000) is the exponent field of amax + 0x1FFFFF (F + 0x1FFFFF carries into it
+    # exactly when F >= 0x600001); no wrap-around, amax <= 0x7FFFFFFF.
+    p = jnp.maximum(((amax + np.uint32(0x1FFFFF)) >> 23).astype(jnp.int32) - 135, -126)
+    nonfinite = amax >= np.uint32(0x7F800000)
     return jnp.where(nonfinite, 0, p), nonfinite
 
 
@@ -126,13 +126,9 @@ def _codes_float(x32: jax.Array, p: jax.Array, nonfinite: jax.Array) -> jax.Arra
       e4m3 rounds both to the signed zero (its smallest subnormal is 2^-9, half of it 2^-10).
     - x a signed zero: a signed zero on both. Inf/NaN chunks: the same explicit NaN on both.
 
-    p itself, the scales and the NaN chunks come from integer operations shared by both routes.
-    The per-chunk factor passes an optimization barrier, so that it is computed once per chunk
-    (in or after the amax reduction) instead of once per element in the elementwise pass, which
-    then reads x and one float per chunk, multiplies, casts and writes."""
-    f = jnp.where(nonfinite, jnp.float32(jnp.nan), _pow2(-p))
-    f = jax.lax.optimization_barrier(f)[..., None]
-    return jnp.where(jnp.isnan(f), jnp.nan, x32 * f).astype(jnp.float8_e4m3fn)
+    p itself, the scales and the NaN chunks come from integer operations shared by both routes."""
+    y = x32 * _pow2(-p)[..., None]
+    return jnp.where(nonfinite[..., None], jnp.nan, y).astype(jnp.float8_e4m3fn)
 
 
 def _gpu_flushes_subnormals() -> bool:
