@@ -1,6 +1,8 @@
 """The fp8 compute mode (jax_nvfp4.fp8, grouped_gemm(precision="fp8"), MoEConfig.precision)
 against oracles written here: float64 numpy with ml_dtypes' e4m3 casts and numpy's frexp."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -294,10 +296,26 @@ class TestAdversarial:
                                       [oracle_scale_exponent(a) for a in amax])
 
 
+def elementwise_u32(route, x):
+    """Whether the compiled quantizer of bf16 x [M, K] (on x's device) holds uint32 operations of
+    x's size: the exact route's bit manipulation does, the float route's does not (its amax is
+    reduced on the bf16 bits as uint16)."""
+    txt = jax.jit(lambda v: fp8._quantize_activations(v, route)).lower(x).compile().as_text()
+    sizes = [np.prod([int(d) for d in dims.split(",")]) for dims in re.findall(r"u32\[([\d,]+)\]", txt)]
+    return x.size in sizes
+
+
+def test_routes_by_their_compiled_operations(on_cpu):
+    x = jnp.zeros((16, 256), jnp.bfloat16)
+    assert elementwise_u32("exact", x) and not elementwise_u32("float", x)
+    assert elementwise_u32("auto", x)                                     # the CPU's: exact
+
+
 def test_cuda_quantizer_bytes_equal_exact_route_and_oracle(rng):
     """On the GPU (its float route): the bytes of the exact route run on the CPU, of the exact
     route forced on the GPU and of the float64 oracle, on the adversarial data; also through
-    to_kernel_k_order and the transposed scales as gemm._fp8_ffi runs it."""
+    to_kernel_k_order and the transposed scales as gemm._fp8_ffi runs it. The GPU must run the
+    float route (no uint32 operations of x's size in its compiled quantizer)."""
     gpus = gpu_devices()
     if not gpus:
         skip_or_fail("no GPU")
@@ -306,6 +324,9 @@ def test_cuda_quantizer_bytes_equal_exact_route_and_oracle(rng):
     exact = jax.jit(lambda v: fp8._quantize_activations(v, "exact"))
     ffi_form = jax.jit(lambda v: (lambda c, s: (fp8.to_kernel_k_order(c), s.T))(
         *fp8.quantize_activations_fp8(v)))
+    z = jax.device_put(jnp.zeros((16, 256), jnp.bfloat16), gpu)
+    assert elementwise_u32("exact", z), "the compiled-HLO check does not see the exact route"
+    assert not elementwise_u32("auto", z), "the GPU does not run the float route"
     for name, x in adversarial_cases(rng):
         on_gpu = quant(jax.device_put(jnp.asarray(x), gpu))
         assert list(on_gpu[0].devices()) == [gpu]
