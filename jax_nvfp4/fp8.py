@@ -137,7 +137,7 @@ def _gpu_flushes_subnormals() -> bool:
     on = False
     for f in os.environ.get("XLA_FLAGS", "").split():
         if f.startswith("--xla_gpu_ftz"):
-            on = f in ("--xla_gpu_ftz", "--xla_gpu_ftz=true", "--xla_gpu_ftz=1")
+            on = f.lower() in ("--xla_gpu_ftz", "--xla_gpu_ftz=true", "--xla_gpu_ftz=1")
     return on
 
 

@@ -33,7 +33,8 @@ def oracle_scale_exponent(amax: float) -> int:
 
 def oracle_quantize(x):
     """float [M, K] -> (e4m3 codes [M, K] as ml_dtypes, float64 scales [M, K/128])."""
-    x64 = np.asarray(x).astype(np.float32).astype(np.float64)
+    with np.errstate(invalid="ignore"):                 # (NaN bf16/f16 patterns)
+        x64 = np.asarray(x).astype(np.float32).astype(np.float64)
     m, k = x64.shape
     codes = np.empty((m, k), E4M3)
     scales = np.empty((m, k // 128))
@@ -309,6 +310,13 @@ def test_routes_by_their_compiled_operations(on_cpu):
     x = jnp.zeros((16, 256), jnp.bfloat16)
     assert elementwise_u32("exact", x) and not elementwise_u32("float", x)
     assert elementwise_u32("auto", x)                                     # the CPU's: exact
+
+
+def test_gpu_ftz_flag_selects_the_exact_route(monkeypatch):
+    for flags, on in [("", False), ("--xla_gpu_ftz=true", True), ("--a=1 --xla_gpu_ftz", True),
+                      ("--xla_gpu_ftz=True --xla_gpu_ftz=false", False), ("--xla_gpu_ftz=false", False)]:
+        monkeypatch.setenv("XLA_FLAGS", flags)
+        assert fp8._gpu_flushes_subnormals() is on, flags
 
 
 def test_cuda_quantizer_bytes_equal_exact_route_and_oracle(rng):
