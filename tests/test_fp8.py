@@ -218,7 +218,8 @@ def adversarial_f32(rng):
         block = _chunks_with_scale(ys, p)
         chunks += list(block)
         nb = block.copy()                                                  # one float32 ulp away
-        nb[:, 1:] = np.nextafter(nb[:, 1:], np.where(rng.integers(0, 2, nb[:, 1:].shape), np.inf, -np.inf).astype(np.float32))
+        up = rng.integers(0, 2, nb[:, 1:].shape).astype(bool)
+        nb[:, 1:] = np.nextafter(nb[:, 1:], np.where(up, np.inf, -np.inf).astype(np.float32))
         chunks += list(nb)
     chunks.append(np.zeros(128, np.float32))
     chunks.append(np.full(128, -0.0, np.float32))
@@ -302,7 +303,8 @@ def elementwise_u32(route, x):
     x's size: the exact route's bit manipulation does, the float route's does not (its amax is
     reduced on the bf16 bits as uint16)."""
     txt = jax.jit(lambda v: fp8._quantize_activations(v, route)).lower(x).compile().as_text()
-    sizes = [np.prod([int(d) for d in dims.split(",")]) for dims in re.findall(r"u32\[([\d,]+)\]", txt)]
+    shapes = re.findall(r"u32\[([\d,]+)\]", txt)
+    sizes = [np.prod([int(d) for d in dims.split(",")]) for dims in shapes]
     return x.size in sizes
 
 
@@ -314,7 +316,8 @@ def test_routes_by_their_compiled_operations(on_cpu):
 
 def test_gpu_ftz_flag_selects_the_exact_route(monkeypatch):
     for flags, on in [("", False), ("--xla_gpu_ftz=true", True), ("--a=1 --xla_gpu_ftz", True),
-                      ("--xla_gpu_ftz=True --xla_gpu_ftz=false", False), ("--xla_gpu_ftz=false", False)]:
+                      ("--xla_gpu_ftz=True --xla_gpu_ftz=false", False),
+                      ("--xla_gpu_ftz=false", False)]:
         monkeypatch.setenv("XLA_FLAGS", flags)
         assert fp8._gpu_flushes_subnormals() is on, flags
 

@@ -52,8 +52,9 @@ def as_ffi_calls(q):
 
 
 def same(a, b):
-    return bool(np.array_equal(np.asarray(a[0]).view(np.uint8), np.asarray(b[0]).view(np.uint8))
-                and np.array_equal(np.asarray(a[1]).view(np.uint32), np.asarray(b[1]).view(np.uint32)))
+    """(codes, scales) pairs equal byte for byte."""
+    return all(np.array_equal(np.asarray(u).view(np.uint8), np.asarray(v).view(np.uint8))
+               for u, v in zip(a, b))
 
 
 def time_ms(f, x, reps=25):
@@ -78,9 +79,11 @@ def main(argv=None):
     patterns = jnp.asarray(np.arange(1 << 16, dtype=np.uint16).view(jnp.bfloat16).reshape(64, 1024))
     res = {name: f(patterns) for name, f in fns.items()}
     eq = {name: same(res[name], res["library"]) for name in ("exact", "float-ref")}
-    print(f"every bf16 pattern: exact == library: {eq['exact']}, float-ref == library: {eq['float-ref']}")
+    print(f"every bf16 pattern: exact == library: {eq['exact']}, "
+          f"float-ref == library: {eq['float-ref']}")
     ok &= eq["exact"]
-    shapes = [(64, 256)] if a.cpu_smoke else [(192, 7168), (6144, 7168), (24576, 7168), (24576, 3072)]
+    shapes = ([(64, 256)] if a.cpu_smoke
+              else [(192, 7168), (6144, 7168), (24576, 7168), (24576, 3072)])
     for m, k in shapes:
         x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
         res = {name: f(x) for name, f in fns.items()}
