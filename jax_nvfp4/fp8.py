@@ -72,8 +72,8 @@ def _amax_bits(x: jax.Array) -> jax.Array:
     is reduced on its own 16-bit patterns (the reduction reads x and nothing [M, K]-sized)."""
     m, k = x.shape
     if x.dtype == jnp.bfloat16:
-        m16 = jax.lax.bitcast_convert_type(x, jnp.uint16).reshape(m, k // CHUNK, CHUNK) & np.uint16(0x7FFF)
-        return jnp.max(m16, axis=-1).astype(jnp.uint32) << 16
+        m16 = jax.lax.bitcast_convert_type(x, jnp.uint16).reshape(m, k // CHUNK, CHUNK)
+        return jnp.max(m16 & np.uint16(0x7FFF), axis=-1).astype(jnp.uint32) << 16
     return jnp.max(_f32_bits(x).reshape(m, k // CHUNK, CHUNK) & _F32_ABS, axis=-1)
 
 
