@@ -10,12 +10,18 @@ Every backend computes the same numbers (docs/design.md, "FP8 mode"):
 3. The GEMM: per chunk a float32 dot of the codes, folded as ``acc = fma(part, s, acc)``;
    ``out = acc * (alpha * 8)``.
 
-The quantizer works on the float32 bit patterns with integer operations (max, exponent, the
-subnormal inputs): XLA on CPU flushes subnormal float32 operands of arithmetic to zero, so a float
-``max`` or ``x * 2^-p`` would give other codes there than on the GPU.
+The quantizer finds each chunk's amax with integer operations on the float32 bit patterns (exact
+everywhere, NaN found whatever a float ``max`` does with it). It then scales by ``2^-p`` on one of
+two routes, chosen per lowering platform: on CUDA GPUs a float multiply ``x * 2^-p`` (XLA:GPU keeps
+subnormal float32 operands unless ``--xla_gpu_ftz=true``; every product that can reach a nonzero
+code is exact), elsewhere integer operations that never feed a subnormal to float arithmetic (XLA
+on the CPU flushes subnormal float32 operands to zero, TPUs do too). Both give the same bytes; the
+argument is at :func:`_codes_float` and in docs/design.md, "FP8 mode".
 """
 
 from __future__ import annotations
+
+import os
 
 import jax
 import jax.numpy as jnp
@@ -58,48 +64,39 @@ def _pow2(e: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type(((e + 127).astype(jnp.uint32) << 23), jnp.float32)
 
 
-def quantize_activations_fp8(x: jax.Array):
-    """Activations to e4m3 with one power-of-two float32 scale per row and 128-wide k chunk.
+def _amax_bits(x: jax.Array) -> jax.Array:
+    """uint32 ``[M, K/128]``: the float32 bits of each 128-chunk's amax (x ``[M, K]`` float).
 
-    Args:
-      x: float ``[M, K]`` (bfloat16, float16, float32; float64 is rounded to float32 first),
-        ``K % 128 == 0``. Jittable.
-
-    Returns:
-      ``(codes, scales)``: float8_e4m3fn ``[M, K]`` (logical k order) and float32 ``[M, K/128]``,
-      with ``x ~= codes * scales`` per chunk. For a chunk with amax bits (E, F):
-      ``scale = 2^max(E - 135 + (F > 0x600000), -126)`` and ``codes = e4m3(x / scale)`` (round to
-      nearest even, exact scaling, never saturating); an all-zero chunk has scale ``2^-126`` and
-      zero codes (signs kept); a chunk holding an Inf or NaN has NaN codes (0x7F) and scale 1.
-    """
-    x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise ValueError(f"x: expected a floating-point array, got {x.dtype}")
-    if x.ndim != 2:
-        raise ValueError(f"x: expected [M, K], got shape {x.shape}")
+    Ordering of non-negative float bit patterns as integers is that of their values, with Inf and
+    NaN above every finite value: the integer max is the float amax (subnormals too). A bf16 input
+    is reduced on its own 16-bit patterns (the reduction reads x and nothing [M, K]-sized)."""
     m, k = x.shape
-    if k == 0 or k % CHUNK:
-        raise ValueError(f"x: K={k}: precision='fp8' needs K to be a positive multiple of {CHUNK}")
-    # Ordering of non-negative float bit patterns as integers is that of their values, with Inf and
-    # NaN above every finite value: the integer max is the float amax (subnormals too). A bf16
-    # input is reduced on its own 16-bit patterns, so that the reduction reads x and nothing
-    # [M, K]-sized is materialized between it and the elementwise pass below.
     if x.dtype == jnp.bfloat16:
-        m16 = jax.lax.bitcast_convert_type(x, jnp.uint16).reshape(m, k // CHUNK, CHUNK) & np.uint16(0x7FFF)
-        amax = jnp.max(m16, axis=-1).astype(jnp.uint32) << 16             # [M, C] float32 bits
-    else:
-        amax = jnp.max(_f32_bits(x).reshape(m, k // CHUNK, CHUNK) & _F32_ABS, axis=-1)
-    bits = _f32_bits(x).reshape(m, k // CHUNK, CHUNK)
+        m16 = jax.lax.bitcast_convert_type(x, jnp.uint16).reshape(m, k // CHUNK, CHUNK)
+        return jnp.max(m16 & np.uint16(0x7FFF), axis=-1).astype(jnp.uint32) << 16
+    return jnp.max(_f32_bits(x).reshape(m, k // CHUNK, CHUNK) & _F32_ABS, axis=-1)
+
+
+def _scale_exponent(amax: jax.Array):
+    """amax bits uint32 ``[M, C]`` -> ``(p, nonfinite)``: int32 ``p = max(E - 135 + (F >
+    0x600000), -126)`` (0 where nonfinite) and bool ``nonfinite`` (amax Inf or NaN)."""
+    # E + (F > 0x600000) is the exponent field of amax + 0x1FFFFF (F + 0x1FFFFF carries into it
+    # exactly when F >= 0x600001); no wrap-around, amax <= 0x7FFFFFFF.
+    p = jnp.maximum(((amax + np.uint32(0x1FFFFF)) >> 23).astype(jnp.int32) - 135, -126)
+    nonfinite = amax >= np.uint32(0x7F800000)
+    return jnp.where(nonfinite, 0, p), nonfinite
+
+
+def _codes_exact(x32: jax.Array, p: jax.Array, nonfinite: jax.Array) -> jax.Array:
+    """e4m3 ``[M, C, 128]`` of float32 ``x32 [M, C, 128]`` by ``2^p`` (``p``, ``nonfinite`` as
+    :func:`_scale_exponent`), no subnormal operand ever reaching float arithmetic: every backend.
+
+    ``y = x * 2^-p`` exactly, as a float32: a normal x times a normal power of two (the product
+    is exact unless it is below 2^-126, where e4m3 rounds it to a signed 0 anyway); a subnormal x
+    is F * 2^-149, i.e. float(F) * 2^(-149 - p), the factor a normal float32 whenever the result
+    can reach e4m3's 2^-10 (else 0)."""
+    bits = jax.lax.bitcast_convert_type(x32, jnp.uint32)
     mag = bits & _F32_ABS
-    e_max = (amax >> 23).astype(jnp.int32)
-    f_max = amax & np.uint32(0x7FFFFF)
-    p = jnp.maximum(e_max - 135 + (f_max > np.uint32(0x600000)).astype(jnp.int32), -126)
-    nonfinite = e_max == 255
-    p = jnp.where(nonfinite, 0, p)
-    # y = x * 2^-p exactly, as a float32: normal x times a normal power of two (the product is
-    # exact unless it is below 2^-126, where e4m3 rounds it to 0 anyway); a subnormal x is
-    # F * 2^-149, i.e. float(F) * 2^(-149 - p), the factor a normal float32 whenever the result
-    # can reach e4m3's 2^-10 (else 0).
     e_x = ((mag >> 23) & np.uint32(0xFF)).astype(jnp.int32)
     neg = (bits & _F32_SIGN) != 0
     xf = jax.lax.bitcast_convert_type(mag, jnp.float32)
@@ -110,7 +107,81 @@ def quantize_activations_fp8(x: jax.Array):
                       * _pow2(jnp.maximum(sub_e, -126)), 0.0)
     y = jnp.where(e_x == 0, y_sub, y_normal)
     y = jnp.where(neg, -y, y)
-    codes = jnp.where(nonfinite[..., None], jnp.nan, y).astype(jnp.float8_e4m3fn)
+    return jnp.where(nonfinite[..., None], jnp.nan, y).astype(jnp.float8_e4m3fn)
+
+
+def _codes_float(x32: jax.Array, p: jax.Array, nonfinite: jax.Array) -> jax.Array:
+    """As :func:`_codes_exact` with one float multiply per element: CUDA GPUs only.
+
+    The same bytes as :func:`_codes_exact` wherever float32 arithmetic keeps subnormal operands
+    (XLA:GPU unless ``--xla_gpu_ftz=true``). Both routes end in the same cast; per element:
+
+    - x normal: both compute the float32 product ``|x| * 2^-p`` of the same operands (the sign
+      applied before or after: round to nearest is symmetric), so the same float32.
+    - x subnormal, ``x = +-F * 2^-149`` (1 <= F < 2^23), and ``p <= -23``: the exact route's
+      ``F * 2^(-149 - p)`` and this route's ``x * 2^-p`` are the same value, normal (>= 2^-126),
+      so both products are exact and the same float32; this needs x not flushed.
+    - x subnormal and ``p > -23``: the exact route gives a signed 0, this one a float32 of at
+      most ``2^23 * 2^-127 = 2^-104`` in magnitude with x's sign (rounded or flushed: signed);
+      e4m3 rounds both to the signed zero (its smallest subnormal is 2^-9, half of it 2^-10).
+    - x a signed zero: a signed zero on both. Inf/NaN chunks: the same explicit NaN on both.
+
+    p itself, the scales and the NaN chunks come from integer operations shared by both routes."""
+    y = x32 * _pow2(-p)[..., None]
+    return jnp.where(nonfinite[..., None], jnp.nan, y).astype(jnp.float8_e4m3fn)
+
+
+def _gpu_flushes_subnormals() -> bool:
+    """Whether XLA_FLAGS turns on flush-to-zero for GPU code (then the float route is not exact
+    and the exact one runs on the GPU too)."""
+    on = False
+    for f in os.environ.get("XLA_FLAGS", "").split():
+        if f.startswith("--xla_gpu_ftz"):
+            on = f.lower() in ("--xla_gpu_ftz", "--xla_gpu_ftz=true", "--xla_gpu_ftz=1")
+    return on
+
+
+def quantize_activations_fp8(x: jax.Array):
+    """Activations to e4m3 with one power-of-two float32 scale per row and 128-wide k chunk.
+
+    Args:
+      x: float ``[M, K]`` (bfloat16, float16, float32; float64 is rounded to float32 first),
+        ``K % 128 == 0``. Jittable. On CUDA GPUs the scaling is a float multiply, elsewhere
+        integer operations: the same bytes (module docstring).
+
+    Returns:
+      ``(codes, scales)``: float8_e4m3fn ``[M, K]`` (logical k order) and float32 ``[M, K/128]``,
+      with ``x ~= codes * scales`` per chunk. For a chunk with amax bits (E, F):
+      ``scale = 2^max(E - 135 + (F > 0x600000), -126)`` and ``codes = e4m3(x / scale)`` (round to
+      nearest even, exact scaling, never saturating); an all-zero chunk has scale ``2^-126`` and
+      zero codes (signs kept); a chunk holding an Inf or NaN has NaN codes (0x7F) and scale 1.
+    """
+    return _quantize_activations(x, "auto")
+
+
+def _quantize_activations(x, route: str):
+    """:func:`quantize_activations_fp8` with the scaling route chosen: ``"auto"`` (its own),
+    ``"exact"`` (:func:`_codes_exact` on every platform) or ``"float"`` (:func:`_codes_float` on
+    every platform; on the CPU it flushes subnormal inputs: for measurements and tests only)."""
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise ValueError(f"x: expected a floating-point array, got {x.dtype}")
+    if x.ndim != 2:
+        raise ValueError(f"x: expected [M, K], got shape {x.shape}")
+    if route not in ("auto", "exact", "float"):
+        raise ValueError(f"route: expected 'auto', 'exact' or 'float', got {route!r}")
+    m, k = x.shape
+    if k == 0 or k % CHUNK:
+        raise ValueError(f"x: K={k}: precision='fp8' needs K to be a positive multiple of {CHUNK}")
+    p, nonfinite = _scale_exponent(_amax_bits(x))
+    x32 = x.astype(jnp.float32).reshape(m, k // CHUNK, CHUNK)
+    if route == "auto" and _gpu_flushes_subnormals():
+        route = "exact"
+    if route == "auto":
+        codes = jax.lax.platform_dependent(x32, p, nonfinite, cuda=_codes_float,
+                                           default=_codes_exact)
+    else:
+        codes = (_codes_float if route == "float" else _codes_exact)(x32, p, nonfinite)
     scales = jnp.where(nonfinite, jnp.float32(1.0), _pow2(p))
     return codes.reshape(m, k), scales
 

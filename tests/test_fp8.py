@@ -1,6 +1,8 @@
 """The fp8 compute mode (jax_nvfp4.fp8, grouped_gemm(precision="fp8"), MoEConfig.precision)
 against oracles written here: float64 numpy with ml_dtypes' e4m3 casts and numpy's frexp."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -31,7 +33,8 @@ def oracle_scale_exponent(amax: float) -> int:
 
 def oracle_quantize(x):
     """float [M, K] -> (e4m3 codes [M, K] as ml_dtypes, float64 scales [M, K/128])."""
-    x64 = np.asarray(x).astype(np.float32).astype(np.float64)
+    with np.errstate(invalid="ignore"):                 # (NaN bf16/f16 patterns)
+        x64 = np.asarray(x).astype(np.float32).astype(np.float64)
     m, k = x64.shape
     codes = np.empty((m, k), E4M3)
     scales = np.empty((m, k // 128))
@@ -172,6 +175,181 @@ class TestQuantizeActivations:
             fp8.quantize_activations_fp8(jnp.zeros((128,)))
         with pytest.raises(ValueError, match="floating"):
             fp8.quantize_activations_fp8(jnp.zeros((2, 128), jnp.int32))
+
+
+def _chunks_with_scale(y, p):
+    """float32 [len(y) / 127 chunks, 128]: each chunk's first value 448 * 2^p (so that its scale
+    is exactly 2^p), then 127 of the values y * 2^p (float64 y, exact in float32 after scaling)."""
+    y = np.asarray(y, np.float64)
+    y = np.concatenate([y, np.zeros((-len(y)) % 127)]).reshape(-1, 127)
+    head = np.full((len(y), 1), 448.0)
+    return (np.concatenate([head, y], axis=1) * 2.0**p).astype(np.float32)
+
+
+def adversarial_f32(rng):
+    """float32 [M, 1024] of adversarial chunks for the quantizer (one chunk per 128 values):
+    subnormal inputs under every scale regime (all subnormal, amax the smallest normal, p = -23 and
+    -22 where the integer route's subnormal branch switches), amax bits at the p boundary F ~
+    0x600000 for every exponent, x / 2^p at, around and below e4m3's smallest subnormal 2^-9 and
+    at every tie between two e4m3 values (p = -126 makes those inputs subnormal float32, p = 119
+    puts them near the top), signed-zero chunks, Inf and NaN chunks (NaNs of both signs)."""
+    chunks = []
+    sub = (rng.integers(1, 1 << 23, (4, 128)) * (1 - 2 * rng.integers(0, 2, (4, 128)))) * 2.0**-149
+    chunks += list(sub.astype(np.float32))                                # amax subnormal: p = -126
+    big = sub.copy()
+    for i, amax in enumerate([2.0**-126, 448 * 2.0**-23, 448 * 2.0**-22, 1.0]):
+        big[i, 0] = -amax                                                 # p = -126, -23, -22, -8
+    chunks += list(big.astype(np.float32))
+    top = np.zeros((1, 128), np.float32)
+    top[0] = np.arange(1, 129, dtype=np.uint32).view(np.float32)          # tiniest subnormals
+    top[0, 64:] = -top[0, 64:]
+    chunks += list(top)
+    for e in list(range(0, 12)) + [100, 126, 127, 128, 140, 200, 250, 253, 254]:
+        for f in (0x5FFFFF, 0x600000, 0x600001, 0x7FFFFF, 0):
+            amax = np.uint32((e << 23) | f).view(np.float32)
+            c = (rng.uniform(-1.0, 1.0, 128) * np.float64(amax)).astype(np.float32)
+            c[rng.integers(0, 128)] = -amax if f & 1 else amax
+            chunks.append(c)
+    grid = np.arange(0x7F, dtype=np.uint8).view(E4M3).astype(np.float64)    # 0 .. 448
+    mids = (grid[:-1] + grid[1:]) / 2                                        # every RNE tie
+    tiny = np.array([2.0**-9, 2.0**-10, 3 * 2.0**-10, 2.0**-11, 2.0**-12, 1.5 * 2.0**-10])
+    ys = np.concatenate([grid, mids, -mids, tiny, -tiny])
+    for p in (-126, -125, -120, -110, -30, -8, 0, 50, 119):
+        block = _chunks_with_scale(ys, p)
+        chunks += list(block)
+        nb = block.copy()                                                  # one float32 ulp away
+        up = rng.integers(0, 2, nb[:, 1:].shape).astype(bool)
+        nb[:, 1:] = np.nextafter(nb[:, 1:], np.where(up, np.inf, -np.inf).astype(np.float32))
+        chunks += list(nb)
+    chunks.append(np.zeros(128, np.float32))
+    chunks.append(np.full(128, -0.0, np.float32))
+    chunks.append(np.where(rng.integers(0, 2, 128), 0.0, -0.0).astype(np.float32))
+    for bad in (np.inf, -np.inf, np.nan, np.uint32(0xFFC00000).view(np.float32),
+                np.uint32(0x7F800001).view(np.float32)):
+        c = rng.standard_normal(128).astype(np.float32)
+        c[rng.integers(0, 128)] = bad
+        chunks.append(c)
+    chunks.append(np.full(128, np.nan, np.float32))
+    x = np.stack(chunks)
+    x = np.concatenate([x, np.zeros(((-len(x)) % 8, 128), np.float32)])
+    return x.reshape(-1, 1024)
+
+
+def every_16bit_pattern(dtype):
+    """All 65536 bf16 or f16 bit patterns, [64, 1024] (chunk c holds patterns 128c .. 128c + 127:
+    the Inf/NaN patterns fill whole chunks), and the finite ones shuffled, 256 a row."""
+    allp = np.arange(1 << 16, dtype=np.uint16).view(dtype)
+    finite = allp[np.isfinite(allp.astype(np.float32))]
+    return allp.reshape(64, 1024), np.random.default_rng(7).permutation(finite).reshape(-1, 256)
+
+
+def assert_same_bytes(got, want, what):
+    """(codes, scales) pairs: codes byte for byte, scales bit for bit."""
+    gc, gs = (np.asarray(v) for v in got)
+    wc, ws = (np.asarray(v) for v in want)
+    bad = np.argwhere(gc.view(np.uint8) != wc.view(np.uint8))
+    assert not len(bad), (what, len(bad), bad[:5], gc.view(np.uint8)[tuple(bad[:5].T)],
+                          wc.view(np.uint8)[tuple(bad[:5].T)])
+    np.testing.assert_array_equal(np.asarray(gs, np.float32).view(np.uint32),
+                                  np.asarray(ws, np.float32).view(np.uint32), err_msg=what)
+
+
+def adversarial_cases(rng):
+    """(name, array) for every dtype the quantizer takes."""
+    b_all, b_fin = every_16bit_pattern(ml_dtypes.bfloat16)
+    h_all, h_fin = every_16bit_pattern(np.float16)
+    return [("f32", adversarial_f32(rng)), ("bf16 all", b_all), ("bf16 shuffled", b_fin),
+            ("f16 all", h_all), ("f16 shuffled", h_fin)]
+
+
+class TestAdversarial:
+    """The quantizer's routes against the float64 oracle on adversarial data (CPU)."""
+
+    def test_cpu_route_against_oracle(self, rng, on_cpu):
+        for name, x in adversarial_cases(rng):
+            want_c, want_s = oracle_quantize(x)
+            got = jax.jit(fp8.quantize_activations_fp8)(jnp.asarray(x))
+            assert_same_bytes(got, (want_c, want_s.astype(np.float32)), name)
+
+    def test_float_route_without_subnormal_inputs(self, rng, on_cpu):
+        """The GPU's float route run on the CPU, where it flushes subnormal inputs: on the data
+        without them its bytes are the oracle's (its NaN, sign, zero and underflow handling)."""
+        for name, x in adversarial_cases(rng):
+            x32 = np.asarray(x, np.float32)
+            keep = ~((x32 != 0) & (np.abs(x32) < 2.0**-126)).reshape(len(x32), -1, 128).any(-1)
+            keep = np.repeat(keep, 128, axis=1)
+            x = np.where(keep, x, np.zeros((), x.dtype)).astype(x.dtype)
+            want_c, want_s = oracle_quantize(x)
+            got = jax.jit(lambda v: fp8._quantize_activations(v, "float"))(jnp.asarray(x))
+            assert_same_bytes(got, (want_c, want_s.astype(np.float32)), name)
+
+    def test_scale_exponent_at_the_boundary_for_every_exponent(self):
+        e = np.repeat(np.arange(256, dtype=np.uint32), 6)
+        f = np.tile(np.array([0, 1, 0x5FFFFF, 0x600000, 0x600001, 0x7FFFFF], np.uint32), 256)
+        bits = (e << 23) | f
+        p, nonfinite = jax.jit(fp8._scale_exponent)(jnp.asarray(bits))
+        want = np.maximum(e.astype(np.int64) - 135 + (f > 0x600000), -126)
+        want = np.where(e == 255, 0, want)
+        np.testing.assert_array_equal(np.asarray(p), want)
+        np.testing.assert_array_equal(np.asarray(nonfinite), e == 255)
+        finite = e < 255
+        amax = bits[finite].view(np.float32).astype(np.float64)
+        np.testing.assert_array_equal(np.asarray(p)[finite],
+                                      [oracle_scale_exponent(a) for a in amax])
+
+
+def elementwise_u32(route, x):
+    """Whether the compiled quantizer of bf16 x [M, K] (on x's device) holds uint32 operations of
+    x's size: the exact route's bit manipulation does, the float route's does not (its amax is
+    reduced on the bf16 bits as uint16)."""
+    txt = jax.jit(lambda v: fp8._quantize_activations(v, route)).lower(x).compile().as_text()
+    shapes = re.findall(r"u32\[([\d,]+)\]", txt)
+    sizes = [np.prod([int(d) for d in dims.split(",")]) for dims in shapes]
+    return x.size in sizes
+
+
+def test_routes_by_their_compiled_operations(on_cpu):
+    x = jnp.zeros((16, 256), jnp.bfloat16)
+    assert elementwise_u32("exact", x) and not elementwise_u32("float", x)
+    assert elementwise_u32("auto", x)                                     # the CPU's: exact
+
+
+def test_gpu_ftz_flag_selects_the_exact_route(monkeypatch):
+    for flags, on in [("", False), ("--xla_gpu_ftz=true", True), ("--a=1 --xla_gpu_ftz", True),
+                      ("--xla_gpu_ftz=True --xla_gpu_ftz=false", False),
+                      ("--xla_gpu_ftz=false", False)]:
+        monkeypatch.setenv("XLA_FLAGS", flags)
+        assert fp8._gpu_flushes_subnormals() is on, flags
+
+
+def test_cuda_quantizer_bytes_equal_exact_route_and_oracle(rng):
+    """On the GPU (its float route): the bytes of the exact route run on the CPU, of the exact
+    route forced on the GPU and of the float64 oracle, on the adversarial data; also through
+    to_kernel_k_order and the transposed scales as gemm._fp8_ffi runs it. The GPU must run the
+    float route (no uint32 operations of x's size in its compiled quantizer)."""
+    gpus = gpu_devices()
+    if not gpus:
+        skip_or_fail("no GPU")
+    gpu, cpu = gpus[0], jax.devices("cpu")[0]
+    quant = jax.jit(fp8.quantize_activations_fp8)
+    exact = jax.jit(lambda v: fp8._quantize_activations(v, "exact"))
+    ffi_form = jax.jit(lambda v: (lambda c, s: (fp8.to_kernel_k_order(c), s.T))(
+        *fp8.quantize_activations_fp8(v)))
+    z = jax.device_put(jnp.zeros((16, 256), jnp.bfloat16), gpu)
+    assert elementwise_u32("exact", z), "the compiled-HLO check does not see the exact route"
+    assert not elementwise_u32("auto", z), "the GPU does not run the float route"
+    for name, x in adversarial_cases(rng):
+        on_gpu = quant(jax.device_put(jnp.asarray(x), gpu))
+        assert list(on_gpu[0].devices()) == [gpu]
+        on_cpu = quant(jax.device_put(jnp.asarray(x), cpu))
+        assert_same_bytes(on_gpu, on_cpu, f"{name}: GPU vs CPU")
+        want_c, want_s = oracle_quantize(x)
+        assert_same_bytes(on_gpu, (want_c, want_s.astype(np.float32)), f"{name}: GPU vs oracle")
+        assert_same_bytes(exact(jax.device_put(jnp.asarray(x), gpu)), on_cpu,
+                          f"{name}: exact route on the GPU")
+        c, s = ffi_form(jax.device_put(jnp.asarray(x), gpu))
+        assert_same_bytes((fp8.from_kernel_k_order(jax.device_put(c, cpu)), np.asarray(s).T),
+                          on_cpu, f"{name}: kernel k order")
 
 
 # ------------------------------------------------------------------ weights (spec 2)

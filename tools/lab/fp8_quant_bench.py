@@ -1,7 +1,15 @@
 """Time the FP8 mode's activation quantization on the GPU (what jax_nvfp4.grouped_gemm runs
-before the fp8 custom call): the library's quantizer and a float-arithmetic one (not exact for subnormal inputs on the CPU;
-the speed of light of one read and one write), each with the kernel k order and the transposed
-scales, jitted, median of repeated runs. Checks that both give the same codes on normal data.
+before the fp8 custom call), each variant with the kernel k order and the transposed scales as
+gemm._fp8_ffi runs it, jitted, median of repeated runs:
+
+- library: fp8.quantize_activations_fp8 (on a CUDA GPU its float route, elsewhere the exact one);
+- exact: the integer route forced (what the CPU runs);
+- float-ref: a plain float quantizer (float abs-max, ``x * 2^-p``; not exact for subnormal inputs
+  on the CPU), the speed of two reads and one write.
+
+Prints whether each variant's codes and scales equal the library's, on the timed data (normal
+bf16) and on every bf16 bit pattern (the exact route must match there too; the float reference
+need not, on the CPU).
 
     python tools/lab/fp8_quant_bench.py [--cpu-smoke]
 """
@@ -31,6 +39,24 @@ def quantize_float(x):
     return q.reshape(m, k), _pow2(p)
 
 
+VARIANTS = {
+    "library": fp8.quantize_activations_fp8,
+    "exact": lambda x: fp8._quantize_activations(x, "exact"),
+    "float-ref": quantize_float,
+}
+
+
+def as_ffi_calls(q):
+    """The quantizer as gemm._fp8_ffi runs it: codes in the kernel k order, scales [K/128, M]."""
+    return jax.jit(lambda x: (lambda c, s: (fp8.to_kernel_k_order(c), s.T))(*q(x)))
+
+
+def same(a, b):
+    """(codes, scales) pairs equal byte for byte."""
+    return all(np.array_equal(np.asarray(u).view(np.uint8), np.asarray(v).view(np.uint8))
+               for u, v in zip(a, b))
+
+
 def time_ms(f, x, reps=25):
     jax.block_until_ready(f(x))
     out = []
@@ -45,20 +71,29 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu-smoke", action="store_true")
     a = ap.parse_args(argv)
-    shapes = [(64, 256)] if a.cpu_smoke else [(192, 7168), (6144, 7168), (24576, 7168), (24576, 3072)]
+    if a.cpu_smoke:
+        jax.config.update("jax_platforms", "cpu")
+    print(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()})")
+    fns = {name: as_ffi_calls(q) for name, q in VARIANTS.items()}
+    ok = True
+    patterns = jnp.asarray(np.arange(1 << 16, dtype=np.uint16).view(jnp.bfloat16).reshape(64, 1024))
+    res = {name: f(patterns) for name, f in fns.items()}
+    eq = {name: same(res[name], res["library"]) for name in ("exact", "float-ref")}
+    print(f"every bf16 pattern: exact == library: {eq['exact']}, "
+          f"float-ref == library: {eq['float-ref']}")
+    ok &= eq["exact"]
+    shapes = ([(64, 256)] if a.cpu_smoke
+              else [(192, 7168), (6144, 7168), (24576, 7168), (24576, 3072)])
     for m, k in shapes:
         x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
-        row = []
-        res = {}
-        for name, q in (("library", fp8.quantize_activations_fp8), ("float", quantize_float)):
-            f = jax.jit(lambda x, q=q: (lambda c, s: (fp8.to_kernel_k_order(c), s.T))(*q(x)))
-            res[name] = f(x)
-            row.append(f"{name} {time_ms(f, x):.3f} ms")
-        same = bool(np.array_equal(np.asarray(res["library"][0]).view(np.uint8),
-                                   np.asarray(res["float"][0]).view(np.uint8)))
-        print(f"{m}x{k}: " + ", ".join(row) + f"; library == float: {same}  (bytes {m * k * 3 / 1e6:.0f} MB)")
-        if not same:
-            raise SystemExit(1)
+        res = {name: f(x) for name, f in fns.items()}
+        row = [f"{name} {time_ms(f, x):.3f} ms" for name, f in fns.items()]
+        eq = {name: same(res[name], res["library"]) for name in ("exact", "float-ref")}
+        ok &= all(eq.values())
+        print(f"{m}x{k}: " + ", ".join(row) + f"; == library: exact {eq['exact']}, float-ref "
+              f"{eq['float-ref']}  (bytes {m * k * 3 / 1e6:.0f} MB)")
+    if not ok:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
