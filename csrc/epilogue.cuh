@@ -12,11 +12,14 @@ namespace jax_nvfp4 {
 namespace {
 
 // silu(min(g, L)) * clamp(u, -L, L), silu(x) = x / (1 + exp(-x)). The comparisons are written so that
-// a NaN passes through (fminf would replace it by L and hide a NaN row).
+// a NaN passes through (fminf would replace it by L and hide a NaN row). The exponential and the
+// division are the hardware approximations (relative error ~1e-6 against the IEEE ones): with expf and
+// an IEEE division the epilogue cost the gate/up GEMM 6% at 24576 rows on the H200, since the tensor
+// cores idle while a tile's epilogue runs.
 __device__ __forceinline__ float swiglu_clamped(float g, float u, float limit) {
   g = g > limit ? limit : g;
   u = u > limit ? limit : (u < -limit ? -limit : u);
-  return g / (1.0f + expf(-g)) * u;
+  return __fdividef(g, 1.0f + __expf(-g)) * u;
 }
 
 // The factors of group g's rows n (mul_lo, n % 16 < 8) and n + 8 (mul_hi): alpha[g] for both, or the
