@@ -7,7 +7,8 @@ weights), beside the whole layer.
 Stages: route (router + top-k), sort (argsort, bincount, inverse permutation), in1 (the gate/up GEMM
 input: bf16 gather, or per-token NVFP4 quantization + gather), gemm1 (float32 out), act (SwiGLU,
 times the row scale for W4A4, then bf16 or per-row NVFP4), gemm2, combine (gather back and weighted
-sum over the k slots). The stages' sum is an upper bound of the layer (fusion across stage
+sum over the k slots); with paired (prepared) weights also the fused gate/up GEMM + SwiGLU and the
+down GEMM's input made from its output, the two that replace gemm1 + act in the layer (not summed). The stages' sum is an upper bound of the layer (fusion across stage
 boundaries is lost); a stage far above its bytes at ~3.3 TB/s is the one to fuse or rewrite.
 """
 
@@ -71,10 +72,22 @@ def stages(x, weights, cfg):
         ys = jnp.take(y, inv, axis=0, mode="fill", fill_value=0)
         return jnp.sum(ys.reshape(t, k, -1) * rw.reshape(t, k, 1), axis=1)
 
-    return [("route", f_route, (x, weights)), ("sort", f_sort, (ids,)),
-            ("in1", f_in1, (x, token_of)), ("gemm1", f_g1, (lhs1, weights.w13, sizes)),
-            ("act", f_act, (h, s1)), ("gemm2", f_g2, (lhs2, weights.w2, sizes, s2)),
-            ("combine", f_comb, (y, inv, rw))]
+    out = [("route", f_route, (x, weights)), ("sort", f_sort, (ids,)),
+           ("in1", f_in1, (x, token_of)), ("gemm1", f_g1, (lhs1, weights.w13, sizes)),
+           ("act", f_act, (h, s1)), ("gemm2", f_g2, (lhs2, weights.w2, sizes, s2)),
+           ("combine", f_comb, (y, inv, rw))]
+    if getattr(weights, "w13_paired", False):
+        # the fused gate/up GEMM + SwiGLU (what the layer runs on these weights), then the down
+        # GEMM's input made from its output: these two replace gemm1 + act
+        w4a4 = cfg.activation == "w4a4"
+        f_fused = jax.jit(lambda a, w, s, rs: gemm.grouped_gemm_swiglu(
+            a, w, s, row_scale=rs, limit=cfg.swiglu_limit,
+            out_dtype=jnp.float32 if w4a4 else jnp.bfloat16))
+        act = f_fused(lhs1, weights.w13, sizes, s1)
+        f_req = jax.jit(lambda act: _gemm_lhs(act, cfg.activation))
+        out += [("fused_gemm1_act", f_fused, (lhs1, weights.w13, sizes, s1)),
+                ("act_from_fused", f_req, (act,))]
+    return out
 
 
 def main(argv=None):
@@ -94,7 +107,7 @@ def main(argv=None):
             cfg = dataclasses.replace(base, activation=activation)
             layer_ms = time_ms(jax.jit(lambda x, w, cfg=cfg: moe_layer(x, w, cfg)), x, weights, **timing)
             parts = [(name, time_ms(f, *args, **timing)) for name, f, args in stages(x, weights, cfg)]
-            total = sum(ms for _, ms in parts)
+            total = sum(ms for name, ms in parts if name not in ("fused_gemm1_act", "act_from_fused"))
             gemms = sum(ms for name, ms in parts if name.startswith("gemm"))
             print(f"T {t} {activation}: layer {layer_ms:.3f} ms; stages sum {total:.3f} (gemms "
                   f"{gemms:.3f}, rest {total - gemms:.3f}): "
