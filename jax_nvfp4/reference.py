@@ -199,12 +199,10 @@ def check_glu_limit(limit) -> float:
     call's ``glu_limit`` attribute (inf for None). Errors name the argument."""
     if limit is None:
         return float(np.float32(np.inf))
-    if isinstance(limit, jax.core.Tracer) or isinstance(limit, (bool, np.bool_)):
-        raise ValueError(f"limit: expected a static number > 0 or None, got {limit!r}")
-    try:
-        v = float(limit)
-    except (TypeError, ValueError):
-        raise ValueError(f"limit: expected a static number > 0 or None, got {limit!r}") from None
+    if (isinstance(limit, (bool, np.bool_)) or not isinstance(limit, (int, float, np.integer,
+                                                                       np.floating))):
+        raise ValueError(f"limit: expected a static number > 0 or None, got {limit!r:.100}")
+    v = float(limit)
     if not v > 0 or not float(np.float32(v)) > 0:     # False for NaN; 1e-50 rounds to 0
         raise ValueError(f"limit: expected a number > 0 (float32) or None, got {limit!r}")
     return float(np.float32(v))

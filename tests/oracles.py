@@ -63,22 +63,30 @@ def paired_source_rows(n: int) -> np.ndarray:
     return src
 
 
-def grouped_gemm_swiglu64(a, w, alpha, group_sizes, row_scale=None, limit=None) -> np.ndarray:
-    """float64 gate/up GEMM + SwiGLU of *stored-order* weights: a [M, K], w [G, 2I, K] (gate rows
-    then up rows, without global scales), alpha [G, 2] (gate, up) factors; row_scale [M] or None;
-    silu(min(gate, L)) * clip(up, -L, L); rows past the groups 0."""
+def gate_up64(a, w, alpha, group_sizes, row_scale=None) -> np.ndarray:
+    """float64 gate/up GEMM of *stored-order* weights: a [M, K], w [G, 2I, K] (gate rows then up
+    rows, without global scales), alpha [G, 2] (gate, up) factors, row_scale [M] or None ->
+    [M, 2I] (gate | up) scaled per half and per row; rows past the groups 0."""
     m, n = a.shape[0], w.shape[1]
-    out = np.zeros((m, n // 2))
+    out = np.zeros((m, n))
     start = 0
     for g, size in enumerate(np.asarray(group_sizes)):
         end = min(start + max(int(size), 0), m)
         h = a[start:end] @ w[g].T
-        gate, up = h[:, :n // 2] * alpha[g][0], h[:, n // 2:] * alpha[g][1]
+        h[:, :n // 2] *= alpha[g][0]
+        h[:, n // 2:] *= alpha[g][1]
         if row_scale is not None:
-            gate, up = gate * row_scale[start:end, None], up * row_scale[start:end, None]
-        if limit is not None:
-            gate, up = np.minimum(gate, limit), np.clip(up, -limit, limit)
-        with np.errstate(over="ignore"):
-            out[start:end] = gate / (1 + np.exp(-gate)) * up
+            h = h * np.asarray(row_scale)[start:end, None]
+        out[start:end] = h
         start = end
     return out
+
+
+def grouped_gemm_swiglu64(a, w, alpha, group_sizes, row_scale=None, limit=None) -> np.ndarray:
+    """:func:`gate_up64` followed by silu(min(gate, L)) * clip(up, -L, L) (rows past the groups 0)."""
+    h = gate_up64(a, w, alpha, group_sizes, row_scale)
+    gate, up = np.split(h, 2, axis=-1)
+    if limit is not None:
+        gate, up = np.minimum(gate, limit), np.clip(up, -limit, limit)
+    with np.errstate(over="ignore"):
+        return gate / (1 + np.exp(-gate)) * up
