@@ -441,15 +441,18 @@ def static_scaled_layer(rng):
 
 
 def test_save_moe_writes_the_checkpoint_layout(rng):
-    """save_moe of prepared weights writes the bytes of the original checkpoint."""
+    """save_moe of prepared weights (sm90, paired gate/up rows), and of paired checkpoint-layout
+    weights, writes the bytes of the original checkpoint (stored gate and up rows)."""
     w, c = static_scaled_layer(rng)
     want = checkpoint.save_moe(w, c, "model.layers.5.mlp")
-    got = checkpoint.save_moe(jn.prepare_weights(w), c, "model.layers.5.mlp")
-    assert got.keys() == want.keys()
-    for name in want:
-        assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape, name
-        np.testing.assert_array_equal(got[name].reshape(-1).view(np.uint8),
-                                      want[name].reshape(-1).view(np.uint8), err_msg=name)
+    assert jn.prepare_weights(w).w13_paired
+    for prepared in (jn.prepare_weights(w), paired_checkpoint(w)):
+        got = checkpoint.save_moe(prepared, c, "model.layers.5.mlp")
+        assert got.keys() == want.keys()
+        for name in want:
+            assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape, name
+            np.testing.assert_array_equal(got[name].reshape(-1).view(np.uint8),
+                                          want[name].reshape(-1).view(np.uint8), err_msg=name)
 
 
 def test_load_moe_layout_sm90(rng):
@@ -459,6 +462,7 @@ def test_load_moe_layout_sm90(rng):
     plain = checkpoint.load_moe(tensors, "model.layers.5.mlp", c)
     got = checkpoint.load_moe(tensors, "model.layers.5.mlp", c, layout="sm90")
     want = jn.prepare_weights(plain)
+    assert got.w13_paired and want.w13_paired and not plain.w13_paired
     for name in ("w13", "w2", "shared_w13", "shared_w2"):
         g, wt = getattr(got, name), getattr(want, name)
         assert g.layout == "sm90", name
@@ -466,6 +470,7 @@ def test_load_moe_layout_sm90(rng):
         np.testing.assert_array_equal(np.asarray(g.scales).view(np.uint8),
                                       np.asarray(wt.scales).view(np.uint8), err_msg=name)
     back = jn.prepare_weights(got, "checkpoint")
+    assert not back.w13_paired
     for name in ("w13", "w2", "shared_w13", "shared_w2"):
         np.testing.assert_array_equal(np.asarray(getattr(back, name).data),
                                       np.asarray(getattr(plain, name).data), err_msg=name)
