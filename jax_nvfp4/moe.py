@@ -14,6 +14,20 @@ device, so the answer is the same on 1 or 8 devices:
 
 When gate and up carry different ``weight_scale_2`` (w13 global_scale ``[E, 2]``) each half is scaled by
 its own factor on the float32 GEMM output, never by re-rounding block scales.
+
+The fused SwiGLU epilogue. When ``weights.w13_paired`` (gate/up rows paired, as
+:func:`jax_nvfp4.prepare_weights` leaves them with the sm90 layout) and ``config.precision`` is
+"exact", the gate/up GEMM and the SwiGLU of the routed and the shared expert are one call,
+:func:`jax_nvfp4.grouped_gemm_swiglu`, on the same GEMM input (bf16 rows, or NVFP4 rows quantized
+once per token and gathered): per row, ``h = acc * alpha_half`` (``alpha_half`` = that half's
+weight global scale, times the static input scale for W4A4 static), then ``h * row_scale`` (W4A4
+dynamic: the row's activation scale), then ``silu(min(gate, L)) * clip(up, -L, L)`` with
+``silu(x) = x / (1 + exp(-x))`` in float32; out in bf16 for W4A16 (the rounding the down GEMM's
+input cast did before) and float32 for W4A4 (requantized by the down GEMM as before). Against the
+unfused path only float32 ulps differ (the silu formula, the order of the epilogue factors), which
+can move a bf16 rounding or a requantized code by one step. The reverse-mode derivative is the
+unfused path's (recomputed in the backward). Paired weights with ``precision="fp8"`` run the
+unfused path with the SwiGLU and the per-half scales on the paired column order.
 """
 
 from __future__ import annotations
@@ -374,7 +388,11 @@ def moe(x, weights: MoEWeights, config: MoEConfig, *, token_ids=None, backend="a
       x: ``[..., H]`` float tokens (bf16 typical): ``[T, H]``, ``[B, S, H]``, or one token ``[H]``.
         The leading axes are flattened into T tokens and restored on the output.
       weights: :class:`MoEWeights` (w13 ``[E, 2I, H]``, w2 ``[E, H, I]`` NVFP4), in the
-        checkpoint layout or prepared by :func:`jax_nvfp4.prepare_weights` (same result).
+        checkpoint layout or prepared by :func:`jax_nvfp4.prepare_weights`. Prepared weights
+        have their gate/up rows paired (``w13_paired``) and, in exact precision, run the
+        gate/up GEMM and the SwiGLU as one fused call (module docstring): the same result up to
+        float32 ulps of the SwiGLU and its epilogue factors (a bf16 rounding or a requantized
+        W4A4 code can move by one step).
       config: :class:`MoEConfig` (static).
       token_ids: int, shaped like x's leading axes (``[T]``, ``[B, S]``): the input token ids,
         for hash-routed layers.
