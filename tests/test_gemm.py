@@ -765,3 +765,23 @@ class TestGroupedGemmSwigluBadInput:
         for attr in ("kernel", "token_tile", "stages", "cluster"):
             want = re.search(attr + r" = [^,}]*", plain).group(0)
             assert want in text, (attr, want)
+
+    def test_cpu_handler_checks_its_workspace_and_limit(self, monkeypatch, on_cpu):
+        """The CPU handler decodes a gate and an up row (workspace 4096 + 16 G + 2 K): the plain
+        call's size is an error naming it; a glu_limit <= 0 or NaN is rejected by the handler."""
+        platform_device("cpu")
+        lhs, rhs, gs, _, _, ref = make_glu_problem(np.random.default_rng(5), 8, 16, 4096 + 64,
+                                                   [4, 4], w4a4=False, per_half=False)
+        f = lambda: jn.grouped_gemm_swiglu(lhs, rhs, gs, out_dtype=jnp.float32,  # noqa: E731
+                                           backend="ffi")
+        assert rel_err(np.asarray(f(), np.float64), ref) <= 1e-5
+        call = lambda lim: jax.block_until_ready(jn.gemm._grouped_gemm_glu_op(  # noqa: E731
+            lhs, jnp.zeros((0,), jnp.float8_e4m3fn), rhs.data, rhs.scales,
+            jnp.ones((4,), jnp.float32), gs, jnp.zeros((0,), jnp.float32), jnp.dtype(jnp.float32),
+            MMA16, 0, lim))
+        for lim in (0.0, -1.0, float("nan")):
+            with pytest.raises(jax.errors.JaxRuntimeError, match="glu_limit"):
+                call(lim)
+        monkeypatch.setattr(jn.gemm, "workspace_bytes", lambda g, k=0: 4096 + 16 * g + k // 2)
+        with pytest.raises(jax.errors.JaxRuntimeError, match="workspace"):
+            jax.block_until_ready(f())
