@@ -723,8 +723,9 @@ def test_fused_swiglu_layer(rng, activation, scale, routing):
     print(f"{activation}-{scale} {routing}: fused {rel_err(got, ref):.2e} unfused "
           f"{rel_err(want, ref):.2e} fused vs unfused {rel_err(got, want):.2e}")
     assert rel_err(got, ref) <= tol and rel_err(got, want) <= tol
-    # bf16 tokens: the same path, bf16 out
-    assert jn.moe(jnp.asarray(x, jnp.bfloat16), p, c, token_ids=tok).dtype == jnp.bfloat16
+    if routing == "score" and activation == "w4a16":       # bf16 tokens: bf16 out
+        out16 = jn.moe(jnp.asarray(x, jnp.bfloat16), p, c, token_ids=tok, backend="ffi")
+        assert out16.dtype == jnp.bfloat16 and rel_err(out16, ref) <= 1e-2
 
 
 def test_fp8_precision_with_paired_weights_runs_unfused(rng):
