@@ -334,3 +334,19 @@ def test_prepare_weights_pairs_w13_and_checkpoint_unpairs(rng):
     assert jax.tree.structure(again) == jax.tree.structure(p)
     with pytest.raises(TypeError, match="w13_paired: expected a bool"):
         dataclasses.replace(w, w13_paired="yes")
+
+
+def test_pair_gate_up_on_an_expert_sharded_stack(rng, on_cpu):
+    """A gate/up stack split over devices on the expert axis is paired where it lies (sm90:
+    through the checkpoint order), same bytes as unsplit, the split kept."""
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    t = jn.prepare_weights(quantized(rng, (4, 128, 64)))
+    want = layout.pair_gate_up(t)
+    mesh = jax.make_mesh((4,), ("ep",), axis_types=(AxisType.Explicit,), devices=cpu_devices(4))
+    put = lambda v: jax.device_put(v, NamedSharding(mesh, P("ep")))  # noqa: E731
+    got = layout.pair_gate_up(jn.NVFP4Tensor(put(t.data), put(t.scales), put(t.global_scale),
+                                             t.layout))
+    for field in ("data", "scales"):
+        a, b = getattr(got, field), getattr(want, field)
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+        assert a.sharding.spec[0] == "ep", (field, a.sharding)
