@@ -769,7 +769,8 @@ class TestGroupedGemmSwigluBadInput:
 
     def test_cpu_handler_checks_its_workspace_and_limit(self, monkeypatch, on_cpu):
         """The CPU handler decodes a gate and an up row (workspace 4096 + 16 G + 2 K): the plain
-        call's size is an error naming it; a glu_limit <= 0 or NaN is rejected by the handler."""
+        call's size is an error naming it; a glu_limit <= 0 or NaN, N % 16 != 0, alpha not
+        [2G] and row_scale not [M] or [0] are rejected by the handler itself."""
         platform_device("cpu")
         lhs, rhs, gs, _, _, ref = make_glu_problem(np.random.default_rng(5), 8, 16, 4096 + 64,
                                                    [4, 4], w4a4=False, per_half=False)
@@ -783,6 +784,19 @@ class TestGroupedGemmSwigluBadInput:
         for lim in (0.0, -1.0, float("nan")):
             with pytest.raises(jax.errors.JaxRuntimeError, match="glu_limit must be > 0"):
                 call(lim)
+        # the handler's own shape checks, for callers that bypass grouped_gemm_swiglu's
+        raw = lambda w, al, rs: jax.block_until_ready(jn.gemm._grouped_gemm_glu_op(  # noqa: E731
+            lhs, jnp.zeros((0,), jnp.float8_e4m3fn), w.data, w.scales, al, gs, rs,
+            jnp.dtype(jnp.float32), MMA16, 0, 1.0))
+        no_rs, al4 = jnp.zeros((0,), jnp.float32), jnp.ones((4,), jnp.float32)
+        odd = jn.NVFP4Tensor(rhs.data[:, :24], rhs.scales[:, :24], rhs.global_scale)
+        with pytest.raises(jax.errors.JaxRuntimeError, match=r"N = rhs_data.shape\[1\] % 16 == 0, "
+                                                             r"got N = 24"):
+            raw(odd, al4, no_rs)
+        with pytest.raises(jax.errors.JaxRuntimeError, match=r"alpha must have shape \[2G\]"):
+            raw(rhs, al4[:2], no_rs)
+        with pytest.raises(jax.errors.JaxRuntimeError, match=r"row_scale must have shape \[M\]"):
+            raw(rhs, al4, jnp.ones((3,), jnp.float32))
         monkeypatch.setattr(jn.gemm, "workspace_bytes", lambda g, k=0: 4096 + 16 * g + k // 2)
         with pytest.raises(jax.errors.JaxRuntimeError,
                            match=r"workspace has \d+ bytes, needs 4096 \+ 16\*G \+ 2\*K"):
