@@ -1,7 +1,7 @@
 """Benchmark of the whole MoE layer against its two grouped GEMMs (issue 24).
 
     python -m jax_nvfp4.bench_layer [--out bench-layer-out] [--tokens 32,256,1024,4096]
-                                    [--precision exact|fp8]
+                                    [--precision exact|fp8] [--unfused]
 
 ``--precision fp8`` runs the layer's GEMMs in the FP8 mode (``MoEConfig.precision``) on
 checkpoint-layout weights (what its CUDA kernel reads) unless ``--layout`` says otherwise.
@@ -14,7 +14,10 @@ sm90 layout (:func:`jax_nvfp4.prepare_weights`), bf16 tokens routed by a random 
 routing: uneven group sizes). For each token count and activation (W4A4 dynamic, W4A16) it times,
 in one run:
 
-- ``layer_ms``: the jitted layer (:func:`jax_nvfp4.moe`);
+- ``layer_ms``: the jitted layer (:func:`jax_nvfp4.moe`); with sm90 weights (prepared, so gate/up
+  rows paired) and exact precision it runs the gate/up GEMM and SwiGLU as one fused call
+  (``fused_swiglu``); ``--unfused`` also times the same layer on unpaired sm90 weights
+  (``layer_unfused_ms``, the unfused path) in the same run;
 - ``gemm1_ms`` / ``gemm2_ms``: each grouped GEMM alone, called as the layer calls it (same lhs kind,
   float32 output, the group sizes the layer's routing produced), on the same routed rows;
 - ``overhead_share = (layer_ms - gemm1_ms - gemm2_ms) / layer_ms``: routing, dispatch, SwiGLU,
@@ -53,7 +56,7 @@ from . import gemm, layout, moe_params, sharding
 from .bench import _driver_version, time_ms
 from .bench_ep import random_layer
 from .formats import NVFP4Tensor
-from .moe import _row_global_scale, moe, row_ladder, swiglu
+from .moe import _fused_path, _row_global_scale, _swiglu_paired, moe, row_ladder, swiglu
 from .quantization import quantize
 from .routing import route
 
@@ -98,12 +101,14 @@ def _gemm(lhs, w, sizes, backend, precision="exact"):
 def gemm_inputs(x, token_of, sizes, weights, config, backend):
     """The two grouped GEMMs' inputs as the layer makes them: ``(lhs1, s1, lhs2, s2)``, the
     dispatched token rows and SwiGLU of the first GEMM's output, each quantized per row for W4A4
-    (``s1``/``s2`` its float32 ``[rows]`` scales, applied to the GEMM's output; None for W4A16)."""
+    (``s1``/``s2`` its float32 ``[rows]`` scales, applied to the GEMM's output; None for W4A16).
+    Paired gate/up weights (``weights.w13_paired``) take the SwiGLU on the paired columns."""
+    glu = _swiglu_paired if weights.w13_paired else swiglu
     @jax.jit
     def inputs(x, token_of, w13, sizes):
         lhs1, s1 = _gemm_lhs(x[token_of], config.activation)
         h = _gemm(lhs1, w13, sizes, backend, config.precision)
-        act = swiglu(h if s1 is None else h * s1[:, None], config.swiglu_limit)
+        act = glu(h if s1 is None else h * s1[:, None], config.swiglu_limit)
         lhs2, s2 = _gemm_lhs(act, config.activation)
         return lhs1, s1, lhs2, s2
 
@@ -112,7 +117,10 @@ def gemm_inputs(x, token_of, sizes, weights, config, backend):
 
 def gemm_cases(x, token_of, sizes, weights, config, backend):
     """The two grouped GEMMs as the layer calls them (same lhs kind, float32 output, the layer's
-    rows and group sizes): ``(gemm1, args1), (gemm2, args2)``."""
+    rows and group sizes): ``(gemm1, args1), (gemm2, args2)``. gemm1 is the plain gate/up GEMM
+    (float32 ``[rows, 2I]`` out) also when the layer runs the fused gate/up + SwiGLU call on
+    paired weights (same weight bytes and products): the overhead share then counts what the
+    fusion saves against it."""
     lhs1, _, lhs2, _ = gemm_inputs(x, token_of, sizes, weights, config, backend)
 
     def gemm1(lhs, w, sizes):
@@ -143,6 +151,12 @@ def run_layer_cases(args, backend, dev, log=print):
     if args.layout != "checkpoint":
         with jax.default_device(dev):
             weights = layout.prepare_weights(weights, args.layout)
+    unfused = None
+    if args.unfused and weights.w13_paired:
+        # The same sm90 bytes with the stored gate/up row order: the layer's unfused path.
+        with jax.default_device(dev):
+            unfused = dataclasses.replace(weights, w13=layout.unpair_gate_up(weights.w13),
+                                          w13_paired=False)
     timing = dict(target_s=args.target_s, repeats=args.repeats)
     for t in args.tokens:
         x = jax.device_put(jax.random.normal(jax.random.key(args.seed + t), (t, args.hidden),
@@ -156,6 +170,7 @@ def run_layer_cases(args, backend, dev, log=print):
                 return moe(x, w, cfg, backend=backend)
 
             layer_ms = time_ms(jax.jit(layer), x, weights, **timing)
+            unfused_ms = None if unfused is None else time_ms(jax.jit(layer), x, unfused, **timing)
             if t == args.hlo_tokens:   # which kernels the layer runs: the fusion work's map
                 path = os.path.join(args.out, f"layer_hlo_T{t}_{activation}.txt")
                 with open(path, "w") as fh:
@@ -166,7 +181,8 @@ def run_layer_cases(args, backend, dev, log=print):
             del a1, a2
             gemm_ms = gemm1_ms + gemm2_ms
             r = {"tokens": t, "rows": rows, "activation": activation, "precision": args.precision,
-                 "layer_ms": layer_ms,
+                 "layer_ms": layer_ms, "fused_swiglu": _fused_path(weights, cfg),
+                 "layer_unfused_ms": unfused_ms,
                  "gemm_ms": gemm_ms, "gemm1_ms": gemm1_ms, "gemm2_ms": gemm2_ms,
                  "overhead_ms": layer_ms - gemm_ms,
                  "overhead_share": (layer_ms - gemm_ms) / layer_ms,
@@ -182,10 +198,11 @@ def run_layer_cases(args, backend, dev, log=print):
                     r["reference_error"] = f"{type(e).__name__}: {str(e)[:200]}"
             results.append(r)
             ref = "-" if r["reference_ms"] is None else f"{r['reference_ms']:.3f}"
-            log(f"  T={t:5d} rows={rows:6d} {activation:5s}: layer {layer_ms:8.3f} ms, gemm1 "
+            unf = "" if unfused_ms is None else f" (unfused {unfused_ms:8.3f} ms)"
+            log(f"  T={t:5d} rows={rows:6d} {activation:5s}: layer {layer_ms:8.3f} ms{unf}, gemm1 "
                 f"{gemm1_ms:7.3f} + gemm2 {gemm2_ms:7.3f}, overhead "
                 f"{100 * r['overhead_share']:5.1f}%, reference {ref} ms", flush=True)
-    del weights
+    del weights, unfused
     return results
 
 
@@ -283,6 +300,9 @@ def _parser():
     p.add_argument("--layout", choices=layout.LAYOUTS, default=None,
                    help="weight layout (sm90: prepared once at load time; default sm90, checkpoint "
                         "with --precision fp8, whose CUDA kernel reads that layout)")
+    p.add_argument("--unfused", action="store_true",
+                   help="also time the layer without the fused gate/up + SwiGLU call (the same "
+                        "sm90 weights with gate/up rows unpaired): layer_unfused_ms")
     p.add_argument("--precision", choices=("exact", "fp8"), default="exact",
                    help="the layer's GEMM compute mode (MoEConfig.precision)")
     p.add_argument("--backend", choices=gemm.BACKENDS, default="auto",
@@ -352,14 +372,15 @@ def main(argv=None):
             "results": results, "expert_parallel": ep}
     with open(os.path.join(args.out, "bench_layer.json"), "w") as fh:
         json.dump(meta, fh, indent=1)
-    print("\n| tokens | rows | activation | layer ms | gemm1 ms | gemm2 ms | overhead | "
-          "reference ms |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| tokens | rows | activation | layer ms | unfused layer ms | gemm1 ms | gemm2 ms | "
+          "overhead | reference ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         ref = "-" if r["reference_ms"] is None else f"{r['reference_ms']:.3f}"
+        unf = "-" if r["layer_unfused_ms"] is None else f"{r['layer_unfused_ms']:.3f}"
         print(f"| {r['tokens']} | {r['rows']} | {r['activation']} | {r['layer_ms']:.3f} | "
-              f"{r['gemm1_ms']:.3f} | {r['gemm2_ms']:.3f} | {100 * r['overhead_share']:.0f}% | "
-              f"{ref} |")
+              f"{unf} | {r['gemm1_ms']:.3f} | {r['gemm2_ms']:.3f} | "
+              f"{100 * r['overhead_share']:.0f}% | {ref} |")
     if ep:
         print(f"\n| EP tokens | activation | device 0 of {args.ep} ms | all rows ms | "
               f"1 device / {args.ep} ms | ratio | routing ms, all tokens | routing ms, slice |")

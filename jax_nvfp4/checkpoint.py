@@ -344,7 +344,8 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
       check: warn when the scales do not look like the ModelOpt/Quark convention (cheap,
         vectorized over experts; see the module docstring).
       layout: ``"checkpoint"`` (the stored byte order) or ``"sm90"``: the NVFP4 weights come back
-        through :func:`jax_nvfp4.prepare_weights` (the Hopper kernels' load-time layout).
+        through :func:`jax_nvfp4.prepare_weights` (the Hopper kernels' load-time layout, gate/up
+        rows paired: ``w13_paired``).
 
     Returns:
       MoEWeights with (E = config.num_experts or len(experts), I = intermediate_size,

@@ -280,3 +280,122 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
     bf16_config = kernel_config.resolve(kernel, m, n, k, g, **shape)
     native, via_bf16 = _w4a4_routes(out_dtype, native_config, bf16_config, rhs.layout)
     return jax.lax.platform_dependent(*args, cpu=native, default=via_bf16)
+
+
+GLU_TARGET = "jax_nvfp4_grouped_gemm_glu"
+"""The gate/up GEMM with the SwiGLU in its epilogue (docs/design.md, "The fused SwiGLU epilogue")."""
+
+
+def _ffi_grouped_gemm_glu(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, row_scale,
+                          out_dtype, config, rhs_layout, glu_limit):
+    m, n, g = lhs.shape[0], rhs_data.shape[1], rhs_data.shape[0]
+    args = (lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, row_scale)
+    out_t = _varying_type(args, (m, n // 2), out_dtype)
+    # The CPU handler decodes a gate and an up row's codes: 2 K bytes (rhs_data's last axis is K/2).
+    ws_t = _varying_type(args, (workspace_bytes(g, 4 * rhs_data.shape[2]),), jnp.uint8)
+    out, _ = jax.ffi.ffi_call(GLU_TARGET, (out_t, ws_t), vmap_method="sequential")(
+        *args, rhs_layout=np.int32(rhs_layout), **config.attributes(),
+        glu_limit=np.float32(glu_limit))
+    return out
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(7, 8, 9, 10))
+def _grouped_gemm_glu_op(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, row_scale,
+                         out_dtype, config, rhs_layout, glu_limit):
+    """The fused custom call: ``rhs_data`` rows paired, ``alpha`` float32 ``[2G]`` (gate, up)
+    factors per group, ``row_scale`` float32 ``[M]`` or ``[0]``, ``glu_limit`` a float (inf: none)."""
+    return _ffi_grouped_gemm_glu(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes,
+                                 row_scale, out_dtype, config, rhs_layout, glu_limit)
+
+
+@_grouped_gemm_glu_op.defjvp
+def _grouped_gemm_glu_jvp(out_dtype, config, rhs_layout, glu_limit, primals, tangents):
+    raise NotImplementedError(
+        "jax_nvfp4.grouped_gemm_swiglu (backend 'ffi'): the fused custom call has no derivative. "
+        "Differentiate the unfused computation instead (jax_nvfp4.grouped_gemm of the paired "
+        "weights, then the SwiGLU on the paired columns); jax_nvfp4.moe does that in its backward.")
+
+
+def grouped_gemm_swiglu(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, row_scale=None,
+                        limit=None, out_dtype=jnp.bfloat16, backend: str = "auto",
+                        rows_hint: int | None = None,
+                        kernel: str | KernelConfig | None = None) -> jax.Array:
+    """The gate/up grouped GEMM with the (clamped) SwiGLU in its epilogue: ``[M, K] -> [M, I]``.
+
+    Same semantics as :func:`jax_nvfp4.reference.grouped_gemm_swiglu`; exact precision only.
+
+    Args:
+      lhs: bfloat16 ``[M, K]`` (W4A16) or an NVFP4Tensor ``[M, K]`` with a scalar global scale
+        (W4A4); the reference backend also takes float16/float32.
+      rhs: NVFP4Tensor ``[G, N, K]``, ``N = 2I`` a multiple of 16, rows in the paired gate/up
+        order (:func:`jax_nvfp4.layout.pair_gate_up`; ``prepare_weights`` of a MoEWeights gives
+        it), "checkpoint" or "sm90" layout; global_scale float32 ``[G]`` or ``[G, 2]`` (gate, up).
+      group_sizes: int32 ``[G]``, as for :func:`grouped_gemm`.
+      row_scale: None, or float32 ``[M]``: multiplies row r's GEMM output before the SwiGLU
+        (e.g. a dynamic per-row activation global scale).
+      limit: None, or a static number > 0: ``silu(min(gate, L)) * clip(up, -L, L)``.
+      out_dtype: bfloat16 (default) or float32.
+      backend, rows_hint, kernel: as for :func:`grouped_gemm` (the kernel configuration is the one
+        the plain call picks for the same M, N, K, G and layout).
+
+    The custom call's epilogue computes, per row r of group g and paired column pair, ``h =
+    acc * alpha_half`` (``alpha_half`` = lhs global scale * rhs global scale of the half), then
+    ``h * row_scale[r]``, then the SwiGLU in float32, and writes ``[M, I]`` only (no float32
+    ``[M, 2I]`` intermediate). On the GPU a W4A4 lhs is dequantized exactly to bf16 first (as in
+    :func:`grouped_gemm`); on the CPU it is read natively.
+
+    Gradients: none on backend "ffi" (differentiating raises NotImplementedError);
+    :func:`jax_nvfp4.moe` differentiates its fused path through the unfused computation.
+
+    Returns:
+      ``[M, N/2]`` out_dtype; rows past the groups are 0.
+    """
+    if rows_hint is None:
+        rows_hint = 0
+    elif isinstance(rows_hint, bool) or not isinstance(rows_hint, (int, np.integer)) or rows_hint < 0:
+        raise ValueError(f"rows_hint: expected a static int >= 0 or None, got {rows_hint!r}")
+    backend = _resolve_backend(backend)
+    if backend == "reference":
+        return reference.grouped_gemm_swiglu(lhs, rhs, group_sizes, row_scale=row_scale,
+                                             limit=limit, out_dtype=out_dtype)
+    m, k, g, n, alpha2, row_scale, lim = reference.validate_swiglu_args(
+        lhs, rhs, group_sizes, out_dtype, row_scale, limit, float_lhs_dtypes=(jnp.bfloat16,))
+    group_sizes = reference.check_group_sizes(group_sizes, g)
+    rows_hint = min(int(rows_hint), m)
+    req = kernel_config.requested_family(kernel)
+    mma = (req.family if isinstance(req, KernelConfig) else req) == "mma"
+    if mma and rhs.layout != "checkpoint" and isinstance(lhs, NVFP4Tensor):
+        raise ValueError(f"rhs.layout: {rhs.layout!r} weights with an NVFP4 lhs need the bf16 "
+                         "activation path, but kernel 'mma' keeps W4A4 native; choose another "
+                         "kernel or use jax_nvfp4.prepare_weights(rhs, 'checkpoint')")
+    out_dtype = jnp.dtype(out_dtype)
+    if m == 0:
+        return jnp.zeros((0, n // 2), out_dtype)
+    code = RHS_LAYOUT_CODES[rhs.layout]
+    shape = dict(rows_hint=int(rows_hint), rhs_layout=rhs.layout)
+    no_sf = jnp.zeros((0,), jnp.float8_e4m3fn)
+    rs = jnp.zeros((0,), jnp.float32) if row_scale is None else row_scale
+
+    def call(a, a_sf, al, config):
+        return _grouped_gemm_glu_op(a, a_sf, rhs.data, rhs.scales, al.reshape(-1), group_sizes,
+                                    rs, out_dtype, config, code, lim)
+
+    if not isinstance(lhs, NVFP4Tensor):
+        return call(jnp.asarray(lhs), no_sf, alpha2, kernel_config.resolve(kernel, m, n, k, g,
+                                                                           **shape))
+    alpha2 = lhs.global_scale.astype(jnp.float32) * alpha2
+    native_config = kernel_config.resolve(kernel if mma else None, m, n, k, g, w4a4=True, **shape)
+
+    def native(a, a_sf, al):
+        return call(a, a_sf, al, native_config)
+
+    if mma:                                           # the mma kernel reads packed activations
+        return native(lhs.data, lhs.scales, alpha2)
+    bf16_config = kernel_config.resolve(kernel, m, n, k, g, **shape)
+
+    def via_bf16(a, a_sf, al):
+        # As in _w4a4_routes: an exact dequantization to bf16 (global scale kept in alpha).
+        a16 = quantization.e2m1_scaled(NVFP4Tensor(a, a_sf, jnp.float32(1.0)), jnp.bfloat16)
+        return call(a16, no_sf, al, bf16_config)
+
+    return jax.lax.platform_dependent(lhs.data, lhs.scales, alpha2, cpu=native, default=via_bf16)

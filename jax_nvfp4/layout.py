@@ -269,6 +269,72 @@ def _relayout(t: NVFP4Tensor, layout: str, name: str) -> NVFP4Tensor:
     return dataclasses.replace(out, data=data, scales=scales)
 
 
+PAIR_ROWS = 8
+"""Paired gate/up order: runs of 8 gate rows and 8 up rows alternate (:func:`pair_gate_up`)."""
+
+
+def _pair_rows(a, inverse: bool):
+    """The paired row permutation (or its inverse) on axis -2 of ``a [..., 2I, C]``."""
+    *lead, n, c = a.shape
+    nb = n // (2 * PAIR_ROWS)
+    split = (2, nb, PAIR_ROWS) if not inverse else (nb, 2, PAIR_ROWS)
+    b = a.reshape(*lead, *split, c)
+    nl = len(lead)
+    b = b.transpose(*range(nl), nl + 1, nl, nl + 2, nl + 3)
+    return b.reshape(*lead, n, c)
+
+
+def _pair(t: NVFP4Tensor, name: str, inverse: bool) -> NVFP4Tensor:
+    fn = "unpair_gate_up" if inverse else "pair_gate_up"
+    if not isinstance(t, NVFP4Tensor):
+        raise ValueError(f"{name}: {fn} expected an NVFP4Tensor [..., 2I, K], got "
+                         f"{type(t).__name__}")
+    t.validate(name)
+    if t.data.ndim < 2:
+        raise ValueError(f"{name}: {fn} expected [..., 2I, K] (gate rows then up rows), got data "
+                         f"{tuple(t.data.shape)}")
+    n = t.data.shape[-2]
+    if n % (2 * PAIR_ROWS):
+        raise ValueError(f"{name}: {fn} needs 2I rows with I % {PAIR_ROWS} == 0 (runs of "
+                         f"{PAIR_ROWS} gate and {PAIR_ROWS} up rows), got {n} rows (I = {n / 2:g})")
+    layout = t.layout
+    if layout != "checkpoint":
+        # The sm90 layout interleaves rows within 128-row stripes: permute whole rows in the
+        # checkpoint order, then lay out again.
+        t = _relayout(t, "checkpoint", name)
+    perm = lambda a: _pair_rows(a, inverse)  # noqa: E731
+    t = dataclasses.replace(t, data=_on_each_shard(perm, t.data, f"{name}.data"),
+                            scales=_on_each_shard(perm, t.scales, f"{name}.scales"))
+    return _relayout(t, layout, name)
+
+
+def pair_gate_up(t: NVFP4Tensor) -> NVFP4Tensor:
+    """Gate/up weights ``[..., 2I, K]`` (rows ``0..I-1`` gate, ``I..2I-1`` up) -> the paired order.
+
+    Physical row ``16 b + i`` (``i < 8``) of the result holds gate feature ``8 b + i`` and row
+    ``16 b + 8 + i`` holds up feature ``8 b + i``: in every CUDA kernel a thread's accumulators
+    hold weight rows n and n + 8 for n % 16 < 8, so gate and up of one feature meet in one
+    thread and the SwiGLU can run in the GEMM's epilogue (:func:`jax_nvfp4.grouped_gemm_swiglu`).
+
+    Args:
+      t: NVFP4Tensor ``[..., 2I, K]`` (any leading axes; data uint8 ``[..., 2I, K/2]``, scales
+        float8_e4m3fn ``[..., 2I, K/16]``), either layout; ``I % 8 == 0``.
+
+    Returns:
+      The same type, shapes, dtypes and layout with the rows of ``data`` and ``scales`` permuted
+      (an sm90 tensor is converted to the checkpoint layout, permuted and converted back, since
+      that layout mixes rows within 128-row stripes); ``global_scale`` unchanged (``[..., 2]``
+      still means (gate, up)). Jittable. Nothing records the order: :class:`~jax_nvfp4.MoEWeights`
+      carries it as ``w13_paired``.
+    """
+    return _pair(t, "t", inverse=False)
+
+
+def unpair_gate_up(t: NVFP4Tensor) -> NVFP4Tensor:
+    """The inverse of :func:`pair_gate_up`: paired rows -> gate rows then up rows (same layout)."""
+    return _pair(t, "t", inverse=True)
+
+
 def prepare_weights(x, layout: str = "sm90"):
     """Re-lay-out NVFP4 weights' code bytes for a kernel, once, at load time.
 
@@ -283,6 +349,10 @@ def prepare_weights(x, layout: str = "sm90"):
     Returns:
       The same type with ``data`` and ``scales`` permuted (same shapes and dtypes) and ``layout``
       set; global scales are untouched. A tensor already in ``layout`` is returned as is.
+      For a MoEWeights, ``"sm90"`` also puts the rows of w13 and shared_w13 in the paired
+      gate/up order (:func:`pair_gate_up`, ``w13_paired=True``), so that the layer runs the
+      SwiGLU in the gate/up GEMM's epilogue; ``"checkpoint"`` restores the stored row order
+      (``w13_paired=False``).
 
     Why: the kernels' mainloops are bound by turning E2M1 codes into bf16 MMA fragments and by
     streaming the weights; the sm90 layout stores each thread's codes contiguously with their bits
@@ -304,7 +374,18 @@ def prepare_weights(x, layout: str = "sm90"):
     if isinstance(x, NVFP4Tensor):
         return _relayout(x, layout, "x")
     if isinstance(x, MoEWeights):
-        new = {f.name: _relayout(getattr(x, f.name), layout, f"x.{f.name}")
-               for f in dataclasses.fields(x) if isinstance(getattr(x, f.name), NVFP4Tensor)}
-        return dataclasses.replace(x, **new)
+        paired = layout == "sm90"
+        new = {}
+        for f in dataclasses.fields(x):
+            v = getattr(x, f.name)
+            if not isinstance(v, NVFP4Tensor):
+                continue
+            name = f"x.{f.name}"
+            if f.name in ("w13", "shared_w13") and x.w13_paired != paired:
+                if paired:      # pair in the checkpoint layout, then lay out once
+                    v = _relayout(_pair(v, name, inverse=False), layout, name)
+                else:           # back to checkpoint bytes first, then the stored row order
+                    v = _pair(_relayout(v, layout, name), name, inverse=True)
+            new[f.name] = _relayout(v, layout, name)
+        return dataclasses.replace(x, w13_paired=paired, **new)
     raise ValueError(f"x: expected an NVFP4Tensor or a MoEWeights, got {type(x).__name__}")

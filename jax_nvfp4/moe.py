@@ -14,6 +14,20 @@ device, so the answer is the same on 1 or 8 devices:
 
 When gate and up carry different ``weight_scale_2`` (w13 global_scale ``[E, 2]``) each half is scaled by
 its own factor on the float32 GEMM output, never by re-rounding block scales.
+
+The fused SwiGLU epilogue. When ``weights.w13_paired`` (gate/up rows paired, as
+:func:`jax_nvfp4.prepare_weights` leaves them with the sm90 layout) and ``config.precision`` is
+"exact", the gate/up GEMM and the SwiGLU of the routed and the shared expert are one call,
+:func:`jax_nvfp4.grouped_gemm_swiglu`, on the same GEMM input (bf16 rows, or NVFP4 rows quantized
+once per token and gathered): per row, ``h = acc * alpha_half`` (``alpha_half`` = that half's
+weight global scale, times the static input scale for W4A4 static), then ``h * row_scale`` (W4A4
+dynamic: the row's activation scale), then ``silu(min(gate, L)) * clip(up, -L, L)`` with
+``silu(x) = x / (1 + exp(-x))`` in float32; out in bf16 for W4A16 (the rounding the down GEMM's
+input cast did before) and float32 for W4A4 (requantized by the down GEMM as before). Against the
+unfused path only float32 ulps differ (the silu formula, the order of the epilogue factors), which
+can move a bf16 rounding or a requantized code by one step. The reverse-mode derivative is the
+unfused path's (recomputed in the backward). Paired weights with ``precision="fp8"`` run the
+unfused path with the SwiGLU and the per-half scales on the paired column order.
 """
 
 from __future__ import annotations
@@ -26,9 +40,10 @@ import jax.numpy as jnp
 
 from . import autodiff
 from .formats import NVFP4Tensor
-from .gemm import grouped_gemm
+from .gemm import grouped_gemm, grouped_gemm_swiglu
 from .moe_params import MoEConfig, MoEWeights
 from .quantization import MAX_GLOBAL_SCALE, MIN_GLOBAL_SCALE, dynamic_global_scale, quantize
+from .reference import GLU_ROW_BLOCK, split_paired
 from .routing import check_hash_table, route
 
 
@@ -41,13 +56,18 @@ def swiglu(h: jax.Array, limit=None) -> jax.Array:
     return jax.nn.silu(gate) * up
 
 
+def _swiglu_paired(h: jax.Array, limit=None) -> jax.Array:
+    """:func:`swiglu` of ``[R, 2I]`` columns in the paired order (:func:`jax_nvfp4.layout.pair_gate_up`)."""
+    return swiglu(jnp.concatenate(split_paired(h), axis=-1), limit)
+
+
 def _row_global_scale(x: jax.Array) -> jax.Array:
     """float32 ``[R]``: amax/2688 of each row of x over finite values (1.0 for a zero row)."""
     return jax.vmap(dynamic_global_scale)(x)
 
 
 def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, config, backend,
-                 rows_hint=None, gather=None):
+                 rows_hint=None, gather=None, paired=False):
     """One grouped GEMM over rows sorted by (local) expert; float32 ``[R, N]`` out.
 
     ``in_scale`` is the static per-expert activation scale float32 ``[G]`` (W4A4 static) or
@@ -56,6 +76,9 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
     W4A4 input is then quantized once per row of x_rows when there are no more of those than R,
     and the packed rows gathered: the same numbers (a row's scale is its own amax), ``top_k``
     times fewer bytes quantized than quantizing each token once per chosen expert.
+
+    ``paired``: w's rows (a gate/up weight) are in the paired order, so a ``[G, 2]`` global
+    scale applies to the output columns in that order.
 
     Differentiable with respect to ``x_rows`` (reverse mode): the input rounding (bf16) or
     quantization (W4A4) is a straight-through estimator and the weights are frozen
@@ -100,10 +123,100 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
                                   gather=gather)
     if per_half:
         e = jnp.minimum(row_expert, g - 1)
-        half = out.shape[1] // 2
-        out = out * jnp.concatenate([jnp.repeat(gs[e, :1], half, 1),
-                                     jnp.repeat(gs[e, 1:], half, 1)], axis=1)
+        n = out.shape[1]
+        if paired:       # column c is an up column when c % 16 >= 8
+            up = (jnp.arange(n) % GLU_ROW_BLOCK >= GLU_ROW_BLOCK // 2).astype(jnp.int32)
+            out = out * gs[e][:, up]
+        else:
+            half = n // 2
+            out = out * jnp.concatenate([jnp.repeat(gs[e, :1], half, 1),
+                                         jnp.repeat(gs[e, 1:], half, 1)], axis=1)
     return out
+
+
+def _fused_path(weights: MoEWeights, config: MoEConfig) -> bool:
+    """Whether the layer runs gate/up GEMM + SwiGLU as one call (:func:`_gate_up_act`)."""
+    return weights.w13_paired and config.precision == "exact"
+
+
+def _gate_up_forward(x_rows, w, group_sizes, aux, *, config, backend, rows_hint):
+    """The fused gate/up GEMM + SwiGLU: :func:`jax_nvfp4.grouped_gemm_swiglu` on the GEMM input
+    :func:`_expert_gemm` would build (same rounding or quantization, same dispatch gather)."""
+    row_expert, in_scale, gather = aux
+    g = w.data.shape[0]
+    gs = w.global_scale.astype(jnp.float32)
+    alpha = gs if gs.ndim == 2 else jnp.broadcast_to(gs[:, None], (g, 2))   # (gate, up) per group
+    row_scale = None
+    if config.activation == "w4a4":
+        if in_scale is not None:                       # static: folded into both halves' factors
+            q_scale = jnp.concatenate([in_scale, jnp.ones((1,), jnp.float32)])[row_expert]
+            alpha = in_scale[:, None] * alpha
+        else:                                          # dynamic: applied before the SwiGLU
+            q_scale = row_scale = _row_global_scale(x_rows)
+        q = jax.vmap(quantize)(x_rows, q_scale)
+        data, scales = q.data, q.scales
+        if gather is not None:                         # quantized per token, then dispatched
+            data, scales = data[gather], scales[gather]
+            row_scale = None if row_scale is None else row_scale[gather]
+        lhs = NVFP4Tensor(data, scales, jnp.float32(1.0))
+        out_dtype = jnp.float32                        # requantized by the down GEMM's input
+    else:
+        lhs = jax.lax.optimization_barrier(x_rows.astype(jnp.bfloat16))
+        out_dtype = jnp.bfloat16                       # the down GEMM's bf16 operand
+    act = grouped_gemm_swiglu(lhs, dataclasses.replace(w, global_scale=alpha), group_sizes,
+                              row_scale=row_scale, limit=config.swiglu_limit, out_dtype=out_dtype,
+                              backend=backend, rows_hint=rows_hint)
+    # float32 for the down GEMM's (straight-through) cotangent; a bf16 -> f32 -> bf16 round trip
+    # that XLA removes in the W4A16 forward.
+    return act.astype(jnp.float32)
+
+
+def _gate_up_unfused(x_rows, w, group_sizes, aux, *, config, backend, rows_hint):
+    """The same activation without fusion: the differentiable GEMM, then the paired SwiGLU."""
+    row_expert, in_scale, gather = aux
+    h = _expert_gemm(x_rows, row_expert, w, in_scale, group_sizes, config, backend, rows_hint,
+                     gather=gather, paired=True)
+    return _swiglu_paired(h, config.swiglu_limit)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _fused_with_unfused_grad(fused, unfused, x_rows, w, group_sizes, aux):
+    return fused(x_rows, w, group_sizes, aux)
+
+
+def _fused_fwd(fused, unfused, x_rows, w, group_sizes, aux):
+    return fused(x_rows, w, group_sizes, aux), (x_rows, w, group_sizes, aux)
+
+
+def _fused_bwd(fused, unfused, res, ct):
+    x_rows, w, group_sizes, aux = res
+    # Recompute the unfused path and take its vjp: the cotangent of the unfused layer (its
+    # straight-through GEMM backward and the SwiGLU's derivative), at one more gate/up GEMM.
+    _, vjp = jax.vjp(lambda x: unfused(x, w, group_sizes, aux), x_rows)
+    return vjp(ct) + (None, None, None)
+
+
+_fused_with_unfused_grad.defvjp(_fused_fwd, _fused_bwd)
+
+
+def _gate_up_act(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, config, backend,
+                 rows_hint=None, gather=None, fused=True):
+    """The activation ``swiglu(gate/up GEMM)`` of paired gate/up weights w: float32 ``[R, I]``.
+
+    ``fused``: one :func:`jax_nvfp4.grouped_gemm_swiglu` call (exact precision), whose reverse-mode
+    derivative is the unfused path's; else the GEMM (any precision) and the SwiGLU on the paired
+    columns. Arguments as for :func:`_expert_gemm`.
+    """
+    kw = dict(config=config, backend=backend, rows_hint=rows_hint)
+    aux = (row_expert, in_scale, gather)
+    unfused = functools.partial(_gate_up_unfused, **kw)
+    if not fused:
+        return unfused(x_rows, w, group_sizes, aux)
+    if gather is not None and not (config.activation == "w4a4" and in_scale is None
+                                   and x_rows.shape[0] <= gather.shape[0]):
+        x_rows, aux = x_rows[gather], (row_expert, in_scale, None)     # as _expert_gemm does
+    return _fused_with_unfused_grad(functools.partial(_gate_up_forward, **kw), unfused, x_rows, w,
+                                    group_sizes, aux)
 
 
 def _static_scale(weights, name, config, shape=None):
@@ -172,10 +285,14 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
 
     def run_rows(n):
         """The first n sorted rows (every local row among them): [T, H] float32."""
-        h1 = _expert_gemm(x, row_expert[:n], weights.w13,            # dispatch: x[token_of[:n]]
-                          _static_scale(weights, "w13_input_scale", config), group_sizes, config,
-                          backend, hint, gather=token_of[:n])
-        act = swiglu(h1, config.swiglu_limit)
+        in_scale = _static_scale(weights, "w13_input_scale", config)
+        if weights.w13_paired:                     # dispatch: x[token_of[:n]]
+            act = _gate_up_act(x, row_expert[:n], weights.w13, in_scale, group_sizes, config,
+                               backend, hint, gather=token_of[:n], fused=_fused_path(weights, config))
+        else:
+            h1 = _expert_gemm(x, row_expert[:n], weights.w13, in_scale, group_sizes, config,
+                              backend, hint, gather=token_of[:n])
+            act = swiglu(h1, config.swiglu_limit)
         y = _expert_gemm(act, row_expert[:n], weights.w2,
                          _static_scale(weights, "w2_input_scale", config), group_sizes, config,
                          backend, hint)
@@ -200,10 +317,13 @@ def shared_expert(x, weights: MoEWeights, config: MoEConfig, *, backend="auto"):
                                 w.layout)  # a new leading axis: the [N, K] blocks are unchanged
     zeros = jnp.zeros((t,), jnp.int32)
     sizes = jnp.full((1,), t, jnp.int32)
-    h1 = _expert_gemm(x, zeros, one(weights.shared_w13),
-                      _static_scale(weights, "shared_w13_input_scale", config, (1,)), sizes,
-                      config, backend)
-    act = swiglu(h1, config.swiglu_limit)
+    in_scale = _static_scale(weights, "shared_w13_input_scale", config, (1,))
+    if weights.w13_paired:
+        act = _gate_up_act(x, zeros, one(weights.shared_w13), in_scale, sizes, config, backend,
+                           fused=_fused_path(weights, config))
+    else:
+        act = swiglu(_expert_gemm(x, zeros, one(weights.shared_w13), in_scale, sizes, config,
+                                  backend), config.swiglu_limit)
     return _expert_gemm(act, zeros, one(weights.shared_w2),
                         _static_scale(weights, "shared_w2_input_scale", config, (1,)), sizes,
                         config, backend)
@@ -268,7 +388,11 @@ def moe(x, weights: MoEWeights, config: MoEConfig, *, token_ids=None, backend="a
       x: ``[..., H]`` float tokens (bf16 typical): ``[T, H]``, ``[B, S, H]``, or one token ``[H]``.
         The leading axes are flattened into T tokens and restored on the output.
       weights: :class:`MoEWeights` (w13 ``[E, 2I, H]``, w2 ``[E, H, I]`` NVFP4), in the
-        checkpoint layout or prepared by :func:`jax_nvfp4.prepare_weights` (same result).
+        checkpoint layout or prepared by :func:`jax_nvfp4.prepare_weights`. Prepared weights
+        have their gate/up rows paired (``w13_paired``) and, in exact precision, run the
+        gate/up GEMM and the SwiGLU as one fused call (module docstring): the same result up to
+        float32 ulps of the SwiGLU and its epilogue factors (a bf16 rounding or a requantized
+        W4A4 code can move by one step).
       config: :class:`MoEConfig` (static).
       token_ids: int, shaped like x's leading axes (``[T]``, ``[B, S]``): the input token ids,
         for hash-routed layers.

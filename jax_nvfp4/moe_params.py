@@ -138,6 +138,14 @@ class MoEWeights:
         layer's experts, e.g. ``load_moe(..., experts=[3, 1])`` gives ``(3, 1)``; None (default)
         means rows ``0..E-1`` in order. :func:`jax_nvfp4.checkpoint.save_moe` writes each row
         under its id. Computations do not read it (expert parallelism slices rows by position).
+      w13_paired: static (pytree metadata): whether the rows of w13 AND shared_w13 are in the
+        "paired" order instead of gate rows then up rows: physical row ``16 b + i`` (``i < 8``)
+        holds gate feature ``8 b + i`` and row ``16 b + 8 + i`` up feature ``8 b + i`` (codes and
+        block scales alike; global scales keep their meaning, ``[E, 2]`` = (gate, up)).
+        :func:`jax_nvfp4.prepare_weights` sets it with the sm90 layout, and the layer then computes
+        gate/up GEMM and SwiGLU as one custom call (:func:`jax_nvfp4.grouped_gemm_swiglu`);
+        ``prepare_weights(w, "checkpoint")`` restores the stored order and clears it
+        (:func:`jax_nvfp4.layout.pair_gate_up`).
     """
 
     router_weight: jax.Array
@@ -153,8 +161,11 @@ class MoEWeights:
     hash_table: Optional[jax.Array] = None
     expert_ids: Optional[tuple[int, ...]] = dataclasses.field(default=None,
                                                               metadata=dict(static=True))
+    w13_paired: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
     def __post_init__(self):
+        if not isinstance(self.w13_paired, bool):
+            raise TypeError(f"w13_paired: expected a bool, got {self.w13_paired!r:.100}")
         if self.expert_ids is not None:   # a hashable tuple of distinct non-negative ints
             try:
                 ids = tuple(operator.index(e) for e in self.expert_ids)

@@ -179,3 +179,106 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
     out = jnp.where(valid[:, None], acc * (alpha * jnp.float32(1.0 / WEIGHT_PRESCALE))[gid][:, None],
                     0.0)
     return out.astype(out_dtype)
+
+
+GLU_ROW_BLOCK = 16
+"""Rows per paired gate/up block: 8 gate rows then 8 up rows (:func:`jax_nvfp4.layout.pair_gate_up`)."""
+
+
+def split_paired(h: jax.Array):
+    """``[..., 2I]`` columns in the paired order -> ``(gate, up)``, each ``[..., I]`` in feature
+    order (column ``16 b + i`` is gate feature ``8 b + i`` for ``i < 8``, up feature ``8 b + i - 8``
+    otherwise)."""
+    *lead, n = h.shape
+    b = h.reshape(*lead, n // GLU_ROW_BLOCK, 2, GLU_ROW_BLOCK // 2)
+    return b[..., 0, :].reshape(*lead, n // 2), b[..., 1, :].reshape(*lead, n // 2)
+
+
+def check_glu_limit(limit) -> float:
+    """``limit`` (None, or a static number > 0; inf means none) -> the float32 value of the custom
+    call's ``glu_limit`` attribute (inf for None). Errors name the argument."""
+    if limit is None:
+        return float(np.float32(np.inf))
+    if (isinstance(limit, (bool, np.bool_)) or not isinstance(limit, (int, float, np.integer,
+                                                                       np.floating))):
+        raise ValueError(f"limit: expected a static number > 0 or None, got {limit!r:.100}")
+    v = float(limit)
+    if not v > 0 or not float(np.float32(v)) > 0:     # False for NaN; 1e-50 rounds to 0
+        raise ValueError(f"limit: expected a number > 0 (float32) or None, got {limit!r}")
+    return float(np.float32(v))
+
+
+def validate_swiglu_args(lhs, rhs, group_sizes, out_dtype, row_scale, limit, *,
+                         float_lhs_dtypes=None):
+    """Check :func:`grouped_gemm_swiglu`'s arguments; return ``(M, K, G, N, alpha [G, 2] float32
+    rhs global scales, row_scale float32 [M] or None, limit as float)``. Errors name the argument."""
+    if not isinstance(rhs, NVFP4Tensor):
+        raise ValueError(f"rhs: expected an NVFP4Tensor [G, N, K], got {type(rhs).__name__}")
+    if rhs.data.ndim != 3:
+        raise ValueError(f"rhs: expected [G, N, K] (data [G, N, K/2]), got data {rhs.data.shape}")
+    g, n = rhs.data.shape[:2]
+    gs = rhs.global_scale
+    if tuple(gs.shape) not in ((), (g,), (g, 2)):
+        raise ValueError(f"rhs.global_scale: expected shape [], [{g}] or [{g}, 2] (gate, up), got "
+                         f"{tuple(gs.shape)}")
+    if jnp.dtype(gs.dtype) != jnp.float32:
+        raise ValueError(f"rhs.global_scale: expected float32, got {gs.dtype}")
+    plain = NVFP4Tensor(rhs.data, rhs.scales, jnp.ones((g,), jnp.float32), rhs.layout)
+    m, k, g, n = validate_gemm_args(lhs, plain, group_sizes, out_dtype,
+                                    float_lhs_dtypes=float_lhs_dtypes)
+    if n % GLU_ROW_BLOCK:
+        raise ValueError(f"rhs: N = 2I must be a multiple of {GLU_ROW_BLOCK} (paired gate/up rows, "
+                         f"I % 8 == 0), got N = {n}")
+    alpha = gs if gs.ndim == 2 else jnp.broadcast_to(jnp.reshape(gs, (-1, 1)), (g, 2))
+    if row_scale is not None:
+        if isinstance(row_scale, (list, tuple)) or not hasattr(row_scale, "dtype"):
+            row_scale = np.asarray(row_scale)
+        if tuple(row_scale.shape) != (m,) or jnp.dtype(row_scale.dtype) != jnp.float32:
+            raise ValueError(f"row_scale: expected float32 [{m}] (one factor per lhs row) or None, "
+                             f"got {jnp.dtype(row_scale.dtype)} {list(row_scale.shape)}")
+        row_scale = jnp.asarray(row_scale)
+    return m, k, g, n, alpha.astype(jnp.float32), row_scale, check_glu_limit(limit)
+
+
+def grouped_gemm_swiglu(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, row_scale=None,
+                        limit=None, out_dtype=jnp.float32):
+    """Grouped NVFP4 GEMM of paired gate/up weights followed by the (clamped) SwiGLU, pure jnp.
+
+    Args:
+      lhs: float ``[M, K]`` or an NVFP4Tensor ``[M, K]`` with a scalar global scale.
+      rhs: NVFP4Tensor ``[G, N, K]``, N = 2I, N % 16 == 0, rows in the paired order
+        (:func:`jax_nvfp4.layout.pair_gate_up`), either layout; global_scale float32 ``[G]``
+        (or ``[]``) or ``[G, 2]`` (gate, up).
+      group_sizes: int32 ``[G]`` (as for :func:`grouped_gemm`).
+      row_scale: None, or float32 ``[M]``: row r's GEMM output is multiplied by it before the SwiGLU.
+      limit: None, or a static number > 0: the SwiGLU clamp ``L`` (inf means none).
+      out_dtype: bfloat16 or float32.
+
+    Returns:
+      ``[M, N/2]`` out_dtype. For row r of group g, with ``acc`` the float32 products of
+      :func:`grouped_gemm` (exact mode) before its epilogue factor, ``h[r, n] = acc[r, n] *
+      alpha[g, n % 16 >= 8]`` (``alpha`` = lhs global scale * rhs global scale of that half),
+      then ``h *= row_scale[r]``, and ``out[r, 8 b + i] = silu(min(h[r, 16 b + i], L)) *
+      clip(h[r, 16 b + 8 + i], -L, L)`` with ``silu(x) = x / (1 + exp(-x))`` in float32; NaN
+      propagates through the clamps; rows past the groups are 0.
+    """
+    m, k, g, n, alpha, row_scale, lim = validate_swiglu_args(lhs, rhs, group_sizes, out_dtype,
+                                                             row_scale, limit)
+    group_sizes = check_group_sizes(group_sizes, g)
+    if isinstance(lhs, NVFP4Tensor):
+        alpha = lhs.global_scale.astype(jnp.float32) * alpha
+        lhs = NVFP4Tensor(lhs.data, lhs.scales, jnp.float32(1.0), lhs.layout)
+    plain = NVFP4Tensor(rhs.data, rhs.scales, jnp.ones((g,), jnp.float32), rhs.layout)
+    acc = grouped_gemm(lhs, plain, group_sizes, out_dtype=jnp.float32)       # [M, N]
+    _, ends = group_bounds(group_sizes, m)
+    gid, valid = row_groups(ends, m)
+    half = (jnp.arange(n) % GLU_ROW_BLOCK >= GLU_ROW_BLOCK // 2).astype(jnp.int32)
+    h = acc * alpha[gid][:, half]                       # the kernel's epilogue factor per half
+    if row_scale is not None:
+        h = h * row_scale[:, None]
+    gate, up = split_paired(h)
+    if lim != float("inf"):
+        gate = jnp.minimum(gate, jnp.float32(lim))
+        up = jnp.clip(up, jnp.float32(-lim), jnp.float32(lim))
+    out = gate / (1.0 + jnp.exp(-gate)) * up
+    return jnp.where(valid[:, None], out, 0.0).astype(out_dtype)

@@ -49,3 +49,44 @@ def rel_err(x, ref) -> float:
         return float("inf")
     den = np.linalg.norm(ref)
     return float(np.linalg.norm(x - ref) / (den if den > 0 else 1.0))
+
+
+def paired_source_rows(n: int) -> np.ndarray:
+    """For the paired gate/up order of 2I = n rows: the stored (gate rows, then up rows) row that
+    each physical row holds, written out from its definition (rows 16b+i, i < 8: gate 8b+i;
+    rows 16b+8+i: up 8b+i)."""
+    half = n // 2
+    src = np.empty(n, np.int64)
+    for p in range(n):
+        b, i = divmod(p, 16)
+        src[p] = 8 * b + i if i < 8 else half + 8 * b + (i - 8)
+    return src
+
+
+def gate_up64(a, w, alpha, group_sizes, row_scale=None) -> np.ndarray:
+    """float64 gate/up GEMM of *stored-order* weights: a [M, K], w [G, 2I, K] (gate rows then up
+    rows, without global scales), alpha [G, 2] (gate, up) factors, row_scale [M] or None ->
+    [M, 2I] (gate | up) scaled per half and per row; rows past the groups 0."""
+    m, n = a.shape[0], w.shape[1]
+    out = np.zeros((m, n))
+    start = 0
+    for g, size in enumerate(np.asarray(group_sizes)):
+        end = min(start + max(int(size), 0), m)
+        h = a[start:end] @ w[g].T
+        h[:, :n // 2] *= alpha[g][0]
+        h[:, n // 2:] *= alpha[g][1]
+        if row_scale is not None:
+            h = h * np.asarray(row_scale)[start:end, None]
+        out[start:end] = h
+        start = end
+    return out
+
+
+def grouped_gemm_swiglu64(a, w, alpha, group_sizes, row_scale=None, limit=None) -> np.ndarray:
+    """:func:`gate_up64` followed by silu(min(gate, L)) * clip(up, -L, L) (rows past the groups 0)."""
+    h = gate_up64(a, w, alpha, group_sizes, row_scale)
+    gate, up = np.split(h, 2, axis=-1)
+    if limit is not None:
+        gate, up = np.minimum(gate, limit), np.clip(up, -limit, limit)
+    with np.errstate(over="ignore"):
+        return gate / (1 + np.exp(-gate)) * up

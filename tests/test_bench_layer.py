@@ -26,20 +26,24 @@ def _cpu():
 
 
 def test_runs_and_writes_the_json(tmp_path):
-    meta = bench_layer.main(TINY + ["--out", str(tmp_path)])
+    meta = bench_layer.main(TINY + ["--out", str(tmp_path), "--unfused"])
     saved = json.loads((tmp_path / "bench_layer.json").read_text())
     assert saved["results"] == meta["results"]
     for key in ("gpu", "driver", "jax", "backend", "layout", "results", "expert_parallel"):
         assert key in saved, key
     assert saved["jax"] == jax.__version__ and saved["layout"] == "sm90"
     for act in ("w4a4", "w4a16"):                  # --small: the HLO at 16 tokens
-        assert "custom-call" in (tmp_path / f"layer_hlo_T16_{act}.txt").read_text()
+        hlo = (tmp_path / f"layer_hlo_T16_{act}.txt").read_text()
+        assert "custom-call" in hlo
+        assert "jax_nvfp4_grouped_gemm_glu" in hlo    # sm90 weights: the fused SwiGLU path
     rows = saved["results"]
     assert [(r["tokens"], r["activation"]) for r in rows] == [(16, "w4a4"), (16, "w4a16")]
     for r in rows:
         assert r["rows"] == 16 * 6
-        for k in ("layer_ms", "gemm_ms", "gemm1_ms", "gemm2_ms", "reference_ms"):
+        for k in ("layer_ms", "layer_unfused_ms", "gemm_ms", "gemm1_ms", "gemm2_ms",
+                  "reference_ms"):
             assert r[k] > 0, k                     # 16 <= --small's reference limit of 48
+        assert r["fused_swiglu"] is True
         assert r["gemm_ms"] == pytest.approx(r["gemm1_ms"] + r["gemm2_ms"])
         assert r["overhead_share"] == pytest.approx((r["layer_ms"] - r["gemm_ms"]) / r["layer_ms"])
     (ep,) = [e for e in saved["expert_parallel"] if e["activation"] == "w4a4"]

@@ -7,7 +7,9 @@ before each call, so a reused buffer shows unwritten rows (and the CUDA self-tes
 tools/bench/gemm_selftest.cu poisons its output explicitly).
 """
 
+import functools
 import os
+import re
 import subprocess
 import sys
 
@@ -593,3 +595,209 @@ class TestRowsHintAndVmap:
                                                  backend="ffi"))(jnp.stack([lhs, lhs]))
         ref = jn.grouped_gemm(lhs, rhs, gs, out_dtype=jnp.float32, backend="reference")
         np.testing.assert_allclose(np.asarray(out[1]), np.asarray(ref), rtol=1e-6)
+
+
+# ------------------------------------------------------------------ grouped_gemm_swiglu (custom call)
+from test_reference import make_glu_problem  # noqa: E402
+
+GLU_SHAPES = [  # (M, I, K, group sizes, (limit quantile, row scale, per-half global scales))
+    (37, 16, 96, [5, 0, 20], (0.5, True, True)),              # checkpoint layout only (N 32)
+    (40, 128, 128, [12, 3, 0, 10], (None, False, False)),     # <= 12 rows per group: mma
+    (600, 128, 512, [150, 130, 0, 200], (0.5, True, True)),   # >= 128 rows per group: wgmma
+    (700, 192, 256, [300, 5, 250, 100], (None, True, True)),  # N 384: 3 weight tiles
+]
+
+
+def glu_check(out, ref, m, i, sizes, out_dtype):
+    assert out.shape == (m, i) and out.dtype == out_dtype
+    out = np.asarray(out, np.float64)
+    total = min(sum(max(s, 0) for s in sizes), m)
+    assert np.all(out[total:] == 0), "rows past the groups must be 0"
+    assert rel_err(out, ref) <= (1e-5 if out_dtype == jnp.float32 else 1e-2)
+    return out
+
+
+@pytest.mark.parametrize("platform", ["cpu", "cuda"])
+class TestGroupedGemmSwigluHandler:
+    """jax_nvfp4_grouped_gemm_glu against the float64 GEMM + SwiGLU of the stored (unpaired)
+    weights and against reference.grouped_gemm_swiglu; CPU: bitwise the same in both layouts."""
+
+    @pytest.mark.parametrize("m,i,k,sizes,variant", GLU_SHAPES)
+    @pytest.mark.parametrize("w4a4", [False, True], ids=["w4a16", "w4a4"])
+    @pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+    def test_against_float64_and_reference(self, rng, platform, m, i, k, sizes, variant, w4a4,
+                                           out_dtype):
+        dev = platform_device(platform)
+        lim_q, row_scale, per_half = variant
+        lhs, rhs, gs, rs, limit, ref = make_glu_problem(
+            rng, m, i, k, sizes, w4a4=w4a4, per_half=per_half, row_scale=row_scale,
+            limit_quantile=lim_q)
+        layouts = [rhs] + ([jn.prepare_weights(rhs)] if (2 * i) % 128 == 0 and k % 64 == 0
+                           else [])
+        outs = []
+        for w in layouts:
+            args = jax.device_put((lhs, w, gs, rs), dev)
+            f = jax.jit(lambda a, b, c, r: jn.grouped_gemm_swiglu(
+                a, b, c, row_scale=r, limit=limit, out_dtype=out_dtype, backend="ffi"))
+            if w is rhs:
+                assert "jax_nvfp4_grouped_gemm_glu" in f.lower(*args).as_text()
+            poison(dev, m, i, out_dtype)
+            out = glu_check(f(*args), ref, m, i, sizes, out_dtype)
+            want = np.asarray(jn.reference.grouped_gemm_swiglu(
+                *args[:3], row_scale=args[3], limit=limit, out_dtype=jnp.float32), np.float64)
+            # CPU: the handler's float32 sums and exp against XLA's; CUDA: the kernels' orders
+            tol = (2e-6 if platform == "cpu" else 1e-5) if out_dtype == jnp.float32 else 1e-2
+            assert rel_err(out, want) <= tol, w.layout
+            outs.append(out)
+        if platform == "cpu" and len(outs) == 2:
+            np.testing.assert_array_equal(outs[1], outs[0])
+
+    def test_nan_rows_contained_and_empty_groups(self, rng, platform):
+        dev = platform_device(platform)
+        lhs, rhs, gs, rs, limit, ref = make_glu_problem(rng, 40, 64, 128, [10, 0, 20],
+                                                        w4a4=False, per_half=True,
+                                                        row_scale=True, limit_quantile=0.5)
+        lhs = lhs.at[4].set(jnp.nan)
+        rs = rs.at[15].set(jnp.nan).at[35].set(jnp.nan)          # row 35 lies past the groups
+        for w in (rhs, jn.prepare_weights(rhs)):
+            out = np.asarray(jn.grouped_gemm_swiglu(*jax.device_put((lhs, w, gs), dev),
+                                                    row_scale=jax.device_put(rs, dev),
+                                                    limit=limit, out_dtype=jnp.float32,
+                                                    backend="ffi"))
+            assert np.isnan(out[4]).all() and np.isnan(out[15]).all()
+            assert np.all(out[30:] == 0)
+            keep = np.ones(40, bool)
+            keep[[4, 15]] = False
+            assert rel_err(out[keep], ref[keep]) <= 1e-5
+        empty = jn.grouped_gemm_swiglu(*jax.device_put((lhs, rhs, jnp.zeros(3, jnp.int32)), dev),
+                                       backend="ffi")
+        assert empty.shape == (40, 64) and not np.asarray(empty, np.float32).any()
+
+    @pytest.mark.parametrize("family", ["mma", "mma_ws", "wgmma"])
+    def test_each_kernel_family(self, rng, platform, family):
+        """Each exact family the GPU runs (the CPU handler checks the choice and ignores it)."""
+        dev = platform_device(platform)
+        if platform == "cuda" and family != "mma" and jn.kernel_config.device_arch(dev) != 90:
+            skip_or_fail(f"{family} needs an sm_90 device")
+        lhs, rhs, gs, rs, limit, ref = make_glu_problem(rng, 300, 128, 256, [100, 7, 0, 150],
+                                                        w4a4=False, per_half=True,
+                                                        row_scale=True, limit_quantile=0.5)
+        layouts = [jn.prepare_weights(rhs)] + ([] if family == "mma_ws" else [rhs])
+        for w in layouts:
+            args = jax.device_put((lhs, w, gs, rs), dev)
+            out = jn.grouped_gemm_swiglu(*args[:3], row_scale=args[3], limit=limit,
+                                         out_dtype=jnp.float32, backend="ffi", kernel=family)
+            glu_check(out, ref, 300, 128, [100, 7, 0, 150], jnp.float32)
+
+    def test_w4a4_native_under_mma(self, rng, platform):
+        """kernel "mma" keeps W4A4 native (packed e2m1 lhs) with checkpoint weights."""
+        dev = platform_device(platform)
+        lhs, rhs, gs, rs, limit, ref = make_glu_problem(rng, 50, 64, 128, [20, 25], w4a4=True,
+                                                        per_half=True, row_scale=True,
+                                                        limit_quantile=0.5)
+        args = jax.device_put((lhs, rhs, gs, rs), dev)
+        f = jax.jit(lambda a, b, c, r: jn.grouped_gemm_swiglu(
+            a, b, c, row_scale=r, limit=limit, out_dtype=jnp.float32, backend="ffi", kernel="mma"))
+        glu_check(f(*args), ref, 50, 64, [20, 25], jnp.float32)
+
+    def test_vmap_sequential_and_no_derivative(self, rng, platform):
+        dev = platform_device(platform)
+        lhs, rhs, gs, _, _, ref = make_glu_problem(rng, 16, 16, 64, [8, 8], w4a4=False,
+                                                   per_half=False)
+        lhs, rhs, gs = jax.device_put((lhs, rhs, gs), dev)
+        out = jax.vmap(lambda a: jn.grouped_gemm_swiglu(a, rhs, gs, out_dtype=jnp.float32,
+                                                        backend="ffi"))(jnp.stack([lhs, lhs]))
+        assert rel_err(out[0], ref) <= 1e-5
+        np.testing.assert_array_equal(np.asarray(out[1]), np.asarray(out[0]))
+        with pytest.raises(NotImplementedError, match="fused custom call has no derivative"):
+            jax.grad(lambda a: jn.grouped_gemm_swiglu(a, rhs, gs, out_dtype=jnp.float32,
+                                                      backend="ffi").sum())(lhs)
+
+
+class TestGroupedGemmSwigluBadInput:
+    def setup_method(self):
+        rng = np.random.default_rng(0)
+        self.lhs, self.rhs, self.gs, _, _, _ = make_glu_problem(rng, 8, 16, 64, [4, 4],
+                                                                w4a4=False, per_half=True)
+
+    @pytest.mark.parametrize("backend", ["reference", "ffi"])
+    def test_errors_name_the_argument(self, backend):
+        lhs, rhs, gs = self.lhs, self.rhs, self.gs
+        f = functools.partial(jn.grouped_gemm_swiglu, backend=backend)
+        odd = jn.NVFP4Tensor(rhs.data[:, :24], rhs.scales[:, :24], rhs.global_scale)
+        with pytest.raises(ValueError, match=r"rhs: N = 2I must be a multiple of 16"):
+            f(lhs, odd, gs)
+        with pytest.raises(ValueError, match=r"row_scale: expected float32 \[8\]"):
+            f(lhs, rhs, gs, row_scale=jnp.ones((4,), jnp.float32))
+        with pytest.raises(ValueError, match=r"row_scale: expected float32 \[8\]"):
+            f(lhs, rhs, gs, row_scale=jnp.ones((8,), jnp.float16))
+        for bad in (0, -2.0, float("nan")):
+            with pytest.raises(ValueError, match="limit: expected"):
+                f(lhs, rhs, gs, limit=bad)
+        with pytest.raises(ValueError, match="out_dtype"):
+            f(lhs, rhs, gs, out_dtype=jnp.float16)
+        with pytest.raises(ValueError, match="group_sizes: expected shape"):
+            f(lhs, rhs, gs[:1])
+        with pytest.raises(ValueError, match="rows_hint: expected a static int"):
+            f(lhs, rhs, gs, rows_hint=-1)
+        if backend == "ffi":
+            with pytest.raises(ValueError, match="lhs: expected dtype"):
+                f(lhs.astype(jnp.float32), rhs, gs)                    # the kernel takes bf16
+
+    def test_mma_rejects_sm90_weights_with_nvfp4_lhs(self):
+        rng = np.random.default_rng(1)
+        lhs, rhs, gs, _, _, _ = make_glu_problem(rng, 8, 64, 64, [4, 4], w4a4=True,
+                                                 per_half=False)
+        with pytest.raises(ValueError, match=r"rhs.layout: 'sm90' weights with an NVFP4 lhs"):
+            jn.grouped_gemm_swiglu(lhs, jn.prepare_weights(rhs), gs, backend="ffi", kernel="mma")
+
+    def test_attributes_reach_the_call(self):
+        """glu_limit (inf without a limit), rhs_layout and the plain call's kernel configuration."""
+        rng = np.random.default_rng(2)
+        lhs, rhs, gs, _, _, _ = make_glu_problem(rng, 8, 64, 64, [4, 4], w4a4=False,
+                                                 per_half=False)
+        f = lambda w, lim: jax.jit(lambda a: jn.grouped_gemm_swiglu(  # noqa: E731
+            a, w, gs, limit=lim, backend="ffi")).lower(lhs).as_text()
+        text = f(rhs, 10.0)
+        assert "glu_limit = 1.000000e+01 : f32" in text and "rhs_layout = 0 : i32" in text
+        assert "glu_limit = 0x7F800000 : f32" in f(rhs, None)
+        assert "rhs_layout = 1 : i32" in f(jn.prepare_weights(rhs), 10.0)
+        plain = jax.jit(lambda a: jn.grouped_gemm(a, rhs, gs, backend="ffi")).lower(lhs).as_text()
+        for attr in ("kernel", "token_tile", "stages", "cluster"):
+            want = re.search(attr + r" = [^,}]*", plain).group(0)
+            assert want in text, (attr, want)
+
+    def test_cpu_handler_checks_its_workspace_and_limit(self, monkeypatch, on_cpu):
+        """The CPU handler decodes a gate and an up row (workspace 4096 + 16 G + 2 K): the plain
+        call's size is an error naming it; a glu_limit <= 0 or NaN, N % 16 != 0, alpha not
+        [2G] and row_scale not [M] or [0] are rejected by the handler itself."""
+        platform_device("cpu")
+        lhs, rhs, gs, _, _, ref = make_glu_problem(np.random.default_rng(5), 8, 16, 4096 + 64,
+                                                   [4, 4], w4a4=False, per_half=False)
+        f = lambda: jn.grouped_gemm_swiglu(lhs, rhs, gs, out_dtype=jnp.float32,  # noqa: E731
+                                           backend="ffi")
+        assert rel_err(np.asarray(f(), np.float64), ref) <= 1e-5
+        call = lambda lim: jax.block_until_ready(jn.gemm._grouped_gemm_glu_op(  # noqa: E731
+            lhs, jnp.zeros((0,), jnp.float8_e4m3fn), rhs.data, rhs.scales,
+            jnp.ones((4,), jnp.float32), gs, jnp.zeros((0,), jnp.float32), jnp.dtype(jnp.float32),
+            MMA16, 0, lim))
+        for lim in (0.0, -1.0, float("nan")):
+            with pytest.raises(jax.errors.JaxRuntimeError, match="glu_limit must be > 0"):
+                call(lim)
+        # the handler's own shape checks, for callers that bypass grouped_gemm_swiglu's
+        raw = lambda w, al, rs: jax.block_until_ready(jn.gemm._grouped_gemm_glu_op(  # noqa: E731
+            lhs, jnp.zeros((0,), jnp.float8_e4m3fn), w.data, w.scales, al, gs, rs,
+            jnp.dtype(jnp.float32), MMA16, 0, 1.0))
+        no_rs, al4 = jnp.zeros((0,), jnp.float32), jnp.ones((4,), jnp.float32)
+        odd = jn.NVFP4Tensor(rhs.data[:, :24], rhs.scales[:, :24], rhs.global_scale)
+        with pytest.raises(jax.errors.JaxRuntimeError, match=r"N = rhs_data.shape\[1\] % 16 == 0, "
+                                                             r"got N = 24"):
+            raw(odd, al4, no_rs)
+        with pytest.raises(jax.errors.JaxRuntimeError, match=r"alpha must have shape \[2G\]"):
+            raw(rhs, al4[:2], no_rs)
+        with pytest.raises(jax.errors.JaxRuntimeError, match=r"row_scale must have shape \[M\]"):
+            raw(rhs, al4, jnp.ones((3,), jnp.float32))
+        monkeypatch.setattr(jn.gemm, "workspace_bytes", lambda g, k=0: 4096 + 16 * g + k // 2)
+        with pytest.raises(jax.errors.JaxRuntimeError,
+                           match=r"workspace has \d+ bytes, needs 4096 \+ 16\*G \+ 2\*K"):
+            jax.block_until_ready(f())

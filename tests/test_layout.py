@@ -186,9 +186,12 @@ def test_prepare_weights_moe(rng):
     p = jax.jit(jn.prepare_weights)(w)
     assert isinstance(p, jn.MoEWeights)
     names = ("w13", "w2", "shared_w13", "shared_w2")
+    assert p.w13_paired
     for name in names:
         a, b = getattr(w, name), getattr(p, name)
         assert b.layout == "sm90", name
+        if name in ("w13", "shared_w13"):     # also put in the paired gate/up row order
+            a = layout.pair_gate_up(a)
         np.testing.assert_array_equal(np.asarray(b.data), np.asarray(layout.prepare_sm90(a.data)))
         np.testing.assert_array_equal(np.asarray(b.global_scale), np.asarray(a.global_scale))
     for name in ("router_weight", "router_bias", "w13_input_scale"):
@@ -259,3 +262,91 @@ def test_prepare_weights_rejects_a_split_along_n(rng, on_cpu):
     ts = jn.NVFP4Tensor(put(t.data, P(None, "tp")), put(t.scales, P(None, "tp")), t.global_scale)
     with pytest.raises(ValueError, match=r"x\.data: split over devices along its last two axes"):
         jn.prepare_weights(ts)
+
+
+# ------------------------------------------------------------------ paired gate/up rows
+from oracles import paired_source_rows  # noqa: E402
+
+
+@pytest.mark.parametrize("shape,lay", [((32, 64), "checkpoint"), ((2, 3, 48, 32), "checkpoint"),
+                                       ((2, 256, 128), "checkpoint"), ((2, 256, 128), "sm90")])
+def test_pair_gate_up_against_index_oracle(rng, shape, lay):
+    """pair_gate_up moves whole rows (codes and scales) as the index oracle says, in either
+    layout, any leading axes; unpair_gate_up inverts it; global scale and layout kept."""
+    t = quantized(rng, shape[-3:]) if len(shape) <= 3 else jax.vmap(jax.vmap(jn.quantize))(
+        jnp.asarray(rng.standard_normal(shape).astype(np.float32)))
+    src = paired_source_rows(shape[-2])
+    want_d = np.asarray(t.data)[..., src, :]
+    want_s = np.asarray(t.scales).view(np.uint8)[..., src, :]
+    if lay == "sm90":
+        t = jn.prepare_weights(t)
+    p = jax.jit(layout.pair_gate_up)(t)
+    assert p.layout == lay and p.data.shape == t.data.shape and p.scales.dtype == t.scales.dtype
+    np.testing.assert_array_equal(np.asarray(layout.checkpoint_data(p)), want_d)
+    np.testing.assert_array_equal(np.asarray(layout.checkpoint_scales(p)).view(np.uint8), want_s)
+    np.testing.assert_array_equal(np.asarray(p.global_scale), np.asarray(t.global_scale))
+    if lay == "sm90":   # not a row permutation of the sm90 bytes (that layout mixes rows)
+        assert not np.array_equal(np.asarray(p.data), np.asarray(t.data)[..., src, :])
+    back = layout.unpair_gate_up(p)
+    assert back.layout == lay
+    np.testing.assert_array_equal(np.asarray(back.data), np.asarray(t.data))
+    np.testing.assert_array_equal(np.asarray(back.scales).view(np.uint8),
+                                  np.asarray(t.scales).view(np.uint8))
+
+
+def test_pair_gate_up_bad_input(rng):
+    with pytest.raises(ValueError, match=r"t: pair_gate_up needs 2I rows with I % 8 == 0 .*, got 24 "
+                                         r"rows \(I = 12\)"):
+        layout.pair_gate_up(quantized(rng, (24, 32)))
+    with pytest.raises(ValueError, match=r"t: unpair_gate_up needs .* got 40 rows"):
+        layout.unpair_gate_up(quantized(rng, (40, 32)))
+    with pytest.raises(ValueError, match="t: pair_gate_up expected an NVFP4Tensor"):
+        layout.pair_gate_up(np.zeros((32, 16), np.uint8))
+    t = quantized(rng, (32, 32))
+    with pytest.raises(ValueError, match=r"t\.data: expected uint8"):
+        layout.pair_gate_up(jn.NVFP4Tensor(t.data.astype(jnp.int32), t.scales, t.global_scale))
+
+
+def test_prepare_weights_pairs_w13_and_checkpoint_unpairs(rng):
+    """prepare_weights(MoEWeights, "sm90") pairs w13 and shared_w13 once (w13_paired), and
+    "checkpoint" restores the stored rows; an sm90 MoEWeights not yet paired gets paired."""
+    w = moe_weights(rng, per_half=True)
+    p = jn.prepare_weights(w)
+    assert p.w13_paired and not w.w13_paired
+    for name in ("w13", "shared_w13"):
+        src = paired_source_rows(getattr(w, name).data.shape[-2])
+        np.testing.assert_array_equal(np.asarray(layout.checkpoint_data(getattr(p, name))),
+                                      np.asarray(getattr(w, name).data)[..., src, :], err_msg=name)
+    assert jn.prepare_weights(p, "sm90") is not None
+    np.testing.assert_array_equal(np.asarray(jn.prepare_weights(p, "sm90").w13.data),
+                                  np.asarray(p.w13.data))          # already paired: kept
+    # sm90 but unpaired (e.g. built by hand): pairing happens through the checkpoint order
+    import dataclasses
+    unp = dataclasses.replace(jn.prepare_weights(p, "checkpoint"))
+    by_hand = dataclasses.replace(unp, w13=jn.prepare_weights(unp.w13),
+                                  shared_w13=jn.prepare_weights(unp.shared_w13),
+                                  w2=jn.prepare_weights(unp.w2),
+                                  shared_w2=jn.prepare_weights(unp.shared_w2))
+    again = jn.prepare_weights(by_hand)
+    for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(p)):
+        np.testing.assert_array_equal(np.asarray(a).reshape(-1).view(np.uint8),
+                                      np.asarray(b).reshape(-1).view(np.uint8))
+    assert jax.tree.structure(again) == jax.tree.structure(p)
+    with pytest.raises(TypeError, match="w13_paired: expected a bool"):
+        dataclasses.replace(w, w13_paired="yes")
+
+
+def test_pair_gate_up_on_an_expert_sharded_stack(rng, on_cpu):
+    """A gate/up stack split over devices on the expert axis is paired where it lies (sm90:
+    through the checkpoint order), same bytes as unsplit, the split kept."""
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    t = jn.prepare_weights(quantized(rng, (4, 128, 64)))
+    want = layout.pair_gate_up(t)
+    mesh = jax.make_mesh((4,), ("ep",), axis_types=(AxisType.Explicit,), devices=cpu_devices(4))
+    put = lambda v: jax.device_put(v, NamedSharding(mesh, P("ep")))  # noqa: E731
+    got = layout.pair_gate_up(jn.NVFP4Tensor(put(t.data), put(t.scales), put(t.global_scale),
+                                             t.layout))
+    for field in ("data", "scales"):
+        a, b = getattr(got, field), getattr(want, field)
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+        assert a.sharding.spec[0] == "ep", (field, a.sharding)

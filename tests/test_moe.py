@@ -391,14 +391,24 @@ def test_checkpoint_round_trip_runs_the_same_layer(rng, tmp_path):
                                    np.asarray(want), rtol=1e-5, atol=1e-6)
 
 
+def sm90_unpaired(w):
+    """Each NVFP4 weight of w in the sm90 layout, gate/up rows left in the stored order (the
+    layer then runs the unfused gate/up GEMM + SwiGLU on sm90 weights)."""
+    import dataclasses
+    return dataclasses.replace(w, **{n: jn.prepare_weights(getattr(w, n)) for n in
+                                     ("w13", "w2", "shared_w13", "shared_w2")})
+
+
 @pytest.mark.parametrize("backend", ["reference", "ffi"])
 @pytest.mark.parametrize("activation,scale", CASES)
 def test_prepared_weights_give_the_same_layer(rng, backend, activation, scale):
-    """Weights in the sm90 layout (jax_nvfp4.prepare_weights): the same answer, bit for bit on
-    the CPU (the handler reads both layouts into the same loops), with gate/up global scales
-    [E, 2] and a shared expert. On a GPU only against the float64 oracle: the kernels sum the
-    k-blocks in a layout-dependent order, and XLA may compile the reference's re-layout into
-    different fusions (measured on the H200: not bitwise equal there)."""
+    """Weights in the sm90 layout: without pairing the same answer, bit for bit on the CPU (the
+    handler reads both layouts into the same loops), with gate/up global scales [E, 2] and a
+    shared expert; through jax_nvfp4.prepare_weights (paired rows, the fused gate/up + SwiGLU)
+    the same within the float64 oracle's tolerance. On a GPU only against the float64 oracle:
+    the kernels sum the k-blocks in a layout-dependent order, and XLA may compile the
+    reference's re-layout into different fusions (measured on the H200: not bitwise equal
+    there)."""
     f = float_layer(rng, per_half=True)
     w = quantized(f, per_half=True, w13_input_scale=np.full(E, 3.0 / 2688, np.float32),
                   w2_input_scale=np.full(E, 0.05 / 2688, np.float32),
@@ -406,13 +416,17 @@ def test_prepared_weights_give_the_same_layer(rng, backend, activation, scale):
                   shared_w2_input_scale=np.float32(0.05 / 2688))
     p = jn.prepare_weights(w)
     assert {p.w13.layout, p.w2.layout, p.shared_w13.layout, p.shared_w2.layout} == {"sm90"}
+    assert p.w13_paired
+    u = sm90_unpaired(w)
     c = cfg(activation=activation, activation_scale=scale)
     x = jnp.asarray(rng.standard_normal((T, H)).astype(np.float32))
     run = jax.jit(lambda x, w: jn.moe(x, w, c, backend=backend))
-    want, got = np.asarray(run(x, w)), np.asarray(run(x, p))
+    want, got, fused = np.asarray(run(x, w)), np.asarray(run(x, u)), np.asarray(run(x, p))
     ref, _ = np_moe(np.asarray(x), w, c)
-    assert rel_err(got, ref) <= (1e-5 if activation == "w4a16" else 1e-2)
-    assert rel_err(want, ref) <= (1e-5 if activation == "w4a16" else 1e-2)
+    tol = 1e-5 if activation == "w4a16" else 1e-2
+    assert rel_err(got, ref) <= tol
+    assert rel_err(want, ref) <= tol
+    assert rel_err(fused, ref) <= tol and rel_err(fused, want) <= tol
     if jax.default_backend() == "cpu":
         np.testing.assert_array_equal(got, want)
 
@@ -427,15 +441,18 @@ def static_scaled_layer(rng):
 
 
 def test_save_moe_writes_the_checkpoint_layout(rng):
-    """save_moe of prepared weights writes the bytes of the original checkpoint."""
+    """save_moe of prepared weights (sm90, paired gate/up rows), and of paired checkpoint-layout
+    weights, writes the bytes of the original checkpoint (stored gate and up rows)."""
     w, c = static_scaled_layer(rng)
     want = checkpoint.save_moe(w, c, "model.layers.5.mlp")
-    got = checkpoint.save_moe(jn.prepare_weights(w), c, "model.layers.5.mlp")
-    assert got.keys() == want.keys()
-    for name in want:
-        assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape, name
-        np.testing.assert_array_equal(got[name].reshape(-1).view(np.uint8),
-                                      want[name].reshape(-1).view(np.uint8), err_msg=name)
+    assert jn.prepare_weights(w).w13_paired
+    for prepared in (jn.prepare_weights(w), paired_checkpoint(w)):
+        got = checkpoint.save_moe(prepared, c, "model.layers.5.mlp")
+        assert got.keys() == want.keys()
+        for name in want:
+            assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape, name
+            np.testing.assert_array_equal(got[name].reshape(-1).view(np.uint8),
+                                          want[name].reshape(-1).view(np.uint8), err_msg=name)
 
 
 def test_load_moe_layout_sm90(rng):
@@ -445,6 +462,7 @@ def test_load_moe_layout_sm90(rng):
     plain = checkpoint.load_moe(tensors, "model.layers.5.mlp", c)
     got = checkpoint.load_moe(tensors, "model.layers.5.mlp", c, layout="sm90")
     want = jn.prepare_weights(plain)
+    assert got.w13_paired and want.w13_paired and not plain.w13_paired
     for name in ("w13", "w2", "shared_w13", "shared_w2"):
         g, wt = getattr(got, name), getattr(want, name)
         assert g.layout == "sm90", name
@@ -452,6 +470,7 @@ def test_load_moe_layout_sm90(rng):
         np.testing.assert_array_equal(np.asarray(g.scales).view(np.uint8),
                                       np.asarray(wt.scales).view(np.uint8), err_msg=name)
     back = jn.prepare_weights(got, "checkpoint")
+    assert not back.w13_paired
     for name in ("w13", "w2", "shared_w13", "shared_w2"):
         np.testing.assert_array_equal(np.asarray(getattr(back, name).data),
                                       np.asarray(getattr(plain, name).data), err_msg=name)
@@ -665,3 +684,83 @@ def test_dispatch_quantizes_each_token_once(rng, backend):
     # (a dequantization of the dispatched rows has the block view too, but reduces nothing)
     amax = lambda n: f"(tensor<{n}x{H // 16}x16xf32>, tensor<f32>) -> tensor<{n}x{H // 16}xf32>"  # noqa: E731
     assert amax(T) in text and amax(T * c.top_k) not in text
+
+
+# ------------------------------------------------------------------ the fused SwiGLU epilogue
+def paired_checkpoint(w):
+    """w with w13 and shared_w13 rows paired but left in the checkpoint layout (w13_paired)."""
+    import dataclasses
+    return dataclasses.replace(w, w13=jn.layout.pair_gate_up(w.w13),
+                               shared_w13=jn.layout.pair_gate_up(w.shared_w13), w13_paired=True)
+
+
+def static_f32():
+    return {k: np.asarray(v, np.float32) for k, v in STATIC_SCALES.items()}
+
+
+@pytest.mark.parametrize("activation,scale", CASES)
+@pytest.mark.parametrize("routing", ["score", "hash"])
+def test_fused_swiglu_layer(rng, activation, scale, routing):
+    """Paired weights (sm90 from prepare_weights; checkpoint layout paired by hand for the
+    hash-routed layer) run the fused custom call, and give the unfused layer's answer within
+    the float64 oracle's tolerances; gate/up global scales [E, 2], shared expert, limit 10."""
+    f = float_layer(rng, per_half=True)
+    w = quantized(f, per_half=True, **static_f32())
+    tok = None
+    if routing == "hash":
+        tok = jnp.asarray(rng.integers(0, 50, T).astype(np.int32))
+        w = jn.MoEWeights(**{**w.__dict__, "hash_table": jnp.asarray(
+            rng.integers(0, E, (50, 6)).astype(np.int32))})
+    p = jn.prepare_weights(w) if routing == "score" else paired_checkpoint(w)
+    c = cfg(activation=activation, activation_scale=scale)
+    x = jnp.asarray(rng.standard_normal((T, H)).astype(np.float32))
+    run = jax.jit(lambda x, w, tok: jn.moe(x, w, c, token_ids=tok, backend="ffi"))
+    assert "jax_nvfp4_grouped_gemm_glu" in run.lower(x, p, tok).as_text()
+    assert "jax_nvfp4_grouped_gemm_glu" not in run.lower(x, w, tok).as_text()
+    got, want = np.asarray(run(x, p, tok)), np.asarray(run(x, w, tok))
+    ref, _ = np_moe(np.asarray(x), w, c, None if tok is None else np.asarray(tok))
+    tol = 1e-5 if activation == "w4a16" else 1e-2
+    print(f"{activation}-{scale} {routing}: fused {rel_err(got, ref):.2e} unfused "
+          f"{rel_err(want, ref):.2e} fused vs unfused {rel_err(got, want):.2e}")
+    assert rel_err(got, ref) <= tol and rel_err(got, want) <= tol
+    if routing == "score" and activation == "w4a16":       # bf16 tokens: bf16 out
+        out16 = jn.moe(jnp.asarray(x, jnp.bfloat16), p, c, token_ids=tok, backend="ffi")
+        assert out16.dtype == jnp.bfloat16 and rel_err(out16, ref) <= 1e-2
+
+
+def test_fp8_precision_with_paired_weights_runs_unfused(rng):
+    """precision="fp8" has no fused call: paired weights run the GEMM and the SwiGLU on the
+    paired columns (per-half global scales in that column order), bit for bit the layer of the
+    unpaired weights on the CPU."""
+    f = float_layer(rng, i=128, per_half=True)
+    w = quantized(f, per_half=True)
+    c = cfg(intermediate_size=128, precision="fp8")
+    x = jnp.asarray(rng.standard_normal((T, H)).astype(np.float32))
+    p = paired_checkpoint(w)
+    run = jax.jit(lambda x, w: jn.moe(x, w, c, backend="ffi"))
+    assert "jax_nvfp4_grouped_gemm_glu" not in run.lower(x, p).as_text()
+    got, want = np.asarray(run(x, p)), np.asarray(run(x, w))
+    assert np.abs(want).max() > 0
+    if jax.default_backend() == "cpu":
+        np.testing.assert_array_equal(got, want)
+    else:
+        assert rel_err(got, want) <= 1e-2
+
+
+@pytest.mark.parametrize("activation,scale", CASES)
+def test_fused_swiglu_layer_grad_wrt_x(rng, activation, scale):
+    """jax.grad through the fused layer (its backward recomputes the unfused path): the
+    float64 oracle's gradient within test_grad_wrt_x_against_float64's tolerances, and the
+    unpaired layer's gradient."""
+    w = quantized(float_layer(rng), **STATIC_SCALES)
+    p = jn.prepare_weights(w)
+    c = cfg(activation=activation, activation_scale=scale)
+    x = rng.standard_normal((2, 12, H)).astype(np.float32)
+    ct = rng.standard_normal((2, 12, H)).astype(np.float32)
+    grad = jax.jit(jax.grad(lambda x, w: jnp.sum(jn.moe(x, w, c, backend="ffi") * ct)))
+    got, want = np.asarray(grad(jnp.asarray(x), p)), np.asarray(grad(jnp.asarray(x), w))
+    ref = np_moe_grad(x.reshape(-1, H), w, c, ct.reshape(-1, H))
+    tol = 1e-5 if activation == "w4a16" else 1e-2
+    print(f"{activation}-{scale}: fused {rel_err(got.reshape(-1, H), ref):.2e} vs unfused "
+          f"{rel_err(got, want):.2e}")
+    assert rel_err(got.reshape(-1, H), ref) <= tol and rel_err(got, want) <= tol

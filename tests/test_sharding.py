@@ -31,6 +31,7 @@ from jax_nvfp4 import sharding
 from jax_nvfp4.moe import routed_experts, row_ladder, shared_expert
 from jax_nvfp4.quantization import quantize
 from conftest import cpu_devices
+from oracles import rel_err
 
 E, H, I = 16, 128, 64
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -365,30 +366,47 @@ def test_bfloat16_input(rng):
                                atol=1e-2 * np.abs(ref).max())
 
 
-@pytest.mark.parametrize("mode", ["w4a4-dynamic", "w4a16"])
+@pytest.mark.parametrize("mode", ["w4a4-dynamic", "w4a4-static", "w4a16"])
 def test_prepared_sm90_weights(mode, rng):
-    """Weights in the sm90 layout (jax_nvfp4.prepare_weights) through the 8-device layer: the
-    layout travels with each NVFP4Tensor, the shards are the prepared experts, and the answer
-    is bit for bit that of the checkpoint-layout weights (both combines), and the single-device
-    one up to the combine's summation order."""
+    """Weights from jax_nvfp4.prepare_weights (sm90 layout, paired gate/up rows) through the
+    8-device layer: the layout and w13_paired travel with the weights, the shards are the
+    prepared experts, every device runs the fused gate/up + SwiGLU call (capacity path, both
+    combines), the answer is the single-device fused layer's up to the combine's summation
+    order, and the checkpoint-layout (unfused) layer's within tests/test_moe.py's tolerances."""
     activation, _, scale = mode.partition("-")
     cfg, w, x, _ = make_layer(rng, per_half=True, activation=activation,
                               activation_scale=scale or "dynamic")
     p = jn.prepare_weights(w)
     mesh = ep_mesh(8)
     ps = jn.shard_moe_weights(p, mesh)
+    assert ps.w13_paired and jax.tree.structure(ps) == jax.tree.structure(p)
     for name in ("w13", "w2", "shared_w13", "shared_w2"):
         assert getattr(ps, name).layout == "sm90", name
     for d, shard in enumerate(ps.w13.data.addressable_shards):   # each device: its experts
         rows = shard.index[0]
         np.testing.assert_array_equal(np.asarray(shard.data), np.asarray(p.w13.data)[rows])
         assert np.asarray(shard.data).shape[0] == E // 8, d
-    ref = single(x, w, cfg)
+    ref = single(x, p, cfg)
+    unfused = single(x, w, cfg)
+    tol = 1e-5 if activation == "w4a16" else 1e-2
+    assert rel_err(ref, unfused) <= tol
     for combine in ("psum", "psum_scatter"):
-        want = np.asarray(run_ep(x, w, cfg, mesh, combine))
-        got = np.asarray(ep_fn(cfg, mesh, combine)(x, ps, None))
-        np.testing.assert_array_equal(got, want, err_msg=combine)
+        f = ep_fn(cfg, mesh, combine)
+        assert "jax_nvfp4_grouped_gemm_glu" in f.lower(x, ps, None).as_text() or BACKEND != "ffi"
+        got = np.asarray(f(x, ps, None))
         assert_close(got, ref, f"sm90 combine={combine}")
+        assert rel_err(got, np.asarray(run_ep(x, w, cfg, mesh, combine))) <= tol
+
+
+def test_fused_swiglu_hash_routed_layer(rng):
+    """A hash-routed layer with paired weights on 2 and 8 devices (capacity path, both
+    combines) equals its single-device fused answer, and the unfused layer's within tolerance."""
+    cfg, w, x, tok = make_layer(rng, hash_vocab=50, top_k=4, per_half=True)
+    p = jn.prepare_weights(w)
+    ref = single(x, p, cfg, tok)
+    assert rel_err(ref, single(x, w, cfg, tok)) <= 1e-2
+    for ep in (2, 8):
+        check_both_combines(cfg, p, x, ep, token_ids=tok, ref=ref)
 
 
 # ----------------------------------------------------------------------------- placement / HLO
@@ -852,3 +870,4 @@ def test_multi_process_two_by_four(tmp_path):
                     seen["psum_scatter"] |= set(rows.tolist())
     # the two processes' token shards together cover every token
     assert seen["psum_scatter"] == set(range(x.shape[0]))
+
