@@ -45,22 +45,19 @@ __device__ __forceinline__ void store_value(const KP& p, int64_t idx, float v) {
 
 // Stores token row r's accumulators lo (weight row n, n % 16 < 8) and hi (row n + 8): out[r, n] and
 // out[r, n + 8] (columns below N), or with the SwiGLU epilogue (N % 16 == 0) the one value
-// out[r, 8 (n / 16) + n % 8] of the output's N / 2 columns. The caller checks that r is in its group.
+// out[r, 8 (n / 16) + n % 8] of the output's N / 2 columns, gate and up times row_scale (row r's
+// entry of p.row_scale, or 1: the caller loads it, ahead of its store loop). The caller checks that r
+// is in its group.
 template <typename KP>
 __device__ __forceinline__ void store_pair(const KP& p, int64_t r, int64_t n, float lo, float hi, float mul_lo,
-                                           float mul_hi) {
+                                           float mul_hi, float row_scale) {
   if (n >= p.N) return;
   if (!p.glu) {
     store_value(p, r * p.N + n, lo * mul_lo);
     if (n + 8 < p.N) store_value(p, r * p.N + n + 8, hi * mul_hi);
     return;
   }
-  float g = lo * mul_lo, u = hi * mul_hi;
-  if (p.row_scale) {
-    const float s = __ldg(p.row_scale + r);
-    g *= s;
-    u *= s;
-  }
+  const float g = lo * mul_lo * row_scale, u = hi * mul_hi * row_scale;
   store_value(p, r * (p.N / 2) + (n >> 4) * 8 + (n & 7), swiglu_clamped(g, u, p.glu_limit));
 }
 

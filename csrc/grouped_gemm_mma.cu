@@ -539,8 +539,18 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
     if constexpr (!WS) cute::cp_async_wait<0>();
 
     // Epilogue: acc[mt][nt] = {(n, r), (n, r+1), (n+8, r), (n+8, r+1)}, n % 16 < 8 (csrc/epilogue.cuh).
+    // Row scales (SwiGLU epilogue with p.row_scale) loaded ahead of the store loop: 2 NT per thread.
     float mul_lo, mul_hi;
     epilogue_factors(p, g, fp4_fix, mul_lo, mul_hi);
+    const bool scaled = p.glu && p.row_scale != nullptr;
+    float rs[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int64_t r = row0 + wj * WT + nt * 8 + 2 * t4 + c;
+        rs[nt][c] = scaled && r < rend ? __ldg(p.row_scale + r) : 1.0f;
+      }
 #pragma unroll
     for (int mt = 0; mt < kMT && (!WS || warp < kWarpsW); ++mt) {
       const int64_t n = n0 + wi * kWM + mt * 16 + g8;
@@ -549,7 +559,8 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
         const int64_t r = row0 + wj * WT + nt * 8 + 2 * t4;
 #pragma unroll
         for (int c = 0; c < 2; ++c)
-          if (r + c < rend) store_pair(p, r + c, n, acc[mt][nt][c], acc[mt][nt][2 + c], mul_lo, mul_hi);
+          if (r + c < rend)
+            store_pair(p, r + c, n, acc[mt][nt][c], acc[mt][nt][2 + c], mul_lo, mul_hi, rs[nt][c]);
       }
     }
     // the next tile's prologue overwrites the stages (WS: the full/empty barriers order them)
