@@ -65,18 +65,6 @@ def dynamic_global_scale(x: jax.Array) -> jax.Array:
     return jnp.where(amax > 0, gs, 1.0).astype(jnp.float32)
 
 
-def _e4m3_rounded(v: jax.Array) -> jax.Array:
-    """float32 ``v`` (in ``[0, 448]`` or NaN) rounded to the nearest e4m3 value (ties to even), as a
-    float32: the value of ``v.astype(float8_e4m3fn)``, by integer rounding of the bits (normals:
-    3 mantissa bits) or of ``v * 2^9`` (below 2^-6, where e4m3's quantum is 2^-9)."""
-    bits = jax.lax.bitcast_convert_type(v, jnp.uint32)
-    normal = jax.lax.bitcast_convert_type(
-        (bits + jnp.uint32(0x7FFFF) + ((bits >> 20) & jnp.uint32(1))) & jnp.uint32(0xFFF00000),
-        jnp.float32)
-    sub = jnp.round(v * jnp.float32(512.0)) * jnp.float32(1.0 / 512.0)
-    return jnp.where(jnp.isnan(v), jnp.nan, jnp.where(v >= jnp.float32(2.0**-6), normal, sub))
-
-
 def _check_static_scale(gs: jax.Array) -> None:
     if isinstance(gs, jax.core.Tracer):
         return                          # traced: a bad value gives NaN blocks (see quantize)
@@ -117,13 +105,13 @@ def quantize(x: jax.Array, global_scale=None) -> NVFP4Tensor:
     blocks = x.reshape(x.shape[:-1] + (x.shape[-1] // BLOCK_SIZE, BLOCK_SIZE))
     y = (blocks / gs.astype(ct)).astype(jnp.float32)
     block_amax = jnp.max(jnp.abs(y), axis=-1, keepdims=True)  # NaN propagates, Inf stays Inf
-    v = jnp.where(bad_scale, jnp.nan, jnp.clip(block_amax / E2M1_MAX, 0.0, E4M3_MAX))
-    scales = v.astype(jnp.float8_e4m3fn)
-    # The codes divide by the e4m3-rounded scale, computed by integer rounding of v rather than by
-    # converting the e4m3 bytes back: XLA on GPU may elide a narrowing convert followed by a
-    # widening one (excess precision), and without such a pair nothing needs a barrier here, so
-    # scales and codes come out of one fusion (one pass over x instead of two).
-    scale_f32 = _e4m3_rounded(v)
+    # The barriers make the e4m3 and e2m1 roundings real inside any jit: XLA on GPU may otherwise
+    # elide a narrowing convert followed by a widening one (excess precision), so codes would be
+    # computed against an unrounded scale (JAX's own nvfp4 quantizer guards the same way).
+    scales = jax.lax.optimization_barrier(
+        jnp.where(bad_scale, jnp.nan, jnp.clip(block_amax / E2M1_MAX, 0.0, E4M3_MAX))
+        .astype(jnp.float8_e4m3fn))
+    scale_f32 = scales.astype(jnp.float32)
     safe = jnp.where(scale_f32 > 0, scale_f32, 1.0)
     q = jnp.clip(y / safe, -E2M1_MAX, E2M1_MAX)
     q = jnp.where((scale_f32 > 0) & ~jnp.isnan(y), q, 0.0)
