@@ -72,7 +72,10 @@ export -f images
 step images 60 bash -c images
 
 # The whole suite, the GPU as default backend (the multi-device tests run on 8 CPU devices).
-step tests 480 env JAX_NVFP4_SELFTEST="$main/gemm_selftest" python3 -P -m pytest -n 4 -q -p no:cacheprovider \
+# -v: each result is logged as it happens, so a run cut by its time limit still names its failures
+# (the summary below greps them); the suite takes more than one call's 600 s together with the
+# builds now: run STEPS="deps builds tests" alone.
+step tests 520 env JAX_NVFP4_SELFTEST="$main/gemm_selftest" python3 -P -m pytest -n 4 -v -p no:cacheprovider \
   -rfE tests
 
 step portable_tests 240 env PYTHONPATH="$port_site" python3 -P -m pytest -n 4 -q -p no:cacheprovider \
@@ -104,6 +107,7 @@ step portable_bench 150 env PYTHONPATH="$port_site" python3 -P -m jax_nvfp4.benc
 for b in bench bench_layer portable_bench; do
   [ -f "$out/$b.log" ] && { echo; echo "== $b"; sed -n '/^case /,$p' "$out/$b.log" | head -40; }
 done
+[ -f "$out/tests.log" ] && { echo; echo "== tests: failures"; grep -E "(FAILED|ERROR) tests/" "$out/tests.log" | sed 's/^\[gw[0-9]*\] *\[ *[0-9]*%\] *//' | sort -u | head -40; }
 for b in fp8_check prepass; do [ -f "$out/$b.log" ] && { echo; echo "== $b"; tail -n 12 "$out/$b.log"; }; done
 echo; echo "== summary ($SECONDS s)"
 for row in "${summary[@]}"; do IFS='|' read -r a b c <<<"$row"; printf '%-16s %-20s %s\n' "$a" "$b" "$c"; done
