@@ -627,6 +627,9 @@ class TestGroupedGemmSwigluHandler:
     @pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
     def test_against_float64_and_reference(self, rng, platform, m, i, k, sizes, variant, w4a4,
                                            out_dtype):
+        if platform == "cpu" and m > 100:
+            pytest.skip("the multi-tile shapes are for the CUDA kernel families (the CPU handler's "
+                        "loops have no tiles; the small shapes cover them)")
         dev = platform_device(platform)
         lim_q, row_scale, per_half = variant
         lhs, rhs, gs, rs, limit, ref = make_glu_problem(

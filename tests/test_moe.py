@@ -698,8 +698,9 @@ def static_f32():
     return {k: np.asarray(v, np.float32) for k, v in STATIC_SCALES.items()}
 
 
-@pytest.mark.parametrize("activation,scale", CASES)
-@pytest.mark.parametrize("routing", ["score", "hash"])
+@pytest.mark.parametrize("activation,scale,routing", [("w4a16", "dynamic", "score"),
+                                                    ("w4a4", "dynamic", "score"),
+                                                    ("w4a4", "static", "hash")])
 def test_fused_swiglu_layer(rng, activation, scale, routing):
     """Paired weights (sm90 from prepare_weights; checkpoint layout paired by hand for the
     hash-routed layer) run the fused custom call, and give the unfused layer's answer within
@@ -747,7 +748,7 @@ def test_fp8_precision_with_paired_weights_runs_unfused(rng):
         assert rel_err(got, want) <= 1e-2
 
 
-@pytest.mark.parametrize("activation,scale", CASES)
+@pytest.mark.parametrize("activation,scale", CASES[:2])
 def test_fused_swiglu_layer_grad_wrt_x(rng, activation, scale):
     """jax.grad through the fused layer (its backward recomputes the unfused path): the
     float64 oracle's gradient within test_grad_wrt_x_against_float64's tolerances, and the

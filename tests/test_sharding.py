@@ -366,7 +366,7 @@ def test_bfloat16_input(rng):
                                atol=1e-2 * np.abs(ref).max())
 
 
-@pytest.mark.parametrize("mode", ["w4a4-dynamic", "w4a4-static", "w4a16"])
+@pytest.mark.parametrize("mode", ["w4a4-dynamic"])   # (the row-scale path; the other modes: test_moe)
 def test_prepared_sm90_weights(mode, rng):
     """Weights from jax_nvfp4.prepare_weights (sm90 layout, paired gate/up rows) through the
     8-device layer: the layout and w13_paired travel with the weights, the shards are the
