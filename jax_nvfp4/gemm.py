@@ -340,8 +340,9 @@ def grouped_gemm_swiglu(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, row_sc
 
     The custom call's epilogue computes, per row r of group g and paired column pair, ``h =
     acc * alpha_half`` (``alpha_half`` = lhs global scale * rhs global scale of the half), then
-    ``h * row_scale[r]``, then the SwiGLU in float32, and writes ``[M, I]`` only (no float32
-    ``[M, 2I]`` intermediate). On the GPU a W4A4 lhs is dequantized exactly to bf16 first (as in
+    ``h * row_scale[r]``, then the SwiGLU in float32 (the CUDA kernels' exp and reciprocal are the
+    hardware approximations, ~1e-6 relative), and writes ``[M, I]`` only (no float32 ``[M, 2I]``
+    intermediate). On the GPU a W4A4 lhs is dequantized exactly to bf16 first (as in
     :func:`grouped_gemm`); on the CPU it is read natively.
 
     Gradients: none on backend "ffi" (differentiating raises NotImplementedError);
