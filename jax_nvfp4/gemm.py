@@ -43,15 +43,22 @@ def _varying_type(args, shape, dtype):
     return base.update(vma=aval.vma)               # older spelling
 
 
+def _ffi_call(target, args, out_cols, out_dtype, rows_decoded, config, rhs_layout, **attrs):
+    """One of the custom calls on ``args`` (``lhs, lhs_scales, rhs_data, rhs_scales, ...``):
+    out ``[M, out_cols]`` out_dtype, and the workspace for ``rows_decoded`` weight rows of the CPU
+    handler (K bytes each; rhs_data's last axis is K/2)."""
+    m, g, k = args[0].shape[0], args[2].shape[0], 2 * args[2].shape[2]
+    out_t = _varying_type(args, (m, out_cols), out_dtype)
+    ws_t = _varying_type(args, (workspace_bytes(g, rows_decoded * k),), jnp.uint8)
+    out, _ = jax.ffi.ffi_call(target, (out_t, ws_t), vmap_method="sequential")(
+        *args, rhs_layout=np.int32(rhs_layout), **config.attributes(), **attrs)
+    return out
+
+
 def _ffi_grouped_gemm(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, out_dtype,
                       config, rhs_layout):
-    m, n, g = lhs.shape[0], rhs_data.shape[1], rhs_data.shape[0]
-    args = (lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes)
-    out_t = _varying_type(args, (m, n), out_dtype)
-    ws_t = _varying_type(args, (workspace_bytes(g, 2 * rhs_data.shape[2]),), jnp.uint8)
-    out, _ = jax.ffi.ffi_call(_extension.TARGET, (out_t, ws_t), vmap_method="sequential")(
-        *args, rhs_layout=np.int32(rhs_layout), **config.attributes())
-    return out
+    return _ffi_call(_extension.TARGET, (lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes),
+                     rhs_data.shape[1], out_dtype, 1, config, rhs_layout)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(6, 7, 8))
@@ -74,13 +81,8 @@ def _grouped_gemm_jvp(out_dtype, config, rhs_layout, primals, tangents):
 
 def _ffi_grouped_gemm_fp8(codes, scales_t, rhs_data, rhs_scales, alpha, group_sizes, out_dtype,
                           config, rhs_layout):
-    m, n, g = codes.shape[0], rhs_data.shape[1], rhs_data.shape[0]
-    args = (codes, scales_t, rhs_data, rhs_scales, alpha, group_sizes)
-    out_t = _varying_type(args, (m, n), out_dtype)
-    ws_t = _varying_type(args, (workspace_bytes(g, 2 * rhs_data.shape[2]),), jnp.uint8)
-    out, _ = jax.ffi.ffi_call(FP8_TARGET, (out_t, ws_t), vmap_method="sequential")(
-        *args, rhs_layout=np.int32(rhs_layout), **config.attributes())
-    return out
+    return _ffi_call(FP8_TARGET, (codes, scales_t, rhs_data, rhs_scales, alpha, group_sizes),
+                     rhs_data.shape[1], out_dtype, 1, config, rhs_layout)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(6, 7, 8))
@@ -288,15 +290,10 @@ GLU_TARGET = "jax_nvfp4_grouped_gemm_glu"
 
 def _ffi_grouped_gemm_glu(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, row_scale,
                           out_dtype, config, rhs_layout, glu_limit):
-    m, n, g = lhs.shape[0], rhs_data.shape[1], rhs_data.shape[0]
-    args = (lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, row_scale)
-    out_t = _varying_type(args, (m, n // 2), out_dtype)
-    # The CPU handler decodes a gate and an up row's codes: 2 K bytes (rhs_data's last axis is K/2).
-    ws_t = _varying_type(args, (workspace_bytes(g, 4 * rhs_data.shape[2]),), jnp.uint8)
-    out, _ = jax.ffi.ffi_call(GLU_TARGET, (out_t, ws_t), vmap_method="sequential")(
-        *args, rhs_layout=np.int32(rhs_layout), **config.attributes(),
-        glu_limit=np.float32(glu_limit))
-    return out
+    # out [M, N/2]; the CPU handler decodes a gate and an up row's codes
+    return _ffi_call(GLU_TARGET, (lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, row_scale),
+                     rhs_data.shape[1] // 2, out_dtype, 2, config, rhs_layout,
+                     glu_limit=np.float32(glu_limit))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(7, 8, 9, 10))
