@@ -19,7 +19,8 @@ in one run:
   (``fused_swiglu``); ``--unfused`` also times the same layer on unpaired sm90 weights
   (``layer_unfused_ms``, the unfused path) in the same run;
 - ``gemm1_ms`` / ``gemm2_ms``: each grouped GEMM alone, called as the layer calls it (same lhs kind,
-  float32 output, the group sizes the layer's routing produced), on the same routed rows;
+  the group sizes the layer's routing produced), on the same routed rows: the gate/up GEMM with
+  float32 output, the down GEMM with the layer's bf16 rows (``jax_nvfp4.moe.ROW_DTYPE``);
 - ``overhead_share = (layer_ms - gemm1_ms - gemm2_ms) / layer_ms``: routing, dispatch, SwiGLU,
   requantization and combine;
 - ``reference_ms``: the layer on the pure-jnp reference backend, for scale (slow: XLA's
@@ -56,7 +57,8 @@ from . import gemm, layout, moe_params, sharding
 from .bench import _driver_version, time_ms
 from .bench_ep import random_layer
 from .formats import NVFP4Tensor
-from .moe import _fused_path, _row_global_scale, _swiglu_paired, moe, row_ladder, swiglu
+from .moe import (ROW_DTYPE, _fused_path, _round_rows, _row_global_scale, _swiglu_paired, moe,
+                  row_ladder, swiglu)
 from .quantization import quantize
 from .routing import route
 
@@ -94,8 +96,9 @@ def _gemm_lhs(rows, activation):
     return rows.astype(jnp.bfloat16), None
 
 
-def _gemm(lhs, w, sizes, backend, precision="exact"):
-    return gemm.grouped_gemm(lhs, w, sizes, out_dtype=jnp.float32, backend=backend, precision=precision)
+def _gemm(lhs, w, sizes, backend, precision="exact", out_dtype=jnp.float32):
+    return gemm.grouped_gemm(lhs, w, sizes, out_dtype=out_dtype, backend=backend,
+                             precision=precision)
 
 
 def gemm_inputs(x, token_of, sizes, weights, config, backend):
@@ -108,7 +111,7 @@ def gemm_inputs(x, token_of, sizes, weights, config, backend):
     def inputs(x, token_of, w13, sizes):
         lhs1, s1 = _gemm_lhs(x[token_of], config.activation)
         h = _gemm(lhs1, w13, sizes, backend, config.precision)
-        act = glu(h if s1 is None else h * s1[:, None], config.swiglu_limit)
+        act = _round_rows(glu(h if s1 is None else h * s1[:, None], config.swiglu_limit))
         lhs2, s2 = _gemm_lhs(act, config.activation)
         return lhs1, s1, lhs2, s2
 
@@ -116,8 +119,9 @@ def gemm_inputs(x, token_of, sizes, weights, config, backend):
 
 
 def gemm_cases(x, token_of, sizes, weights, config, backend):
-    """The two grouped GEMMs as the layer calls them (same lhs kind, float32 output, the layer's
-    rows and group sizes): ``(gemm1, args1), (gemm2, args2)``. gemm1 is the plain gate/up GEMM
+    """The two grouped GEMMs as the layer calls them (same lhs kind, the layer's rows and group
+    sizes; gemm2 writes the layer's bf16 rows): ``(gemm1, args1), (gemm2, args2)``. gemm1 is the
+    plain gate/up GEMM
     (float32 ``[rows, 2I]`` out) also when the layer runs the fused gate/up + SwiGLU call on
     paired weights (same weight bytes and products): the overhead share then counts what the
     fusion saves against it."""
@@ -126,8 +130,8 @@ def gemm_cases(x, token_of, sizes, weights, config, backend):
     def gemm1(lhs, w, sizes):
         return _gemm(lhs, w, sizes, backend, config.precision)
 
-    def gemm2(lhs, w, sizes):
-        return _gemm(lhs, w, sizes, backend, config.precision)
+    def gemm2(lhs, w, sizes):   # out in the layer's row dtype (bf16), as the layer calls it
+        return _gemm(lhs, w, sizes, backend, config.precision, out_dtype=ROW_DTYPE)
 
     return ((jax.jit(gemm1), (lhs1, weights.w13, sizes)),
             (jax.jit(gemm2), (lhs2, weights.w2, sizes)))

@@ -30,7 +30,7 @@ import numpy as np
 from . import kernel_config
 from .formats import NVFP4Tensor
 from .quantization import e2m1_scaled
-from .reference import check_group_sizes, group_bounds, row_groups, validate_gemm_args
+from .reference import check_group_sizes, group_bounds, row_groups, to_out_dtype, validate_gemm_args
 
 PRECISIONS = kernel_config.PRECISIONS
 """Values of the ``precision`` argument of :func:`jax_nvfp4.grouped_gemm` and ``MoEConfig``."""
@@ -280,7 +280,7 @@ def grouped_gemm_fp8_reference(lhs, rhs: NVFP4Tensor, group_sizes, *, out_dtype=
     acc = jnp.where(nan_rows[gid], jnp.nan, acc)
     factor = alpha * jnp.float32(2.0**WEIGHT_SHIFT)
     out = jnp.where(valid[:, None], acc * factor[gid][:, None], 0.0)
-    return out.astype(out_dtype)
+    return to_out_dtype(out, out_dtype)
 
 
 __all__ = ["CHUNK", "PRECISIONS", "check_precision", "fp8_lhs", "from_kernel_k_order",

@@ -15,6 +15,12 @@ device, so the answer is the same on 1 or 8 devices:
 When gate and up carry different ``weight_scale_2`` (w13 global_scale ``[E, 2]``) each half is scaled by
 its own factor on the float32 GEMM output, never by re-rounding block scales.
 
+Rows in bf16 (:data:`ROW_DTYPE`). Each routed row's SwiGLU activation is rounded to bf16 before
+the down GEMM (W4A4 then quantizes the bf16 row), and the down GEMM writes each expert's output row
+in bf16 (W4A4 dynamic: before the row's activation scale, applied in float32); the combine sums
+``route_weight * row`` over the top-k slots in float32. No float32 ``[rows, features]`` array is
+written between the GEMMs or before the combine.
+
 The fused SwiGLU epilogue. When ``weights.w13_paired`` (gate/up rows paired, as
 :func:`jax_nvfp4.prepare_weights` leaves them with the sm90 layout) and ``config.precision`` is
 "exact", the gate/up GEMM and the SwiGLU of the routed and the shared expert are one call,
@@ -22,8 +28,7 @@ The fused SwiGLU epilogue. When ``weights.w13_paired`` (gate/up rows paired, as
 once per token and gathered): per row, ``h = acc * alpha_half`` (``alpha_half`` = that half's
 weight global scale, times the static input scale for W4A4 static), then ``h * row_scale`` (W4A4
 dynamic: the row's activation scale), then ``silu(min(gate, L)) * clip(up, -L, L)`` with
-``silu(x) = x / (1 + exp(-x))`` in float32; out in bf16 for W4A16 (the rounding the down GEMM's
-input cast did before) and float32 for W4A4 (requantized by the down GEMM as before). Against the
+``silu(x) = x / (1 + exp(-x))`` in float32; out in bf16 (:data:`ROW_DTYPE`). Against the
 unfused path only float32 ulps differ (the silu formula, the order of the epilogue factors), which
 can move a bf16 rounding or a requantized code by one step. The reverse-mode derivative is the
 unfused path's (recomputed in the backward). Paired weights with ``precision="fp8"`` run the
@@ -47,6 +52,29 @@ from .reference import GLU_ROW_BLOCK, split_paired
 from .routing import check_hash_table, route
 
 
+ROW_DTYPE = jnp.bfloat16
+"""The dtype the layer rounds its [rows, features] intermediates to: each routed row's SwiGLU
+activation (the down GEMM's input) and its down-GEMM output, before the weighted combine (which
+sums in float32). Half the bytes of float32 between the GEMMs and in the combine."""
+
+
+@jax.custom_jvp
+def _round_rows(a: jax.Array) -> jax.Array:
+    """``a`` rounded to :data:`ROW_DTYPE`, returned as float32; straight-through (identity) in
+    the derivative, like the GEMM inputs' roundings. A ROW_DTYPE array (a GEMM's output, rounded
+    by every backend) is widened exactly; a float32 one is rounded by ``reduce_precision``, which
+    XLA keeps inside any jit (a narrowing convert followed by a widening one may be elided)."""
+    if a.dtype == ROW_DTYPE:
+        return a.astype(jnp.float32)
+    info = jnp.finfo(ROW_DTYPE)
+    return jax.lax.reduce_precision(a.astype(jnp.float32), exponent_bits=info.nexp,
+                                    mantissa_bits=info.nmant)
+
+
+_round_rows.defjvp(lambda primals, tangents: (_round_rows(*primals),
+                                              tangents[0].astype(jnp.float32)))
+
+
 def swiglu(h: jax.Array, limit=None) -> jax.Array:
     """``[R, 2I]`` (gate | up) -> ``[R, I]``: ``silu(min(gate, L)) * clip(up, -L, L)``."""
     gate, up = jnp.split(h, 2, axis=-1)
@@ -67,8 +95,11 @@ def _row_global_scale(x: jax.Array) -> jax.Array:
 
 
 def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, config, backend,
-                 rows_hint=None, gather=None, paired=False):
+                 rows_hint=None, gather=None, paired=False, out_dtype=jnp.float32):
     """One grouped GEMM over rows sorted by (local) expert; float32 ``[R, N]`` out.
+
+    ``out_dtype``: the GEMM's own output dtype (float32, or :data:`ROW_DTYPE` for the down GEMM:
+    the product is rounded to it, then scaled by a W4A4 dynamic row scale in float32).
 
     ``in_scale`` is the static per-expert activation scale float32 ``[G]`` (W4A4 static) or
     None. Rows whose expert id is G (not local) lie past the groups and come out 0. ``gather``:
@@ -113,8 +144,9 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
             # barrier XLA may keep excess precision for the reference backend on GPU.
             lhs = jax.lax.optimization_barrier(x_rows.astype(jnp.bfloat16))
         out = grouped_gemm(lhs, dataclasses.replace(w, global_scale=alpha), group_sizes,
-                           out_dtype=jnp.float32, backend=backend, rows_hint=rows_hint,
+                           out_dtype=out_dtype, backend=backend, rows_hint=rows_hint,
                            precision=config.precision)
+        out = out if out.dtype == jnp.float32 else _round_rows(out)
         if row_scale is not None:
             out = out * row_scale[:, None]
         return out
@@ -159,16 +191,14 @@ def _gate_up_forward(x_rows, w, group_sizes, aux, *, config, backend, rows_hint)
             data, scales = data[gather], scales[gather]
             row_scale = None if row_scale is None else row_scale[gather]
         lhs = NVFP4Tensor(data, scales, jnp.float32(1.0))
-        out_dtype = jnp.float32                        # requantized by the down GEMM's input
     else:
         lhs = jax.lax.optimization_barrier(x_rows.astype(jnp.bfloat16))
-        out_dtype = jnp.bfloat16                       # the down GEMM's bf16 operand
     act = grouped_gemm_swiglu(lhs, dataclasses.replace(w, global_scale=alpha), group_sizes,
-                              row_scale=row_scale, limit=config.swiglu_limit, out_dtype=out_dtype,
+                              row_scale=row_scale, limit=config.swiglu_limit, out_dtype=ROW_DTYPE,
                               backend=backend, rows_hint=rows_hint)
-    # float32 for the down GEMM's (straight-through) cotangent; a bf16 -> f32 -> bf16 round trip
-    # that XLA removes in the W4A16 forward.
-    return act.astype(jnp.float32)
+    # float32 for the down GEMM's (straight-through) cotangent; the down GEMM's input is the
+    # ROW_DTYPE value either way (its W4A16 cast is then a no-op round trip).
+    return _round_rows(act)
 
 
 def _gate_up_unfused(x_rows, w, group_sizes, aux, *, config, backend, rows_hint):
@@ -176,7 +206,7 @@ def _gate_up_unfused(x_rows, w, group_sizes, aux, *, config, backend, rows_hint)
     row_expert, in_scale, gather = aux
     h = _expert_gemm(x_rows, row_expert, w, in_scale, group_sizes, config, backend, rows_hint,
                      gather=gather, paired=True)
-    return _swiglu_paired(h, config.swiglu_limit)
+    return _round_rows(_swiglu_paired(h, config.swiglu_limit))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -240,6 +270,39 @@ def row_ladder(capacity: int, rows: int) -> tuple:
     return tuple(sizes) + (rows,)
 
 
+COUNTING_SORT_MIN_ROWS = 4096
+COUNTING_SORT_MAX_GROUPS = 64
+"""When :func:`sort_rows` counts instead of sorting: from this many rows, up to this many groups
+(on the H200 with 49 groups: 0.050 against 0.087 ms at 24576 rows, 0.045 against 0.069 at 6144,
+slower at 1536; ``tools/lab/dispatch_sort_bench.py``)."""
+
+
+def sort_rows(key: jax.Array, groups: int):
+    """The dispatch: the stable order of rows by group.
+
+    Args:
+      key: int32 ``[R]``, each row's group in ``[0, groups)``.
+      groups: static number of groups.
+
+    Returns:
+      ``(order, inv, sizes)``, int32 ``[R]``, ``[R]``, ``[groups]``: ``key[order]`` is sorted with
+      ties in row order, ``inv`` the inverse permutation (``order[inv] == arange(R)``), ``sizes``
+      the rows per group. Large R with few groups is a counting sort (one-hot prefix sums), else a
+      stable argsort; both give the same arrays.
+    """
+    r = key.shape[0]
+    if r >= COUNTING_SORT_MIN_ROWS and groups <= COUNTING_SORT_MAX_GROUPS:
+        onehot = (key[:, None] == jnp.arange(groups, dtype=key.dtype)[None, :]).astype(jnp.int32)
+        sizes = jnp.sum(onehot, axis=0)
+        rank = jnp.sum(jnp.cumsum(onehot, axis=0) * onehot, axis=1) - 1   # earlier rows, same group
+        inv = ((jnp.cumsum(sizes) - sizes)[key] + rank).astype(jnp.int32)
+        order = jnp.zeros_like(inv).at[inv].set(jnp.arange(r, dtype=jnp.int32))
+        return order, inv, sizes.astype(jnp.int32)
+    order = jnp.argsort(key, stable=True).astype(jnp.int32)
+    inv = jnp.zeros_like(order).at[order].set(jnp.arange(r, dtype=jnp.int32))
+    return order, inv, jnp.bincount(key, length=groups).astype(jnp.int32)
+
+
 def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: MoEConfig, *,
                    expert_offset=0, backend="auto", capacity=None):
     """Run the routed experts held in ``weights`` (experts ``expert_offset ..`` + local count).
@@ -270,14 +333,13 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
     local = expert_ids.reshape(-1) - expert_offset       # global -> local ids
     is_local = (local >= 0) & (local < num_local)
     key = jnp.where(is_local, local, num_local).astype(jnp.int32)   # non-local pairs sort last
-    order = jnp.argsort(key, stable=True)
+    order, inv, sizes = sort_rows(key, num_local + 1)
     row_expert = key[order]
     token_of = (order // k).astype(jnp.int32)
-    group_sizes = jnp.bincount(key, length=num_local + 1)[:num_local].astype(jnp.int32)
+    group_sizes = sizes[:num_local]
     # Expected rows of the local experts (uniform routing): a kernel/tile hint only, so that
     # expert parallelism's non-local rows (past the groups) do not make decode look like prefill.
     hint = None if num_local >= config.num_experts else -(-t * k * num_local // config.num_experts)
-    inv = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
     rw = route_weights.reshape(-1)
     # NaN weights (a hash-routed token with an invalid id, routing.route) stay NaN on every
     # device, so the token's row is NaN after the combine whatever the device count.
@@ -292,10 +354,10 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
         else:
             h1 = _expert_gemm(x, row_expert[:n], weights.w13, in_scale, group_sizes, config,
                               backend, hint, gather=token_of[:n])
-            act = swiglu(h1, config.swiglu_limit)
+            act = _round_rows(swiglu(h1, config.swiglu_limit))
         y = _expert_gemm(act, row_expert[:n], weights.w2,
                          _static_scale(weights, "w2_input_scale", config), group_sizes, config,
-                         backend, hint)
+                         backend, hint, out_dtype=ROW_DTYPE)
         # Combine: back to (token, slot) order by the inverse permutation (a gather), then a
         # weighted sum over the k slots in slot order. Deterministic (a scatter-add over token_of
         # would use atomics on the GPU, summing in a different order from run to run), and a
@@ -322,11 +384,11 @@ def shared_expert(x, weights: MoEWeights, config: MoEConfig, *, backend="auto"):
         act = _gate_up_act(x, zeros, one(weights.shared_w13), in_scale, sizes, config, backend,
                            fused=_fused_path(weights, config))
     else:
-        act = swiglu(_expert_gemm(x, zeros, one(weights.shared_w13), in_scale, sizes, config,
-                                  backend), config.swiglu_limit)
+        act = _round_rows(swiglu(_expert_gemm(x, zeros, one(weights.shared_w13), in_scale, sizes,
+                                              config, backend), config.swiglu_limit))
     return _expert_gemm(act, zeros, one(weights.shared_w2),
                         _static_scale(weights, "shared_w2_input_scale", config, (1,)), sizes,
-                        config, backend)
+                        config, backend, out_dtype=ROW_DTYPE)
 
 
 def _check_shape(v, name, shapes):
@@ -399,8 +461,8 @@ def moe(x, weights: MoEWeights, config: MoEConfig, *, token_ids=None, backend="a
       backend: grouped GEMM backend, see :func:`jax_nvfp4.grouped_gemm`.
 
     Returns:
-      x's shape and dtype: ``sum_k w_k * expert_k(x) (+ shared expert(x))``, accumulated in
-      float32. No host synchronization: routing, dispatch and group sizes stay on the device.
+      x's shape and dtype: ``sum_k w_k * expert_k(x) (+ shared expert(x))``, each expert's row
+      in bf16 (module docstring), accumulated in float32. No host synchronization: routing, dispatch and group sizes stay on the device.
 
     Gradients: reverse mode (``jax.grad``, ``jax.vjp``) with respect to x, on every backend. The
     NVFP4 expert weights are frozen (zero cotangents); the GEMMs' backward is pure jnp on the

@@ -178,7 +178,19 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
     acc = jnp.where(nan_rows[gid], jnp.nan, acc)
     out = jnp.where(valid[:, None], acc * (alpha * jnp.float32(1.0 / WEIGHT_PRESCALE))[gid][:, None],
                     0.0)
-    return out.astype(out_dtype)
+    return to_out_dtype(out, out_dtype)
+
+
+def to_out_dtype(out: jax.Array, out_dtype) -> jax.Array:
+    """float32 ``out`` rounded to ``out_dtype`` (bfloat16 or float32). The rounding is a
+    ``reduce_precision`` before the convert, so it holds inside any jit: XLA may elide a narrowing
+    convert that a widening one follows (excess precision), which would make the reference's
+    bf16 output differ from the custom call's when a caller widens it again."""
+    d = jnp.dtype(out_dtype)
+    if d != jnp.float32:
+        info = jnp.finfo(d)
+        out = jax.lax.reduce_precision(out, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+    return out.astype(d)
 
 
 GLU_ROW_BLOCK = 16
@@ -281,4 +293,4 @@ def grouped_gemm_swiglu(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, row_sc
         gate = jnp.minimum(gate, jnp.float32(lim))
         up = jnp.clip(up, jnp.float32(-lim), jnp.float32(lim))
     out = gate / (1.0 + jnp.exp(-gate)) * up
-    return jnp.where(valid[:, None], out, 0.0).astype(out_dtype)
+    return to_out_dtype(jnp.where(valid[:, None], out, 0.0), out_dtype)

@@ -8,6 +8,7 @@ import pytest
 
 import jax_nvfp4 as jn
 from jax_nvfp4 import checkpoint
+from jax_nvfp4.moe import sort_rows
 from oracles import dequant64, rel_err
 
 E, H, I, T = 8, 128, 64, 48
@@ -85,25 +86,44 @@ _quantize_rows = jax.jit(jax.vmap(jn.quantize))   # jitted: one compile per shap
 _quantize = jax.jit(jn.quantize)
 
 
-def np_act_in(a, c, static_scale, exact=False):
+def np_act_in(a, c, static_scale, exact=False, split=False):
     """The GEMM input as the layer sees it: bf16 (w4a16) or NVFP4-quantized rows (w4a4); with
-    ``exact``, unrounded (the dequantized layer)."""
+    ``exact``, unrounded (the dequantized layer). ``split``: ``(values, row_scale)`` with a W4A4
+    dynamic row scale (float64 ``[R]``, else ones) left out of the values, as the layer applies it
+    after the GEMM."""
+    ones = np.ones(len(a))
     if exact:
-        return a
+        return (a, ones) if split else a
     if c.activation == "w4a16":
-        return a.astype(ml_dtypes.bfloat16).astype(np.float64)
+        v = a.astype(ml_dtypes.bfloat16).astype(np.float64)
+        return (v, ones) if split else v
     rows = jnp.asarray(a.astype(np.float32))
     if static_scale is None:
         t = _quantize_rows(rows)
-    else:
-        t = _quantize(rows, np.float32(static_scale))
-    return dequant64(t.data, t.scales, t.global_scale if static_scale is None else
-                     np.full(len(a), np.float32(static_scale)))
+        gs = np.asarray(t.global_scale, np.float64)
+        v = dequant64(t.data, t.scales)
+        return (v, gs) if split else v * gs[:, None]
+    t = _quantize(rows, np.float32(static_scale))
+    v = dequant64(t.data, t.scales, np.full(len(a), np.float32(static_scale)))
+    return (v, ones) if split else v
+
+
+def np_rows(a, exact=False):
+    """The layer's rows between and after the GEMMs (``jn.moe.ROW_DTYPE``, bf16): the SwiGLU
+    activation and each expert's output row are rounded to it; ``exact``: unrounded."""
+    return a if exact else a.astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+def np_down(act, w2, c, s2=None, exact=False):
+    """The down GEMM as the layer runs it: its product rounded to the row dtype, then a W4A4
+    dynamic row scale applied."""
+    v, row_scale = np_act_in(act, c, s2, exact, split=True)
+    return np_rows(v @ w2.T, exact) * row_scale[:, None]
 
 
 def np_mlp(a, w13, w2, c, s1=None, s2=None, exact=False):
     hh = np_act_in(a, c, s1, exact) @ w13.T
-    return np_act_in(np_swiglu(hh, c.swiglu_limit), c, s2, exact) @ w2.T
+    return np_down(np_rows(np_swiglu(hh, c.swiglu_limit), exact), w2, c, s2, exact)
 
 
 def np_weights(w):
@@ -151,7 +171,7 @@ def np_moe_grad(x, w, c, ct, exact=False):
 
     def mlp_vjp(a, w13e, w2e, s1, s2, g_out):
         hh = np_act_in(a, c, s1, exact) @ w13e.T
-        y = np_act_in(np_swiglu(hh, c.swiglu_limit), c, s2, exact) @ w2e.T
+        y = np_down(np_rows(np_swiglu(hh, c.swiglu_limit), exact), w2e, c, s2, exact)
         return y, np_swiglu_vjp(hh, g_out @ w2e, c.swiglu_limit) @ w13e
 
     for e in range(c.num_experts):
@@ -206,6 +226,15 @@ def np_moe(x, w, c, token_ids=None, exact=False):
 
 
 # ------------------------------------------------------------------ tests
+W4A16_TOL = 1e-4
+"""W4A16 layer vs its float64 oracle (relative L2): float32 accumulation (~1e-6), plus the rare
+element whose float32 and float64 values straddle a bf16 rounding boundary of the layer's rows
+(the SwiGLU activation, each expert's output row), which then differ by one bf16 step: about
+5e-5 each at these sizes."""
+W4A4_TOL = 1e-2
+"""W4A4 (the default activation) layer vs its float64 oracle: a requantized code can flip where
+float32 and float64 (or two GPU fusions' float32) intermediates straddle a rounding boundary; the
+bf16 rows make exact e2m1 ties common, so one step on a few elements of a row."""
 CASES = [("w4a16", "dynamic"), ("w4a4", "dynamic"), ("w4a4", "static")]
 
 
@@ -225,7 +254,7 @@ def test_moe_against_float64(rng, backend, activation, scale):
     np.testing.assert_array_equal(np.asarray(got_ids), ids)
     # w4a16: float32 accumulation vs float64. w4a4: a code can flip where float32 and float64
     # intermediates straddle a rounding boundary (one E2M1 step on a rare element).
-    assert rel_err(out, ref) <= (1e-5 if activation == "w4a16" else 1e-2)
+    assert rel_err(out, ref) <= (W4A16_TOL if activation == "w4a16" else W4A4_TOL)
     out16 = jn.moe(jnp.asarray(x, jnp.bfloat16), w, c, backend=backend)
     assert out16.dtype == jnp.bfloat16
 
@@ -242,7 +271,7 @@ def test_many_experts_against_float64(rng):
     ref, ids = np_moe(x, w, c)
     assert np.unique(ids).size > 256
     # float32 accumulation vs float64 (1.2e-5 measured on the H200); the bug gave NaN / O(1)
-    assert np.isfinite(out).all() and rel_err(out, ref) <= 5e-5
+    assert np.isfinite(out).all() and rel_err(out, ref) <= W4A16_TOL
 
 
 def test_layer_is_deterministic(rng):
@@ -267,7 +296,7 @@ def test_gate_up_with_different_global_scales(rng):
     ref, _ = np_moe(x, w, c)
     for backend in ("reference", "ffi"):
         out = jn.moe(jnp.asarray(x), w, c, backend=backend)
-        assert rel_err(out, ref) <= 1e-5
+        assert rel_err(out, ref) <= W4A16_TOL
 
 
 def test_error_against_bf16_layer(rng):
@@ -338,7 +367,7 @@ class TestRouting:
         np.testing.assert_array_equal(np.asarray(ids), table[tok])
         out = jn.moe(jnp.asarray(x), w, c, token_ids=jnp.asarray(tok), backend="ffi")
         ref, _ = np_moe(x, w, c, token_ids=tok)
-        assert rel_err(out, ref) <= 1e-5
+        assert rel_err(out, ref) <= W4A4_TOL      # routing is what is checked here
         with pytest.raises(ValueError, match="token_ids"):
             jn.moe(jnp.asarray(x), w, c)
 
@@ -361,7 +390,7 @@ class TestRouting:
         assert set(np.unique(np.asarray(ids))) == set(hot)
         out = jn.moe(jnp.asarray(x), w, c, backend="ffi")
         ref, _ = np_moe(x, w, c)
-        assert rel_err(out, ref) <= 1e-5
+        assert rel_err(out, ref) <= W4A4_TOL      # routing is what is checked here
 
 
 def test_no_host_sync(rng):
@@ -423,7 +452,7 @@ def test_prepared_weights_give_the_same_layer(rng, backend, activation, scale):
     run = jax.jit(lambda x, w: jn.moe(x, w, c, backend=backend))
     want, got, fused = np.asarray(run(x, w)), np.asarray(run(x, u)), np.asarray(run(x, p))
     ref, _ = np_moe(np.asarray(x), w, c)
-    tol = 1e-5 if activation == "w4a16" else 1e-2
+    tol = W4A16_TOL if activation == "w4a16" else W4A4_TOL
     assert rel_err(got, ref) <= tol
     assert rel_err(want, ref) <= tol
     assert rel_err(fused, ref) <= tol and rel_err(fused, want) <= tol
@@ -537,7 +566,8 @@ def test_grad_wrt_x_against_float64(rng, backend, activation, scale):
     assert got.shape == x.shape and got.dtype == jnp.float32
     ref = np_moe_grad(x.reshape(-1, H), w, c, ct.reshape(-1, H))
     # w4a4: as in the forward test, a code can flip where float32 and float64 straddle a boundary
-    assert rel_err(np.asarray(got).reshape(-1, H), ref) <= (1e-5 if activation == "w4a16" else 1e-2)
+    assert rel_err(np.asarray(got).reshape(-1, H), ref) <= (W4A16_TOL if activation == "w4a16"
+                                                              else 1e-2)
 
 
 def test_grad_leaves_the_nvfp4_weights_frozen(rng):
@@ -720,7 +750,7 @@ def test_fused_swiglu_layer(rng, activation, scale, routing):
     assert "jax_nvfp4_grouped_gemm_glu" not in run.lower(x, w, tok).as_text()
     got, want = np.asarray(run(x, p, tok)), np.asarray(run(x, w, tok))
     ref, _ = np_moe(np.asarray(x), w, c, None if tok is None else np.asarray(tok))
-    tol = 1e-5 if activation == "w4a16" else 1e-2
+    tol = W4A16_TOL if activation == "w4a16" else W4A4_TOL
     print(f"{activation}-{scale} {routing}: fused {rel_err(got, ref):.2e} unfused "
           f"{rel_err(want, ref):.2e} fused vs unfused {rel_err(got, want):.2e}")
     assert rel_err(got, ref) <= tol and rel_err(got, want) <= tol
@@ -761,7 +791,22 @@ def test_fused_swiglu_layer_grad_wrt_x(rng, activation, scale):
     grad = jax.jit(jax.grad(lambda x, w: jnp.sum(jn.moe(x, w, c, backend="ffi") * ct)))
     got, want = np.asarray(grad(jnp.asarray(x), p)), np.asarray(grad(jnp.asarray(x), w))
     ref = np_moe_grad(x.reshape(-1, H), w, c, ct.reshape(-1, H))
-    tol = 1e-5 if activation == "w4a16" else 1e-2
+    tol = W4A16_TOL if activation == "w4a16" else W4A4_TOL
     print(f"{activation}-{scale}: fused {rel_err(got.reshape(-1, H), ref):.2e} vs unfused "
           f"{rel_err(got, want):.2e}")
     assert rel_err(got.reshape(-1, H), ref) <= tol and rel_err(got, want) <= tol
+
+
+@pytest.mark.parametrize("r,groups", [(300, 49), (4096, 9), (6000, 49), (5000, 65)])
+def test_sort_rows_against_numpy_stable_argsort(rng, r, groups):
+    # the dispatch: counting sort (R >= 4096, <= 64 groups) or argsort, the same three arrays
+    key = rng.integers(0, groups, r).astype(np.int32)
+    key[key == 1] = 2                                      # a group with no rows
+    key[: r // 3] = groups - 1                             # a big last group (non-local rows)
+    order, inv, sizes = jax.jit(sort_rows, static_argnums=1)(jnp.asarray(key), groups)
+    want = np.argsort(key, kind="stable")
+    np.testing.assert_array_equal(np.asarray(order), want)
+    np.testing.assert_array_equal(np.asarray(inv)[want], np.arange(r))
+    np.testing.assert_array_equal(np.asarray(sizes), np.bincount(key, minlength=groups))
+    assert order.dtype == inv.dtype == sizes.dtype == jnp.int32
+
