@@ -8,10 +8,37 @@ import jax.numpy as jnp
 from .moe_params import MoEConfig, MoEWeights
 
 
+def _bf16_terms(w: jax.Array) -> jax.Array:
+    """float32 ``[E, H]`` -> bfloat16 ``[3E, H]``: three terms per row whose float32 sum is w
+    exactly (8 + 8 + 8 significand bits; ``reduce_precision`` so that no excess precision can
+    skip a rounding inside jit)."""
+    w1 = jax.lax.reduce_precision(w, exponent_bits=8, mantissa_bits=7)
+    r = w - w1                                          # exact: w's low 16 bits
+    w2 = jax.lax.reduce_precision(r, exponent_bits=8, mantissa_bits=7)
+    return jnp.concatenate([w1, w2, r - w2]).astype(jnp.bfloat16)   # r - w2: exact, <= 8 bits
+
+
+def router_logits(x: jax.Array, router_weight: jax.Array) -> jax.Array:
+    """float32 ``[T, E]``: ``x @ router_weight.T`` in float32 arithmetic.
+
+    bf16 x (the model's activations) runs as one bf16 dot with float32 accumulation against the
+    weight split into three bf16 terms (:func:`_bf16_terms`): every product is then exact in
+    float32, so this is a float32 dot (up to the summation order) that reads x as it is, instead
+    of writing and reading a float32 copy of x for a float32 (non-tensor-core) dot. Other dtypes
+    take the float32 dot.
+    """
+    w = router_weight.astype(jnp.float32)
+    if x.dtype != jnp.bfloat16:
+        return jnp.dot(x.astype(jnp.float32), w.T, precision=jax.lax.Precision.HIGHEST)
+    e = w.shape[0]
+    p = jnp.dot(x, _bf16_terms(w).T, preferred_element_type=jnp.float32)   # [T, 3E]
+    return p[:, :e] + (p[:, e:2 * e] + p[:, 2 * e:])    # the small terms first
+
+
 def router_scores(x: jax.Array, router_weight: jax.Array, scoring_func: str) -> jax.Array:
-    """float32 ``[T, E]`` scores from x ``[T, H]`` and router_weight ``[E, H]`` (float32 math)."""
-    logits = jnp.dot(x.astype(jnp.float32), router_weight.astype(jnp.float32).T,
-                     precision=jax.lax.Precision.HIGHEST)
+    """float32 ``[T, E]`` scores from x ``[T, H]`` and router_weight ``[E, H]`` (float32 math,
+    :func:`router_logits`)."""
+    logits = router_logits(x, router_weight)
     if scoring_func == "sqrtsoftplus":
         return jnp.sqrt(jax.nn.softplus(logits))
     if scoring_func == "sigmoid":

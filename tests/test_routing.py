@@ -1,0 +1,31 @@
+"""The router's float32 logits: bf16 activations through the three-term bf16 split."""
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from jax_nvfp4 import routing
+
+
+@pytest.mark.parametrize("t,e,h", [(37, 48, 7168), (5, 9, 64)])
+def test_bf16_logits_equal_a_float32_dot(rng, t, e, h):
+    x = rng.standard_normal((t, h)).astype(ml_dtypes.bfloat16)
+    x[0, :5] = [1e30, -1e-30, 0.0, 3.0, -7.5]                    # wide range in one row
+    w = (rng.standard_normal((e, h)) * rng.uniform(1e-3, 10, (e, 1))).astype(np.float32)
+    w[1, :3] = [1.0 + 2.0**-23, -(1.0 - 2.0**-24), 2.0**-100]    # bits past bf16's 8 and 16
+    terms = np.asarray(jax.jit(routing._bf16_terms)(jnp.asarray(w))).astype(np.float64)
+    np.testing.assert_array_equal(terms[:e] + terms[e:2 * e] + terms[2 * e:], w)   # exact split
+    got = np.asarray(jax.jit(routing.router_logits)(jnp.asarray(x), jnp.asarray(w)))
+    want = x.astype(np.float64) @ w.astype(np.float64).T
+    f32 = np.asarray(jax.jit(routing.router_logits)(jnp.asarray(x.astype(np.float32)),
+                                                    jnp.asarray(w)))
+    assert got.dtype == np.float32 and got.shape == (t, e)
+    # float32 summation error bound: |x| . |w| * h * 2^-24 (both ways alike)
+    bound = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T * h * 2.0**-24
+    assert np.all(np.abs(got - want) <= bound)
+    assert np.all(np.abs(f32 - want) <= bound)
+    # much closer than a bf16 rounding of w would give
+    rough = x.astype(np.float64) @ w.astype(ml_dtypes.bfloat16).astype(np.float64).T
+    assert np.abs(got - want).max() < 1e-2 * np.abs(rough - want).max()
