@@ -270,8 +270,12 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
     local = expert_ids.reshape(-1) - expert_offset       # global -> local ids
     is_local = (local >= 0) & (local < num_local)
     key = jnp.where(is_local, local, num_local).astype(jnp.int32)   # non-local pairs sort last
-    order = jnp.argsort(key, stable=True)
-    row_expert = key[order]
+    # lax.sort, not jnp.argsort: argsort's permutation does not inherit the keys' varying
+    # manual axes (jax 0.10, 0.11), so under shard_map (where the keys depend on the device's
+    # expert_offset) the dispatch x[token_of] would be typed replicated, and its reverse-mode
+    # cotangent would be neither typed nor summed over the devices as the per-device rows it is.
+    row_expert, order = jax.lax.sort((key, jnp.arange(key.shape[0], dtype=jnp.int32)),
+                                     num_keys=1, is_stable=True)
     token_of = (order // k).astype(jnp.int32)
     group_sizes = jnp.bincount(key, length=num_local + 1)[:num_local].astype(jnp.int32)
     # Expected rows of the local experts (uniform routing): a kernel/tile hint only, so that
