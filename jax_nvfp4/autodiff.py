@@ -133,6 +133,8 @@ def frozen_weights(forward, x: jax.Array, rhs: NVFP4Tensor, group_sizes: jax.Arr
 
     Reverse mode only (``jax.grad``, ``jax.vjp``); ``jax.jvp`` raises (a ``custom_vjp``). Under
     ``jax.vmap`` the backward runs once per batch element (sequential, like the custom call).
+    Inside ``jax.shard_map``, x's cotangent is summed over the manual axes along which it varies
+    and x does not (:func:`sum_to_varying_axes_of`), e.g. a replicated x against sharded weights.
     """
     return _frozen(forward, x, rhs, group_sizes, aux, gather)
 

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from .autodiff import varying_axes
 from .moe import routed_experts, shared_expert, validate_moe
 from .moe_params import MoEConfig, MoEWeights
 from .routing import check_token_ids, route
@@ -199,6 +200,11 @@ def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sha
 
     Returns:
       ``[T, H]`` in x's dtype, equal to :func:`jax_nvfp4.moe` up to float32 summation order.
+
+    Gradients: reverse mode with respect to x, :func:`jax_nvfp4.moe`'s (frozen weights,
+    straight-through GEMM inputs, the router's true derivative) up to float32 summation order;
+    the backward sums x's cotangent over the axis (one all-reduce of ``[T, H]``) and
+    reduce-scatters the routing weights' (``[T, top_k]`` float32).
     """
     x = validate_moe(x, weights, config)
     ep = _ep_size(mesh, axis_name)
@@ -224,7 +230,8 @@ def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sha
         # x is the same on every device, and every device uses it (its token slice, its
         # experts' rows): typed as varying once here (no data moves), the backward sums x's
         # cotangent over the devices once (one all-reduce of [T, H]) instead of at each use.
-        x = jax.lax.pcast(x, axis_name, to="varying")
+        if axis_name not in varying_axes(x):
+            x = jax.lax.pcast(x, axis_name, to="varying")
         # The router runs on this device's token slice only; the decisions are gathered (ids
         # and the weights' bits side by side: one all-gather of int32 [T, 2 top_k]), so every
         # device holds every token's, made by the same per-token math as routing all T here.
