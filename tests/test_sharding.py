@@ -752,11 +752,10 @@ def _grad_x(f, x, w, ct):
 
 
 _NO_CAP = {"capacity_factor": None}
-# (layout, combine, moe_expert_parallel kwargs, T): between the two activations, both combines
-# with and without capacity, both layouts, and a T the 8 devices do not divide (padded slices).
-_GRAD_CASES = {"w4a16": [("checkpoint", "psum", {}, 16), ("sm90", "psum_scatter", _NO_CAP, 16),
-                         ("checkpoint", "psum", _NO_CAP, 13)],
-               "w4a4": [("checkpoint", "psum_scatter", {}, 16), ("sm90", "psum", {}, 16)]}
+# (layout, combine, moe_expert_parallel kwargs, T): for each activation both combines, both
+# layouts, with and without capacity; once a T the 8 devices do not divide (padded slices).
+_GRAD_CASES = {"w4a16": [("checkpoint", "psum", {}, 16), ("sm90", "psum_scatter", _NO_CAP, 16)],
+               "w4a4": [("checkpoint", "psum_scatter", {}, 16), ("sm90", "psum", _NO_CAP, 13)]}
 
 
 @pytest.mark.parametrize("activation", ["w4a16", "w4a4"])
