@@ -74,14 +74,31 @@ def lhs_cotangent(dy: jax.Array, rhs: NVFP4Tensor, group_sizes: jax.Array) -> ja
     return jnp.where((jnp.any(nan, axis=(1, 2))[gid] & valid)[:, None], jnp.nan, dx)
 
 
+def varying_axes(a) -> frozenset:
+    """The manual mesh axes (inside ``jax.shard_map``) along which ``a``'s type says it varies."""
+    aval = jax.typeof(a)
+    if hasattr(aval, "manual_axis_type"):          # jax >= 0.10
+        return frozenset(aval.manual_axis_type.varying)
+    return frozenset(getattr(aval, "vma", ()))      # older spelling
+
+
+def sum_to_varying_axes_of(ct, primal):
+    """``ct`` summed (``psum``) over the manual axes along which it varies and ``primal`` does
+    not: the cotangent of a value that is the same on every device of those axes (replicated)
+    and was used by each of them is the sum of their cotangents. Outside ``shard_map``, ``ct``."""
+    extra = varying_axes(ct) - varying_axes(primal)
+    return jax.lax.psum(ct, tuple(sorted(extra))) if extra else ct
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _frozen(forward, x, rhs, group_sizes, aux, gather):
     return forward(x, rhs, group_sizes, aux)
 
 
 def _frozen_fwd(forward, x, rhs, group_sizes, aux, gather):
-    # Only x's row count and dtype are needed in the backward: keep an empty [M, 0] array, not x.
-    proto = jnp.zeros((x.shape[0], 0), x.dtype)
+    # Only x's row count, dtype and varying manual axes are needed in the backward: keep an
+    # empty [M, 0] slice of x (it has x's type but holds nothing), not x.
+    proto = x[:, :0]
     return forward(x, rhs, group_sizes, aux), (rhs, group_sizes, proto, gather)
 
 
@@ -90,7 +107,9 @@ def _frozen_bwd(forward, res, dy):
     dx = lhs_cotangent(dy, rhs, group_sizes)
     if gather is not None:                     # the GEMM's rows were x[gather]: scatter-add back
         dx = jnp.zeros((x_proto.shape[0], dx.shape[1]), dx.dtype).at[gather].add(dx)
-    return dx.astype(x_proto.dtype), None, None, None, None
+    # Under shard_map a replicated x (e.g. all tokens, before the dispatch gather) meets
+    # device-varying weights or rows: its cotangent is the sum of the devices' ones.
+    return sum_to_varying_axes_of(dx, x_proto).astype(x_proto.dtype), None, None, None, None
 
 
 _frozen.defvjp(_frozen_fwd, _frozen_bwd)
@@ -114,6 +133,8 @@ def frozen_weights(forward, x: jax.Array, rhs: NVFP4Tensor, group_sizes: jax.Arr
 
     Reverse mode only (``jax.grad``, ``jax.vjp``); ``jax.jvp`` raises (a ``custom_vjp``). Under
     ``jax.vmap`` the backward runs once per batch element (sequential, like the custom call).
+    Inside ``jax.shard_map``, x's cotangent is summed over the manual axes along which it varies
+    and x does not (:func:`sum_to_varying_axes_of`), e.g. a replicated x against sharded weights.
     """
     return _frozen(forward, x, rhs, group_sizes, aux, gather)
 

@@ -288,7 +288,7 @@ def sort_rows(key: jax.Array, groups: int):
       ``(order, inv, sizes)``, int32 ``[R]``, ``[R]``, ``[groups]``: ``key[order]`` is sorted with
       ties in row order, ``inv`` the inverse permutation (``order[inv] == arange(R)``), ``sizes``
       the rows per group. Large R with few groups is a counting sort (one-hot prefix sums), else a
-      stable argsort; both give the same arrays.
+      stable sort; both give the same arrays.
     """
     r = key.shape[0]
     if r >= COUNTING_SORT_MIN_ROWS and groups <= COUNTING_SORT_MAX_GROUPS:
@@ -298,7 +298,11 @@ def sort_rows(key: jax.Array, groups: int):
         inv = ((jnp.cumsum(sizes) - sizes)[key] + rank).astype(jnp.int32)
         order = jnp.zeros_like(inv).at[inv].set(jnp.arange(r, dtype=jnp.int32))
         return order, inv, sizes.astype(jnp.int32)
-    order = jnp.argsort(key, stable=True).astype(jnp.int32)
+    # lax.sort, not jnp.argsort: argsort's permutation does not inherit the keys' varying
+    # manual axes (jax 0.10, 0.11), so under shard_map (where the keys depend on the device's
+    # expert_offset) the dispatch x[token_of] would be typed replicated, and its reverse-mode
+    # cotangent would be neither typed nor summed over the devices as the per-device rows it is.
+    _, order = jax.lax.sort((key, jnp.arange(r, dtype=jnp.int32)), num_keys=1, is_stable=True)
     inv = jnp.zeros_like(order).at[order].set(jnp.arange(r, dtype=jnp.int32))
     return order, inv, jnp.bincount(key, length=groups).astype(jnp.int32)
 

@@ -19,6 +19,7 @@ ceil(capacity_factor * T * top_k / devices)``; the result is the same whichever 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 
@@ -27,6 +28,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from .autodiff import varying_axes
 from .moe import routed_experts, shared_expert, validate_moe
 from .moe_params import MoEConfig, MoEWeights
 from .routing import check_token_ids, route
@@ -138,6 +140,36 @@ def local_routed_experts(x, weights: MoEWeights, config: MoEConfig, *, device_in
                           backend=backend, capacity=capacity)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _gather_decisions(ids, rw, axis_name, devices, t):
+    """Every device's routing decisions, all-gathered over ``axis_name`` (``devices`` long):
+    ids int32 and weights float32 ``[S, top_k]`` each -> ``[t, top_k]`` each (``t <= S *
+    devices``), moved as one all-gather of int32 ``[S * devices, 2 top_k]`` (the weights' bits
+    beside the ids). Differentiable with respect to the weights."""
+    k = ids.shape[1]
+    both = jnp.concatenate([ids, jax.lax.bitcast_convert_type(rw, jnp.int32)], axis=1)
+    both = jax.lax.all_gather(both, axis_name, tiled=True)[:t]
+    return both[:, :k], jax.lax.bitcast_convert_type(both[:, k:], jnp.float32)
+
+
+def _gather_decisions_fwd(ids, rw, axis_name, devices, t):
+    return _gather_decisions(ids, rw, axis_name, devices, t), rw[:, :0]   # rw's [S] and type
+
+
+def _gather_decisions_bwd(axis_name, devices, t, rw_proto, cts):
+    # The bit cast carries no derivative; the weights' cotangent is the (float) all-gather's
+    # transpose: each device's slice of the padded [S * devices, top_k] cotangent, summed over
+    # the devices (one reduce-scatter), so the router gets its gradient as on one device.
+    _, drw = cts
+    s = rw_proto.shape[0]
+    drw = jnp.pad(drw.astype(jnp.float32), ((0, s * devices - t), (0, 0)))
+    drw = jax.lax.psum_scatter(drw, axis_name, scatter_dimension=0, tiled=True)
+    return None, drw
+
+
+_gather_decisions.defvjp(_gather_decisions_fwd, _gather_decisions_bwd)
+
+
 def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sharding.Mesh, *,
                         axis_name: str = "ep", combine: str = "psum", token_ids=None,
                         backend: str = "auto",
@@ -168,6 +200,11 @@ def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sha
 
     Returns:
       ``[T, H]`` in x's dtype, equal to :func:`jax_nvfp4.moe` up to float32 summation order.
+
+    Gradients: reverse mode with respect to x, :func:`jax_nvfp4.moe`'s (frozen weights,
+    straight-through GEMM inputs, the router's true derivative) up to float32 summation order;
+    the backward sums x's cotangent over the axis (one all-reduce of ``[T, H]``) and
+    reduce-scatters the routing weights' (``[T, top_k]`` float32).
     """
     x = validate_moe(x, weights, config)
     ep = _ep_size(mesh, axis_name)
@@ -185,19 +222,21 @@ def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sha
         check_token_ids(token_ids, weights.hash_table, t)
     device_capacity(t, config.top_k, ep, capacity_factor)        # checks capacity_factor
     tslice = -(-t // ep)                                   # tokens per device (padded T / ep)
-    k = config.top_k
     has_shared = weights.shared_w13 is not None
     tok = jnp.zeros((t,), jnp.int32) if token_ids is None else jnp.asarray(token_ids)
 
     def body(x, w, tok):
         idx = jax.lax.axis_index(axis_name)
+        # x is the same on every device, and every device uses it (its token slice, its
+        # experts' rows): typed as varying once here (no data moves), the backward sums x's
+        # cotangent over the devices once (one all-reduce of [T, H]) instead of at each use.
+        if axis_name not in varying_axes(x):
+            x = jax.lax.pcast(x, axis_name, to="varying")
         # The router runs on this device's token slice only; the decisions are gathered (ids
         # and the weights' bits side by side: one all-gather of int32 [T, 2 top_k]), so every
         # device holds every token's, made by the same per-token math as routing all T here.
         ids, rw = route_token_slice(x, w, config, device_index=idx, devices=ep, token_ids=tok)
-        both = jnp.concatenate([ids, jax.lax.bitcast_convert_type(rw, jnp.int32)], axis=1)
-        both = jax.lax.all_gather(both, axis_name, tiled=True)[:t]
-        ids, rw = both[:, :k], jax.lax.bitcast_convert_type(both[:, k:], jnp.float32)
+        ids, rw = _gather_decisions(ids, rw, axis_name, ep, t)
         out = local_routed_experts(x, w, config, device_index=idx, devices=ep, backend=backend,
                                    capacity_factor=capacity_factor, routing=(ids, rw))
         if has_shared:                                     # once in total: a token slice each

@@ -741,6 +741,74 @@ def test_error_routed_experts_capacity(rng):
             routed_experts(jnp.asarray(x), ids, rw, w, cfg, capacity=bad)
 
 
+# ----------------------------------------------------------------------------- gradients
+
+
+def _grad_x(f, x, w, ct):
+    """jit(grad) of ``sum(ct * f(x, w))`` wrt x, compiled: (gradient, compiled HLO text)."""
+    g = jax.jit(jax.grad(lambda x, w: jnp.sum(f(x, w) * ct)))
+    compiled = g.lower(jnp.asarray(x), w).compile()
+    return compiled(jnp.asarray(x), w), compiled.as_text()
+
+
+_NO_CAP = {"capacity_factor": None}
+# (layout, combine, moe_expert_parallel kwargs, T): for each activation both combines, both
+# layouts, with and without capacity; once a T the 8 devices do not divide (padded slices).
+_GRAD_CASES = {"w4a16": [("checkpoint", "psum", {}, 16), ("sm90", "psum_scatter", _NO_CAP, 16)],
+               "w4a4": [("checkpoint", "psum_scatter", {}, 16), ("sm90", "psum", _NO_CAP, 13)]}
+
+
+@pytest.mark.parametrize("activation", ["w4a16", "w4a4"])
+def test_grad_wrt_x_equals_single_device(activation, rng):
+    """jax.grad wrt x through the 8-device layer equals the single-device layer's gradient
+    (checked against a float64 oracle in tests/test_moe.py), through the experts and the router
+    (whose decisions are all-gathered as int32 bits): both combines, with and without capacity,
+    checkpoint and prepared (paired, fused forward) weights, T not divisible by the devices. x
+    is replicated, so its cotangent is the devices' summed: one all-reduce of [T, H] in all."""
+    cfg, w, x, _ = make_layer(rng, activation=activation, t=16, top_k=2)
+    layouts = {"checkpoint": w, "sm90": jn.prepare_weights(w)}
+    ct = _normal(rng, x.shape, 1.0)
+    mesh = ep_mesh(8)
+    for layout, combine, kw, t in _GRAD_CASES[activation]:
+        weights = layouts[layout]
+        what = f"{layout} combine={combine} {kw} T={t}"
+        ref, _ = _grad_x(lambda x, w: jn.moe(x, w, cfg, backend=BACKEND), x[:t], weights, ct[:t])
+        got, hlo = _grad_x(lambda x, w: jn.moe_expert_parallel(
+            x, w, cfg, mesh, combine=combine, backend=BACKEND, **kw), x[:t],
+            jn.shard_moe_weights(weights, mesh), ct[:t])
+        assert_close(got, ref, what)
+        # forward: the decisions' all-gather; backward: the routing weights' reduce-scatter
+        # ([S, top_k]), x's all-reduce, and the combine's transpose (psum: nothing moves,
+        # psum_scatter: an all-gather of the output's cotangent)
+        gathers = 1 + (combine == "psum_scatter")
+        assert _count_ops(hlo, "all-reduce") == 1 and _count_ops(hlo, "all-gather") == gathers, \
+            what
+        assert re.search(rf"f32\[{t},{H}\]\S* all-reduce(-start)?\(", hlo), what
+
+
+@pytest.mark.parametrize("activation", ["w4a16", "w4a4"])
+def test_routed_experts_grad_replicated_x_in_shard_map(activation, rng):
+    """The building block in one's own shard_map, x replicated as it comes in: each device's
+    GEMM rows are its own dispatch of x (typed as varying although the sort's permutation is
+    computed from device-varying keys), and a replicated x fed to a GEMM whole (W4A4 dynamic:
+    quantized per token, then gathered) gets the devices' cotangents summed."""
+    cfg, w, x, _ = make_layer(rng, activation=activation, t=16, top_k=2, shared=False)
+    ct = _normal(rng, x.shape, 1.0)
+    mesh = ep_mesh(8)
+
+    def ep(x, w):
+        def body(x, w):
+            out = sharding.local_routed_experts(x, w, cfg, device_index=jax.lax.axis_index("ep"),
+                                                devices=8, backend=BACKEND, capacity_factor=None)
+            return jax.lax.psum(out, "ep")
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), sharding.weight_specs(w)),
+                             out_specs=P())(x, w)
+
+    ref, _ = _grad_x(lambda x, w: jn.moe(x, w, cfg, backend=BACKEND), x, w, ct)
+    got, _ = _grad_x(ep, x, jn.shard_moe_weights(w, mesh), ct)
+    assert_close(got, ref, activation)
+
+
 # ----------------------------------------------------------------------------- errors
 
 
