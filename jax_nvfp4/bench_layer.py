@@ -20,7 +20,7 @@ in one run:
   (``layer_unfused_ms``, the unfused path) in the same run;
 - ``gemm1_ms`` / ``gemm2_ms``: each grouped GEMM alone, called as the layer calls it (same lhs kind,
   the group sizes the layer's routing produced), on the same routed rows: the gate/up GEMM with
-  float32 output, the down GEMM with the layer's bf16 rows (``jax_nvfp4.moe.ROW_DTYPE``);
+  float32 output, the down GEMM with the layer's rows (bf16, ``MoEConfig.row_dtype``);
 - ``overhead_share = (layer_ms - gemm1_ms - gemm2_ms) / layer_ms``: routing, dispatch, SwiGLU,
   requantization and combine;
 - ``reference_ms``: the layer on the pure-jnp reference backend, for scale (slow: XLA's
@@ -57,7 +57,7 @@ from . import gemm, layout, moe_params, sharding
 from .bench import _driver_version, time_ms
 from .bench_ep import random_layer
 from .formats import NVFP4Tensor
-from .moe import (ROW_DTYPE, _fused_path, _round_rows, _row_global_scale, _swiglu_paired, moe,
+from .moe import (_fused_path, _round_rows, _row_global_scale, _swiglu_paired, moe, row_dtype,
                   row_ladder, swiglu)
 from .quantization import quantize
 from .routing import route
@@ -111,7 +111,7 @@ def gemm_inputs(x, token_of, sizes, weights, config, backend):
     def inputs(x, token_of, w13, sizes):
         lhs1, s1 = _gemm_lhs(x[token_of], config.activation)
         h = _gemm(lhs1, w13, sizes, backend, config.precision)
-        act = _round_rows(glu(h if s1 is None else h * s1[:, None], config.swiglu_limit))
+        act = _round_rows(glu(h if s1 is None else h * s1[:, None], config.swiglu_limit), config)
         lhs2, s2 = _gemm_lhs(act, config.activation)
         return lhs1, s1, lhs2, s2
 
@@ -131,7 +131,7 @@ def gemm_cases(x, token_of, sizes, weights, config, backend):
         return _gemm(lhs, w, sizes, backend, config.precision)
 
     def gemm2(lhs, w, sizes):   # out in the layer's row dtype (bf16), as the layer calls it
-        return _gemm(lhs, w, sizes, backend, config.precision, out_dtype=ROW_DTYPE)
+        return _gemm(lhs, w, sizes, backend, config.precision, out_dtype=row_dtype(config))
 
     return ((jax.jit(gemm1), (lhs1, weights.w13, sizes)),
             (jax.jit(gemm2), (lhs2, weights.w2, sizes)))

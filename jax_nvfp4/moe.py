@@ -15,11 +15,12 @@ device, so the answer is the same on 1 or 8 devices:
 When gate and up carry different ``weight_scale_2`` (w13 global_scale ``[E, 2]``) each half is scaled by
 its own factor on the float32 GEMM output, never by re-rounding block scales.
 
-Rows in bf16 (:data:`ROW_DTYPE`). Each routed row's SwiGLU activation is rounded to bf16 before
-the down GEMM (W4A4 then quantizes the bf16 row), and the down GEMM writes each expert's output row
-in bf16 (W4A4 dynamic: before the row's activation scale, applied in float32); the combine sums
-``route_weight * row`` over the top-k slots in float32. No float32 ``[rows, features]`` array is
-written between the GEMMs or before the combine.
+Rows in bf16 (``config.row_dtype``, :func:`row_dtype`; "float32" keeps them float32). Each routed
+row's SwiGLU activation is rounded to bf16 before the down GEMM (W4A4 then quantizes the bf16 row),
+and the down GEMM writes each expert's output row in bf16 (W4A4 dynamic: before the row's
+activation scale, applied in float32); the combine sums ``route_weight * row`` over the top-k slots
+in float32. No float32 ``[rows, features]`` array is written between the GEMMs or before the
+combine.
 
 The fused SwiGLU epilogue. When ``weights.w13_paired`` (gate/up rows paired, as
 :func:`jax_nvfp4.prepare_weights` leaves them with the sm90 layout) and ``config.precision`` is
@@ -28,7 +29,7 @@ The fused SwiGLU epilogue. When ``weights.w13_paired`` (gate/up rows paired, as
 once per token and gathered): per row, ``h = acc * alpha_half`` (``alpha_half`` = that half's
 weight global scale, times the static input scale for W4A4 static), then ``h * row_scale`` (W4A4
 dynamic: the row's activation scale), then ``silu(min(gate, L)) * clip(up, -L, L)`` with
-``silu(x) = x / (1 + exp(-x))`` in float32; out in bf16 (:data:`ROW_DTYPE`). Against the
+``silu(x) = x / (1 + exp(-x))`` in float32; out in the row dtype. Against the
 unfused path only float32 ulps differ (the silu formula, the order of the epilogue factors), which
 can move a bf16 rounding or a requantized code by one step. The reverse-mode derivative is the
 unfused path's (recomputed in the backward). Paired weights with ``precision="fp8"`` run the
@@ -52,27 +53,32 @@ from .reference import GLU_ROW_BLOCK, split_paired
 from .routing import check_hash_table, route
 
 
-ROW_DTYPE = jnp.bfloat16
-"""The dtype the layer rounds its [rows, features] intermediates to: each routed row's SwiGLU
-activation (the down GEMM's input) and its down-GEMM output, before the weighted combine (which
-sums in float32). Half the bytes of float32 between the GEMMs and in the combine."""
+def row_dtype(config: MoEConfig):
+    """The dtype the layer rounds its ``[rows, features]`` intermediates to (``config.row_dtype``):
+    each routed row's SwiGLU activation (the down GEMM's input) and its down-GEMM output, before
+    the weighted combine (which sums in float32). bf16 halves the bytes between the GEMMs and in
+    the combine."""
+    return jnp.dtype(config.row_dtype)
 
 
 @jax.custom_jvp
-def _round_rows(a: jax.Array) -> jax.Array:
-    """``a`` rounded to :data:`ROW_DTYPE`, returned as float32; straight-through (identity) in
-    the derivative, like the GEMM inputs' roundings. A ROW_DTYPE array (a GEMM's output, rounded
-    by every backend) is widened exactly; a float32 one is rounded by ``reduce_precision``, which
-    XLA keeps inside any jit (a narrowing convert followed by a widening one may be elided)."""
-    if a.dtype == ROW_DTYPE:
+def _round_bf16(a: jax.Array) -> jax.Array:
+    """``a`` rounded to bf16, returned as float32; straight-through (identity) in the derivative,
+    like the GEMM inputs' roundings. A bf16 array (a GEMM's output, rounded by every backend) is
+    widened exactly; a float32 one is rounded by ``reduce_precision``, which XLA keeps inside any
+    jit (a narrowing convert followed by a widening one may be elided)."""
+    if a.dtype == jnp.bfloat16:
         return a.astype(jnp.float32)
-    info = jnp.finfo(ROW_DTYPE)
-    return jax.lax.reduce_precision(a.astype(jnp.float32), exponent_bits=info.nexp,
-                                    mantissa_bits=info.nmant)
+    return jax.lax.reduce_precision(a.astype(jnp.float32), exponent_bits=8, mantissa_bits=7)
 
 
-_round_rows.defjvp(lambda primals, tangents: (_round_rows(*primals),
+_round_bf16.defjvp(lambda primals, tangents: (_round_bf16(*primals),
                                               tangents[0].astype(jnp.float32)))
+
+
+def _round_rows(a: jax.Array, config: MoEConfig) -> jax.Array:
+    """``a`` rounded to :func:`row_dtype`, as float32."""
+    return a.astype(jnp.float32) if row_dtype(config) == jnp.float32 else _round_bf16(a)
 
 
 def swiglu(h: jax.Array, limit=None) -> jax.Array:
@@ -98,7 +104,7 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
                  rows_hint=None, gather=None, paired=False, out_dtype=jnp.float32):
     """One grouped GEMM over rows sorted by (local) expert; float32 ``[R, N]`` out.
 
-    ``out_dtype``: the GEMM's own output dtype (float32, or :data:`ROW_DTYPE` for the down GEMM:
+    ``out_dtype``: the GEMM's own output dtype (float32, or :func:`row_dtype` for the down GEMM:
     the product is rounded to it, then scaled by a W4A4 dynamic row scale in float32).
 
     ``in_scale`` is the static per-expert activation scale float32 ``[G]`` (W4A4 static) or
@@ -146,7 +152,7 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
         out = grouped_gemm(lhs, dataclasses.replace(w, global_scale=alpha), group_sizes,
                            out_dtype=out_dtype, backend=backend, rows_hint=rows_hint,
                            precision=config.precision)
-        out = out if out.dtype == jnp.float32 else _round_rows(out)
+        out = out if out.dtype == jnp.float32 else _round_bf16(out)
         if row_scale is not None:
             out = out * row_scale[:, None]
         return out
@@ -194,11 +200,11 @@ def _gate_up_forward(x_rows, w, group_sizes, aux, *, config, backend, rows_hint)
     else:
         lhs = jax.lax.optimization_barrier(x_rows.astype(jnp.bfloat16))
     act = grouped_gemm_swiglu(lhs, dataclasses.replace(w, global_scale=alpha), group_sizes,
-                              row_scale=row_scale, limit=config.swiglu_limit, out_dtype=ROW_DTYPE,
+                              row_scale=row_scale, limit=config.swiglu_limit, out_dtype=row_dtype(config),
                               backend=backend, rows_hint=rows_hint)
     # float32 for the down GEMM's (straight-through) cotangent; the down GEMM's input is the
-    # ROW_DTYPE value either way (its W4A16 cast is then a no-op round trip).
-    return _round_rows(act)
+    # row-dtype value either way (for W4A16 bf16 rows its cast is then a no-op round trip).
+    return _round_rows(act, config)
 
 
 def _gate_up_unfused(x_rows, w, group_sizes, aux, *, config, backend, rows_hint):
@@ -206,7 +212,7 @@ def _gate_up_unfused(x_rows, w, group_sizes, aux, *, config, backend, rows_hint)
     row_expert, in_scale, gather = aux
     h = _expert_gemm(x_rows, row_expert, w, in_scale, group_sizes, config, backend, rows_hint,
                      gather=gather, paired=True)
-    return _round_rows(_swiglu_paired(h, config.swiglu_limit))
+    return _round_rows(_swiglu_paired(h, config.swiglu_limit), config)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -358,10 +364,10 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
         else:
             h1 = _expert_gemm(x, row_expert[:n], weights.w13, in_scale, group_sizes, config,
                               backend, hint, gather=token_of[:n])
-            act = _round_rows(swiglu(h1, config.swiglu_limit))
+            act = _round_rows(swiglu(h1, config.swiglu_limit), config)
         y = _expert_gemm(act, row_expert[:n], weights.w2,
                          _static_scale(weights, "w2_input_scale", config), group_sizes, config,
-                         backend, hint, out_dtype=ROW_DTYPE)
+                         backend, hint, out_dtype=row_dtype(config))
         # Combine: back to (token, slot) order by the inverse permutation (a gather), then a
         # weighted sum over the k slots in slot order. Deterministic (a scatter-add over token_of
         # would use atomics on the GPU, summing in a different order from run to run), and a
@@ -389,10 +395,10 @@ def shared_expert(x, weights: MoEWeights, config: MoEConfig, *, backend="auto"):
                            fused=_fused_path(weights, config))
     else:
         act = _round_rows(swiglu(_expert_gemm(x, zeros, one(weights.shared_w13), in_scale, sizes,
-                                              config, backend), config.swiglu_limit))
+                                              config, backend), config.swiglu_limit), config)
     return _expert_gemm(act, zeros, one(weights.shared_w2),
                         _static_scale(weights, "shared_w2_input_scale", config, (1,)), sizes,
-                        config, backend, out_dtype=ROW_DTYPE)
+                        config, backend, out_dtype=row_dtype(config))
 
 
 def _check_shape(v, name, shapes):

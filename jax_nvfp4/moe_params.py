@@ -13,6 +13,7 @@ from .formats import NVFP4Tensor
 SCORING_FUNCS = ("sqrtsoftplus", "sigmoid", "softmax")
 ACTIVATIONS = ("w4a4", "w4a16")
 ACTIVATION_SCALES = ("dynamic", "static")
+ROW_DTYPES = ("bfloat16", "float32")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,10 @@ class MoEConfig:
         checkpoint's calibrated input scale, per expert).
       precision: the grouped GEMMs' compute mode, "exact" (default) or "fp8" (e4m3 operands,
         see :func:`jax_nvfp4.grouped_gemm`; hidden_size and intermediate_size multiples of 128).
+      row_dtype: "bfloat16" (default) or "float32": the dtype each routed row's SwiGLU
+        activation and down-GEMM output are rounded to between the GEMMs and before the combine
+        (:mod:`jax_nvfp4.moe`). float32 reproduces a float32 reference forward (e.g. Quark's) to
+        float32 rounding, at twice the bytes between and after the GEMMs.
     """
 
     num_experts: int
@@ -51,6 +56,7 @@ class MoEConfig:
     activation: str = "w4a4"
     activation_scale: str = "dynamic"
     precision: str = "exact"
+    row_dtype: str = "bfloat16"
 
     def __post_init__(self):
         from .fp8 import CHUNK as FP8_CHUNK, PRECISIONS  # noqa: PLC0415  (fp8 -> layout -> here)
@@ -63,6 +69,8 @@ class MoEConfig:
                              f"got {self.activation_scale!r}")
         if not isinstance(self.precision, str) or self.precision not in PRECISIONS:
             raise ValueError(f"precision: expected one of {PRECISIONS}, got {self.precision!r}")
+        if not isinstance(self.row_dtype, str) or self.row_dtype not in ROW_DTYPES:
+            raise ValueError(f"row_dtype: expected one of {ROW_DTYPES}, got {self.row_dtype!r}")
         if not 1 <= self.top_k <= self.num_experts:
             raise ValueError(f"top_k: expected 1 <= top_k <= num_experts={self.num_experts}, "
                              f"got {self.top_k}")

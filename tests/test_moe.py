@@ -108,22 +108,24 @@ def np_act_in(a, c, static_scale, exact=False, split=False):
     return (v, ones) if split else v
 
 
-def np_rows(a, exact=False):
-    """The layer's rows between and after the GEMMs (``jn.moe.ROW_DTYPE``, bf16): the SwiGLU
+def np_rows(a, c, exact=False):
+    """The layer's rows between and after the GEMMs (``c.row_dtype``, bf16 by default): the SwiGLU
     activation and each expert's output row are rounded to it; ``exact``: unrounded."""
-    return a if exact else a.astype(ml_dtypes.bfloat16).astype(np.float64)
+    if exact or c.row_dtype == "float32":      # float32 rows: float32 math, as float64 here
+        return a
+    return a.astype(ml_dtypes.bfloat16).astype(np.float64)
 
 
 def np_down(act, w2, c, s2=None, exact=False):
     """The down GEMM as the layer runs it: its product rounded to the row dtype, then a W4A4
     dynamic row scale applied."""
     v, row_scale = np_act_in(act, c, s2, exact, split=True)
-    return np_rows(v @ w2.T, exact) * row_scale[:, None]
+    return np_rows(v @ w2.T, c, exact) * row_scale[:, None]
 
 
 def np_mlp(a, w13, w2, c, s1=None, s2=None, exact=False):
     hh = np_act_in(a, c, s1, exact) @ w13.T
-    return np_down(np_rows(np_swiglu(hh, c.swiglu_limit), exact), w2, c, s2, exact)
+    return np_down(np_rows(np_swiglu(hh, c.swiglu_limit), c, exact), w2, c, s2, exact)
 
 
 def np_weights(w):
@@ -171,7 +173,7 @@ def np_moe_grad(x, w, c, ct, exact=False):
 
     def mlp_vjp(a, w13e, w2e, s1, s2, g_out):
         hh = np_act_in(a, c, s1, exact) @ w13e.T
-        y = np_down(np_rows(np_swiglu(hh, c.swiglu_limit), exact), w2e, c, s2, exact)
+        y = np_down(np_rows(np_swiglu(hh, c.swiglu_limit), c, exact), w2e, c, s2, exact)
         return y, np_swiglu_vjp(hh, g_out @ w2e, c.swiglu_limit) @ w13e
 
     for e in range(c.num_experts):
@@ -257,6 +259,23 @@ def test_moe_against_float64(rng, backend, activation, scale):
     assert rel_err(out, ref) <= (W4A16_TOL if activation == "w4a16" else W4A4_TOL)
     out16 = jn.moe(jnp.asarray(x, jnp.bfloat16), w, c, backend=backend)
     assert out16.dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("activation", ["w4a16", "w4a4"])
+def test_float32_rows_against_float64(rng, activation):
+    # row_dtype="float32": no bf16 rounding between or after the GEMMs (the oracle skips it too);
+    # paired weights, so the fused call writes float32
+    q = quantized(float_layer(rng))
+    w = jn.prepare_weights(q)
+    c = cfg(activation=activation, row_dtype="float32")
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    out = jax.jit(lambda x, w: jn.moe(x, w, c))(jnp.asarray(x), w)
+    ref, _ = np_moe(x, q, c)
+    assert rel_err(out, ref) <= (1e-5 if activation == "w4a16" else W4A4_TOL)
+    bf16_rows = jax.jit(lambda x, w: jn.moe(x, w, cfg(activation=activation)))(jnp.asarray(x), w)
+    assert rel_err(bf16_rows, out) > 1e-5                 # the default rounds: not the same layer
+    with pytest.raises(ValueError, match="row_dtype"):
+        cfg(row_dtype="float16")
 
 
 def test_many_experts_against_float64(rng):
