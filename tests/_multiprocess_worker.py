@@ -103,10 +103,11 @@ def _main(argv=None) -> int:
         ws = jn.shard_moe_weights(jax.tree.map(np.asarray, weights), mesh)
         xg = jax.device_put(x_np, NamedSharding(mesh, P()))
         for b in backends:
+            # both combines in one jit: one compile per backend (each output has its sharding)
+            outs = jax.jit(lambda x, w, b=b: {c: jn.moe_expert_parallel(
+                x, w, cfg, mesh, combine=c, backend=b) for c in ("psum", "psum_scatter")})(xg, ws)
             for combine in ("psum", "psum_scatter"):
-                f = jax.jit(lambda x, w, b=b, c=combine: jn.moe_expert_parallel(
-                    x, w, cfg, mesh, combine=c, backend=b))
-                out = f(xg, ws)
+                out = outs[combine]
                 rows, vals = [], []
                 for shard in out.addressable_shards:      # the rows this process holds
                     idx = np.arange(x_np.shape[0])[shard.index[0]]

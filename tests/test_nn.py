@@ -93,8 +93,9 @@ def test_linen_module(rng):
     out = model.apply(variables, x)
     h = nn.Dense(H).apply({"params": variables["params"]["Dense_0"]}, x)
     np.testing.assert_array_equal(np.asarray(out), np.asarray(jn.moe(h, weights, config)))
-    g = jax.grad(lambda p: jnp.sum(model.apply({"params": p, COLLECTION: variables[COLLECTION]},
-                                               x) ** 2))(variables["params"])
+    # jitted: one compile (op by op the backward pass took ~13 s on CPU)
+    g = jax.jit(jax.grad(lambda p: jnp.sum(model.apply(
+        {"params": p, COLLECTION: variables[COLLECTION]}, x) ** 2)))(variables["params"])
     assert np.any(np.asarray(g["Dense_0"]["kernel"]))
 
 
@@ -108,9 +109,10 @@ def test_equinox_module(rng):
     x = jnp.asarray(rng.standard_normal((2, 3, H)), jnp.float32)
     np.testing.assert_allclose(np.asarray(eqx.filter_jit(lambda m, x: m(x))(m, x)),
                                np.asarray(jn.moe(x, weights, config)), rtol=1e-6, atol=1e-7)
-    gx = eqx.filter_grad(lambda x, m: jnp.sum(m(x) ** 2))(x, m)
+    # jitted: one compile each (op by op the backward passes took most of this test's time)
+    gx = eqx.filter_jit(eqx.filter_grad(lambda x, m: jnp.sum(m(x) ** 2)))(x, m)
     assert gx.shape == x.shape and np.any(np.asarray(gx))
-    gm = eqx.filter_grad(lambda m: jnp.sum(m(x) ** 2))(m)
+    gm = eqx.filter_jit(eqx.filter_grad(lambda m: jnp.sum(m(x) ** 2)))(m)
     assert all(not np.any(np.asarray(v, np.float32)) for v in jax.tree.leaves(gm))
     params, static = eqx.partition(m, trainable(m))
     assert not jax.tree.leaves(params)                       # nothing of the MoE is trainable

@@ -165,8 +165,12 @@ def check_both_combines(cfg, w, x, ep, token_ids=None, backend=BACKEND, ref=None
     ref = single(x, w, cfg, token_ids, backend) if ref is None else ref
     mesh = ep_mesh(ep, axis_type)
     outs = {}
+    # both combines in one jit: one compile instead of two (each output keeps its own sharding)
+    both = jax.jit(lambda x, w, tok: {c: jn.moe_expert_parallel(
+        x, w, cfg, mesh, combine=c, token_ids=tok, backend=backend)
+        for c in ("psum", "psum_scatter")})(x, jn.shard_moe_weights(w, mesh), token_ids)
     for combine in ("psum", "psum_scatter"):
-        out = run_ep(x, w, cfg, mesh, combine, token_ids, backend)
+        out = both[combine]
         if combine == "psum_scatter":                      # token-sharded along the axis
             assert out.sharding.spec[0] == "ep" or ep == 1, out.sharding
             assert out.addressable_shards[0].data.shape == (x.shape[0] // ep, H)
@@ -260,8 +264,15 @@ def test_shared_expert_counted_once(rng):
     cfg0 = dataclasses.replace(cfg, n_shared_experts=0)
     w0 = dataclasses.replace(w, shared_w13=None, shared_w2=None)
     mesh = ep_mesh(8)
-    d_ep = np.asarray(run_ep(x, w, cfg, mesh, "psum")) - np.asarray(run_ep(x, w0, cfg0, mesh, "psum"))
-    d_1 = single(x, w, cfg) - single(x, w0, cfg0)
+    # with and without the shared expert in one jit each (one compile instead of two)
+    with_, without = jax.jit(lambda x, w, w0: (
+        jn.moe_expert_parallel(x, w, cfg, mesh, backend=BACKEND),
+        jn.moe_expert_parallel(x, w0, cfg0, mesh, backend=BACKEND)))(
+        x, jn.shard_moe_weights(w, mesh), jn.shard_moe_weights(w0, mesh))
+    d_ep = np.asarray(with_) - np.asarray(without)
+    one, one0 = jax.jit(lambda x, w, w0: (jn.moe(x, w, cfg, backend=BACKEND),
+                                          jn.moe(x, w0, cfg0, backend=BACKEND)))(x, w, w0)
+    d_1 = np.asarray(one) - np.asarray(one0)
     assert np.abs(d_1).max() > 1e-2                    # the shared expert matters here
     np.testing.assert_allclose(d_ep, d_1, rtol=1e-4, atol=1e-5 * np.abs(d_1).max())
 
@@ -347,11 +358,17 @@ def test_two_axis_mesh(rng):
 def test_independent_of_device_count(rng):
     """ep=2 and ep=8 (and ep=1) give the same numbers, checked directly."""
     cfg, w, x, _ = make_layer(rng, top_k=6)
-    outs = {ep: np.asarray(run_ep(x, w, cfg, ep_mesh(ep), "psum")) for ep in (1, 2, 8)}
+    outs = {ep: np.asarray(run_ep(x, w, cfg, ep_mesh(ep), "psum")) for ep in (1, 2)}
+    mesh = ep_mesh(8)
+    both = jax.jit(lambda x, w: {c: jn.moe_expert_parallel(x, w, cfg, mesh, combine=c,
+                                                           backend=BACKEND)
+                                 for c in ("psum", "psum_scatter")})(     # one compile for ep=8
+        x, jn.shard_moe_weights(w, mesh))
+    outs[8] = np.asarray(both["psum"])
     scale = np.abs(outs[1]).max()
     np.testing.assert_allclose(outs[2], outs[8], rtol=1e-5, atol=1e-5 * scale)
     np.testing.assert_allclose(outs[1], outs[8], rtol=1e-5, atol=1e-5 * scale)
-    scat = np.asarray(run_ep(x, w, cfg, ep_mesh(8), "psum_scatter"))
+    scat = np.asarray(both["psum_scatter"])
     np.testing.assert_allclose(scat, outs[2], rtol=1e-5, atol=1e-5 * scale)
 
 
@@ -390,12 +407,20 @@ def test_prepared_sm90_weights(mode, rng):
     unfused = single(x, w, cfg)
     tol = 1e-5 if activation == "w4a16" else 1e-2
     assert rel_err(ref, unfused) <= tol
-    for combine in ("psum", "psum_scatter"):
-        f = ep_fn(cfg, mesh, combine)
-        assert "jax_nvfp4_grouped_gemm_glu" in f.lower(x, ps, None).as_text() or BACKEND != "ffi"
-        got = np.asarray(f(x, ps, None))
+    for combine in ("psum", "psum_scatter"):                 # (lowered only: no compile)
+        text = ep_fn(cfg, mesh, combine).lower(x, ps, None).as_text()
+        assert "jax_nvfp4_grouped_gemm_glu" in text or BACKEND != "ffi", combine
+    # both combines in one jit: one compile each for the prepared and the unfused weights
+    f = jax.jit(lambda x, w: [jn.moe_expert_parallel(x, w, cfg, mesh, combine=c, backend=BACKEND)
+                              for c in ("psum", "psum_scatter")])
+    unfused = jax.jit(lambda x, w: [jn.moe_expert_parallel(x, w, cfg, mesh, combine=c,
+                                                           backend=BACKEND)
+                                    for c in ("psum", "psum_scatter")])(
+        x, jn.shard_moe_weights(w, mesh))
+    for combine, got, other in zip(("psum", "psum_scatter"), f(x, ps), unfused):
+        got = np.asarray(got)
         assert_close(got, ref, f"sm90 combine={combine}")
-        assert rel_err(got, np.asarray(run_ep(x, w, cfg, mesh, combine))) <= tol
+        assert rel_err(got, np.asarray(other)) <= tol
 
 
 def test_fused_swiglu_hash_routed_layer(rng):
@@ -520,16 +545,20 @@ def test_capacity_gives_the_uncapped_answer(ep, mode):
     lo, hi = local.min() / share, local.max() / share
     assert hi > lo, local                  # routing uneven enough for a mixed case
     mixed = (lo + hi) / 2
+    cfs = (hi + 0.5, mixed, 0.1)
+    # every (combine, capacity_factor) layer in one jit: one compile instead of eight
+    cases = [(c, cf) for c in ("psum", "psum_scatter") for cf in (None,) + cfs]
+    outs = dict(zip(cases, jax.jit(lambda x, w: [jn.moe_expert_parallel(
+        x, w, cfg, mesh, combine=c, backend=BACKEND, capacity_factor=cf)
+        for c, cf in cases])(x, ws)))
     for combine in ("psum", "psum_scatter"):
-        base = np.asarray(ep_fn(cfg, mesh, combine, capacity_factor=None)(x, ws, None))
-        for cf in (hi + 0.5, mixed, 0.1):
+        base = np.asarray(outs[combine, None])
+        for cf in cfs:
             cap = int(np.ceil(cf * share))
             short = local <= cap
             assert {hi + 0.5: short.all(), mixed: short.any() and not short.all(),
                     0.1: not short.any()}[cf], (cf, cap, local)
-            f = jax.jit(lambda x, w, cf=cf, combine=combine: jn.moe_expert_parallel(
-                x, w, cfg, mesh, combine=combine, backend=BACKEND, capacity_factor=cf))
-            out = f(x, ws)
+            out = outs[combine, cf]
             assert_close(out, ref, f"ep={ep} {combine} capacity_factor={cf:.2f}")
             if BACKEND == "ffi":
                 np.testing.assert_array_equal(np.asarray(out), base, err_msg=f"{combine} cf={cf}")
@@ -629,9 +658,11 @@ def test_skewed_routing_default_is_exact(routing, activation, rng):
     if BACKEND == "ffi":
         mesh = ep_mesh(ep)
         ws = jn.shard_moe_weights(w, mesh)
+        all_rows = jax.jit(lambda x, w, tok: {c: ep_fn(cfg, mesh, c, capacity_factor=None)(
+            x, w, tok) for c in ("psum", "psum_scatter")})(x, ws, tok)   # one compile
         for combine in ("psum", "psum_scatter"):
-            all_rows = ep_fn(cfg, mesh, combine, capacity_factor=None)(x, ws, tok)
-            np.testing.assert_array_equal(outs[combine], np.asarray(all_rows), err_msg=combine)
+            np.testing.assert_array_equal(outs[combine], np.asarray(all_rows[combine]),
+                                          err_msg=combine)
 
 
 # ----------------------------------------------------------------------------- token-slice routing
@@ -673,9 +704,12 @@ def replicated_router_ep(cfg, mesh, combine, backend=BACKEND, axis_name="ep",
 def assert_equals_replicated_router(cfg, w, x, tok, combines=("psum", "psum_scatter"), **kw):
     mesh = ep_mesh(8, AxisType.Auto)
     ws = jn.shard_moe_weights(w, mesh)
-    for combine in combines:
-        new = np.asarray(ep_fn(cfg, mesh, combine, **kw)(x, ws, tok))
-        old = np.asarray(replicated_router_ep(cfg, mesh, combine, **kw)(x, ws, tok))
+    # the new and the old layer, every combine, in one jit: one compile instead of four
+    outs = jax.jit(lambda x, w, tok: [(ep_fn(cfg, mesh, c, **kw)(x, w, tok),
+                                       replicated_router_ep(cfg, mesh, c, **kw)(x, w, tok))
+                                      for c in combines])(x, ws, tok)
+    for combine, (new, old) in zip(combines, outs):
+        new, old = np.asarray(new), np.asarray(old)
         assert np.abs(old).max() > 1e-3, combine
         np.testing.assert_array_equal(new, old, err_msg=combine)
 
