@@ -58,7 +58,7 @@ from .bench import _driver_version, time_ms
 from .bench_ep import random_layer
 from .formats import NVFP4Tensor
 from .moe import (_fused_path, _round_rows, _row_global_scale, _swiglu_paired, moe, row_dtype,
-                  row_ladder, swiglu)
+                  row_ladder, sort_rows, swiglu)
 from .quantization import quantize
 from .routing import route
 
@@ -80,10 +80,8 @@ def _routed_rows(x, weights, config):
     """The layer's dispatch (as :func:`jax_nvfp4.moe.routed_experts` does it): the token of each
     routed row, rows sorted by expert, and the group sizes."""
     ids, _ = route(x, weights, config)
-    key = ids.reshape(-1)
-    order = jnp.argsort(key, stable=True)
-    sizes = jnp.bincount(key, length=weights.w13.data.shape[0]).astype(jnp.int32)
-    return (order // ids.shape[1]).astype(jnp.int32), sizes
+    order, _, sizes = sort_rows(ids.reshape(-1), weights.w13.data.shape[0])
+    return order // ids.shape[1], sizes
 
 
 def _gemm_lhs(rows, activation):

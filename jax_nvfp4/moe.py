@@ -49,7 +49,7 @@ from .formats import NVFP4Tensor
 from .gemm import grouped_gemm, grouped_gemm_swiglu
 from .moe_params import MoEConfig, MoEWeights
 from .quantization import MAX_GLOBAL_SCALE, MIN_GLOBAL_SCALE, dynamic_global_scale, quantize
-from .reference import GLU_ROW_BLOCK, split_paired
+from .reference import GLU_ROW_BLOCK, round_to, split_paired
 from .routing import check_hash_table, route
 
 
@@ -63,13 +63,9 @@ def row_dtype(config: MoEConfig):
 
 @jax.custom_jvp
 def _round_bf16(a: jax.Array) -> jax.Array:
-    """``a`` rounded to bf16, returned as float32; straight-through (identity) in the derivative,
-    like the GEMM inputs' roundings. A bf16 array (a GEMM's output, rounded by every backend) is
-    widened exactly; a float32 one is rounded by ``reduce_precision``, which XLA keeps inside any
-    jit (a narrowing convert followed by a widening one may be elided)."""
-    if a.dtype == jnp.bfloat16:
-        return a.astype(jnp.float32)
-    return jax.lax.reduce_precision(a.astype(jnp.float32), exponent_bits=8, mantissa_bits=7)
+    """float ``a`` rounded to bf16 values, as float32 (:func:`jax_nvfp4.reference.round_to`);
+    straight-through (identity) in the derivative, like the GEMM inputs' roundings."""
+    return round_to(a.astype(jnp.float32), jnp.bfloat16)
 
 
 _round_bf16.defjvp(lambda primals, tangents: (_round_bf16(*primals),
@@ -77,7 +73,8 @@ _round_bf16.defjvp(lambda primals, tangents: (_round_bf16(*primals),
 
 
 def _round_rows(a: jax.Array, config: MoEConfig) -> jax.Array:
-    """``a`` rounded to :func:`row_dtype`, as float32."""
+    """float32 ``a`` rounded to :func:`row_dtype`, as float32 (a GEMM's output in the row dtype
+    is already rounded by every backend: it only needs widening)."""
     return a.astype(jnp.float32) if row_dtype(config) == jnp.float32 else _round_bf16(a)
 
 
@@ -152,7 +149,7 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
         out = grouped_gemm(lhs, dataclasses.replace(w, global_scale=alpha), group_sizes,
                            out_dtype=out_dtype, backend=backend, rows_hint=rows_hint,
                            precision=config.precision)
-        out = out if out.dtype == jnp.float32 else _round_bf16(out)
+        out = out.astype(jnp.float32)       # out_dtype bf16: rounded by every backend
         if row_scale is not None:
             out = out * row_scale[:, None]
         return out
@@ -200,11 +197,12 @@ def _gate_up_forward(x_rows, w, group_sizes, aux, *, config, backend, rows_hint)
     else:
         lhs = jax.lax.optimization_barrier(x_rows.astype(jnp.bfloat16))
     act = grouped_gemm_swiglu(lhs, dataclasses.replace(w, global_scale=alpha), group_sizes,
-                              row_scale=row_scale, limit=config.swiglu_limit, out_dtype=row_dtype(config),
+                              row_scale=row_scale, limit=config.swiglu_limit,
+                              out_dtype=row_dtype(config),
                               backend=backend, rows_hint=rows_hint)
     # float32 for the down GEMM's (straight-through) cotangent; the down GEMM's input is the
     # row-dtype value either way (for W4A16 bf16 rows its cast is then a no-op round trip).
-    return _round_rows(act, config)
+    return act.astype(jnp.float32)
 
 
 def _gate_up_unfused(x_rows, w, group_sizes, aux, *, config, backend, rows_hint):
@@ -472,7 +470,8 @@ def moe(x, weights: MoEWeights, config: MoEConfig, *, token_ids=None, backend="a
 
     Returns:
       x's shape and dtype: ``sum_k w_k * expert_k(x) (+ shared expert(x))``, each expert's row
-      in bf16 (module docstring), accumulated in float32. No host synchronization: routing, dispatch and group sizes stay on the device.
+      in bf16 (module docstring), accumulated in float32. No host synchronization: routing,
+      dispatch and group sizes stay on the device.
 
     Gradients: reverse mode (``jax.grad``, ``jax.vjp``) with respect to x, on every backend. The
     NVFP4 expert weights are frozen (zero cotangents); the GEMMs' backward is pure jnp on the

@@ -181,16 +181,20 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
     return to_out_dtype(out, out_dtype)
 
 
+def round_to(x: jax.Array, dtype) -> jax.Array:
+    """float32 ``x`` rounded to the values of float dtype ``dtype`` (nearest even), still float32.
+    A ``reduce_precision``, which holds inside any jit, where a narrowing convert that a widening
+    one follows may be elided by XLA (excess precision)."""
+    info = jnp.finfo(dtype)
+    return jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+
+
 def to_out_dtype(out: jax.Array, out_dtype) -> jax.Array:
-    """float32 ``out`` rounded to ``out_dtype`` (bfloat16 or float32). The rounding is a
-    ``reduce_precision`` before the convert, so it holds inside any jit: XLA may elide a narrowing
-    convert that a widening one follows (excess precision), which would make the reference's
-    bf16 output differ from the custom call's when a caller widens it again."""
+    """float32 ``out`` rounded to ``out_dtype`` (bfloat16 or float32) by :func:`round_to` before
+    the convert: a caller that widens the reference's bf16 output again inside its jit then sees
+    the custom call's rounded values."""
     d = jnp.dtype(out_dtype)
-    if d != jnp.float32:
-        info = jnp.finfo(d)
-        out = jax.lax.reduce_precision(out, exponent_bits=info.nexp, mantissa_bits=info.nmant)
-    return out.astype(d)
+    return (out if d == jnp.float32 else round_to(out, d)).astype(d)
 
 
 GLU_ROW_BLOCK = 16

@@ -6,15 +6,16 @@ import jax
 import jax.numpy as jnp
 
 from .moe_params import MoEConfig, MoEWeights
+from .reference import round_to
 
 
 def _bf16_terms(w: jax.Array) -> jax.Array:
     """float32 ``[E, H]`` -> bfloat16 ``[3E, H]``: three terms per row whose float32 sum is w
-    exactly (8 + 8 + 8 significand bits; ``reduce_precision`` so that no excess precision can
-    skip a rounding inside jit)."""
-    w1 = jax.lax.reduce_precision(w, exponent_bits=8, mantissa_bits=7)
+    exactly (8 + 8 + 8 significand bits; :func:`jax_nvfp4.reference.round_to`, so that no excess
+    precision can skip a rounding inside jit)."""
+    w1 = round_to(w, jnp.bfloat16)
     r = w - w1                                          # exact: w's low 16 bits
-    w2 = jax.lax.reduce_precision(r, exponent_bits=8, mantissa_bits=7)
+    w2 = round_to(r, jnp.bfloat16)
     return jnp.concatenate([w1, w2, r - w2]).astype(jnp.bfloat16)   # r - w2: exact, <= 8 bits
 
 
