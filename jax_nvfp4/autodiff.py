@@ -24,7 +24,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from .formats import NVFP4Tensor
+from .formats import Fp8Rows, NVFP4Tensor
 from .quantization import e2m1_scaled
 from .reference import check_group_sizes, group_bounds, row_groups
 
@@ -141,12 +141,12 @@ def frozen_weights(forward, x: jax.Array, rhs: NVFP4Tensor, group_sizes: jax.Arr
 
 def differentiable_lhs(gemm):
     """Wrap a grouped GEMM ``gemm(lhs, rhs, group_sizes, **static)`` so that a float lhs gets the
-    cotangent of :func:`lhs_cotangent`, whatever backend computes the forward. An NVFP4Tensor lhs
-    is passed through unchanged (its integer codes have no derivative)."""
+    cotangent of :func:`lhs_cotangent`, whatever backend computes the forward. An NVFP4Tensor or
+    Fp8Rows lhs is passed through unchanged (its codes have no derivative)."""
 
     @functools.wraps(gemm)
     def wrapped(lhs, rhs, group_sizes, **kwargs):
-        if isinstance(lhs, NVFP4Tensor) or not isinstance(rhs, NVFP4Tensor):
+        if isinstance(lhs, (NVFP4Tensor, Fp8Rows)) or not isinstance(rhs, NVFP4Tensor):
             return gemm(lhs, rhs, group_sizes, **kwargs)   # (bad rhs: gemm raises the error)
         # Checked here, before custom_vjp turns them into an int32 array (a wrap).
         group_sizes = check_group_sizes(group_sizes, rhs.data.shape[0])

@@ -208,6 +208,57 @@ class NVFP4Tensor:
 
 
 
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True)
+class Fp8Rows:
+    """Activation rows quantized for the FP8 compute mode (:func:`jax_nvfp4.fp8.quantize_rows`),
+    a grouped GEMM lhs with ``precision="fp8"``.
+
+    Attributes:
+      codes: float8_e4m3fn ``[M, K]``, logical k order.
+      scales: float32 ``[M, K/128]``: the power-of-two scale of each row's 128-wide k chunk.
+      global_scale: float32 ``[]``: a factor applied in the GEMM epilogue (an NVFP4 lhs's global
+        scale, else 1).
+
+    Row r's value is ``codes[r, k] * scales[r, k // 128] * global_scale``. Quantizing each row
+    once and gathering rows of this (:meth:`take`) gives the same operand as gathering the float
+    rows and quantizing them: the quantization is per row.
+    """
+
+    codes: jax.Array
+    scales: jax.Array
+    global_scale: jax.Array
+
+    def tree_flatten(self):
+        return (self.codes, self.scales, self.global_scale), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.codes.shape)
+
+    def take(self, rows: jax.Array) -> "Fp8Rows":
+        """The rows ``rows`` (int ``[R]``, each in ``[0, M)``) of codes and scales."""
+        return Fp8Rows(self.codes[rows], self.scales[rows], self.global_scale)
+
+    def validate(self, name: str = "lhs") -> "Fp8Rows":
+        """Check dtypes and shapes; raise ValueError naming ``name`` and what was expected."""
+        c, s, g = self.codes, self.scales, self.global_scale
+        if c.dtype != jnp.float8_e4m3fn or c.ndim != 2 or c.shape[1] % 128:
+            raise ValueError(f"{name}.codes: expected float8_e4m3fn [M, K] with K % 128 == 0, got "
+                             f"{c.dtype} {list(c.shape)}")
+        if jnp.dtype(s.dtype) != jnp.float32 or tuple(s.shape) != (c.shape[0], c.shape[1] // 128):
+            raise ValueError(f"{name}.scales: expected float32 [{c.shape[0]}, {c.shape[1] // 128}], "
+                             f"got {s.dtype} {list(s.shape)}")
+        if jnp.dtype(g.dtype) != jnp.float32 or g.ndim != 0:
+            raise ValueError(f"{name}.global_scale: expected a float32 scalar, got {g.dtype} "
+                             f"{list(g.shape)}")
+        return self
+
+
 def _is_half_split(gshape, lead) -> bool:
     """A global scale ``[..., 2]`` over ``[..., N]``: one per half of the row axis (gate | up)."""
     return (len(gshape) == len(lead) and len(lead) >= 1 and gshape[-1] == 2 and lead[-1] % 2 == 0

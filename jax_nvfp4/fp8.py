@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import kernel_config
-from .formats import NVFP4Tensor
+from .formats import Fp8Rows, NVFP4Tensor
 from .quantization import e2m1_scaled
 from .reference import check_group_sizes, group_bounds, row_groups, to_out_dtype, validate_gemm_args
 
@@ -229,15 +229,28 @@ def from_kernel_k_order(q: jax.Array) -> jax.Array:
 def fp8_lhs(lhs):
     """The fp8 mode's activation operand and the factor it brings to alpha.
 
-    ``lhs`` a float ``[M, K]`` (quantized as it is) or an NVFP4Tensor ``[M, K]`` (its exact
-    ``e2m1 * scale`` values in float32 are quantized, its scalar global scale returned).
+    ``lhs`` a float ``[M, K]`` (quantized as it is), an NVFP4Tensor ``[M, K]`` (its exact
+    ``e2m1 * scale`` values in float32 are quantized, its scalar global scale returned) or
+    :class:`Fp8Rows` (already quantized: its fields).
     Returns ``(codes [M, K] e4m3 logical order, scales float32 [M, K/128], lhs_global float32 [])``.
     """
+    if isinstance(lhs, Fp8Rows):
+        return lhs.codes, lhs.scales, lhs.global_scale.astype(jnp.float32)
     if isinstance(lhs, NVFP4Tensor):
         codes, scales = quantize_activations_fp8(e2m1_scaled(lhs, jnp.float32))
         return codes, scales, lhs.global_scale.astype(jnp.float32)
     codes, scales = quantize_activations_fp8(jnp.asarray(lhs))
     return codes, scales, jnp.float32(1.0)
+
+
+def quantize_rows(lhs) -> Fp8Rows:
+    """Activation rows quantized for the fp8 mode, as :func:`jax_nvfp4.grouped_gemm` with
+    ``precision="fp8"`` quantizes its lhs: a float ``[M, K]`` or an NVFP4Tensor ``[M, K]`` (scalar
+    global scale; K % 128 == 0) -> :class:`Fp8Rows`. Quantizing each token once and gathering its
+    rows (``Fp8Rows.take``) gives the operand that quantizing gathered copies gives (the
+    quantization is per row), with each token quantized once instead of once per chosen expert and
+    1-byte codes gathered instead of 2-byte bf16 values."""
+    return Fp8Rows(*fp8_lhs(lhs))
 
 
 def grouped_gemm_fp8_reference(lhs, rhs: NVFP4Tensor, group_sizes, *, out_dtype=jnp.bfloat16):
@@ -283,6 +296,6 @@ def grouped_gemm_fp8_reference(lhs, rhs: NVFP4Tensor, group_sizes, *, out_dtype=
     return to_out_dtype(out, out_dtype)
 
 
-__all__ = ["CHUNK", "PRECISIONS", "check_precision", "fp8_lhs", "from_kernel_k_order",
-           "grouped_gemm_fp8_reference", "quantize_activations_fp8", "to_kernel_k_order",
-           "weights_fp8"]
+__all__ = ["CHUNK", "Fp8Rows", "PRECISIONS", "check_precision", "fp8_lhs", "from_kernel_k_order",
+           "grouped_gemm_fp8_reference", "quantize_activations_fp8", "quantize_rows",
+           "to_kernel_k_order", "weights_fp8"]

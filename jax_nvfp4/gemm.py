@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _extension, autodiff, fp8, kernel_config, quantization, reference
-from .formats import NVFP4Tensor
+from .formats import Fp8Rows, NVFP4Tensor
 from .kernel_config import KernelConfig
 
 BACKENDS = ("auto", "ffi", "reference")
@@ -115,7 +115,8 @@ def _on_gpu(*arrays) -> bool:
 def _fp8_ffi(lhs, rhs, group_sizes, rhs_gs, out_dtype, kernel, m, n, k, g, rows_hint):
     """The fp8 mode through the custom call: activations quantized in jnp (fp8.fp8_lhs), put in
     the kernel's k order, scales transposed to ``[K/128, M]``."""
-    leaves = [lhs.data if isinstance(lhs, NVFP4Tensor) else lhs, rhs.data]
+    leaves = [lhs.data if isinstance(lhs, NVFP4Tensor) else
+              lhs.codes if isinstance(lhs, Fp8Rows) else lhs, rhs.data]
     if rhs.layout != "checkpoint" and _on_gpu(*leaves):
         raise ValueError(f"rhs.layout: precision='fp8' on the GPU reads checkpoint-layout weights "
                          f"only, got {rhs.layout!r}; use jax_nvfp4.prepare_weights(w, 'checkpoint') "
@@ -213,8 +214,9 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         row and 128-wide k chunk, weights to e4m3 (``e2m1 * scale / 8``), FP8 tensor-core
         products promoted to float32 every 128 k (:mod:`jax_nvfp4.fp8`; README, "FP8 compute
         mode"). A W4A4 lhs is dequantized exactly (without its global scale) and rounded the
-        same way. On the GPU it needs an sm_90 device and checkpoint-layout weights (sm90 ones
-        are a ValueError); the CPU handler and the reference compute the same numbers.
+        same way; a :class:`jax_nvfp4.formats.Fp8Rows` lhs (:func:`jax_nvfp4.fp8.quantize_rows`)
+        is used as it is. On the GPU it needs an sm_90 device and checkpoint-layout weights (sm90
+        ones are a ValueError); the CPU handler and the reference compute the same numbers.
 
     On the GPU, W4A4 runs as a fused exact dequantization of the activations to bf16 followed by
     the W4A16 kernel (transient bf16 copy of lhs, ``2 * M * K`` bytes); on the CPU, and with
@@ -235,6 +237,7 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
     elif isinstance(rows_hint, bool) or not isinstance(rows_hint, (int, np.integer)) or rows_hint < 0:
         raise ValueError(f"rows_hint: expected a static int >= 0 or None, got {rows_hint!r}")
     fp8.check_precision(precision)
+    reference.check_lhs_precision(lhs, precision)
     backend = _resolve_backend(backend)
     if backend == "reference":
         return reference.grouped_gemm(lhs, rhs, group_sizes, out_dtype=out_dtype,

@@ -44,7 +44,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from . import autodiff
+from . import autodiff, fp8
 from .formats import NVFP4Tensor
 from .gemm import grouped_gemm, grouped_gemm_swiglu
 from .moe_params import MoEConfig, MoEWeights
@@ -106,10 +106,11 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
 
     ``in_scale`` is the static per-expert activation scale float32 ``[G]`` (W4A4 static) or
     None. Rows whose expert id is G (not local) lie past the groups and come out 0. ``gather``:
-    None, or int32 ``[R]``: the GEMM's rows are ``x_rows[gather]`` (the dispatch). A dynamic
-    W4A4 input is then quantized once per row of x_rows when there are no more of those than R,
-    and the packed rows gathered: the same numbers (a row's scale is its own amax), ``top_k``
-    times fewer bytes quantized than quantizing each token once per chosen expert.
+    None, or int32 ``[R]``: the GEMM's rows are ``x_rows[gather]`` (the dispatch). An input
+    quantized per row (dynamic W4A4, and the fp8 mode's e4m3 rows) is then quantized once per row
+    of x_rows when there are no more of those than R, and the quantized rows gathered
+    (:func:`_quantize_before_dispatch`): the same numbers, ``top_k`` times fewer rows quantized
+    than quantizing each token once per chosen expert.
 
     ``paired``: w's rows (a gate/up weight) are in the paired order, so a ``[G, 2]`` global
     scale applies to the output columns in that order.
@@ -118,8 +119,7 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
     quantization (W4A4) is a straight-through estimator and the weights are frozen
     (:mod:`jax_nvfp4.autodiff`).
     """
-    if gather is not None and not (config.activation == "w4a4" and in_scale is None
-                                   and x_rows.shape[0] <= gather.shape[0]):
+    if gather is not None and not _quantize_before_dispatch(x_rows, gather, in_scale, config):
         x_rows, gather = x_rows[gather], None
     g = w.data.shape[0]
     gs = w.global_scale.astype(jnp.float32)
@@ -140,12 +140,15 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
             q = jax.vmap(quantize)(x_rows, q_scale)
             lhs = NVFP4Tensor(q.data, q.scales, jnp.float32(1.0))
             if gather is not None:                     # quantized per token, then dispatched
-                lhs = NVFP4Tensor(q.data[gather], q.scales[gather], jnp.float32(1.0))
                 row_scale = row_scale[gather]
+                if config.precision != "fp8":
+                    lhs = NVFP4Tensor(q.data[gather], q.scales[gather], jnp.float32(1.0))
         else:
             # A real bf16 rounding (the kernel's operand type) in every backend: without the
             # barrier XLA may keep excess precision for the reference backend on GPU.
             lhs = jax.lax.optimization_barrier(x_rows.astype(jnp.bfloat16))
+        if config.precision == "fp8" and gather is not None:
+            lhs = fp8.quantize_rows(lhs).take(gather)  # e4m3 per token, then dispatched
         out = grouped_gemm(lhs, dataclasses.replace(w, global_scale=alpha), group_sizes,
                            out_dtype=out_dtype, backend=backend, rows_hint=rows_hint,
                            precision=config.precision)
@@ -167,6 +170,19 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
             out = out * jnp.concatenate([jnp.repeat(gs[e, :1], half, 1),
                                          jnp.repeat(gs[e, 1:], half, 1)], axis=1)
     return out
+
+
+def _quantize_before_dispatch(x_rows, gather, in_scale, config: MoEConfig) -> bool:
+    """Whether the GEMM input is quantized per row of ``x_rows`` (each token once) and the
+    quantized rows gathered, rather than ``x_rows[gather]`` copied and then quantized: for inputs
+    quantized per row (a dynamic W4A4 input, the fp8 mode's e4m3 rows; not W4A4 with a static
+    per-expert scale, which depends on the row's expert) when x_rows has no more rows than the
+    dispatch (under expert parallelism with a capacity it may have more)."""
+    if x_rows.shape[0] > gather.shape[0]:
+        return False
+    if config.activation == "w4a4":
+        return in_scale is None
+    return config.precision == "fp8"
 
 
 def _fused_path(weights: MoEWeights, config: MoEConfig) -> bool:
@@ -246,8 +262,7 @@ def _gate_up_act(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
     unfused = functools.partial(_gate_up_unfused, **kw)
     if not fused:
         return unfused(x_rows, w, group_sizes, aux)
-    if gather is not None and not (config.activation == "w4a4" and in_scale is None
-                                   and x_rows.shape[0] <= gather.shape[0]):
+    if gather is not None and not _quantize_before_dispatch(x_rows, gather, in_scale, config):
         x_rows, aux = x_rows[gather], (row_expert, in_scale, None)     # as _expert_gemm does
     return _fused_with_unfused_grad(functools.partial(_gate_up_forward, **kw), unfused, x_rows, w,
                                     group_sizes, aux)

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .formats import NVFP4Tensor
+from .formats import Fp8Rows, NVFP4Tensor
 from .quantization import e2m1_scaled
 
 OUT_DTYPES = (jnp.bfloat16, jnp.float32)
@@ -92,7 +92,9 @@ def validate_gemm_args(lhs, rhs, group_sizes, out_dtype, *, float_lhs_dtypes=Non
     if rhs.global_scale.shape not in ((g,), ()):
         raise ValueError(f"rhs.global_scale: expected shape [{g}] (one per group), "
                          f"got {tuple(rhs.global_scale.shape)}")
-    if isinstance(lhs, NVFP4Tensor):
+    if isinstance(lhs, Fp8Rows):
+        m, lk = lhs.validate("lhs").shape
+    elif isinstance(lhs, NVFP4Tensor):
         if lhs.layout != "checkpoint":
             # The sm90 layout is a weight (rhs) layout; activations are quantized on the fly.
             raise ValueError(f"lhs.layout: expected 'checkpoint' (the sm90 layout is for rhs "
@@ -120,12 +122,20 @@ def validate_gemm_args(lhs, rhs, group_sizes, out_dtype, *, float_lhs_dtypes=Non
     return m, k, g, n
 
 
+def check_lhs_precision(lhs, precision: str):
+    """Pre-quantized fp8 rows (:class:`jax_nvfp4.formats.Fp8Rows`) are an lhs of the fp8 mode only."""
+    if isinstance(lhs, Fp8Rows) and precision != "fp8":
+        raise ValueError(f"lhs: Fp8Rows (activations quantized for the fp8 mode) need "
+                         f"precision='fp8', got precision={precision!r}")
+
+
 def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp.bfloat16,
                  precision: str = "exact"):
     """Grouped NVFP4 GEMM, pure jnp: one GEMM per group, rows grouped consecutively.
 
     Args:
-      lhs: float ``[M, K]`` or an NVFP4Tensor ``[M, K]`` with a scalar global scale.
+      lhs: float ``[M, K]`` or an NVFP4Tensor ``[M, K]`` with a scalar global scale; with
+        ``precision="fp8"`` also :class:`jax_nvfp4.formats.Fp8Rows` (rows already quantized).
       rhs: NVFP4Tensor ``[G, N, K]`` (data ``[G, N, K/2]``, scales ``[G, N, K/16]``, global_scale
         ``[G]``), in either layout (``rhs.layout``, see :func:`jax_nvfp4.prepare_weights`).
       group_sizes: int32 ``[G]``; see :func:`group_bounds` for negative sizes and sums past M.
@@ -140,6 +150,7 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
     """
     from . import fp8  # noqa: PLC0415  (fp8 builds on this module)
     fp8.check_precision(precision)
+    check_lhs_precision(lhs, precision)
     m, k, g, n = validate_gemm_args(lhs, rhs, group_sizes, out_dtype)
     if precision == "fp8":
         return fp8.grouped_gemm_fp8_reference(lhs, rhs, group_sizes, out_dtype=out_dtype)

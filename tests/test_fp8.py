@@ -671,3 +671,62 @@ def test_moe_expert_parallel_fp8(rng):
     for combine, ep in zip(combines, eps):
         np.testing.assert_allclose(np.asarray(ep), one, rtol=1e-5, atol=1e-5 * np.abs(one).max(),
                                    err_msg=combine)
+
+
+@pytest.mark.parametrize("backend", ["reference"] + (["ffi"] if HAS_FFI else []))
+@pytest.mark.parametrize("kind", ["bf16", "nvfp4"])
+def test_quantize_rows_then_gather_equals_gather_then_quantize(rng, on_cpu, backend, kind):
+    """fp8.quantize_rows per token, then Fp8Rows.take of the dispatched rows: the same codes,
+    scales and GEMM output, bit for bit, as quantizing gathered copies (the layer's dispatch)."""
+    t, k = 24, 256
+    x = jnp.asarray(rng.standard_normal((t, k)) * rng.uniform(0.1, 10, (t, 1)), jnp.float32)
+    x = x.at[3, :128].set(0.0).at[5, 7].set(1e-40)              # a zero chunk, a subnormal
+    lhs = jn.quantize(x) if kind == "nvfp4" else x.astype(jnp.bfloat16)
+    idx = jnp.asarray(rng.integers(0, t, 60), jnp.int32)
+    copied = (jn.NVFP4Tensor(lhs.data[idx], lhs.scales[idx], lhs.global_scale)
+              if kind == "nvfp4" else lhs[idx])
+    q = jn.fp8.quantize_rows(lhs).take(idx)
+    want = jn.fp8.quantize_rows(copied)
+    assert_same_bytes((q.codes, q.scales), (want.codes, want.scales), kind)
+    assert float(q.global_scale) == float(want.global_scale)
+    w = jax.vmap(jn.quantize)(jnp.asarray(rng.standard_normal((3, 64, k)), jnp.float32))
+    sizes = jnp.asarray([20, 0, 30], jnp.int32)
+    run = jax.jit(lambda a: jn.grouped_gemm(a, w, sizes, backend=backend, precision="fp8",
+                                            out_dtype=jnp.float32))
+    np.testing.assert_array_equal(np.asarray(run(q)), np.asarray(run(copied)))
+
+
+@pytest.mark.parametrize("activation", ["w4a16", "w4a4"])
+def test_moe_fp8_dispatches_quantized_rows(rng, on_cpu, activation):
+    """The fp8 layer quantizes each token once and gathers the e4m3 rows: the routed experts'
+    output equals the one from quantizing the dispatched copies, bit for bit."""
+    from jax_nvfp4.moe import _expert_gemm                                  # noqa: PLC0415
+    c, w, x, _ = moe_layer(rng, activation)
+    c8 = jn.MoEConfig(**{**c.__dict__, "precision": "fp8"})
+    backend = "ffi" if HAS_FFI else "reference"
+    r = 3 * TM
+    gather = jnp.asarray(rng.integers(0, TM, r), jnp.int32)
+    row_expert = jnp.sort(jnp.asarray(rng.integers(0, EM, r), jnp.int32))
+    sizes = jnp.bincount(row_expert, length=EM).astype(jnp.int32)
+    f = jax.jit(lambda xs, g: _expert_gemm(xs, row_expert, w.w13, None, sizes, c8, backend,
+                                           gather=g))
+    got = f(x, gather)
+    # the dispatch gathers e4m3 codes (and their scales), not float rows
+    gathers = [ln for ln in f.lower(x, gather).as_text().splitlines() if "stablehlo.gather" in ln]
+    assert gathers and all("f8E4M3FN" in ln or "xf32>" in ln.split("->")[-1] for ln in gathers), \
+        gathers
+    want = jax.jit(lambda xs: _expert_gemm(xs, row_expert, w.w13, None, sizes, c8, backend))(
+        x[gather])
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_fp8_rows_errors(rng, on_cpu):
+    x = jnp.asarray(rng.standard_normal((8, 128)), jnp.bfloat16)
+    w = jax.vmap(jn.quantize)(jnp.asarray(rng.standard_normal((2, 16, 128)), jnp.float32))
+    q = jn.fp8.quantize_rows(x)
+    for backend in ["reference"] + (["ffi"] if HAS_FFI else []):
+        with pytest.raises(ValueError, match="lhs: Fp8Rows .* need precision='fp8'"):
+            jn.grouped_gemm(q, w, [4, 4], backend=backend)
+        with pytest.raises(ValueError, match=r"lhs.scales: expected float32 \[8, 1\]"):
+            jn.grouped_gemm(jn.formats.Fp8Rows(q.codes, q.scales[:, :0], q.global_scale), w,
+                            [4, 4], backend=backend, precision="fp8")
