@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _extension, autodiff, fp8, kernel_config, quantization, reference
-from .formats import Fp8Rows, NVFP4Tensor
+from .formats import NVFP4Tensor
 from .kernel_config import KernelConfig
 
 BACKENDS = ("auto", "ffi", "reference")
@@ -115,9 +115,7 @@ def _on_gpu(*arrays) -> bool:
 def _fp8_ffi(lhs, rhs, group_sizes, rhs_gs, out_dtype, kernel, m, n, k, g, rows_hint):
     """The fp8 mode through the custom call: activations quantized in jnp (fp8.fp8_lhs), put in
     the kernel's k order, scales transposed to ``[K/128, M]``."""
-    leaves = [lhs.data if isinstance(lhs, NVFP4Tensor) else
-              lhs.codes if isinstance(lhs, Fp8Rows) else lhs, rhs.data]
-    if rhs.layout != "checkpoint" and _on_gpu(*leaves):
+    if rhs.layout != "checkpoint" and _on_gpu(*jax.tree.leaves(lhs), rhs.data):
         raise ValueError(f"rhs.layout: precision='fp8' on the GPU reads checkpoint-layout weights "
                          f"only, got {rhs.layout!r}; use jax_nvfp4.prepare_weights(w, 'checkpoint') "
                          "for fp8")

@@ -139,16 +139,14 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
                 q_scale = row_scale = _row_global_scale(x_rows)
             q = jax.vmap(quantize)(x_rows, q_scale)
             lhs = NVFP4Tensor(q.data, q.scales, jnp.float32(1.0))
-            if gather is not None:                     # quantized per token, then dispatched
+            if gather is not None:
                 row_scale = row_scale[gather]
-                if config.precision != "fp8":
-                    lhs = NVFP4Tensor(q.data[gather], q.scales[gather], jnp.float32(1.0))
         else:
             # A real bf16 rounding (the kernel's operand type) in every backend: without the
             # barrier XLA may keep excess precision for the reference backend on GPU.
             lhs = jax.lax.optimization_barrier(x_rows.astype(jnp.bfloat16))
-        if config.precision == "fp8" and gather is not None:
-            lhs = fp8.quantize_rows(lhs).take(gather)  # e4m3 per token, then dispatched
+        if gather is not None:
+            lhs = _dispatch_quantized(lhs, gather, config)
         out = grouped_gemm(lhs, dataclasses.replace(w, global_scale=alpha), group_sizes,
                            out_dtype=out_dtype, backend=backend, rows_hint=rows_hint,
                            precision=config.precision)
@@ -185,6 +183,15 @@ def _quantize_before_dispatch(x_rows, gather, in_scale, config: MoEConfig) -> bo
     return config.precision == "fp8"
 
 
+def _dispatch_quantized(lhs, gather, config: MoEConfig):
+    """The dispatch of a GEMM input quantized per token (:func:`_quantize_before_dispatch`): the
+    rows ``gather`` of the fp8 mode's e4m3 rows (``lhs`` quantized here), else of ``lhs``'s NVFP4
+    codes and block scales."""
+    if config.precision == "fp8":
+        return fp8.quantize_rows(lhs).take(gather)
+    return NVFP4Tensor(lhs.data[gather], lhs.scales[gather], lhs.global_scale)
+
+
 def _fused_path(weights: MoEWeights, config: MoEConfig) -> bool:
     """Whether the layer runs gate/up GEMM + SwiGLU as one call (:func:`_gate_up_act`)."""
     return weights.w13_paired and config.precision == "exact"
@@ -205,11 +212,10 @@ def _gate_up_forward(x_rows, w, group_sizes, aux, *, config, backend, rows_hint)
         else:                                          # dynamic: applied before the SwiGLU
             q_scale = row_scale = _row_global_scale(x_rows)
         q = jax.vmap(quantize)(x_rows, q_scale)
-        data, scales = q.data, q.scales
-        if gather is not None:                         # quantized per token, then dispatched
-            data, scales = data[gather], scales[gather]
+        lhs = NVFP4Tensor(q.data, q.scales, jnp.float32(1.0))
+        if gather is not None:
+            lhs = _dispatch_quantized(lhs, gather, config)
             row_scale = None if row_scale is None else row_scale[gather]
-        lhs = NVFP4Tensor(data, scales, jnp.float32(1.0))
     else:
         lhs = jax.lax.optimization_barrier(x_rows.astype(jnp.bfloat16))
     act = grouped_gemm_swiglu(lhs, dataclasses.replace(w, global_scale=alpha), group_sizes,
