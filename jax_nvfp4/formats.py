@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .rows import take_rows
+
 BLOCK_SIZE = 16
 """Values per e4m3 block scale."""
 E2M1_MAX = 6.0
@@ -208,6 +210,10 @@ class NVFP4Tensor:
 
 
 
+FP8_K_ORDERS = ("logical", "kernel")
+"""The k orders of :class:`Fp8Rows` codes."""
+
+
 @jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True)
 class Fp8Rows:
@@ -215,26 +221,30 @@ class Fp8Rows:
     a grouped GEMM lhs with ``precision="fp8"``.
 
     Attributes:
-      codes: float8_e4m3fn ``[M, K]``, logical k order.
+      codes: float8_e4m3fn ``[M, K]``, in ``k_order``.
       scales: float32 ``[M, K/128]``: the power-of-two scale of each row's 128-wide k chunk.
       global_scale: float32 ``[]``: a factor applied in the GEMM epilogue (an NVFP4 lhs's global
         scale, else 1).
+      k_order: "logical" (codes[r, k] is element k) or "kernel": within each 128-wide chunk the
+        order the CUDA kernel reads (:func:`jax_nvfp4.fp8.to_kernel_k_order`), so that gathered
+        rows (:meth:`take`) reach the custom call without a permutation of their own.
 
-    Row r's value is ``codes[r, k] * scales[r, k // 128] * global_scale``. Quantizing each row
-    once and gathering rows of this (:meth:`take`) gives the same operand as gathering the float
-    rows and quantizing them: the quantization is per row.
+    Row r's value is ``codes[r, k] * scales[r, k // 128] * global_scale`` (k logical). Quantizing
+    each row once and gathering rows of this (:meth:`take`) gives the same operand as gathering
+    the float rows and quantizing them: the quantization is per row.
     """
 
     codes: jax.Array
     scales: jax.Array
     global_scale: jax.Array
+    k_order: str = "logical"
 
     def tree_flatten(self):
-        return (self.codes, self.scales, self.global_scale), None
+        return (self.codes, self.scales, self.global_scale), self.k_order
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(*children)
+        return cls(*children, k_order=aux)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -242,11 +252,13 @@ class Fp8Rows:
 
     def take(self, rows: jax.Array) -> "Fp8Rows":
         """The rows ``rows`` (int ``[R]``, each in ``[0, M)``) of codes and scales."""
-        return Fp8Rows(self.codes[rows], self.scales[rows], self.global_scale)
+        return Fp8Rows(take_rows(self.codes, rows), self.scales[rows], self.global_scale, self.k_order)
 
     def validate(self, name: str = "lhs") -> "Fp8Rows":
         """Check dtypes and shapes; raise ValueError naming ``name`` and what was expected."""
         c, s, g = self.codes, self.scales, self.global_scale
+        if self.k_order not in FP8_K_ORDERS:
+            raise ValueError(f"{name}.k_order: expected one of {FP8_K_ORDERS}, got {self.k_order!r}")
         if c.dtype != jnp.float8_e4m3fn or c.ndim != 2 or c.shape[1] % 128:
             raise ValueError(f"{name}.codes: expected float8_e4m3fn [M, K] with K % 128 == 0, got "
                              f"{c.dtype} {list(c.shape)}")

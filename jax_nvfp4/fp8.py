@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import kernel_config
-from .formats import Fp8Rows, NVFP4Tensor
+from .formats import FP8_K_ORDERS, Fp8Rows, NVFP4Tensor
 from .quantization import e2m1_scaled
 from .reference import check_group_sizes, group_bounds, row_groups, to_out_dtype, validate_gemm_args
 
@@ -235,7 +235,8 @@ def fp8_lhs(lhs):
     Returns ``(codes [M, K] e4m3 logical order, scales float32 [M, K/128], lhs_global float32 [])``.
     """
     if isinstance(lhs, Fp8Rows):
-        return lhs.codes, lhs.scales, lhs.global_scale.astype(jnp.float32)
+        codes = from_kernel_k_order(lhs.codes) if lhs.k_order == "kernel" else lhs.codes
+        return codes, lhs.scales, lhs.global_scale.astype(jnp.float32)
     if isinstance(lhs, NVFP4Tensor):
         codes, scales = quantize_activations_fp8(e2m1_scaled(lhs, jnp.float32))
         return codes, scales, lhs.global_scale.astype(jnp.float32)
@@ -243,13 +244,30 @@ def fp8_lhs(lhs):
     return codes, scales, jnp.float32(1.0)
 
 
-def quantize_rows(lhs) -> Fp8Rows:
+def kernel_lhs(lhs):
+    """:func:`fp8_lhs` with the codes in the CUDA kernel's k order (:func:`to_kernel_k_order`),
+    the custom call's operand; an :class:`Fp8Rows` already in that order is used as it is."""
+    if isinstance(lhs, Fp8Rows) and lhs.k_order == "kernel":
+        return lhs.codes, lhs.scales, lhs.global_scale.astype(jnp.float32)
+    codes, scales, lhs_gs = fp8_lhs(lhs)
+    return to_kernel_k_order(codes), scales, lhs_gs
+
+
+def quantize_rows(lhs, k_order: str = "logical") -> Fp8Rows:
     """Activation rows quantized for the fp8 mode, as :func:`jax_nvfp4.grouped_gemm` with
     ``precision="fp8"`` quantizes its lhs: a float ``[M, K]`` or an NVFP4Tensor ``[M, K]`` (scalar
     global scale; K % 128 == 0) -> :class:`Fp8Rows`. Quantizing each token once and gathering its
     rows (``Fp8Rows.take``) gives the operand that quantizing gathered copies gives (the
     quantization is per row), with each token quantized once instead of once per chosen expert and
-    1-byte codes gathered instead of 2-byte bf16 values."""
+    1-byte codes gathered instead of 2-byte bf16 values.
+
+    ``k_order``: "logical", or "kernel" (the codes permuted in the quantizer's own pass into the
+    order the CUDA kernel reads: gathered rows then need no permutation before the custom call;
+    on the H200 permuting 24576 gathered rows of 7168 took 0.6 ms). Same numbers either way."""
+    if k_order not in FP8_K_ORDERS:
+        raise ValueError(f"k_order: expected one of {FP8_K_ORDERS}, got {k_order!r}")
+    if k_order == "kernel":
+        return Fp8Rows(*kernel_lhs(lhs), k_order="kernel")
     return Fp8Rows(*fp8_lhs(lhs))
 
 
@@ -296,6 +314,6 @@ def grouped_gemm_fp8_reference(lhs, rhs: NVFP4Tensor, group_sizes, *, out_dtype=
     return to_out_dtype(out, out_dtype)
 
 
-__all__ = ["CHUNK", "Fp8Rows", "PRECISIONS", "check_precision", "fp8_lhs", "from_kernel_k_order",
+__all__ = ["CHUNK", "Fp8Rows", "PRECISIONS", "check_precision", "fp8_lhs", "from_kernel_k_order", "kernel_lhs",
            "grouped_gemm_fp8_reference", "quantize_activations_fp8", "quantize_rows",
            "to_kernel_k_order", "weights_fp8"]

@@ -21,10 +21,10 @@ FP8_TARGET = "jax_nvfp4_grouped_gemm_fp8"
 
 
 def workspace_bytes(num_groups: int, k: int = 0) -> int:
-    """Bytes of the custom call's workspace output: ``4096 + 16 * num_groups`` for the CUDA
-    handler's schedule, plus ``k`` where the CPU handler decodes one weight row's codes (the
+    """Bytes of the custom call's workspace output: ``4096 + 32 * num_groups`` for the CUDA
+    handler's schedules, plus ``k`` where the CPU handler decodes one weight row's codes (the
     handlers allocate nothing themselves)."""
-    return 4096 + 16 * num_groups + k
+    return 4096 + 32 * num_groups + k
 
 
 def _varying_type(args, shape, dtype):
@@ -121,9 +121,9 @@ def _fp8_ffi(lhs, rhs, group_sizes, rhs_gs, out_dtype, kernel, m, n, k, g, rows_
                          "for fp8")
     config = kernel_config.resolve(kernel, m, n, k, g, rows_hint=rows_hint, rhs_layout=rhs.layout,
                                    precision="fp8")
-    codes, scales, lhs_gs = fp8.fp8_lhs(lhs)
+    codes, scales, lhs_gs = fp8.kernel_lhs(lhs)
     alpha = lhs_gs * rhs_gs
-    return _grouped_gemm_fp8_op(fp8.to_kernel_k_order(codes), scales.T, rhs.data, rhs.scales,
+    return _grouped_gemm_fp8_op(codes, scales.T, rhs.data, rhs.scales,
                                 alpha, group_sizes, out_dtype, config,
                                 RHS_LAYOUT_CODES[rhs.layout])
 

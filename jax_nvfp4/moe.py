@@ -51,6 +51,7 @@ from .moe_params import MoEConfig, MoEWeights
 from .quantization import MAX_GLOBAL_SCALE, MIN_GLOBAL_SCALE, dynamic_global_scale, quantize
 from .reference import GLU_ROW_BLOCK, round_to, split_paired
 from .routing import check_hash_table, route
+from .rows import take_rows
 
 
 def row_dtype(config: MoEConfig):
@@ -120,7 +121,7 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
     (:mod:`jax_nvfp4.autodiff`).
     """
     if gather is not None and not _quantize_before_dispatch(x_rows, gather, in_scale, config):
-        x_rows, gather = x_rows[gather], None
+        x_rows, gather = take_rows(x_rows, gather), None
     g = w.data.shape[0]
     gs = w.global_scale.astype(jnp.float32)
     per_half = gs.ndim == 2                            # [G, 2]: gate and up differ
@@ -188,8 +189,9 @@ def _dispatch_quantized(lhs, gather, config: MoEConfig):
     rows ``gather`` of the fp8 mode's e4m3 rows (``lhs`` quantized here), else of ``lhs``'s NVFP4
     codes and block scales."""
     if config.precision == "fp8":
-        return fp8.quantize_rows(lhs).take(gather)
-    return NVFP4Tensor(lhs.data[gather], lhs.scales[gather], lhs.global_scale)
+        return fp8.quantize_rows(lhs, k_order="kernel").take(gather)
+    return NVFP4Tensor(take_rows(lhs.data, gather), take_rows(lhs.scales, gather),
+                       lhs.global_scale)
 
 
 def _fused_path(weights: MoEWeights, config: MoEConfig) -> bool:
@@ -269,7 +271,7 @@ def _gate_up_act(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
     if not fused:
         return unfused(x_rows, w, group_sizes, aux)
     if gather is not None and not _quantize_before_dispatch(x_rows, gather, in_scale, config):
-        x_rows, aux = x_rows[gather], (row_expert, in_scale, None)     # as _expert_gemm does
+        x_rows, aux = take_rows(x_rows, gather), (row_expert, in_scale, None)     # as _expert_gemm does
     return _fused_with_unfused_grad(functools.partial(_gate_up_forward, **kw), unfused, x_rows, w,
                                     group_sizes, aux)
 

@@ -689,11 +689,18 @@ def test_quantize_rows_then_gather_equals_gather_then_quantize(rng, on_cpu, back
     want = jn.fp8.quantize_rows(copied)
     assert_same_bytes((q.codes, q.scales), (want.codes, want.scales), kind)
     assert float(q.global_scale) == float(want.global_scale)
+    # the kernel k order (the layer's dispatch): the same codes permuted by to_kernel_k_order
+    qk = jn.fp8.quantize_rows(lhs, k_order="kernel").take(idx)
+    assert qk.k_order == "kernel"
+    assert_same_bytes((jn.fp8.from_kernel_k_order(qk.codes), qk.scales), (want.codes, want.scales),
+                      kind)
     w = jax.vmap(jn.quantize)(jnp.asarray(rng.standard_normal((3, 64, k)), jnp.float32))
     sizes = jnp.asarray([20, 0, 30], jnp.int32)
     run = jax.jit(lambda a: jn.grouped_gemm(a, w, sizes, backend=backend, precision="fp8",
                                             out_dtype=jnp.float32))
-    np.testing.assert_array_equal(np.asarray(run(q)), np.asarray(run(copied)))
+    out = np.asarray(run(copied))
+    np.testing.assert_array_equal(np.asarray(run(q)), out)
+    np.testing.assert_array_equal(np.asarray(run(qk)), out)
 
 
 @pytest.mark.parametrize("activation", ["w4a16", "w4a4"])
@@ -711,10 +718,13 @@ def test_moe_fp8_dispatches_quantized_rows(rng, on_cpu, activation):
     f = jax.jit(lambda xs, g: _expert_gemm(xs, row_expert, w.w13, None, sizes, c8, backend,
                                            gather=g))
     got = f(x, gather)
-    # the dispatch gathers e4m3 codes (and their scales), not float rows
-    gathers = [ln for ln in f.lower(x, gather).as_text().splitlines() if "stablehlo.gather" in ln]
-    assert gathers and all("f8E4M3FN" in ln or "xf32>" in ln.split("->")[-1] for ln in gathers), \
-        gathers
+    # the dispatch gathers e4m3 codes (as 32-bit words: jax_nvfp4.rows), their chunk scales and
+    # (W4A4) the per-row global scales, not float rows
+    gathers = [ln.split("->")[-1] for ln in f.lower(x, gather).as_text().splitlines()
+               if "stablehlo.gather" in ln]
+    allowed = (f"x{x.shape[1] // 4}xui32>", f"x{x.shape[1]}xf8E4M3FN>", f"x{x.shape[1] // 128}xf32>",
+               f"<{r}xf32>")
+    assert gathers and all(any(a in out for a in allowed) for out in gathers), gathers
     want = jax.jit(lambda xs: _expert_gemm(xs, row_expert, w.w13, None, sizes, c8, backend))(
         x[gather])
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
@@ -724,9 +734,14 @@ def test_fp8_rows_errors(rng, on_cpu):
     x = jnp.asarray(rng.standard_normal((8, 128)), jnp.bfloat16)
     w = jax.vmap(jn.quantize)(jnp.asarray(rng.standard_normal((2, 16, 128)), jnp.float32))
     q = jn.fp8.quantize_rows(x)
+    with pytest.raises(ValueError, match=r"k_order: expected one of \('logical', 'kernel'\), got 'sm90'"):
+        jn.fp8.quantize_rows(x, k_order="sm90")
     for backend in ["reference"] + (["ffi"] if HAS_FFI else []):
         with pytest.raises(ValueError, match="lhs: Fp8Rows .* need precision='fp8'"):
             jn.grouped_gemm(q, w, [4, 4], backend=backend)
+        with pytest.raises(ValueError, match=r"lhs.k_order: expected one of \('logical', 'kernel'\)"):
+            jn.grouped_gemm(jn.formats.Fp8Rows(q.codes, q.scales, q.global_scale, "sm90"), w,
+                            [4, 4], backend=backend, precision="fp8")
         with pytest.raises(ValueError, match=r"lhs.scales: expected float32 \[8, 1\]"):
             jn.grouped_gemm(jn.formats.Fp8Rows(q.codes, q.scales[:, :0], q.global_scale), w,
                             [4, 4], backend=backend, precision="fp8")

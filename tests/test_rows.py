@@ -1,0 +1,53 @@
+"""jax_nvfp4.rows: the dispatch's row gathers as 32-bit words, bit for bit ``a[rows]``."""
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from jax_nvfp4.rows import take_rows
+
+
+def _bits(a):
+    a = np.asarray(a)
+    return a.view(np.uint8) if a.dtype.itemsize == 1 else a.view(np.uint16 if a.dtype.itemsize == 2
+                                                                  else np.uint32)
+
+
+@pytest.mark.parametrize("dtype,cols", [
+    (jnp.bfloat16, 64), (jnp.bfloat16, 6), (jnp.bfloat16, 5), (jnp.uint8, 36), (jnp.uint8, 7),
+    (jnp.float8_e4m3fn, 128), (jnp.float32, 8), (jnp.int32, 3)])
+def test_take_rows_equals_numpy_indexing(rng, dtype, cols):
+    raw = rng.integers(0, 256, (13, cols * jnp.dtype(dtype).itemsize), dtype=np.uint8)
+    a_np = raw.view(jnp.dtype(dtype))                    # every bit pattern, NaNs included
+    rows = rng.integers(0, 13, 40).astype(np.int32)
+    want = a_np[rows]
+    got = jax.jit(take_rows)(jnp.asarray(a_np), jnp.asarray(rows))
+    assert got.dtype == a_np.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+    # a closed-over constant takes XLA's constant folding, not the argument path
+    const = jax.jit(lambda r: take_rows(jnp.asarray(a_np), r))(jnp.asarray(rows))
+    np.testing.assert_array_equal(_bits(const), _bits(want))
+
+
+def test_take_rows_gathers_words(rng):
+    a = jnp.asarray(rng.standard_normal((8, 64)), jnp.bfloat16)
+    rows = jnp.asarray([3, 1, 1, 7], jnp.int32)
+    hlo = jax.jit(take_rows).lower(a, rows).as_text()
+    gathers = [ln.split("->")[-1] for ln in hlo.splitlines() if "stablehlo.gather" in ln]
+    assert gathers == [" tensor<4x32xui32>"], gathers
+    assert ml_dtypes.bfloat16 == np.asarray(take_rows(a, rows)).dtype
+
+
+def test_take_rows_gradient_is_the_gathers(rng):
+    a = jnp.asarray(rng.standard_normal((6, 8)), jnp.bfloat16)
+    rows = jnp.asarray([0, 5, 5, 2, 0, 0], jnp.int32)
+    ct = jnp.asarray(rng.standard_normal((6, 8)), jnp.bfloat16)
+    f = lambda a: jnp.sum((take_rows(a, rows) * ct).astype(jnp.float32))   # noqa: E731
+    g = lambda a: jnp.sum((a[rows] * ct).astype(jnp.float32))             # noqa: E731
+    np.testing.assert_array_equal(np.asarray(jax.grad(f)(a), np.float32),
+                                  np.asarray(jax.grad(g)(a), np.float32))
+    t = jnp.ones_like(a)
+    _, jvp = jax.jvp(lambda a: take_rows(a, rows), (a,), (t,))
+    np.testing.assert_array_equal(np.asarray(jvp, np.float32), np.asarray(t[rows], np.float32))
