@@ -219,9 +219,10 @@ struct GroupedGemmParams {
 // Columns of the output: N, or N / 2 with the SwiGLU epilogue.
 inline constexpr int64_t OutputColumns(const GroupedGemmParams& p) { return p.glu ? p.N / 2 : p.N; }
 
-// Bytes of workspace the CUDA launchers need: 4096 + 16 * G (the schedule's prefix sums and
-// group bounds). The custom call's workspace output also holds K bytes for the CPU handler.
-inline constexpr size_t GroupedGemmWorkspaceBytes(int64_t G) { return 4096 + 16 * static_cast<size_t>(G); }
+// Bytes of workspace the CUDA launchers need: 4096 + 32 * G (two schedules of prefix sums and group
+// bounds: the 256-token wgmma tile leaves each group's short last tile to the 128-token kernel).
+// The custom call's workspace output also holds K bytes for the CPU handler.
+inline constexpr size_t GroupedGemmWorkspaceBytes(int64_t G) { return 4096 + 32 * static_cast<size_t>(G); }
 
 // Checks the scalar parameters (shapes, alignment, workspace size). Returns nullptr if they are
 // fine, otherwise a static message describing the first problem.

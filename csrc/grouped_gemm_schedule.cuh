@@ -58,13 +58,25 @@ inline cudaError_t launch_maybe_pdl(bool pdl, void (*kernel)(KArgs...), dim3 gri
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
-// Workspace (int32 words): [0] rows inside the groups, [1] total token tiles, [64, 64 + G] tile
-// prefix sums, then [G] clamped group starts, then [G] clamped group ends.
+// Workspace (int32 words): one schedule is [0] rows inside the groups, [1] total token tiles,
+// [64, 64 + G] tile prefix sums, then [G] clamped group starts, then [G] clamped group ends. A split
+// schedule (setup_kernel with BTB > 0) writes a second one at ws_split_off(G) for the rows of each
+// group the first leaves to a kernel of BTB-row tiles (GroupedGemmWorkspaceBytes holds both).
 constexpr int kWsTotalRows = 0;
 constexpr int kWsTotalTiles = 1;
 constexpr int kWsPrefix = 64;
 __host__ __device__ constexpr int64_t ws_start_off(int64_t G) { return kWsPrefix + G + 1; }
 __host__ __device__ constexpr int64_t ws_end_off(int64_t G) { return kWsPrefix + 2 * G + 1; }
+__host__ __device__ constexpr int64_t ws_split_off(int64_t G) { return (kWsPrefix + 3 * G + 1 + 31) / 32 * 32; }
+static_assert(4 * (2 * ws_split_off(1 << 20)) <= GroupedGemmWorkspaceBytes(1 << 20), "two schedules fit");
+static_assert(4 * (2 * ws_split_off(1)) <= GroupedGemmWorkspaceBytes(1), "two schedules fit");
+
+// Rows of a group of `rows` rows that a split schedule gives the BT-row tiles: all but a last
+// partial tile of at most BTB rows (that one goes to the BTB-row tiles); everything without a split.
+__device__ __forceinline__ long long split_head_rows(long long rows, int BT, int BTB) {
+  const long long rem = rows % BT;
+  return BTB > 0 && rem <= BTB ? rows - rem : rows;
+}
 
 // Inclusive scan of s_scan[0..1023] in place (Hillis-Steele), by the block's 1024 threads; the
 // caller has written s_scan[tid] and synchronized.
@@ -79,8 +91,34 @@ __device__ __forceinline__ void block_inclusive_scan(long long* s_scan, int tid)
 
 // ---------------------------------------------------------------------------------------------
 // Setup: clamped row offsets and token-tile prefix sums. One block of 1024 threads.
+// Prefix sums of ceil(rows / bt) over this thread's groups [b, e), rows = ends - starts, scanned
+// over the block; writes prefix[0..G] and the header's tile count.
+__device__ __forceinline__ void write_tile_prefix(long long* s_scan, int tid, int64_t b, int64_t e, int64_t G,
+                                                  int bt, int* __restrict__ sched) {
+  const int* starts = sched + ws_start_off(G);
+  const int* ends = sched + ws_end_off(G);
+  long long tiles_local = 0;
+  for (int64_t i = b; i < e; ++i) tiles_local += (ends[i] - starts[i] + bt - 1) / bt;
+  __syncthreads();  // s_scan's previous use is over
+  s_scan[tid] = tiles_local;
+  __syncthreads();
+  block_inclusive_scan(s_scan, tid);
+  long long tpre = s_scan[tid] - tiles_local;
+  int* prefix = sched + kWsPrefix;
+  for (int64_t i = b; i < e; ++i) {
+    prefix[i] = static_cast<int>(tpre);
+    tpre += (ends[i] - starts[i] + bt - 1) / bt;
+  }
+  if (tid == 1023) {
+    prefix[G] = static_cast<int>(s_scan[1023]);
+    sched[kWsTotalTiles] = static_cast<int>(s_scan[1023]);
+  }
+}
+
+// Tiles of BT rows; with BTB > 0 also the split schedule at ws_split_off(G): each group's last
+// partial tile of at most BTB rows there, in tiles of BTB rows (split_head_rows).
 __global__ void __launch_bounds__(1024) setup_kernel(const int32_t* __restrict__ gs, int64_t G, int64_t M, int BT,
-                                                     int* __restrict__ ws) {
+                                                     int BTB, int* __restrict__ ws) {
   pdl_launch_dependents();  // the GEMM kernel may get resident now; it waits for our writes
   __shared__ long long s_scan[1024];
   const int tid = threadIdx.x;
@@ -95,32 +133,26 @@ __global__ void __launch_bounds__(1024) setup_kernel(const int32_t* __restrict__
   block_inclusive_scan(s_scan, tid);
   long long pre = s_scan[tid] - local;
   const long long total_rows_unclamped = s_scan[1023];
-  __syncthreads();
 
-  long long tiles_local = 0;
-  int* starts = ws + ws_start_off(G);
-  int* ends = ws + ws_end_off(G);
+  int* split = ws + ws_split_off(G);
   for (int64_t i = b; i < e; ++i) {
     const long long st = pre < M ? pre : M;
     pre += max(gs[i], 0);
     const long long en = pre < M ? pre : M;
-    starts[i] = static_cast<int>(st);
-    ends[i] = static_cast<int>(en);
-    tiles_local += (en - st + BT - 1) / BT;
+    const long long mid = st + split_head_rows(en - st, BT, BTB);
+    ws[ws_start_off(G) + i] = static_cast<int>(st);
+    ws[ws_end_off(G) + i] = static_cast<int>(mid);
+    if (BTB > 0) {
+      split[ws_start_off(G) + i] = static_cast<int>(mid);
+      split[ws_end_off(G) + i] = static_cast<int>(en);
+    }
   }
-  s_scan[tid] = tiles_local;
-  __syncthreads();
-  block_inclusive_scan(s_scan, tid);
-  long long tpre = s_scan[tid] - tiles_local;
-  int* prefix = ws + kWsPrefix;
-  for (int64_t i = b; i < e; ++i) {
-    prefix[i] = static_cast<int>(tpre);
-    tpre += (ends[i] - starts[i] + BT - 1) / BT;
-  }
+  write_tile_prefix(s_scan, tid, b, e, G, BT, ws);
+  if (BTB > 0) write_tile_prefix(s_scan, tid, b, e, G, BTB, split);
   if (tid == 1023) {
-    prefix[G] = static_cast<int>(s_scan[1023]);
-    ws[kWsTotalTiles] = static_cast<int>(s_scan[1023]);
-    ws[kWsTotalRows] = static_cast<int>(total_rows_unclamped < M ? total_rows_unclamped : M);
+    const int rows = static_cast<int>(total_rows_unclamped < M ? total_rows_unclamped : M);
+    ws[kWsTotalRows] = rows;
+    if (BTB > 0) split[kWsTotalRows] = rows;
   }
 }
 
@@ -157,9 +189,10 @@ inline void fill_common_params(KernelParams& k, const GroupedGemmParams& p, cons
   k.row_scale = p.row_scale;
 }
 
-// Enqueues the setup kernel for token tiles of BT rows (before the GEMM kernel).
-inline cudaError_t launch_setup(const GroupedGemmParams& p, int BT, int* ws, cudaStream_t stream) {
-  setup_kernel<<<1, 1024, 0, stream>>>(p.group_sizes, p.G, p.M, BT, ws);
+// Enqueues the setup kernel for token tiles of BT rows (before the GEMM kernel); with BTB > 0 the
+// split schedule too (setup_kernel).
+inline cudaError_t launch_setup(const GroupedGemmParams& p, int BT, int* ws, cudaStream_t stream, int BTB = 0) {
+  setup_kernel<<<1, 1024, 0, stream>>>(p.group_sizes, p.G, p.M, BT, BTB, ws);
   return cudaGetLastError();
 }
 

@@ -126,7 +126,7 @@ inline ffi::Error CheckRhsAndOutputs(const std::string& target, U8Buffer3 rhs, f
   const int64_t ws_rows = glu ? 2 : 1;
   const int64_t ws_bytes = workspace->dimensions()[0];
   if (ws_bytes < CustomCallWorkspaceBytes(G, ws_rows * K))
-    return bad("workspace has " + std::to_string(ws_bytes) + " bytes, needs 4096 + 16*G + " +
+    return bad("workspace has " + std::to_string(ws_bytes) + " bytes, needs 4096 + 32*G + " +
                (glu ? "2*K" : "K") + " = " + std::to_string(CustomCallWorkspaceBytes(G, ws_rows * K)));
   p->rhs = rhs.typed_data();
   p->rhs_scales = static_cast<const uint8_t*>(rhs_scales.untyped_data());

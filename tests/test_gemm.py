@@ -490,9 +490,9 @@ class TestBadInput:
         f = lambda: jn.grouped_gemm(lhs, rhs, gs, out_dtype=jnp.float32,  # noqa: E731
                                     backend="ffi")
         assert rel_err(np.asarray(f(), np.float64), ref) <= 1e-5
-        monkeypatch.setattr(jn.gemm, "workspace_bytes", lambda g, k=0: 4096 + 16 * g)
+        monkeypatch.setattr(jn.gemm, "workspace_bytes", lambda g, k=0: 4096 + 32 * g)
         with pytest.raises(jax.errors.JaxRuntimeError,
-                           match=r"workspace has 4128 bytes, needs 4096 \+ 16\*G \+ K = 8288"):
+                           match=r"workspace has 4160 bytes, needs 4096 \+ 32\*G \+ K = 8320"):
             jax.block_until_ready(f())
 
 
@@ -771,7 +771,7 @@ class TestGroupedGemmSwigluBadInput:
             assert want in text, (attr, want)
 
     def test_cpu_handler_checks_its_workspace_and_limit(self, monkeypatch, on_cpu):
-        """The CPU handler decodes a gate and an up row (workspace 4096 + 16 G + 2 K): the plain
+        """The CPU handler decodes a gate and an up row (workspace 4096 + 32 G + 2 K): the plain
         call's size is an error naming it; a glu_limit <= 0 or NaN, N % 16 != 0, alpha not
         [2G] and row_scale not [M] or [0] are rejected by the handler itself."""
         platform_device("cpu")
@@ -800,7 +800,7 @@ class TestGroupedGemmSwigluBadInput:
             raw(rhs, al4[:2], no_rs)
         with pytest.raises(jax.errors.JaxRuntimeError, match=r"row_scale must have shape \[M\]"):
             raw(rhs, al4, jnp.ones((3,), jnp.float32))
-        monkeypatch.setattr(jn.gemm, "workspace_bytes", lambda g, k=0: 4096 + 16 * g + k // 2)
+        monkeypatch.setattr(jn.gemm, "workspace_bytes", lambda g, k=0: 4096 + 32 * g + k // 2)
         with pytest.raises(jax.errors.JaxRuntimeError,
-                           match=r"workspace has \d+ bytes, needs 4096 \+ 16\*G \+ 2\*K"):
+                           match=r"workspace has \d+ bytes, needs 4096 \+ 32\*G \+ 2\*K"):
             jax.block_until_ready(f())

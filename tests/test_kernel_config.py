@@ -208,6 +208,7 @@ def _device_configs():
     (37, [5, 0, 20]),                                    # decode-sized, an empty group
     (700, [300, 1, 0, 250, 100]),                        # several tiles per group, a 1-row group
     (1200, [500, 0, 600, 60]),                           # 256-token tiles fill, odd tails
+    (1150, [512, 384, 129, 75]),                         # the 256 tile's split: tails 0, 128, 129
 ])
 def test_every_config_through_the_public_api(rng, rhs_layout, m, sizes):
     """grouped_gemm(kernel=KernelConfig) runs each configuration this device and build can run (an

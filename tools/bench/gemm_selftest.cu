@@ -685,7 +685,8 @@ int main(int argc, char** argv) {
       const Case forced[] = {{37, 8, 96, 3, kNegative},       {300, 200, 160, 5, kSkewEmpty},
                              {1000, 136, 7168, 64, kOversized}, {300, 200, 192, 5, kSkewEmpty},
                              {700, 72, 320, 9, kOversized},      {700, 384, 320, 9, kOversized},
-                             {300, 256, 192, 5, kSkewEmpty}};
+                             {300, 256, 192, 5, kSkewEmpty},     {2000, 256, 128, 7, kSkewEmpty},
+                             {1300, 384, 192, 5, kLogNormal}};  // groups over 256 rows: the 256 tile's split
       for (const Case& c : forced)
         for (int bt : {16, 32, 64, 128, 256}) {
           if (!kw && bt == 256) continue;
