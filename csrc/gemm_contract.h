@@ -160,11 +160,12 @@ inline constexpr bool FamilyHandles(KernelFamily f, const ProblemDesc& d) {
 
 // The token tile (and so the configuration) of `family` for this problem. Measured on the H200
 // (docs/design.md): wgmma with 64-token tiles up to 24 rows per group on average (deeper weight
-// pipelines), 128 above, 256 (a 2-CTA cluster) from 384 rows; mma with 16-token tiles up to 12
-// rows, 32 up to 40, 64 above; mma_ws has the 16-token tile only.
+// pipelines), 128 above, 256 (a 2-CTA cluster, its groups' short last tiles on the 128-token
+// kernel) from 128 rows; mma with 16-token tiles up to 12 rows, 32 up to 40, 64 above; mma_ws has
+// the 16-token tile only.
 inline constexpr KernelConfig ConfigForFamily(KernelFamily f, const ProblemDesc& d) {
   const int64_t avg = AvgRowsPerGroup(d);
-  if (f == KernelFamily::kWgmma) return DefaultConfigFor(f, avg >= 384 ? 256 : avg <= 24 ? 64 : 128);
+  if (f == KernelFamily::kWgmma) return DefaultConfigFor(f, avg >= 128 ? 256 : avg <= 24 ? 64 : 128);
   if (f == KernelFamily::kWgmmaFp8) return DefaultConfigFor(f, avg <= 24 ? 32 : avg <= 64 ? 64 : 128);
   if (f == KernelFamily::kMmaWs) return DefaultConfigFor(f, 16);
   return DefaultConfigFor(f, avg <= 12 ? 16 : avg <= 40 ? 32 : 64);

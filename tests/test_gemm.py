@@ -91,7 +91,7 @@ SHAPES = [  # (M, N, K, group sizes)
     # several 128-row token tiles per group, sum of sizes < M)
     (700, 200, 320, [100, 0, 250, 3, 97, 0, 130, 20, 50]),
     (2048, 256, 1024, [900, 4, 0, 600, 300, 244]),
-    # >= 384 rows per group on average: v2's 256-token tiles (full, partial, and a group of < 32 rows)
+    # >= 128 rows per group on average: 256-token tiles (full, partial, and a group of < 32 rows)
     (3072, 256, 512, [1000, 0, 1500, 300, 200, 20]),
     # the same with 3 weight tiles of 128 (N tail): 256-token tiles run as 2-CTA clusters on pairs
     # of weight tiles, so the last pair has a spare tile that must store nothing
@@ -206,7 +206,7 @@ SM90_SHAPES = [  # (M, N, K, group sizes); the sm90 layout needs N % 128 == 0 an
     (60, 128, 256, [-5, 30, 100]),             # negative size counts as 0, sum clamped to M
     (200, 128, 64, list(np.diff(np.linspace(0, 190, 17).astype(int)))),  # G = 16
     (2048, 256, 1024, [900, 4, 0, 600, 300, 244]),   # several 128-row token tiles per group
-    (3072, 256, 512, [1000, 0, 1500, 300, 200, 20]),  # >= 384 rows per group: 256-token tiles
+    (3072, 256, 512, [1000, 0, 1500, 300, 200, 20]),  # >= 128 rows per group: 256-token tiles
     (3072, 384, 256, [1000, 0, 1500, 300, 200, 20]),  # the same, odd weight tiles: a cluster's spare
     (1200, 128, 64, _many_groups(384, 1150, seed=4)),   # G > threads per CTA (v1, tile 16)
 ]

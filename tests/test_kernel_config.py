@@ -62,8 +62,8 @@ def test_fp8_heuristic(rows_per_group, tile):
     (16, "checkpoint", KernelConfig("wgmma", 64, 12, 1)),  # wgmma from 16 rows per group
     (24, "sm90", KernelConfig("wgmma", 64, 12, 1)),
     (25, "checkpoint", KernelConfig("wgmma", 128, 8, 1)),
-    (383, "checkpoint", KernelConfig("wgmma", 128, 8, 1)),
-    (384, "sm90", KernelConfig("wgmma", 256, 5, 2)),       # paired 256-token tiles
+    (127, "checkpoint", KernelConfig("wgmma", 128, 8, 1)),
+    (128, "sm90", KernelConfig("wgmma", 256, 5, 2)),       # paired 256-token tiles
 ])
 def test_heuristic_on_hopper(rows_per_group, layout, want):
     g, n, k = 48, 6144, 7168

@@ -1,0 +1,59 @@
+"""Lab: the wgmma token-tile configurations over rows per group (the heuristic's thresholds).
+
+For L1 (K 7168, N 6144) and L2 (K 3072, N 7168) sm90 weights, 48 groups, rows = 48 x avg with
+log-normal (the bench's) and even (multinomial) group sizes: the 64-, 128- and 256-token
+configurations timed on the same rows. Run on the GPU from the repo root:
+``python3 tools/lab/tile_sweep_bench.py [--json PATH]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_nvfp4 import gemm, layout, quantization
+from jax_nvfp4.bench import EXPERTS, skewed_group_sizes, time_ms
+from jax_nvfp4.kernel_config import KernelConfig
+
+CONFIGS = {64: KernelConfig("wgmma", 64, 12, 1), 128: KernelConfig("wgmma", 128, 8, 1),
+           256: KernelConfig("wgmma", 256, 5, 2)}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--json")
+    p.add_argument("--avg", default="32,64,96,128,192,256")
+    args = p.parse_args(argv)
+    fns = {t: jax.jit(lambda x, w, s, c=c: gemm.grouped_gemm(x, w, s, backend="ffi", kernel=c))
+           for t, c in CONFIGS.items()}
+    results = []
+    for label, n, k in (("L1", 6144, 7168), ("L2", 7168, 3072)):
+        w = jax.random.normal(jax.random.key(0), (EXPERTS, n, k), jnp.bfloat16)
+        rhs = layout.prepare_weights(jax.jit(jax.vmap(quantization.quantize))(w))
+        del w
+        for avg in (int(a) for a in args.avg.split(",")):
+            rows = avg * EXPERTS
+            x = jax.random.normal(jax.random.key(rows), (rows, k), jnp.bfloat16)
+            even = np.random.default_rng(rows).multinomial(rows, np.ones(EXPERTS) / EXPERTS)
+            for sizes_name, sizes in (("lognormal", skewed_group_sizes(rows, EXPERTS, 0)),
+                                      ("even", even.astype(np.int32))):
+                s = jnp.asarray(sizes)
+                ms = {t: time_ms(f, x, rhs, s, target_s=0.1, repeats=3) for t, f in fns.items()
+                      if not (t == 64 and avg > 128)}
+                best = min(ms, key=ms.get)
+                results.append(dict(case=label, avg=avg, rows=rows, sizes=sizes_name,
+                                    ms={str(t): v for t, v in ms.items()}, best=best))
+                print(f"{label} avg {avg:4d} {sizes_name:9s} " + "  ".join(
+                    f"{t}: {v:.3f}" for t, v in ms.items()) + f"  best {best}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(gpu=jax.devices()[0].device_kind, jax=jax.__version__, results=results),
+                      f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
