@@ -51,7 +51,9 @@
 // share its weight tiles and activations in L2 (see find_tile for why the orders differ). The grid
 // is one CTA per SM; CTA b takes tiles b, b + grid, ... Each warp finds g by a forward scan from its last g
 // (32 prefix entries per step, ballot), so the lookup is one or two L2 loads per tile.
-// A tail kernel zeroes rows past the last group.
+// A tail kernel zeroes rows past the last group. The 256-token configuration runs each group's last
+// tile of at most 128 rows on the 128-token kernel instead, from a second schedule in the
+// workspace (LaunchGroupedGemmWgmma).
 //
 // The weights are converted inline by the consumers, not by a converter warpgroup feeding SS
 // wgmmas: one converter warpgroup cannot keep up with two consumer warpgroups (16-27% slower on
@@ -693,7 +695,7 @@ cudaError_t LaunchGroupedGemmWgmma(const GroupedGemmParams& p, const KernelConfi
 
   // The 256-token tile runs N = 256 wgmmas whatever its rows, so a group's last tile of at most
   // 128 rows goes to the 128-token kernel (N 32/64/128 by its rows), launched after it on a
-  // schedule of its own (H200, 48 groups: -2% to -7% at 24576 rows; docs/perf-log-layer.md).
+  // schedule of its own (H200, 48 groups: -3% to -7% at 24576 rows; docs/perf-log-layer.md).
   const bool split = c.token_tile == 256;
   int* ws = static_cast<int*>(p.workspace);
   cudaError_t e = launch_setup(p, c.token_tile, ws, stream, split ? kSplitTile.token_tile : 0);
