@@ -252,13 +252,15 @@ class Fp8Rows:
 
     def take(self, rows: jax.Array) -> "Fp8Rows":
         """The rows ``rows`` (int ``[R]``, each in ``[0, M)``) of codes and scales."""
-        return Fp8Rows(take_rows(self.codes, rows), self.scales[rows], self.global_scale, self.k_order)
+        return Fp8Rows(take_rows(self.codes, rows), self.scales[rows], self.global_scale,
+                       self.k_order)
 
     def validate(self, name: str = "lhs") -> "Fp8Rows":
         """Check dtypes and shapes; raise ValueError naming ``name`` and what was expected."""
         c, s, g = self.codes, self.scales, self.global_scale
         if self.k_order not in FP8_K_ORDERS:
-            raise ValueError(f"{name}.k_order: expected one of {FP8_K_ORDERS}, got {self.k_order!r}")
+            raise ValueError(f"{name}.k_order: expected one of {FP8_K_ORDERS}, got "
+                             f"{self.k_order!r}")
         if c.dtype != jnp.float8_e4m3fn or c.ndim != 2 or c.shape[1] % 128:
             raise ValueError(f"{name}.codes: expected float8_e4m3fn [M, K] with K % 128 == 0, got "
                              f"{c.dtype} {list(c.shape)}")

@@ -314,6 +314,6 @@ def grouped_gemm_fp8_reference(lhs, rhs: NVFP4Tensor, group_sizes, *, out_dtype=
     return to_out_dtype(out, out_dtype)
 
 
-__all__ = ["CHUNK", "Fp8Rows", "PRECISIONS", "check_precision", "fp8_lhs", "from_kernel_k_order", "kernel_lhs",
-           "grouped_gemm_fp8_reference", "quantize_activations_fp8", "quantize_rows",
+__all__ = ["CHUNK", "Fp8Rows", "PRECISIONS", "check_precision", "fp8_lhs", "from_kernel_k_order",
+           "grouped_gemm_fp8_reference", "kernel_lhs", "quantize_activations_fp8", "quantize_rows",
            "to_kernel_k_order", "weights_fp8"]

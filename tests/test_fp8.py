@@ -722,8 +722,8 @@ def test_moe_fp8_dispatches_quantized_rows(rng, on_cpu, activation):
     # (W4A4) the per-row global scales, not float rows
     gathers = [ln.split("->")[-1] for ln in f.lower(x, gather).as_text().splitlines()
                if "stablehlo.gather" in ln]
-    allowed = (f"x{x.shape[1] // 4}xui32>", f"x{x.shape[1]}xf8E4M3FN>", f"x{x.shape[1] // 128}xf32>",
-               f"<{r}xf32>")
+    k = x.shape[1]
+    allowed = (f"x{k // 4}xui32>", f"x{k}xf8E4M3FN>", f"x{k // 128}xf32>", f"<{r}xf32>")
     assert gathers and all(any(a in out for a in allowed) for out in gathers), gathers
     want = jax.jit(lambda xs: _expert_gemm(xs, row_expert, w.w13, None, sizes, c8, backend))(
         x[gather])
@@ -734,12 +734,14 @@ def test_fp8_rows_errors(rng, on_cpu):
     x = jnp.asarray(rng.standard_normal((8, 128)), jnp.bfloat16)
     w = jax.vmap(jn.quantize)(jnp.asarray(rng.standard_normal((2, 16, 128)), jnp.float32))
     q = jn.fp8.quantize_rows(x)
-    with pytest.raises(ValueError, match=r"k_order: expected one of \('logical', 'kernel'\), got 'sm90'"):
+    with pytest.raises(ValueError,
+                       match=r"k_order: expected one of \('logical', 'kernel'\), got 'sm90'"):
         jn.fp8.quantize_rows(x, k_order="sm90")
     for backend in ["reference"] + (["ffi"] if HAS_FFI else []):
         with pytest.raises(ValueError, match="lhs: Fp8Rows .* need precision='fp8'"):
             jn.grouped_gemm(q, w, [4, 4], backend=backend)
-        with pytest.raises(ValueError, match=r"lhs.k_order: expected one of \('logical', 'kernel'\)"):
+        with pytest.raises(ValueError,
+                           match=r"lhs.k_order: expected one of \('logical', 'kernel'\)"):
             jn.grouped_gemm(jn.formats.Fp8Rows(q.codes, q.scales, q.global_scale, "sm90"), w,
                             [4, 4], backend=backend, precision="fp8")
         with pytest.raises(ValueError, match=r"lhs.scales: expected float32 \[8, 1\]"):

@@ -1,9 +1,11 @@
 """Lab: the 256-token wgmma tile with each group's short remainder on the 128-token kernel.
 
 The 256-token tile always runs N = 256 wgmmas, so a group's last, partial tile costs a full
-tile's tensor work. This times, on the same rows and group sizes:
+tile's tensor work. This times, on the same rows and group sizes (it simulated the split before
+the launcher made it; docs/perf-log-layer.md has both runs):
 
-- ``t256``: the 256-token configuration alone (cluster 2);
+- ``t256``: the 256-token configuration alone (cluster 2; since the split went into the kernel,
+  it runs its groups' short last tiles on the 128-token kernel itself);
 - ``t128``: the 128-token configuration alone (its last tile runs N = 32/64/128);
 - ``split``: per group, the rows of its full 256-row tiles (and a remainder over 128 rows, kept as
   one more 256 tile) on the 256-token configuration, then the remainder of at most 128 rows on the
@@ -79,7 +81,8 @@ def case(name, x, w, sizes_np, log, out_dtype=jnp.bfloat16):
     r = dict(case=name, rows=rows, t256=t256, t128=t128, split=tsplit, rows_a=int(a.sum()),
              rows_b=int(b.sum()), max_group=int(sizes_np.max()), max_abs_diff=diff)
     log(f"{name:24s} rows {rows:6d} (a {r['rows_a']:6d} b {r['rows_b']:5d}): 256 {t256:.3f}  128 "
-        f"{t128:.3f}  split {tsplit:.3f} ms  ({tsplit / min(t256, t128):.3f} of the best)  diff {diff:g}")
+        f"{t128:.3f}  split {tsplit:.3f} ms  ({tsplit / min(t256, t128):.3f} of the best)  "
+        f"diff {diff:g}")
     return r
 
 
