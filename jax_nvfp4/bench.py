@@ -209,6 +209,17 @@ def main(argv=None):
     return results
 
 
+def write_lab_json(path, results):
+    """Write ``{"gpu", "driver", "jax", "results"}`` to ``path`` (the tools/lab benchmarks' JSON);
+    no-op for a falsy path."""
+    if not path:
+        return
+    import json
+    with open(path, "w") as f:
+        json.dump(dict(gpu=jax.devices()[0].device_kind, driver=_driver_version(),
+                       jax=jax.__version__, results=results), f, indent=1)
+
+
 def _driver_version():
     """The NVIDIA driver version (one value: nvidia-smi prints a line per GPU), or None."""
     try:

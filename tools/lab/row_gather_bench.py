@@ -9,14 +9,13 @@ installed jax_nvfp4).
 from __future__ import annotations
 
 import argparse
-import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jax_nvfp4 import fp8
-from jax_nvfp4.bench import time_ms
+from jax_nvfp4.bench import time_ms, write_lab_json
 
 H = 7168
 
@@ -82,10 +81,7 @@ def main(argv=None):
                 results.append(dict(tokens=t, array=name, variant=v, ms=ms, out_mb=mb, equal=ok))
                 print(f"T={t:5d} {name:13s} {v:18s} {ms:7.3f} ms  {mb:7.1f} MB out  "
                       f"{mb / ms / 1e3:5.2f} TB/s written  equal={ok}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(gpu=jax.devices()[0].device_kind, jax=jax.__version__, results=results),
-                      f, indent=1)
+    write_lab_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -14,20 +14,20 @@ the launcher made it; docs/perf-log-layer.md has both runs):
 
 Also checks that the split's rows equal the unsplit call's (max abs difference printed).
 
-Run on the GPU: ``PYTHONPATH=. python3 tools/lab/split_tile_bench.py [--json PATH]``.
+Run on the GPU from the repo root (the installed jax_nvfp4):
+``python3 tools/lab/split_tile_bench.py [--json PATH]``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jax_nvfp4 import gemm, layout, quantization
-from jax_nvfp4.bench import EXPERTS, skewed_group_sizes, time_ms
+from jax_nvfp4.bench import EXPERTS, skewed_group_sizes, time_ms, write_lab_json
 from jax_nvfp4.kernel_config import KernelConfig
 
 C256 = KernelConfig("wgmma", 256, 5, 2)
@@ -106,10 +106,7 @@ def main(argv=None):
             rng = np.random.default_rng(rows)
             sizes = rng.multinomial(rows, np.ones(EXPERTS) / EXPERTS).astype(np.int32)
             results.append(case(f"{label} even", x, rhs, sizes, print))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(gpu=jax.devices()[0].device_kind, jax=jax.__version__, results=results),
-                      f, indent=1)
+    write_lab_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -9,14 +9,13 @@ configurations timed on the same rows. Run on the GPU from the repo root:
 from __future__ import annotations
 
 import argparse
-import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jax_nvfp4 import gemm, layout, quantization
-from jax_nvfp4.bench import EXPERTS, skewed_group_sizes, time_ms
+from jax_nvfp4.bench import EXPERTS, skewed_group_sizes, time_ms, write_lab_json
 from jax_nvfp4.kernel_config import KernelConfig
 
 CONFIGS = {64: KernelConfig("wgmma", 64, 12, 1), 128: KernelConfig("wgmma", 128, 8, 1),
@@ -49,10 +48,7 @@ def main(argv=None):
                                     ms={str(t): v for t, v in ms.items()}, best=best))
                 print(f"{label} avg {avg:4d} {sizes_name:9s} " + "  ".join(
                     f"{t}: {v:.3f}" for t, v in ms.items()) + f"  best {best}", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(gpu=jax.devices()[0].device_kind, jax=jax.__version__, results=results),
-                      f, indent=1)
+    write_lab_json(args.json, results)
 
 
 if __name__ == "__main__":
