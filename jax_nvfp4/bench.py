@@ -214,7 +214,6 @@ def write_lab_json(path, results):
     no-op for a falsy path."""
     if not path:
         return
-    import json
     with open(path, "w") as f:
         json.dump(dict(gpu=jax.devices()[0].device_kind, driver=_driver_version(),
                        jax=jax.__version__, results=results), f, indent=1)

@@ -12,12 +12,10 @@ import jax
 import jax.numpy as jnp
 
 
-def _words_per_row(a) -> int:
-    """uint32 words per row when ``a`` ``[M, C]`` can be gathered as words, else 0."""
+def _as_words_ok(a) -> bool:
+    """Whether the rows of ``a`` ``[M, C]`` are whole uint32 words of a 1- or 2-byte dtype."""
     size = jnp.dtype(a.dtype).itemsize
-    if a.ndim != 2 or size not in (1, 2) or (a.shape[1] * size) % 4:
-        return 0
-    return a.shape[1] * size // 4
+    return a.ndim == 2 and size in (1, 2) and (a.shape[1] * size) % 4 == 0
 
 
 def _take_words(a, rows):
@@ -48,7 +46,7 @@ def take_rows(a: jax.Array, rows: jax.Array) -> jax.Array:
     scatter-add of the cotangent rows).
     """
     rows = jnp.asarray(rows)
-    if rows.ndim != 1 or not _words_per_row(a):
+    if rows.ndim != 1 or not _as_words_ok(a):
         return a[rows]
     if jnp.issubdtype(a.dtype, jnp.inexact):
         return _take_float_rows(a, rows)
