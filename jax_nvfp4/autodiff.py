@@ -82,6 +82,22 @@ def varying_axes(a) -> frozenset:
     return frozenset(getattr(aval, "vma", ()))      # older spelling
 
 
+def varying_type(args, shape, dtype):
+    """An ffi_call result type carrying the union of the inputs' varying manual axes.
+
+    Inside ``shard_map`` a bare ShapeDtypeStruct is typed invariant, and ``out_specs=P()`` would
+    then silently return one shard's values (jax_ffi notes, section 2). Summing one element of
+    each input gives a scalar whose type has the union of their axes; its type is updated to
+    the result's shape and dtype.
+    """
+    probe = sum(jnp.sum(a.reshape(-1)[:1].astype(jnp.float32)) for a in args)
+    aval = jax.typeof(probe)
+    base = jax.typeof(jnp.zeros((), jnp.float32)).update(shape=shape, dtype=jnp.dtype(dtype))
+    if hasattr(aval, "manual_axis_type"):          # jax >= 0.10
+        return base.update_manual_axis_type(aval.manual_axis_type)
+    return base.update(vma=aval.vma)               # older spelling
+
+
 def sum_to_varying_axes_of(ct, primal):
     """``ct`` summed (``psum``) over the manual axes along which it varies and ``primal`` does
     not: the cotangent of a value that is the same on every device of those axes (replicated)

@@ -18,7 +18,8 @@ in one run:
   rows paired) and exact precision it runs the gate/up GEMM and SwiGLU as one fused call
   (``fused_swiglu``); ``--unfused`` also times the same layer on unpaired sm90 weights
   (``layer_unfused_ms``, the unfused path) in the same run;
-- ``gemm1_ms`` / ``gemm2_ms``: each grouped GEMM alone, called as the layer calls it (same lhs kind,
+- ``gemm1_ms`` / ``gemm2_ms``: each grouped GEMM alone, called as the layer calls it (same lhs kind:
+  bf16 rows, for W4A4 the values of their NVFP4 quantization, which the layer's dispatch writes;
   the group sizes the layer's routing produced), on the same routed rows: the gate/up GEMM with
   float32 output, the down GEMM with the layer's rows (bf16, ``MoEConfig.row_dtype``);
 - ``overhead_share = (layer_ms - gemm1_ms - gemm2_ms) / layer_ms``: routing, dispatch, SwiGLU,
@@ -56,6 +57,7 @@ import numpy as np
 from . import gemm, layout, moe_params, sharding
 from .bench import _driver_version, time_ms
 from .bench_ep import random_layer
+from .dispatch import dispatch_rows
 from .formats import NVFP4Tensor
 from .moe import (_fused_path, _round_rows, _row_global_scale, _swiglu_paired, moe, row_dtype,
                   row_ladder, sort_rows, swiglu)
@@ -84,11 +86,16 @@ def _routed_rows(x, weights, config):
     return order // ids.shape[1], sizes
 
 
-def _gemm_lhs(rows, activation):
-    """A GEMM input as the layer makes it: per-row NVFP4 (W4A4 dynamic) or bf16 (W4A16), and
-    the row scales to apply to the output (or None)."""
+def _gemm_lhs(rows, activation, precision="exact", backend="auto"):
+    """A GEMM input as the layer makes it, and the row scales to apply to the output (or None):
+    bf16 rows (W4A16); for W4A4 (dynamic) the values e2m1 * block scale of each row's NVFP4
+    quantization as bf16, made by the layer's dispatch (:func:`jax_nvfp4.dispatch.dispatch_rows`:
+    the GEMMs then time the kernels alone) or, for precision "fp8", the NVFP4 codes."""
     if activation == "w4a4":
         s = _row_global_scale(rows)
+        if precision != "fp8":
+            return dispatch_rows(rows, row_scale=s,
+                                 backend="reference" if backend == "reference" else "auto"), s
         q = jax.vmap(quantize)(rows, s)
         return NVFP4Tensor(q.data, q.scales, jnp.float32(1.0)), s
     return rows.astype(jnp.bfloat16), None
@@ -107,10 +114,10 @@ def gemm_inputs(x, token_of, sizes, weights, config, backend):
     glu = _swiglu_paired if weights.w13_paired else swiglu
     @jax.jit
     def inputs(x, token_of, w13, sizes):
-        lhs1, s1 = _gemm_lhs(x[token_of], config.activation)
+        lhs1, s1 = _gemm_lhs(x[token_of], config.activation, config.precision, backend)
         h = _gemm(lhs1, w13, sizes, backend, config.precision)
         act = _round_rows(glu(h if s1 is None else h * s1[:, None], config.swiglu_limit), config)
-        lhs2, s2 = _gemm_lhs(act, config.activation)
+        lhs2, s2 = _gemm_lhs(act, config.activation, config.precision, backend)
         return lhs1, s1, lhs2, s2
 
     return inputs(x, token_of, weights.w13, sizes)

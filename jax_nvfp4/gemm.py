@@ -27,29 +27,13 @@ def workspace_bytes(num_groups: int, k: int = 0) -> int:
     return 4096 + 32 * num_groups + k
 
 
-def _varying_type(args, shape, dtype):
-    """An ffi_call result type carrying the union of the inputs' varying manual axes.
-
-    Inside ``shard_map`` a bare ShapeDtypeStruct is typed invariant, and ``out_specs=P()`` would
-    then silently return one shard's values (jax_ffi notes, section 2). Summing one element of
-    each input gives a scalar whose type has the union of their axes; its type is updated to
-    the result's shape and dtype.
-    """
-    probe = sum(jnp.sum(a.reshape(-1)[:1].astype(jnp.float32)) for a in args)
-    aval = jax.typeof(probe)
-    base = jax.typeof(jnp.zeros((), jnp.float32)).update(shape=shape, dtype=jnp.dtype(dtype))
-    if hasattr(aval, "manual_axis_type"):          # jax >= 0.10
-        return base.update_manual_axis_type(aval.manual_axis_type)
-    return base.update(vma=aval.vma)               # older spelling
-
-
 def _ffi_call(target, args, out_cols, out_dtype, rows_decoded, config, rhs_layout, **attrs):
     """One of the custom calls on ``args`` (``lhs, lhs_scales, rhs_data, rhs_scales, ...``):
     out ``[M, out_cols]`` out_dtype, and the workspace for ``rows_decoded`` weight rows of the CPU
     handler (K bytes each; rhs_data's last axis is K/2)."""
     m, g, k = args[0].shape[0], args[2].shape[0], 2 * args[2].shape[2]
-    out_t = _varying_type(args, (m, out_cols), out_dtype)
-    ws_t = _varying_type(args, (workspace_bytes(g, rows_decoded * k),), jnp.uint8)
+    out_t = autodiff.varying_type(args, (m, out_cols), out_dtype)
+    ws_t = autodiff.varying_type(args, (workspace_bytes(g, rows_decoded * k),), jnp.uint8)
     out, _ = jax.ffi.ffi_call(target, (out_t, ws_t), vmap_method="sequential")(
         *args, rhs_layout=np.int32(rhs_layout), **config.attributes(), **attrs)
     return out

@@ -51,6 +51,7 @@ from .moe_params import MoEConfig, MoEWeights
 from .quantization import MAX_GLOBAL_SCALE, MIN_GLOBAL_SCALE, dynamic_global_scale, quantize
 from .reference import GLU_ROW_BLOCK, round_to, split_paired
 from .routing import check_hash_table, route
+from .dispatch import dispatch_rows
 from .rows import take_rows
 
 
@@ -99,7 +100,8 @@ def _row_global_scale(x: jax.Array) -> jax.Array:
 
 
 def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, config, backend,
-                 rows_hint=None, gather=None, paired=False, out_dtype=jnp.float32):
+                 rows_hint=None, gather=None, paired=False, out_dtype=jnp.float32, scatter=None,
+                 bf16_rows=False):
     """One grouped GEMM over rows sorted by (local) expert; float32 ``[R, N]`` out.
 
     ``out_dtype``: the GEMM's own output dtype (float32, or :func:`row_dtype` for the down GEMM:
@@ -110,8 +112,13 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
     None, or int32 ``[R]``: the GEMM's rows are ``x_rows[gather]`` (the dispatch). An input
     quantized per row (dynamic W4A4, and the fp8 mode's e4m3 rows) is then quantized once per row
     of x_rows when there are no more of those than R, and the quantized rows gathered
-    (:func:`_quantize_before_dispatch`): the same numbers, ``top_k`` times fewer rows quantized
+    (:func:`_dispatch_in_forward`): the same numbers, ``top_k`` times fewer rows quantized
     than quantizing each token once per chosen expert.
+
+    ``scatter``: None, or int32 ``[T, top_k]``, ``gather`` inverted (the sorted row of each
+    token's copy; a row at or past R for none): the exact mode then writes the GEMM's bf16 input
+    in one pass over x_rows (:func:`jax_nvfp4.dispatch.dispatch_rows`). ``bf16_rows``: x_rows
+    holds bf16 values (the layer's bf16 activation rows), read as bf16.
 
     ``paired``: w's rows (a gate/up weight) are in the paired order, so a ``[G, 2]`` global
     scale applies to the output columns in that order.
@@ -120,8 +127,8 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
     quantization (W4A4) is a straight-through estimator and the weights are frozen
     (:mod:`jax_nvfp4.autodiff`).
     """
-    if gather is not None and not _quantize_before_dispatch(x_rows, gather, in_scale, config):
-        x_rows, gather = take_rows(x_rows, gather), None
+    if gather is not None and not _dispatch_in_forward(x_rows, gather, scatter, in_scale, config):
+        x_rows, gather, scatter = take_rows(x_rows, gather), None, None
     g = w.data.shape[0]
     gs = w.global_scale.astype(jnp.float32)
     per_half = gs.ndim == 2                            # [G, 2]: gate and up differ
@@ -129,25 +136,12 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
     w = dataclasses.replace(w, global_scale=jnp.ones((g,), jnp.float32) if per_half else gs)
 
     def forward(x_rows, w, group_sizes, aux):
-        row_expert, in_scale, gather = aux
+        row_expert, in_scale, gather, scatter = aux
         alpha = w.global_scale
-        row_scale = None
-        if config.activation == "w4a4":
-            if in_scale is not None:                   # static: one scale per expert
-                q_scale = jnp.concatenate([in_scale, jnp.ones((1,), jnp.float32)])[row_expert]
-                alpha = in_scale * alpha               # alpha_e = input scale * weight scale
-            else:                                      # dynamic: one scale per row
-                q_scale = row_scale = _row_global_scale(x_rows)
-            q = jax.vmap(quantize)(x_rows, q_scale)
-            lhs = NVFP4Tensor(q.data, q.scales, jnp.float32(1.0))
-            if gather is not None:
-                row_scale = row_scale[gather]
-        else:
-            # A real bf16 rounding (the kernel's operand type) in every backend: without the
-            # barrier XLA may keep excess precision for the reference backend on GPU.
-            lhs = jax.lax.optimization_barrier(x_rows.astype(jnp.bfloat16))
-        if gather is not None:
-            lhs = _dispatch_quantized(lhs, gather, config)
+        if config.activation == "w4a4" and in_scale is not None:
+            alpha = in_scale * alpha                   # alpha_e = input scale * weight scale
+        lhs, row_scale = _gemm_lhs(x_rows, row_expert, in_scale, gather, scatter, config, backend,
+                                   bf16_rows)
         out = grouped_gemm(lhs, dataclasses.replace(w, global_scale=alpha), group_sizes,
                            out_dtype=out_dtype, backend=backend, rows_hint=rows_hint,
                            precision=config.precision)
@@ -156,8 +150,8 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
             out = out * row_scale[:, None]
         return out
 
-    out = autodiff.frozen_weights(forward, x_rows, w, group_sizes, (row_expert, in_scale, gather),
-                                  gather=gather)
+    out = autodiff.frozen_weights(forward, x_rows, w, group_sizes,
+                                  (row_expert, in_scale, gather, scatter), gather=gather)
     if per_half:
         e = jnp.minimum(row_expert, g - 1)
         n = out.shape[1]
@@ -171,23 +165,57 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
     return out
 
 
-def _quantize_before_dispatch(x_rows, gather, in_scale, config: MoEConfig) -> bool:
-    """Whether the GEMM input is quantized per row of ``x_rows`` (each token once) and the
-    quantized rows gathered, rather than ``x_rows[gather]`` copied and then quantized: for inputs
-    quantized per row (a dynamic W4A4 input, the fp8 mode's e4m3 rows; not W4A4 with a static
-    per-expert scale, which depends on the row's expert) when x_rows has no more rows than the
-    dispatch (under expert parallelism with a capacity it may have more)."""
+def _dispatch_in_forward(x_rows, gather, scatter, in_scale, config: MoEConfig) -> bool:
+    """Whether the dispatch ``x_rows[gather]`` happens inside the GEMM's straight-through forward
+    (:func:`_gemm_lhs`), from each token once, rather than as a copy before it: for inputs made per
+    row (a dynamic W4A4 input, the fp8 mode's e4m3 rows, and, given the inverted map ``scatter``,
+    the exact mode's bf16 rows; not W4A4 with a static per-expert scale, which depends on the
+    row's expert) when x_rows has no more rows than the dispatch (under expert parallelism with a
+    capacity it may have more)."""
     if x_rows.shape[0] > gather.shape[0]:
         return False
     if config.activation == "w4a4":
         return in_scale is None
-    return config.precision == "fp8"
+    return config.precision == "fp8" or scatter is not None
+
+
+def _gemm_lhs(x_rows, row_expert, in_scale, gather, scatter, config: MoEConfig, backend,
+              bf16_rows=False):
+    """The grouped GEMM's input built from ``x_rows`` (dispatched by ``gather`` when given, see
+    :func:`_dispatch_in_forward`) and the float32 row scale to apply to its output (dynamic
+    W4A4) or None.
+
+    The exact mode's input is bf16: the rows, or the values ``e2m1 * block scale`` of their
+    per-row NVFP4 quantization (exact in bf16; what the kernels read for W4A4 anyway), written by
+    :func:`jax_nvfp4.dispatch.dispatch_rows` in one pass. A static W4A4 scale (per expert) and
+    the fp8 mode keep the NVFP4 codes (and gather them)."""
+    dispatch_backend = "reference" if backend == "reference" else "auto"
+    if config.activation == "w4a4":
+        if in_scale is not None:                       # static: one scale per expert
+            q_scale = jnp.concatenate([in_scale, jnp.ones((1,), jnp.float32)])[row_expert]
+            q = jax.vmap(quantize)(x_rows, q_scale)
+            return NVFP4Tensor(q.data, q.scales, jnp.float32(1.0)), None
+        row_scale = _row_global_scale(x_rows)          # dynamic: one scale per row
+        lhs_rows = row_scale if gather is None else row_scale[gather]
+        if config.precision == "fp8":
+            q = jax.vmap(quantize)(x_rows, row_scale)
+            lhs = NVFP4Tensor(q.data, q.scales, jnp.float32(1.0))
+            return (lhs if gather is None else _dispatch_quantized(lhs, gather, config)), lhs_rows
+        src = x_rows.astype(jnp.bfloat16) if bf16_rows else x_rows
+        return dispatch_rows(src, gather, scatter, row_scale=row_scale,
+                             backend=dispatch_backend), lhs_rows
+    if config.precision == "fp8":
+        # A real bf16 rounding (the kernel's operand type) in every backend: without the
+        # barrier XLA may keep excess precision for the reference backend on GPU.
+        lhs = jax.lax.optimization_barrier(x_rows.astype(jnp.bfloat16))
+        return (lhs if gather is None else _dispatch_quantized(lhs, gather, config)), None
+    return dispatch_rows(x_rows, gather, scatter, backend=dispatch_backend), None
 
 
 def _dispatch_quantized(lhs, gather, config: MoEConfig):
-    """The dispatch of a GEMM input quantized per token (:func:`_quantize_before_dispatch`): the
-    rows ``gather`` of the fp8 mode's e4m3 rows (``lhs`` quantized here), else of ``lhs``'s NVFP4
-    codes and block scales."""
+    """The fp8 mode's dispatch of a GEMM input quantized per token (:func:`_dispatch_in_forward`):
+    the rows ``gather`` of the e4m3 rows (``lhs`` quantized here), or of ``lhs``'s NVFP4 codes and
+    block scales."""
     if config.precision == "fp8":
         return fp8.quantize_rows(lhs, k_order="kernel").take(gather)
     return NVFP4Tensor(take_rows(lhs.data, gather), take_rows(lhs.scales, gather),
@@ -202,24 +230,14 @@ def _fused_path(weights: MoEWeights, config: MoEConfig) -> bool:
 def _gate_up_forward(x_rows, w, group_sizes, aux, *, config, backend, rows_hint):
     """The fused gate/up GEMM + SwiGLU: :func:`jax_nvfp4.grouped_gemm_swiglu` on the GEMM input
     :func:`_expert_gemm` would build (same rounding or quantization, same dispatch gather)."""
-    row_expert, in_scale, gather = aux
+    row_expert, in_scale, gather, scatter = aux
     g = w.data.shape[0]
     gs = w.global_scale.astype(jnp.float32)
     alpha = gs if gs.ndim == 2 else jnp.broadcast_to(gs[:, None], (g, 2))   # (gate, up) per group
-    row_scale = None
-    if config.activation == "w4a4":
-        if in_scale is not None:                       # static: folded into both halves' factors
-            q_scale = jnp.concatenate([in_scale, jnp.ones((1,), jnp.float32)])[row_expert]
-            alpha = in_scale[:, None] * alpha
-        else:                                          # dynamic: applied before the SwiGLU
-            q_scale = row_scale = _row_global_scale(x_rows)
-        q = jax.vmap(quantize)(x_rows, q_scale)
-        lhs = NVFP4Tensor(q.data, q.scales, jnp.float32(1.0))
-        if gather is not None:
-            lhs = _dispatch_quantized(lhs, gather, config)
-            row_scale = None if row_scale is None else row_scale[gather]
-    else:
-        lhs = jax.lax.optimization_barrier(x_rows.astype(jnp.bfloat16))
+    if config.activation == "w4a4" and in_scale is not None:   # static: in both halves' factors
+        alpha = in_scale[:, None] * alpha
+    # a dynamic W4A4 row scale is applied before the SwiGLU
+    lhs, row_scale = _gemm_lhs(x_rows, row_expert, in_scale, gather, scatter, config, backend)
     act = grouped_gemm_swiglu(lhs, dataclasses.replace(w, global_scale=alpha), group_sizes,
                               row_scale=row_scale, limit=config.swiglu_limit,
                               out_dtype=row_dtype(config),
@@ -231,9 +249,9 @@ def _gate_up_forward(x_rows, w, group_sizes, aux, *, config, backend, rows_hint)
 
 def _gate_up_unfused(x_rows, w, group_sizes, aux, *, config, backend, rows_hint):
     """The same activation without fusion: the differentiable GEMM, then the paired SwiGLU."""
-    row_expert, in_scale, gather = aux
+    row_expert, in_scale, gather, scatter = aux
     h = _expert_gemm(x_rows, row_expert, w, in_scale, group_sizes, config, backend, rows_hint,
-                     gather=gather, paired=True)
+                     gather=gather, paired=True, scatter=scatter)
     return _round_rows(_swiglu_paired(h, config.swiglu_limit), config)
 
 
@@ -258,7 +276,7 @@ _fused_with_unfused_grad.defvjp(_fused_fwd, _fused_bwd)
 
 
 def _gate_up_act(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, config, backend,
-                 rows_hint=None, gather=None, fused=True):
+                 rows_hint=None, gather=None, fused=True, scatter=None):
     """The activation ``swiglu(gate/up GEMM)`` of paired gate/up weights w: float32 ``[R, I]``.
 
     ``fused``: one :func:`jax_nvfp4.grouped_gemm_swiglu` call (exact precision), whose reverse-mode
@@ -266,12 +284,12 @@ def _gate_up_act(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
     columns. Arguments as for :func:`_expert_gemm`.
     """
     kw = dict(config=config, backend=backend, rows_hint=rows_hint)
-    aux = (row_expert, in_scale, gather)
+    aux = (row_expert, in_scale, gather, scatter)
     unfused = functools.partial(_gate_up_unfused, **kw)
     if not fused:
         return unfused(x_rows, w, group_sizes, aux)
-    if gather is not None and not _quantize_before_dispatch(x_rows, gather, in_scale, config):
-        x_rows, aux = take_rows(x_rows, gather), (row_expert, in_scale, None)     # as _expert_gemm does
+    if gather is not None and not _dispatch_in_forward(x_rows, gather, scatter, in_scale, config):
+        x_rows, aux = take_rows(x_rows, gather), (row_expert, in_scale, None, None)  # as _expert_gemm does
     return _fused_with_unfused_grad(functools.partial(_gate_up_forward, **kw), unfused, x_rows, w,
                                     group_sizes, aux)
 
@@ -379,16 +397,19 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
     def run_rows(n):
         """The first n sorted rows (every local row among them): [T, H] float32."""
         in_scale = _static_scale(weights, "w13_input_scale", config)
+        scatter = inv.reshape(t, k)              # each copy's sorted row (>= n: not run here)
         if weights.w13_paired:                     # dispatch: x[token_of[:n]]
             act = _gate_up_act(x, row_expert[:n], weights.w13, in_scale, group_sizes, config,
-                               backend, hint, gather=token_of[:n], fused=_fused_path(weights, config))
+                               backend, hint, gather=token_of[:n], fused=_fused_path(weights, config),
+                               scatter=scatter)
         else:
             h1 = _expert_gemm(x, row_expert[:n], weights.w13, in_scale, group_sizes, config,
-                              backend, hint, gather=token_of[:n])
+                              backend, hint, gather=token_of[:n], scatter=scatter)
             act = _round_rows(swiglu(h1, config.swiglu_limit), config)
         y = _expert_gemm(act, row_expert[:n], weights.w2,
                          _static_scale(weights, "w2_input_scale", config), group_sizes, config,
-                         backend, hint, out_dtype=row_dtype(config))
+                         backend, hint, out_dtype=row_dtype(config),
+                         bf16_rows=row_dtype(config) == jnp.bfloat16)
         # Combine: back to (token, slot) order by the inverse permutation (a gather), then a
         # weighted sum over the k slots in slot order. Deterministic (a scatter-add over token_of
         # would use atomics on the GPU, summing in a different order from run to run), and a

@@ -25,7 +25,6 @@ from jax_nvfp4.moe import moe as moe_layer, swiglu
 from jax_nvfp4.bench import time_ms
 from jax_nvfp4.bench_ep import random_layer
 from jax_nvfp4.bench_layer import _gemm_lhs, layer_config
-from jax_nvfp4.formats import NVFP4Tensor
 from jax_nvfp4.routing import route
 
 
@@ -48,9 +47,9 @@ def stages(x, weights, cfg):
 
     @jax.jit
     def f_in1(x, token_of):
-        if cfg.activation == "w4a4":          # quantized once per token, the packed rows gathered
+        if cfg.activation == "w4a4":          # the values of each token's quantization, gathered
             lhs, s = _gemm_lhs(x, "w4a4")
-            return NVFP4Tensor(lhs.data[token_of], lhs.scales[token_of], lhs.global_scale), s[token_of]
+            return lhs[token_of], s[token_of]
         return x[token_of].astype(jnp.bfloat16), None
 
     lhs1, s1 = f_in1(x, token_of)

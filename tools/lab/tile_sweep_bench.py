@@ -26,9 +26,13 @@ def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--json")
     p.add_argument("--avg", default="32,64,96,128,192,256")
+    p.add_argument("--tiles", default="64,128,256", help="token tiles to time (of 64,128,256)")
+    p.add_argument("--target-s", type=float, default=0.1, help="seconds per timing sample")
+    p.add_argument("--repeats", type=int, default=3, help="timing samples (median taken)")
     args = p.parse_args(argv)
+    tiles = {int(t) for t in args.tiles.split(",")}
     fns = {t: jax.jit(lambda x, w, s, c=c: gemm.grouped_gemm(x, w, s, backend="ffi", kernel=c))
-           for t, c in CONFIGS.items()}
+           for t, c in CONFIGS.items() if t in tiles}
     results = []
     for label, n, k in (("L1", 6144, 7168), ("L2", 7168, 3072)):
         w = jax.random.normal(jax.random.key(0), (EXPERTS, n, k), jnp.bfloat16)
@@ -41,7 +45,7 @@ def main(argv=None):
             for sizes_name, sizes in (("lognormal", skewed_group_sizes(rows, EXPERTS, 0)),
                                       ("even", even.astype(np.int32))):
                 s = jnp.asarray(sizes)
-                ms = {t: time_ms(f, x, rhs, s, target_s=0.1, repeats=3) for t, f in fns.items()
+                ms = {t: time_ms(f, x, rhs, s, target_s=args.target_s, repeats=args.repeats) for t, f in fns.items()
                       if not (t == 64 and avg > 128)}
                 best = min(ms, key=ms.get)
                 results.append(dict(case=label, avg=avg, rows=rows, sizes=sizes_name,

@@ -1,0 +1,85 @@
+// XLA FFI CPU handler of "jax_nvfp4_dispatch_rows" (ffi/dispatch_rows_ffi.h): the CUDA kernel's
+// loop on the host, with the same per-block arithmetic (csrc/dispatch_rows.h).
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
+#include "ffi/dispatch_rows_ffi.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+// XLA runs CPU handlers with subnormals flushed (FTZ/DAZ); the NVFP4 arithmetic keeps them, as the
+// CUDA kernel does (nvcc's default), so they are off while the handler runs.
+class IeeeSubnormals {
+ public:
+  IeeeSubnormals() {
+#if defined(__x86_64__) || defined(__i386__)
+    saved_ = _mm_getcsr();
+    _mm_setcsr(saved_ & ~0x8040u);  // FTZ (bit 15), DAZ (bit 6)
+#elif defined(__aarch64__)
+    asm volatile("mrs %0, fpcr" : "=r"(saved_));
+    const uint64_t v = saved_ & ~(uint64_t{1} << 24);  // FZ
+    asm volatile("msr fpcr, %0" ::"r"(v));
+#endif
+  }
+  ~IeeeSubnormals() {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_setcsr(saved_);
+#elif defined(__aarch64__)
+    asm volatile("msr fpcr, %0" ::"r"(saved_));
+#endif
+  }
+
+ private:
+#if defined(__aarch64__)
+  uint64_t saved_ = 0;
+#else
+  unsigned saved_ = 0;
+#endif
+};
+
+ffi::Error DispatchRowsCpu(ffi::AnyBuffer x, jax_nvfp4::RowScaleBuffer row_scale, ffi::AnyBuffer scatter,
+                           ffi::Result<ffi::AnyBuffer> out) {
+  jax_nvfp4::DispatchRowsParams p;
+  if (ffi::Error err = jax_nvfp4::DecodeDispatchRows(x, row_scale, scatter, out, &p); err.failure()) return err;
+  namespace rows = jax_nvfp4::rows;
+  IeeeSubnormals ieee;
+  const int64_t nb = p.K / rows::kBlock;
+  const uint16_t* x16 = static_cast<const uint16_t*>(p.x);
+  const float* x32 = static_cast<const float*>(p.x);
+  for (int64_t t = 0; t < p.T; ++t) {
+    const float gs = p.row_scale ? p.row_scale[t] : 1.0f;
+    for (int64_t b = 0; b < nb; ++b) {
+      uint16_t h[rows::kBlock];
+      const int64_t off = t * p.K + b * rows::kBlock;
+      if (p.row_scale) {
+        float v[rows::kBlock];
+        for (int i = 0; i < rows::kBlock; ++i) v[i] = p.x_f32 ? x32[off + i] : rows::F32FromBf16(x16[off + i]);
+        rows::QuantizeBlock16(v, gs, h);
+      } else {
+        std::memcpy(h, x16 + off, sizeof(h));
+      }
+      for (int64_t j = 0; j < p.slots; ++j) {
+        const int64_t r = p.scatter ? static_cast<int64_t>(p.scatter[t * p.slots + j]) : t;
+        if (r < 0 || r >= p.R) continue;
+        std::memcpy(p.out + r * p.K + b * rows::kBlock, h, sizeof(h));
+      }
+    }
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4DispatchRowsCpu, DispatchRowsCpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()               // x [T, K]
+                                  .Arg<jax_nvfp4::RowScaleBuffer>()    // row_scale [T] or [0]
+                                  .Arg<ffi::AnyBuffer>()               // scatter [T, slots] or [0]
+                                  .Ret<ffi::AnyBuffer>());             // out bf16 [R, K]

@@ -1,0 +1,39 @@
+// XLA FFI CUDA handler of "jax_nvfp4_dispatch_rows" (ffi/dispatch_rows_ffi.h): checks the call and
+// enqueues csrc/dispatch_rows.cu. No allocation, no host sync.
+#include <cstdint>
+#include <string>
+
+#include <cuda_runtime.h>
+
+#define JAX_NVFP4_WITH_CUDA_DECLS 1
+#include "ffi/dispatch_rows_ffi.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+using CudaStream = ffi::PlatformStream<cudaStream_t>;
+
+ffi::Error DispatchRowsCuda(cudaStream_t stream, ffi::AnyBuffer x, jax_nvfp4::RowScaleBuffer row_scale,
+                            ffi::AnyBuffer scatter, ffi::Result<ffi::AnyBuffer> out) {
+  jax_nvfp4::DispatchRowsParams p;
+  if (ffi::Error err = jax_nvfp4::DecodeDispatchRows(x, row_scale, scatter, out, &p); err.failure()) return err;
+  cudaError_t e = jax_nvfp4::LaunchDispatchRows(p, stream);
+  if (e == cudaSuccess) e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return ffi::Error::Internal(std::string("jax_nvfp4_dispatch_rows: kernel launch failed: ") + cudaGetErrorName(e) +
+                                ": " + cudaGetErrorString(e));
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4DispatchRowsCuda, DispatchRowsCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<CudaStream>()
+                                  .Arg<ffi::AnyBuffer>()               // x [T, K]
+                                  .Arg<jax_nvfp4::RowScaleBuffer>()    // row_scale [T] or [0]
+                                  .Arg<ffi::AnyBuffer>()               // scatter [T, slots] or [0]
+                                  .Ret<ffi::AnyBuffer>(),              // out bf16 [R, K]
+                              {xla::ffi::Traits::kCmdBufferCompatible});

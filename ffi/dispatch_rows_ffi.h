@@ -1,0 +1,62 @@
+// The custom call "jax_nvfp4_dispatch_rows" as XLA FFI sees it (csrc/dispatch_rows.h), shared by
+// the CPU and the CUDA handler: operands x (bf16 or float32 [T, K]), row_scale (float32 [T], or
+// [0] to copy bf16 rows unquantized), scatter (int32 [T, slots], or [0]: output row t is row t);
+// result out (bf16 [R, K]). No attributes. jax_nvfp4/rows.py builds the call.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "csrc/dispatch_rows.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jax_nvfp4 {
+
+namespace ffi = ::xla::ffi;
+
+// An alias: template commas cannot appear inside the XLA_FFI_DEFINE_HANDLER_SYMBOL macro.
+using RowScaleBuffer = ffi::Buffer<ffi::F32, 1>;
+
+inline std::string RowsDims(ffi::AnyBuffer::Dimensions d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+// Checks the call and fills *p (every message names the operand).
+inline ffi::Error DecodeDispatchRows(ffi::AnyBuffer x, RowScaleBuffer row_scale, ffi::AnyBuffer scatter,
+                                     ffi::Result<ffi::AnyBuffer> out, DispatchRowsParams* p) {
+  auto bad = [](const std::string& m) { return ffi::Error::InvalidArgument("jax_nvfp4_dispatch_rows: " + m); };
+  const auto xd = x.dimensions();
+  if (xd.size() != 2) return bad("x must be [T, K], got " + RowsDims(xd));
+  if (x.element_type() != ffi::DataType::BF16 && x.element_type() != ffi::DataType::F32)
+    return bad("x must be bfloat16 or float32");
+  p->x = x.untyped_data();
+  p->x_f32 = x.element_type() == ffi::DataType::F32;
+  p->T = xd[0];
+  p->K = xd[1];
+  const int64_t ns = row_scale.dimensions()[0];
+  if (ns != 0 && ns != p->T)
+    return bad("row_scale must be [T] = [" + std::to_string(p->T) + "] or [0], got [" + std::to_string(ns) + "]");
+  p->row_scale = ns ? row_scale.typed_data() : nullptr;
+  const auto sd = scatter.dimensions();
+  if (scatter.element_type() != ffi::DataType::S32) return bad("scatter must be int32");
+  if (scatter.element_count() == 0) {
+    p->scatter = nullptr;
+    p->slots = 1;
+  } else {
+    if (sd.size() != 2 || sd[0] != p->T)
+      return bad("scatter must be [T, slots] = [" + std::to_string(p->T) + ", slots] or empty, got " + RowsDims(sd));
+    p->scatter = static_cast<const int32_t*>(scatter.untyped_data());
+    p->slots = sd[1];
+  }
+  const auto od = out->dimensions();
+  if (out->element_type() != ffi::DataType::BF16 || od.size() != 2 || od[1] != p->K)
+    return bad("out must be bfloat16 [R, K] with K = " + std::to_string(p->K) + ", got " + RowsDims(od));
+  p->R = od[0];
+  p->out = static_cast<uint16_t*>(out->untyped_data());
+  if (const char* why = DispatchRowsCheckParams(*p)) return bad(why);
+  return ffi::Error::Success();
+}
+
+}  // namespace jax_nvfp4

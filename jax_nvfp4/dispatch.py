@@ -1,0 +1,105 @@
+"""The MoE layer's dispatch in one pass: each token row read once, written to each of its
+expert rows as the grouped GEMM's bf16 input (the row itself, or the values of its per-row NVFP4
+quantization), by the custom call "jax_nvfp4_dispatch_rows" (csrc/dispatch_rows.h: a CPU handler
+and a CUDA kernel sharing the per-block arithmetic), beside its jnp reference.
+
+The XLA route it replaces writes more: for W4A4 a quantizer pass (codes and block scales), a gather
+of the packed codes fused with their decode to bf16, each row read once per copy; for W4A16 a
+gather that reads each token row once per copy (docs/perf-log-layer.md).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from . import _extension
+from .autodiff import varying_type
+from .quantization import e2m1_scaled, quantize
+from .rows import take_rows
+
+
+DISPATCH_TARGET = "jax_nvfp4_dispatch_rows"
+"""The custom call of :func:`dispatch_rows` (csrc/dispatch_rows.h)."""
+
+DISPATCH_BACKENDS = ("auto", "ffi", "reference")
+
+
+def dispatch_rows_reference(x: jax.Array, gather=None, row_scale=None) -> jax.Array:
+    """:func:`dispatch_rows` in pure jnp: the rows (bf16, or the values of their per-row NVFP4
+    quantization), then ``take_rows`` by ``gather``."""
+    if row_scale is None:
+        # a real bf16 rounding in every backend (XLA on GPU may otherwise keep excess precision)
+        v = jax.lax.optimization_barrier(x.astype(jnp.bfloat16))
+    else:
+        v = e2m1_scaled(jax.vmap(quantize)(x, row_scale.astype(jnp.float32)), jnp.bfloat16)
+    return v if gather is None else take_rows(v, gather)
+
+
+def _use_ffi(backend: str) -> bool:
+    if backend not in DISPATCH_BACKENDS:
+        raise ValueError(f"backend: expected one of {DISPATCH_BACKENDS}, got {backend!r}")
+    if backend == "reference":
+        return False
+    if backend == "ffi":
+        if not _extension.available():
+            raise RuntimeError(f"backend='ffi': {_extension.not_built_message()}")
+        return True
+    return _extension.available() and (jax.default_backend() != "gpu" or _extension.has_cuda())
+
+
+def _dispatch_ffi(x, scatter, rows, row_scale):
+    rs = jnp.zeros((0,), jnp.float32) if row_scale is None else row_scale.astype(jnp.float32)
+    sc = jnp.zeros((0,), jnp.int32) if scatter is None else scatter.astype(jnp.int32)
+    out_t = varying_type((x, rs, sc), (rows, x.shape[1]), jnp.bfloat16)
+    return jax.ffi.ffi_call(DISPATCH_TARGET, out_t, vmap_method="sequential")(x, rs, sc)
+
+
+def dispatch_rows(x: jax.Array, gather=None, scatter=None, *, row_scale=None,
+                  backend: str = "auto") -> jax.Array:
+    """The MoE layer's grouped-GEMM input rows, in one pass over x: bf16 ``[R, K]``.
+
+    Row r is token ``gather[r]``'s row of x (row r without ``gather``, R = T) as bf16, or, with
+    ``row_scale``, the values ``e2m1 * block scale`` of that row's NVFP4 quantization
+    ``quantize(x[t], row_scale[t])`` (the global scale not applied; exact in bf16): bit for bit
+    :func:`dispatch_rows_reference`, whose gather and quantizer this fuses.
+
+    Args:
+      x: ``[T, K]`` float. With ``row_scale`` bf16 or float32 (another float dtype takes the
+        reference path), K a multiple of 16; without it the rows are rounded to bf16.
+      gather: None or int ``[R]`` in ``[0, T)``: the token of each output row.
+      scatter: None or int32 ``[T, slots]``: the same map inverted, which the custom call reads
+        (each token quantized once, stored to each of its rows): ``scatter[t, j]`` is the output
+        row of token t's j-th copy, or an index outside ``[0, R)`` for none. The caller
+        guarantees the two name each other (the layer's sort gives both); without scatter the
+        rows are made per token and then gathered.
+      row_scale: None or float32 ``[T]``: each row's NVFP4 global scale.
+      backend: "ffi" (the custom call: its CPU handler or CUDA kernel), "reference" (jnp) or
+        "auto" (ffi when the extension is loaded for this platform).
+
+    Not differentiable: the layer calls it inside its straight-through forward
+    (:func:`jax_nvfp4.autodiff.frozen_weights`).
+    """
+    x = jnp.asarray(x)
+    if x.ndim != 2:
+        raise ValueError(f"x: expected [T, K], got shape {x.shape}")
+    if row_scale is not None and jnp.asarray(row_scale).shape != (x.shape[0],):
+        raise ValueError(f"row_scale: expected shape [T] = [{x.shape[0]}], got "
+                         f"{jnp.asarray(row_scale).shape}")
+    if gather is not None and jnp.asarray(gather).ndim != 1:
+        raise ValueError(f"gather: expected [R], got shape {jnp.asarray(gather).shape}")
+    if scatter is not None and (jnp.asarray(scatter).ndim != 2 or scatter.shape[0] != x.shape[0]):
+        raise ValueError(f"scatter: expected [T, slots] with T = {x.shape[0]}, got shape "
+                         f"{jnp.asarray(scatter).shape}")
+    dtypes = (jnp.bfloat16,) if row_scale is None else (jnp.bfloat16, jnp.float32)
+    if not _use_ffi(backend) or x.shape[1] % 16:
+        return dispatch_rows_reference(x, gather, row_scale)
+    if row_scale is None:
+        x = x.astype(jnp.bfloat16)
+    elif x.dtype not in dtypes:
+        return dispatch_rows_reference(x, gather, row_scale)
+    if gather is None:
+        return _dispatch_ffi(x, None, x.shape[0], row_scale)
+    if scatter is None:
+        return take_rows(_dispatch_ffi(x, None, x.shape[0], row_scale), gather)
+    return _dispatch_ffi(x, scatter, gather.shape[0], row_scale)

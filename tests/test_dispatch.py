@@ -1,0 +1,150 @@
+"""The one-pass dispatch custom call (jax_nvfp4.dispatch): bit for bit against an NVFP4 oracle
+built from ml_dtypes casts and float32 numpy (true divisions, RNE), and against the gather it
+fuses; on the CPU handler and (GPU machines) the CUDA kernel."""
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from jax_nvfp4 import _extension
+from jax_nvfp4.dispatch import dispatch_rows, dispatch_rows_reference
+from jax_nvfp4.moe import _row_global_scale, sort_rows
+from conftest import gpu_devices, skip_or_fail
+
+E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+
+
+def oracle_values(x, gs):
+    """e2m1 * block scale of each row's NVFP4 quantization with global scale gs[t], as float32:
+    numpy float32 divisions and ml_dtypes casts (round to nearest even) only."""
+    x = np.asarray(x, np.float32)
+    t, k = x.shape
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        y = (x.reshape(t, k // 16, 16) / np.asarray(gs, np.float32)[:, None, None]).astype(np.float32)
+        amax = np.abs(y).max(-1, keepdims=True)
+        s = np.clip(amax / np.float32(6), 0, 448).astype(ml_dtypes.float8_e4m3fn)
+        sf = s.astype(np.float32)
+        q = np.where((sf > 0) & ~np.isnan(y), np.clip(y / np.where(sf > 0, sf, 1), -6, 6), 0)
+        codes = q.astype(np.float32).astype(ml_dtypes.float4_e2m1fn).view(np.uint8)
+        return (E2M1[codes] * sf).reshape(t, k)
+
+
+def bits_equal(a, b):
+    """Equal bf16 bit patterns, any NaN matching any NaN."""
+    a = np.asarray(jnp.asarray(a, jnp.bfloat16).astype(jnp.float32))
+    b = np.asarray(jnp.asarray(b, jnp.float32).astype(jnp.bfloat16).astype(jnp.float32))
+    nan = np.isnan(a)
+    np.testing.assert_array_equal(nan, np.isnan(b))
+    np.testing.assert_array_equal(a[~nan].view(np.uint32), b[~nan].view(np.uint32))
+
+
+@pytest.fixture(params=["cpu", "gpu"])
+def device(request):
+    if not _extension.available():
+        pytest.fail("the jax_nvfp4 extension is not built (pip install . builds it)")
+    if request.param == "cpu":
+        dev = jax.devices("cpu")[0]
+    else:
+        devs = gpu_devices()
+        if not devs:
+            skip_or_fail("no GPU: the CUDA dispatch kernel is not exercised")
+        if not _extension.has_cuda():
+            skip_or_fail("the extension was built without the CUDA handler")
+        dev = devs[0]
+    with jax.default_device(dev):         # the test's arrays and calls run there
+        yield dev
+
+
+def bf16_rows(rng, t, k):
+    """bf16 rows over a wide range of magnitudes: e2m1 ties (y / scale exactly on a midpoint)
+    are common with 8-bit mantissas, so the divisions' rounding is exercised."""
+    x = rng.standard_normal((t, k)) * np.exp(rng.standard_normal((t, 1)) * 3)
+    return jnp.asarray(x, jnp.bfloat16)
+
+
+def test_quantized_values_match_the_oracle(rng, device):
+    x = bf16_rows(rng, 40, 512)
+    gs = _row_global_scale(x)
+    got = jax.jit(lambda x, gs: dispatch_rows(x, row_scale=gs, backend="ffi"))(x, gs)
+    assert got.dtype == jnp.bfloat16 and got.shape == x.shape
+    bits_equal(got, oracle_values(np.asarray(x.astype(jnp.float32)), np.asarray(gs)))
+
+
+def test_float32_input_and_static_scales(rng, device):
+    """float32 rows, per-row scales that saturate some blocks (values past 6 * 448 * gs), an
+    invalid scale (a NaN row) and one at the 2^-126 floor."""
+    x = rng.standard_normal((6, 256)).astype(np.float32) * np.float32(30)
+    gs = np.array([0.01, 1e-3, np.nan, 2.0 ** -126, 0.5, 1e-4], np.float32)
+    got = jax.jit(lambda x, gs: dispatch_rows(x, row_scale=gs, backend="ffi"))(x, gs)
+    want = oracle_values(x, gs)
+    want[2] = np.nan                       # an invalid global scale: every block NaN (quantize's rule)
+    bits_equal(got, want)
+    assert np.all(np.isnan(np.asarray(got[2], np.float32)))
+    assert np.abs(np.asarray(got[5], np.float32)).max() == 6 * 448   # saturated
+
+
+def test_every_bf16_bit_pattern(device):
+    """All 65536 bf16 patterns (NaN, +-Inf, subnormals, -0) in blocks of 16, per-row scales from
+    the rows' finite amax: NaN blocks stay NaN, Inf saturates, signs are kept."""
+    x = jnp.asarray(np.arange(1 << 16, dtype=np.uint16).view(ml_dtypes.bfloat16).reshape(256, 256))
+    gs = _row_global_scale(x)
+    got = jax.jit(lambda x, gs: dispatch_rows(x, row_scale=gs, backend="ffi"))(x, gs)
+    bits_equal(got, oracle_values(np.asarray(x, np.float32), np.asarray(gs)))
+
+
+def routing(rng, t, k, e, n=None):
+    ids = jnp.asarray(rng.integers(0, e, (t, k)), jnp.int32)
+    order, inv, _ = sort_rows(ids.reshape(-1), e)
+    gather = (order // k).astype(jnp.int32)
+    n = t * k if n is None else n
+    return gather[:n], inv.reshape(t, k)
+
+
+@pytest.mark.parametrize("rows", [None, 50])
+def test_scatter_equals_the_gather(rng, device, rows):
+    """Each token read once, stored to its rows: the same bytes as gathering the made rows;
+    copies past the first ``rows`` rows (expert parallelism's capacity) are not stored."""
+    t, k = 24, 3
+    x = bf16_rows(rng, t, 128)
+    gather, scatter = routing(rng, t, k, 5, rows)
+    gs = _row_global_scale(x)
+    run = jax.jit(lambda x, g, s, gs: dispatch_rows(x, g, s, row_scale=gs, backend="ffi"))
+    got = run(x, gather, scatter, gs)
+    assert got.shape == (gather.shape[0], 128)
+    bits_equal(got, oracle_values(np.asarray(x, np.float32), np.asarray(gs))[np.asarray(gather)])
+    copy = jax.jit(lambda x, g, s: dispatch_rows(x, g, s, backend="ffi"))
+    xf = jnp.asarray(rng.standard_normal((t, 128)), jnp.float32)
+    bits_equal(copy(xf, gather, scatter), np.asarray(xf.astype(jnp.bfloat16), np.float32)[np.asarray(gather)])
+    # without the inverted map: made per token, then gathered
+    bits_equal(jax.jit(lambda x, g, gs: dispatch_rows(x, g, row_scale=gs, backend="ffi"))(x, gather, gs), got)
+
+
+def test_reference_backend(rng):
+    """The jnp route: the gather of bf16 rows bit for bit, and the quantized values of float32
+    Gaussian rows (no e2m1 ties there; on ties XLA's reciprocal rewrite of quantize's divisions
+    can round the other way, docs/design.md)."""
+    t, k = 16, 2
+    gather, scatter = routing(rng, t, k, 4)
+    x = jnp.asarray(rng.standard_normal((t, 64)), jnp.float32)
+    for rs in (None, _row_global_scale(x)):
+        a = dispatch_rows(x, gather, scatter, row_scale=rs, backend="ffi")
+        b = dispatch_rows(x, gather, scatter, row_scale=rs, backend="reference")
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    np.testing.assert_array_equal(np.asarray(dispatch_rows_reference(x, gather), np.float32),
+                                  np.asarray(x.astype(jnp.bfloat16), np.float32)[np.asarray(gather)])
+
+
+def test_bad_arguments():
+    x = jnp.zeros((4, 32), jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"x: expected \[T, K\]"):
+        dispatch_rows(jnp.zeros((4, 2, 16)))
+    with pytest.raises(ValueError, match=r"row_scale: expected shape \[T\] = \[4\]"):
+        dispatch_rows(x, row_scale=jnp.ones((3,)))
+    with pytest.raises(ValueError, match=r"gather: expected \[R\]"):
+        dispatch_rows(x, jnp.zeros((2, 2), jnp.int32))
+    with pytest.raises(ValueError, match=r"scatter: expected \[T, slots\] with T = 4"):
+        dispatch_rows(x, jnp.zeros((8,), jnp.int32), jnp.zeros((8,), jnp.int32))
+    with pytest.raises(ValueError, match="backend: expected one of"):
+        dispatch_rows(x, backend="cuda")
