@@ -94,38 +94,41 @@ JAX_NVFP4_HD uint16_t Bf16Exact(float v) {
 
 JAX_NVFP4_HD float F32FromBf16(uint16_t h) { return BitsF32(static_cast<uint32_t>(h) << 16); }
 
-// One block of 16 values x (float32) with the row's global scale gs -> the bf16 bits of
-// e2m1(code) * float(scale) as jax_nvfp4.quantize would produce them.
-JAX_NVFP4_HD void QuantizeBlock16(const float* x, float gs, uint16_t* out) {
+// The block scale (as float32) of a block whose |x / gs| has maximum amax (nan: the block holds a
+// NaN), for the row's global scale gs: e4m3(min(amax / 6, 448)), NaN for a NaN block or an invalid
+// gs (not a finite float32 >= 2^-126).
+JAX_NVFP4_HD float BlockScale(float amax, bool nan, float gs) {
   const bool bad = !(gs >= 1.17549435e-38f && gs <= 3.40282347e+38f);  // NaN compares false
+  if (bad || nan) return BitsF32(0x7FC00000u);
+  float v = amax / 6.0f;
+  v = v < 448.0f ? v : 448.0f;
+  return F32FromE4m3(E4m3FromF32(v));
+}
+
+// The bf16 bits of e2m1(code) * s for y = x / gs in a block of scale s (BlockScale).
+JAX_NVFP4_HD uint16_t QuantizedValue(float y, float s) {
+  float q = 0.0f;
+  if (s > 0.0f && !IsNan(y)) {  // s > 0 is false for 0 and NaN: the code is 0
+    q = y / s;
+    q = q < -6.0f ? -6.0f : (q > 6.0f ? 6.0f : q);
+  }
+  return Bf16Exact(RoundE2m1(q) * s);
+}
+
+// One block of 16 values x (float32) with the row's global scale gs -> the bf16 bits of
+// e2m1(code) * float(scale) as jax_nvfp4.quantize would produce them with exact divisions.
+JAX_NVFP4_HD void QuantizeBlock16(const float* x, float gs, uint16_t* out) {
   float y[kBlock];
   float amax = 0.0f;
   bool nan = false;
-#pragma unroll
   for (int i = 0; i < kBlock; ++i) {
     y[i] = x[i] / gs;
     const float a = y[i] < 0.0f ? -y[i] : y[i];
     nan |= IsNan(a);
     amax = a > amax ? a : amax;
   }
-  float s;
-  if (bad || nan) {
-    s = BitsF32(0x7FC00000u);
-  } else {
-    float v = amax / 6.0f;
-    v = v < 448.0f ? v : 448.0f;
-    s = F32FromE4m3(E4m3FromF32(v));
-  }
-  const bool pos = s > 0.0f;  // false for 0 and NaN
-#pragma unroll
-  for (int i = 0; i < kBlock; ++i) {
-    float q = 0.0f;
-    if (pos && !IsNan(y[i])) {
-      q = y[i] / s;
-      q = q < -6.0f ? -6.0f : (q > 6.0f ? 6.0f : q);
-    }
-    out[i] = Bf16Exact(RoundE2m1(q) * s);
-  }
+  const float s = BlockScale(amax, nan, gs);
+  for (int i = 0; i < kBlock; ++i) out[i] = QuantizedValue(y[i], s);
 }
 
 }  // namespace rows

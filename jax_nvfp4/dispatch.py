@@ -92,7 +92,8 @@ def dispatch_rows(x: jax.Array, gather=None, scatter=None, *, row_scale=None,
         raise ValueError(f"scatter: expected [T, slots] with T = {x.shape[0]}, got shape "
                          f"{jnp.asarray(scatter).shape}")
     dtypes = (jnp.bfloat16,) if row_scale is None else (jnp.bfloat16, jnp.float32)
-    if not _use_ffi(backend) or x.shape[1] % 16:
+    if not _use_ffi(backend) or x.shape[1] % 16 or (row_scale is None and gather is None):
+        # (bf16 rows not dispatched: nothing to fuse, the cast is the whole result)
         return dispatch_rows_reference(x, gather, row_scale)
     if row_scale is None:
         x = x.astype(jnp.bfloat16)
