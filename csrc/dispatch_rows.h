@@ -11,6 +11,7 @@
 // them to 0 in the jnp path).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -51,13 +52,8 @@ JAX_NVFP4_HD bool IsNan(float v) { return v != v; }
 // float32 in [0, 448] or NaN -> e4m3fn byte, round to nearest even (NaN: 0x7F).
 JAX_NVFP4_HD uint8_t E4m3FromF32(float v) {
   if (IsNan(v)) return 0x7F;
-  if (v < 0.015625f) {  // below 2^-6: subnormal steps of 2^-9 (8 steps reach the normal 2^-6, code 8)
-    const float q = v * 512.0f;  // exact
-    float r = q - static_cast<float>(static_cast<int>(q));
-    int i = static_cast<int>(q);
-    if (r > 0.5f || (r == 0.5f && (i & 1))) ++i;
-    return static_cast<uint8_t>(i);
-  }
+  if (v < 0.015625f)  // below 2^-6: subnormal steps of 2^-9 (8 steps reach the normal 2^-6, code 8)
+    return static_cast<uint8_t>(rintf(v * 512.0f));  // exact product; rintf: nearest, ties to even
   uint32_t b = F32Bits(v);
   b += 0x7FFFFu + ((b >> 20) & 1u);  // round the mantissa to 3 bits, ties to even (carries into the exponent)
   const int e = static_cast<int>(b >> 23) - 127;
@@ -76,12 +72,10 @@ JAX_NVFP4_HD float F32FromE4m3(uint8_t c) {
 // that rounds to 0, as the code 8 decodes).
 JAX_NVFP4_HD float RoundE2m1(float q) {
   const float a = q < 0.0f ? -q : q;
-  const float inv_step = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f);  // steps 0.5, 1, 2 (powers of 2: exact)
-  const float t = a * inv_step;
-  int i = static_cast<int>(t);
-  const float r = t - static_cast<float>(i);
-  if (r > 0.5f || (r == 0.5f && (i & 1))) ++i;
-  const float m = static_cast<float>(i) / inv_step;
+  // steps 0.5, 1, 2 below 2, 4, 6: powers of 2, so both products are exact
+  const float step = a < 2.0f ? 0.5f : (a < 4.0f ? 1.0f : 2.0f);
+  const float inv = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f);
+  const float m = rintf(a * inv) * step;  // rintf: nearest, ties to even (the even code)
   return BitsF32(F32Bits(m) | (F32Bits(q) & 0x80000000u));
 }
 
