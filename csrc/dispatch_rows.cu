@@ -63,12 +63,11 @@ __global__ void __launch_bounds__(kThreads) dispatch_rows_kernel(const DispatchR
       nan |= __shfl_xor_sync(0xFFFFFFFFu, static_cast<int>(nan), 1) != 0;
       amax = amax2 > amax ? amax2 : amax;
       const float s = rows::BlockScale(amax, nan, gs);
-      const float r = 1.0f / s;
       uint32_t w[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        w[j] = static_cast<uint32_t>(rows::QuantizedValueFast(y[2 * j], s, r)) |
-               static_cast<uint32_t>(rows::QuantizedValueFast(y[2 * j + 1], s, r)) << 16;
+        w[j] = static_cast<uint32_t>(rows::QuantizedValue(y[2 * j], s)) |
+               static_cast<uint32_t>(rows::QuantizedValue(y[2 * j + 1], s)) << 16;
       o = make_uint4(w[0], w[1], w[2], w[3]);
     } else if (active) {
       o = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.x) + t * p.K + c * kChunk));

@@ -109,26 +109,6 @@ JAX_NVFP4_HD uint16_t QuantizedValue(float y, float s) {
   return Bf16Exact(RoundE2m1(q) * s);
 }
 
-// QuantizedValue(y, s) with the division by s replaced by a product with r = RN(1/s) (one
-// division per 8 values instead of 8) wherever that cannot change the result: q0 = RN(y r) is
-// within 2^-23 |y / s| of y / s and RN(y / s) within 2^-24, so on the scale t = |q| / step
-// (t < 4; the e2m1 midpoints are the half-integers of t) the two differ by less than 7.2e-7.
-// Unless t(q0) lies within 1e-5 of a half-integer, both round to the same e2m1 value (binade
-// edges 2 and 4 are grid points, and the clamp at 6 is past the last midpoint 5); there the exact
-// quotient is taken.
-JAX_NVFP4_HD uint16_t QuantizedValueFast(float y, float s, float r) {
-  if (!(s > 0.0f) || IsNan(y)) return QuantizedValue(y, s);
-  float q = y * r;
-  q = q < -6.0f ? -6.0f : (q > 6.0f ? 6.0f : q);
-  const float a = fabsf(q);
-  const float step = a < 2.0f ? 0.5f : (a < 4.0f ? 1.0f : 2.0f);
-  const float inv = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f);
-  const float t = a * inv;
-  if (fabsf(t - floorf(t) - 0.5f) < 1e-5f) return QuantizedValue(y, s);
-  const float m = rintf(t) * step;
-  return Bf16Exact(BitsF32(F32Bits(m) | (F32Bits(q) & 0x80000000u)) * s);
-}
-
 // One block of 16 values x (float32) with the row's global scale gs -> the bf16 bits of
 // e2m1(code) * float(scale) as jax_nvfp4.quantize would produce them with exact divisions.
 JAX_NVFP4_HD void QuantizeBlock16(const float* x, float gs, uint16_t* out) {
@@ -142,8 +122,7 @@ JAX_NVFP4_HD void QuantizeBlock16(const float* x, float gs, uint16_t* out) {
     amax = a > amax ? a : amax;
   }
   const float s = BlockScale(amax, nan, gs);
-  const float r = 1.0f / s;
-  for (int i = 0; i < kBlock; ++i) out[i] = QuantizedValueFast(y[i], s, r);
+  for (int i = 0; i < kBlock; ++i) out[i] = QuantizedValue(y[i], s);
 }
 
 }  // namespace rows

@@ -151,9 +151,10 @@ def test_bad_arguments():
 
 
 def test_values_next_to_e2m1_midpoints(rng, device):
-    """The quotients y / scale the kernel takes as a product with the reciprocal, except within
-    1e-5 of an e2m1 midpoint: values at, just above and just below every midpoint, times block
-    scales of every e4m3 mantissa (each block's first value fixes its scale at amax / 6)."""
+    """Quotients y / scale at, just above and just below every e2m1 midpoint (where a division
+    that is not correctly rounded, e.g. a product with the reciprocal, rounds the other way),
+    with block scales of every e4m3 mantissa (each block's first value fixes its scale at
+    amax / 6); then wide-range float32 rows."""
     mids = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], np.float32)
     near = np.concatenate([mids, np.nextafter(mids, 0), np.nextafter(mids, 7),
                            mids * np.float32(1 + 2e-6), mids * np.float32(1 - 2e-6)])
