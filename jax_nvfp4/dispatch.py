@@ -61,8 +61,11 @@ def dispatch_rows(x: jax.Array, gather=None, scatter=None, *, row_scale=None,
 
     Row r is token ``gather[r]``'s row of x (row r without ``gather``, R = T) as bf16, or, with
     ``row_scale``, the values ``e2m1 * block scale`` of that row's NVFP4 quantization
-    ``quantize(x[t], row_scale[t])`` (the global scale not applied; exact in bf16): bit for bit
-    :func:`dispatch_rows_reference`, whose gather and quantizer this fuses.
+    ``quantize(x[t], row_scale[t])`` (the global scale not applied; exact in bf16), with IEEE
+    divisions and round-to-nearest-even casts as ``quantize`` specifies. That is bit for bit
+    :func:`dispatch_rows_reference`, whose gather and quantizer this fuses, except on exact
+    rounding ties, where XLA's compilation of the jnp quantizer can round the other way
+    (docs/design.md, "Limits"); tests/test_dispatch.py checks it against an ml_dtypes oracle.
 
     Args:
       x: ``[T, K]`` float. With ``row_scale`` bf16 or float32 (another float dtype takes the
@@ -91,13 +94,13 @@ def dispatch_rows(x: jax.Array, gather=None, scatter=None, *, row_scale=None,
     if scatter is not None and (jnp.asarray(scatter).ndim != 2 or scatter.shape[0] != x.shape[0]):
         raise ValueError(f"scatter: expected [T, slots] with T = {x.shape[0]}, got shape "
                          f"{jnp.asarray(scatter).shape}")
-    dtypes = (jnp.bfloat16,) if row_scale is None else (jnp.bfloat16, jnp.float32)
-    if not _use_ffi(backend) or x.shape[1] % 16 or (row_scale is None and gather is None):
-        # (bf16 rows not dispatched: nothing to fuse, the cast is the whole result)
-        return dispatch_rows_reference(x, gather, row_scale)
+    ffi = _use_ffi(backend) and x.shape[1] % 16 == 0
     if row_scale is None:
-        x = x.astype(jnp.bfloat16)
-    elif x.dtype not in dtypes:
+        ffi = ffi and gather is not None          # bf16 rows not dispatched: the cast is all
+        x = x.astype(jnp.bfloat16) if ffi else x
+    else:
+        ffi = ffi and x.dtype in (jnp.bfloat16, jnp.float32)
+    if not ffi:
         return dispatch_rows_reference(x, gather, row_scale)
     if gather is None:
         return _dispatch_ffi(x, None, x.shape[0], row_scale)

@@ -45,13 +45,13 @@ import jax
 import jax.numpy as jnp
 
 from . import autodiff, fp8
+from .dispatch import dispatch_rows
 from .formats import NVFP4Tensor
 from .gemm import grouped_gemm, grouped_gemm_swiglu
 from .moe_params import MoEConfig, MoEWeights
 from .quantization import MAX_GLOBAL_SCALE, MIN_GLOBAL_SCALE, dynamic_global_scale, quantize
 from .reference import GLU_ROW_BLOCK, round_to, split_paired
 from .routing import check_hash_table, route
-from .dispatch import dispatch_rows
 from .rows import take_rows
 
 
