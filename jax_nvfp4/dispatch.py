@@ -61,11 +61,9 @@ def dispatch_rows(x: jax.Array, gather=None, scatter=None, *, row_scale=None,
 
     Row r is token ``gather[r]``'s row of x (row r without ``gather``, R = T) as bf16, or, with
     ``row_scale``, the values ``e2m1 * block scale`` of that row's NVFP4 quantization
-    ``quantize(x[t], row_scale[t])`` (the global scale not applied; exact in bf16), with IEEE
-    divisions and round-to-nearest-even casts as ``quantize`` specifies. That is bit for bit
-    :func:`dispatch_rows_reference`, whose gather and quantizer this fuses, except on exact
-    rounding ties, where XLA's compilation of the jnp quantizer can round the other way
-    (docs/design.md, "Limits"); tests/test_dispatch.py checks it against an ml_dtypes oracle.
+    ``quantize(x[t], row_scale[t])`` (the global scale not applied; exact in bf16): bit for bit
+    :func:`dispatch_rows_reference`, whose gather and quantizer this fuses, and an ml_dtypes
+    oracle (tests/test_dispatch.py).
 
     Args:
       x: ``[T, K]`` float. With ``row_scale`` bf16 or float32 (another float dtype takes the

@@ -50,6 +50,50 @@ def _compute_dtype(x: jax.Array):
     return x.dtype if jnp.finfo(x.dtype).bits > 32 else jnp.dtype(jnp.float32)
 
 
+@jax.jit
+def _div_exact(y: jax.Array, d) -> jax.Array:
+    """``y / d`` rounded to nearest even, float32, for float32 y and a positive normal float32 d
+    (broadcast against y), by integer long division of the significands. XLA compiles a float
+    division by a constant or by a broadcast operand as a product with the reciprocal, which can
+    put a quotient that lies exactly on a rounding midpoint of the E2M1 or E4M3 grid one ulp off
+    (common for bf16 inputs); integer arithmetic is compiled exactly. Quotients below 2^-126 come
+    out as a zero of y's sign (they round to 0 in both formats); Inf and NaN y pass through, a
+    zero y as itself; subnormal y are exact (read from their bits). Only for y and d that are finite where it
+    matters: an invalid d gives an unspecified number (quantize masks those blocks to NaN).
+    Jitted: called eagerly it is one compiled program, not some forty dispatched operations.
+    """
+    yb = jax.lax.bitcast_convert_type(y.astype(jnp.float32), jnp.uint32)
+    db = jax.lax.bitcast_convert_type(jnp.asarray(d, jnp.float32), jnp.uint32)
+    sign = yb & jnp.uint32(0x80000000)
+    ey = ((yb >> 23) & 0xFF).astype(jnp.int32)
+    ed = ((db >> 23) & 0xFF).astype(jnp.int32)
+    fy = yb & 0x7FFFFF
+    sub = ey == 0                                             # zero or subnormal y: normalized
+    nz = jnp.where(sub, jax.lax.clz(fy).astype(jnp.int32) - 8, 0)
+    my = jnp.where(sub, fy << nz.astype(jnp.uint32), fy | 0x800000)   # 24-bit significands
+    ey = jnp.where(sub, 1 - nz, ey)
+    md = (db & 0x7FFFFF) | 0x800000
+    lo = my < md                                              # then shift my: my / md in [1, 2)
+    r = jnp.where(lo, my << 1, my) - md                       # the quotient's leading 1 taken
+    q = jnp.ones_like(r)
+    for _ in range(3):                                        # 3 x 8 more bits; r < md < 2^24
+        r = r << 8
+        digit = r // md
+        r = r - digit * md
+        q = (q << 8) | digit                                  # 25 bits: 24 and a round bit
+    kept = q >> 1
+    up = ((q & 1) == 1) & ((r != 0) | ((kept & 1) == 1))     # past half, or a tie to even
+    kept = kept + up.astype(jnp.uint32)
+    carry = kept >> 24                                        # rounded up to 2^24
+    kept = kept >> carry
+    # y / d = (q + r / md) 2^(ey - ed - 24 - lo): the float's exponent field is kept's
+    field = carry.astype(jnp.int32) + ey - ed + 127 - lo.astype(jnp.int32)
+    out = sign | (jnp.clip(field, 0, 255).astype(jnp.uint32) << 23) | (kept & 0x7FFFFF)
+    out = jnp.where(field >= 255, sign | jnp.uint32(0x7F800000), out)
+    out = jnp.where((field <= 0) | (sub & (fy == 0)), sign, out)
+    out = jnp.where(ey == 255, yb, out)
+    return jax.lax.bitcast_convert_type(out, jnp.float32)
+
 def dynamic_global_scale(x: jax.Array) -> jax.Array:
     """float32 ``[]``: ``amax(|x|) / (6 * 448)`` over the finite values of x, clipped to
     ``[2^-126, FLT_MAX]``, or 1.0 when there is no finite non-zero value. Never 0, Inf or NaN.
@@ -103,18 +147,26 @@ def quantize(x: jax.Array, global_scale=None) -> NVFP4Tensor:
     bad_scale = ~((gs >= MIN_GLOBAL_SCALE) & (gs <= MAX_GLOBAL_SCALE))   # NaN compares False
     x = x.astype(ct)
     blocks = x.reshape(x.shape[:-1] + (x.shape[-1] // BLOCK_SIZE, BLOCK_SIZE))
-    y = (blocks / gs.astype(ct)).astype(jnp.float32)
-    block_amax = jnp.max(jnp.abs(y), axis=-1, keepdims=True)  # NaN propagates, Inf stays Inf
+    if ct == jnp.float32:
+        y = _div_exact(blocks, jnp.where(bad_scale, 1.0, gs))
+    else:                               # float64 (x64): values past the float32 range stay finite
+        y = (blocks / gs.astype(ct)).astype(jnp.float32)
+    # Inf stays Inf; a NaN is found by its own reduction: XLA's CPU max reduction can drop NaNs
+    # (vectorized max instructions), which would make a NaN block a number.
+    block_amax = jnp.where(jnp.any(jnp.isnan(y), axis=-1, keepdims=True), jnp.nan,
+                           jnp.max(jnp.abs(y), axis=-1, keepdims=True))
     # The barriers make the e4m3 and e2m1 roundings real inside any jit: XLA on GPU may otherwise
     # elide a narrowing convert followed by a widening one (excess precision), so codes would be
     # computed against an unrounded scale (JAX's own nvfp4 quantizer guards the same way).
+    # The divisions are integer arithmetic (_div_exact): as float divisions XLA may compile them
+    # as products with a reciprocal, one ulp off on exact ties.
     scales = jax.lax.optimization_barrier(
-        jnp.where(bad_scale, jnp.nan, jnp.clip(block_amax / E2M1_MAX, 0.0, E4M3_MAX))
+        jnp.where(bad_scale, jnp.nan, jnp.clip(_div_exact(block_amax, E2M1_MAX), 0.0, E4M3_MAX))
         .astype(jnp.float8_e4m3fn))
     scale_f32 = scales.astype(jnp.float32)
-    safe = jnp.where(scale_f32 > 0, scale_f32, 1.0)
-    q = jnp.clip(y / safe, -E2M1_MAX, E2M1_MAX)
-    q = jnp.where((scale_f32 > 0) & ~jnp.isnan(y), q, 0.0)
+    pos = scale_f32 > 0                                       # false for 0 and NaN
+    q = jnp.clip(_div_exact(y, jnp.where(pos, scale_f32, 1.0)), -E2M1_MAX, E2M1_MAX)
+    q = jnp.where(pos & ~jnp.isnan(y), q, 0.0)
     # Integer encoding (no float4 dtype): round to nearest even, exactly as a float4_e2m1fn cast.
     codes = encode_e2m1(q).reshape(x.shape)
     data = jax.lax.optimization_barrier(pack_nibbles(codes))

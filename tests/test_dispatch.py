@@ -122,18 +122,21 @@ def test_scatter_equals_the_gather(rng, device, rows):
 
 
 def test_reference_backend(rng):
-    """The jnp route: the gather of bf16 rows bit for bit, and the quantized values of float32
-    Gaussian rows (no e2m1 ties there; on ties XLA's reciprocal rewrite of quantize's divisions
-    can round the other way, docs/design.md)."""
+    """The jnp route gives the same bytes: the gather of bf16 rows, and the quantized values of
+    bf16 rows with e2m1/e4m3 ties and of every bf16 bit pattern (quantize divides exactly too)."""
     t, k = 16, 2
     gather, scatter = routing(rng, t, k, 4)
-    x = jnp.asarray(rng.standard_normal((t, 64)), jnp.float32)
+    x = bf16_rows(rng, t, 64)
     for rs in (None, _row_global_scale(x)):
         a = dispatch_rows(x, gather, scatter, row_scale=rs, backend="ffi")
         b = dispatch_rows(x, gather, scatter, row_scale=rs, backend="reference")
-        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+        bits_equal(a, np.asarray(b, np.float32))
     np.testing.assert_array_equal(np.asarray(dispatch_rows_reference(x, gather), np.float32),
-                                  np.asarray(x.astype(jnp.bfloat16), np.float32)[np.asarray(gather)])
+                                  np.asarray(x, np.float32)[np.asarray(gather)])
+    every = jnp.asarray(np.arange(1 << 16, dtype=np.uint16).view(ml_dtypes.bfloat16).reshape(256, 256))
+    gs = _row_global_scale(every)
+    bits_equal(dispatch_rows(every, row_scale=gs, backend="ffi"),
+               np.asarray(dispatch_rows(every, row_scale=gs, backend="reference"), np.float32))
 
 
 def test_bad_arguments():
