@@ -81,18 +81,49 @@ def _div_exact(y: jax.Array, d) -> jax.Array:
         digit = r // md
         r = r - digit * md
         q = (q << 8) | digit                                  # 25 bits: 24 and a round bit
-    kept = q >> 1
-    up = ((q & 1) == 1) & ((r != 0) | ((kept & 1) == 1))     # past half, or a tie to even
+    # y / d = (q + r / md) 2^(ey - ed - 24 - lo)
+    return _round_quotient(q, r != 0, jnp.uint32(1), ey - ed + 126 - lo.astype(jnp.int32), sign,
+                           (sub & (fy == 0)) | (ey == 255), yb)
+
+
+@jax.jit
+def _div_small(y: jax.Array, m, e) -> jax.Array:
+    """:func:`_div_exact` for a divisor ``m * 2^e`` with an integer m in [1, 15] (6, and every
+    e4m3 value), in one integer division: the 24-bit significand shifted by 7 over m keeps 27 to
+    31 quotient bits."""
+    yb = jax.lax.bitcast_convert_type(y.astype(jnp.float32), jnp.uint32)
+    sign = yb & jnp.uint32(0x80000000)
+    ey = ((yb >> 23) & 0xFF).astype(jnp.int32)
+    fy = yb & 0x7FFFFF
+    sub = ey == 0                                             # zero or subnormal y: normalized
+    nz = jnp.where(sub, jax.lax.clz(fy).astype(jnp.int32) - 8, 0)
+    my = jnp.where(sub, fy << nz.astype(jnp.uint32), fy | 0x800000)
+    ey = jnp.where(sub, 1 - nz, ey)
+    m = jnp.asarray(m).astype(jnp.uint32)
+    n = my << 7
+    q = n // m
+    r = n - q * m
+    shift = (8 - jax.lax.clz(q).astype(jnp.int32)).astype(jnp.uint32)   # bits past 24: 3 to 7
+    return _round_quotient(q, r != 0, shift, ey - jnp.asarray(e).astype(jnp.int32) - 7, sign,
+                           (sub & (fy == 0)) | (ey == 255), yb)
+
+
+def _round_quotient(q, inexact, shift, exp, sign, keep, yb):
+    """float32 bits of ``(q + frac) 2^(exp - 150)`` rounded to nearest even (frac in [0, 1),
+    nonzero where ``inexact``), as a float32; zero of ``sign`` below 2^-126, infinity past the
+    range, ``yb`` itself where ``keep``."""
+    kept = q >> shift
+    low = q & ((jnp.uint32(1) << shift) - 1)
+    half = jnp.uint32(1) << (shift - 1)
+    up = (low > half) | ((low == half) & (inexact | ((kept & 1) == 1)))
     kept = kept + up.astype(jnp.uint32)
     carry = kept >> 24                                        # rounded up to 2^24
     kept = kept >> carry
-    # y / d = (q + r / md) 2^(ey - ed - 24 - lo): the float's exponent field is kept's
-    field = carry.astype(jnp.int32) + ey - ed + 127 - lo.astype(jnp.int32)
+    field = shift.astype(jnp.int32) + carry.astype(jnp.int32) + exp
     out = sign | (jnp.clip(field, 0, 255).astype(jnp.uint32) << 23) | (kept & 0x7FFFFF)
     out = jnp.where(field >= 255, sign | jnp.uint32(0x7F800000), out)
-    out = jnp.where((field <= 0) | (sub & (fy == 0)), sign, out)
-    out = jnp.where(ey == 255, yb, out)
-    return jax.lax.bitcast_convert_type(out, jnp.float32)
+    out = jnp.where(field <= 0, sign, out)
+    return jax.lax.bitcast_convert_type(jnp.where(keep, yb, out), jnp.float32)
 
 def dynamic_global_scale(x: jax.Array) -> jax.Array:
     """float32 ``[]``: ``amax(|x|) / (6 * 448)`` over the finite values of x, clipped to
@@ -161,11 +192,15 @@ def quantize(x: jax.Array, global_scale=None) -> NVFP4Tensor:
     # The divisions are integer arithmetic (_div_exact): as float divisions XLA may compile them
     # as products with a reciprocal, one ulp off on exact ties.
     scales = jax.lax.optimization_barrier(
-        jnp.where(bad_scale, jnp.nan, jnp.clip(_div_exact(block_amax, E2M1_MAX), 0.0, E4M3_MAX))
+        jnp.where(bad_scale, jnp.nan, jnp.clip(_div_small(block_amax, 3, 1), 0.0, E4M3_MAX))
         .astype(jnp.float8_e4m3fn))
     scale_f32 = scales.astype(jnp.float32)
     pos = scale_f32 > 0                                       # false for 0 and NaN
-    q = jnp.clip(_div_exact(y, jnp.where(pos, scale_f32, 1.0)), -E2M1_MAX, E2M1_MAX)
+    code = jax.lax.bitcast_convert_type(scales, jnp.uint8).astype(jnp.int32)
+    exp, man = (code >> 3) & 0xF, code & 7                    # e4m3: (8 + m) 2^(e - 10), or m 2^-9
+    q = _div_small(y, jnp.where(pos, jnp.where(exp > 0, 8 + man, man), 1),
+                   jnp.where(pos, jnp.where(exp > 0, exp - 10, -9), 0))
+    q = jnp.clip(q, -E2M1_MAX, E2M1_MAX)
     q = jnp.where(pos & ~jnp.isnan(y), q, 0.0)
     # Integer encoding (no float4 dtype): round to nearest even, exactly as a float4_e2m1fn cast.
     codes = encode_e2m1(q).reshape(x.shape)
