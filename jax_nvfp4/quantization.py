@@ -178,7 +178,7 @@ def quantize(x: jax.Array, global_scale=None) -> NVFP4Tensor:
     bad_scale = ~((gs >= MIN_GLOBAL_SCALE) & (gs <= MAX_GLOBAL_SCALE))   # NaN compares False
     x = x.astype(ct)
     blocks = x.reshape(x.shape[:-1] + (x.shape[-1] // BLOCK_SIZE, BLOCK_SIZE))
-    if ct == jnp.float32:
+    if ct == jnp.float32:               # (an invalid scale: any divisor, the blocks become NaN)
         y = _div_exact(blocks, jnp.where(bad_scale, 1.0, gs))
     else:                               # float64 (x64): values past the float32 range stay finite
         y = (blocks / gs.astype(ct)).astype(jnp.float32)
@@ -189,8 +189,8 @@ def quantize(x: jax.Array, global_scale=None) -> NVFP4Tensor:
     # The barriers make the e4m3 and e2m1 roundings real inside any jit: XLA on GPU may otherwise
     # elide a narrowing convert followed by a widening one (excess precision), so codes would be
     # computed against an unrounded scale (JAX's own nvfp4 quantizer guards the same way).
-    # The divisions are integer arithmetic (_div_exact): as float divisions XLA may compile them
-    # as products with a reciprocal, one ulp off on exact ties.
+    # The divisions are integer arithmetic (_div_exact, _div_small): as float divisions XLA may
+    # compile them as products with a reciprocal, one ulp off on exact ties.
     scales = jax.lax.optimization_barrier(
         jnp.where(bad_scale, jnp.nan, jnp.clip(_div_small(block_amax, 3, 1), 0.0, E4M3_MAX))
         .astype(jnp.float8_e4m3fn))
