@@ -7,8 +7,7 @@
 // The per-block arithmetic is plain C++ shared by the CPU handler (ffi/dispatch_rows_cpu.cc) and
 // the CUDA kernel (csrc/dispatch_rows.cu): it reproduces jax_nvfp4.quantize followed by
 // jax_nvfp4.quantization.e2m1_scaled bit for bit (IEEE divisions, e4m3 and e2m1 round to nearest
-// even, NaN blocks, saturated infinities). Subnormal inputs are kept (XLA's CPU backend flushes
-// them to 0 in the jnp path).
+// even, NaN blocks, saturated infinities, subnormal inputs kept).
 #pragma once
 
 #include <cmath>
