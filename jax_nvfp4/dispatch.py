@@ -15,15 +15,13 @@ import jax.numpy as jnp
 
 from . import _extension
 from .autodiff import varying_type
+from .gemm import _resolve_backend
 from .quantization import e2m1_scaled, quantize
 from .rows import take_rows
 
 
 DISPATCH_TARGET = "jax_nvfp4_dispatch_rows"
 """The custom call of :func:`dispatch_rows` (csrc/dispatch_rows.h)."""
-
-DISPATCH_BACKENDS = ("auto", "ffi", "reference")
-
 
 def dispatch_rows_reference(x: jax.Array, gather=None, row_scale=None) -> jax.Array:
     """:func:`dispatch_rows` in pure jnp: the rows (bf16, or the values of their per-row NVFP4
@@ -37,15 +35,8 @@ def dispatch_rows_reference(x: jax.Array, gather=None, row_scale=None) -> jax.Ar
 
 
 def _use_ffi(backend: str) -> bool:
-    if backend not in DISPATCH_BACKENDS:
-        raise ValueError(f"backend: expected one of {DISPATCH_BACKENDS}, got {backend!r}")
-    if backend == "reference":
-        return False
-    if backend == "ffi":
-        if not _extension.available():
-            raise RuntimeError(f"backend='ffi': {_extension.not_built_message()}")
-        return True
-    return _extension.available() and (jax.default_backend() != "gpu" or _extension.has_cuda())
+    # the grouped GEMM's resolution: the layer's dispatch and GEMMs take the same route
+    return _resolve_backend(backend) == "ffi"
 
 
 def _dispatch_ffi(x, scatter, rows, row_scale):

@@ -50,6 +50,19 @@ def _compute_dtype(x: jax.Array):
     return x.dtype if jnp.finfo(x.dtype).bits > 32 else jnp.dtype(jnp.float32)
 
 
+def _significand(y):
+    """float32 y as ``(bits, sign bit, exponent, 24-bit significand, keep)``: subnormals normalized
+    (exponent 1 - shift), ``keep`` true for zeros, infinities and NaNs (passed through as bits)."""
+    yb = jax.lax.bitcast_convert_type(y.astype(jnp.float32), jnp.uint32)
+    ey = ((yb >> 23) & 0xFF).astype(jnp.int32)
+    fy = yb & 0x7FFFFF
+    sub = ey == 0
+    nz = jnp.where(sub, jax.lax.clz(fy).astype(jnp.int32) - 8, 0)
+    my = jnp.where(sub, fy << nz.astype(jnp.uint32), fy | 0x800000)
+    keep = (sub & (fy == 0)) | (ey == 255)
+    return yb, yb & jnp.uint32(0x80000000), jnp.where(sub, 1 - nz, ey), my, keep
+
+
 @jax.jit
 def _div_exact(y: jax.Array, d) -> jax.Array:
     """``y / d`` rounded to nearest even, float32, for float32 y and a positive normal float32 d
@@ -62,16 +75,9 @@ def _div_exact(y: jax.Array, d) -> jax.Array:
     matters: an invalid d gives an unspecified number (quantize masks those blocks to NaN).
     Jitted: called eagerly it is one compiled program, not some forty dispatched operations.
     """
-    yb = jax.lax.bitcast_convert_type(y.astype(jnp.float32), jnp.uint32)
+    yb, sign, ey, my, keep = _significand(y)
     db = jax.lax.bitcast_convert_type(jnp.asarray(d, jnp.float32), jnp.uint32)
-    sign = yb & jnp.uint32(0x80000000)
-    ey = ((yb >> 23) & 0xFF).astype(jnp.int32)
     ed = ((db >> 23) & 0xFF).astype(jnp.int32)
-    fy = yb & 0x7FFFFF
-    sub = ey == 0                                             # zero or subnormal y: normalized
-    nz = jnp.where(sub, jax.lax.clz(fy).astype(jnp.int32) - 8, 0)
-    my = jnp.where(sub, fy << nz.astype(jnp.uint32), fy | 0x800000)   # 24-bit significands
-    ey = jnp.where(sub, 1 - nz, ey)
     md = (db & 0x7FFFFF) | 0x800000
     lo = my < md                                              # then shift my: my / md in [1, 2)
     r = jnp.where(lo, my << 1, my) - md                       # the quotient's leading 1 taken
@@ -83,7 +89,7 @@ def _div_exact(y: jax.Array, d) -> jax.Array:
         q = (q << 8) | digit                                  # 25 bits: 24 and a round bit
     # y / d = (q + r / md) 2^(ey - ed - 24 - lo)
     return _round_quotient(q, r != 0, jnp.uint32(1), ey - ed + 126 - lo.astype(jnp.int32), sign,
-                           (sub & (fy == 0)) | (ey == 255), yb)
+                           keep, yb)
 
 
 @jax.jit
@@ -91,21 +97,14 @@ def _div_small(y: jax.Array, m, e) -> jax.Array:
     """:func:`_div_exact` for a divisor ``m * 2^e`` with an integer m in [1, 15] (6, and every
     e4m3 value), in one integer division: the 24-bit significand shifted by 7 over m keeps 27 to
     31 quotient bits."""
-    yb = jax.lax.bitcast_convert_type(y.astype(jnp.float32), jnp.uint32)
-    sign = yb & jnp.uint32(0x80000000)
-    ey = ((yb >> 23) & 0xFF).astype(jnp.int32)
-    fy = yb & 0x7FFFFF
-    sub = ey == 0                                             # zero or subnormal y: normalized
-    nz = jnp.where(sub, jax.lax.clz(fy).astype(jnp.int32) - 8, 0)
-    my = jnp.where(sub, fy << nz.astype(jnp.uint32), fy | 0x800000)
-    ey = jnp.where(sub, 1 - nz, ey)
+    yb, sign, ey, my, keep = _significand(y)
     m = jnp.asarray(m).astype(jnp.uint32)
     n = my << 7
     q = n // m
     r = n - q * m
     shift = (8 - jax.lax.clz(q).astype(jnp.int32)).astype(jnp.uint32)   # bits past 24: 3 to 7
     return _round_quotient(q, r != 0, shift, ey - jnp.asarray(e).astype(jnp.int32) - 7, sign,
-                           (sub & (fy == 0)) | (ey == 255), yb)
+                           keep, yb)
 
 
 def _round_quotient(q, inexact, shift, exp, sign, keep, yb):
