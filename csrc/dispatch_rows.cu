@@ -2,8 +2,9 @@
 // row. Thread i takes the row's 8-value chunks i, i + 128, ... (16 contiguous bytes per lane, so a
 // warp's loads and each of its stores cover 512 contiguous bytes in whole 32-byte sectors); the
 // two lanes of a 16-value NVFP4 block share its amax by a shuffle. Each chunk is made once and
-// stored to every output row the scatter map names. Memory bound: the row is read once and
-// written slots times.
+// stored to every output row the scatter map names. A dynamic row scale comes from a first pass
+// over the row (its finite amax, reduced over the CTA); the second pass reads the row again from
+// L1/L2, so HBM sees it once. Memory bound: the row is read once and written slots times.
 #include "csrc/dispatch_rows.h"
 
 #include <cstdint>
@@ -34,12 +35,45 @@ __device__ __forceinline__ void load_chunk(const void* x, int64_t off, float* v)
   }
 }
 
-template <bool kQuant, bool kF32>
-__global__ void __launch_bounds__(kThreads) dispatch_rows_kernel(const DispatchRowsParams p) {
+// What the row's values become: copied (bf16), quantized with a given global scale, or quantized
+// with the dynamic scale made from the row itself.
+enum class Mode { kCopy, kGiven, kDynamic };
+
+// The CTA's maximum of each thread's v (v >= 0, no NaN).
+__device__ __forceinline__ float cta_max(float v) {
+  __shared__ float warp_max[kThreads / 32];
+#pragma unroll
+  for (int m = 16; m > 0; m /= 2) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, m));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) v = fmaxf(v, warp_max[w]);
+  return v;
+}
+
+template <Mode kMode, bool kF32>
+__global__ void __launch_bounds__(kThreads, 16) dispatch_rows_kernel(const DispatchRowsParams p) {
+  constexpr bool kQuant = kMode != Mode::kCopy;
   const int64_t t = blockIdx.x;
   const int64_t nc = p.K / kChunk;  // even: K % 16 == 0
-  const float gs = kQuant ? __ldg(p.row_scale + t) : 1.0f;
   const int32_t* dst = p.scatter ? p.scatter + t * p.slots : nullptr;
+  float gs = 1.0f;
+  if constexpr (kMode == Mode::kGiven) gs = __ldg(p.row_scale + t);
+  if constexpr (kMode == Mode::kDynamic) {
+    float amax = 0.0f;
+#pragma unroll 4
+    for (int64_t c = threadIdx.x; c < nc; c += kThreads) {
+      float v[kChunk];
+      load_chunk<kF32>(p.x, t * p.K + c * kChunk, v);
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) amax = rows::FiniteAbsMax(amax, v[i]);
+    }
+    gs = rows::DynamicGlobalScale(cta_max(amax));
+    for (int64_t j = threadIdx.x; j < p.slots; j += kThreads) {
+      const int64_t r = dst ? static_cast<int64_t>(__ldg(dst + j)) : t;
+      if (r >= 0 && r < p.R) p.row_scale_out[r] = gs;
+    }
+  }
   // Every lane runs every step (the block's shuffle needs both lanes); lanes past the row store nothing.
   for (int64_t base = 0; base < nc; base += kThreads) {
     const int64_t c = base + threadIdx.x;
@@ -63,12 +97,17 @@ __global__ void __launch_bounds__(kThreads) dispatch_rows_kernel(const DispatchR
       nan |= __shfl_xor_sync(0xFFFFFFFFu, static_cast<int>(nan), 1) != 0;
       amax = amax2 > amax ? amax2 : amax;
       const float s = rows::BlockScale(amax, nan, gs);
-      uint32_t w[4];
+      if (s > 0.0f) {
+        const rows::E2m1Grid grid(s);
+        uint32_t w[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        w[j] = static_cast<uint32_t>(rows::QuantizedValue(y[2 * j], s)) |
-               static_cast<uint32_t>(rows::QuantizedValue(y[2 * j + 1], s)) << 16;
-      o = make_uint4(w[0], w[1], w[2], w[3]);
+        for (int j = 0; j < 4; ++j)
+          w[j] = static_cast<uint32_t>(grid.Value(y[2 * j])) | static_cast<uint32_t>(grid.Value(y[2 * j + 1])) << 16;
+        o = make_uint4(w[0], w[1], w[2], w[3]);
+      } else {  // a NaN block (NaN values) or a zero one (+0), as QuantizedValue
+        const uint32_t z = rows::IsNan(s) ? 0x7FC07FC0u : 0u;
+        o = make_uint4(z, z, z, z);
+      }
     } else if (active) {
       o = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.x) + t * p.K + c * kChunk));
     }
@@ -90,12 +129,16 @@ cudaError_t LaunchDispatchRows(const DispatchRowsParams& p, cudaStream_t stream)
   if (p.T == 0 || p.K == 0 || p.R == 0) return cudaSuccess;
   if (p.T > 0x7FFFFFFF) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(p.T));
-  if (!p.row_scale)
-    dispatch_rows_kernel<false, false><<<grid, kThreads, 0, stream>>>(p);
-  else if (p.x_f32)
-    dispatch_rows_kernel<true, true><<<grid, kThreads, 0, stream>>>(p);
+  if (p.row_scale_out && p.x_f32)
+    dispatch_rows_kernel<Mode::kDynamic, true><<<grid, kThreads, 0, stream>>>(p);
+  else if (p.row_scale_out)
+    dispatch_rows_kernel<Mode::kDynamic, false><<<grid, kThreads, 0, stream>>>(p);
+  else if (p.row_scale && p.x_f32)
+    dispatch_rows_kernel<Mode::kGiven, true><<<grid, kThreads, 0, stream>>>(p);
+  else if (p.row_scale)
+    dispatch_rows_kernel<Mode::kGiven, false><<<grid, kThreads, 0, stream>>>(p);
   else
-    dispatch_rows_kernel<true, false><<<grid, kThreads, 0, stream>>>(p);
+    dispatch_rows_kernel<Mode::kCopy, false><<<grid, kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

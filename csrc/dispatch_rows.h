@@ -3,6 +3,8 @@
 // input) or as the values of its NVFP4 quantization (the W4A4 GEMM input: e2m1 x e4m3 block
 // scale, exact in bf16, the row's global scale left to the caller), so the layer writes the
 // grouped GEMM's bf16 input in one pass instead of quantizing, packing, gathering and decoding.
+// The row's global scale is given, or (dynamic) made from the row's finite amax on the way and
+// written beside each output row, so no separate reduction pass reads x first.
 //
 // The per-block arithmetic is plain C++ shared by the CPU handler (ffi/dispatch_rows_cpu.cc) and
 // the CUDA kernel (csrc/dispatch_rows.cu): it reproduces jax_nvfp4.quantize followed by
@@ -25,7 +27,10 @@ namespace jax_nvfp4 {
 struct DispatchRowsParams {
   const void* x = nullptr;           // [T, K], bf16 (x_f32 false) or float32
   bool x_f32 = false;
-  const float* row_scale = nullptr;  // [T] global scale per row (quantize), or nullptr (copy bf16)
+  const float* row_scale = nullptr;  // [T] global scale per row (quantize), or nullptr
+  float* row_scale_out = nullptr;    // [R] dynamic: the global scale made from each row's finite
+                                     // amax, stored for each of its output rows; or nullptr.
+                                     // Neither scale: the bf16 rows are copied.
   const int32_t* scatter = nullptr;  // [T, slots] output row of each copy (>= R or < 0: none), or
                                      // nullptr: row t goes to output row t (slots 1, R == T)
   int64_t T = 0, K = 0, slots = 1, R = 0;
@@ -67,15 +72,18 @@ JAX_NVFP4_HD float F32FromE4m3(uint8_t c) {
   return BitsF32(static_cast<uint32_t>(e - 7 + 127) << 23 | static_cast<uint32_t>(m) << 20);
 }
 
-// q in [-6, 6] -> the nearest E2M1 value (ties to the even code), sign kept (-0 for a negative q
-// that rounds to 0, as the code 8 decodes).
-JAX_NVFP4_HD float RoundE2m1(float q) {
-  const float a = q < 0.0f ? -q : q;
-  // steps 0.5, 1, 2 below 2, 4, 6: powers of 2, so both products are exact
-  const float step = a < 2.0f ? 0.5f : (a < 4.0f ? 1.0f : 2.0f);
-  const float inv = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f);
-  const float m = rintf(a * inv) * step;  // rintf: nearest, ties to even (the even code)
-  return BitsF32(F32Bits(m) | (F32Bits(q) & 0x80000000u));
+// |v| folded into a running amax over finite values (Inf and NaN skipped).
+JAX_NVFP4_HD float FiniteAbsMax(float amax, float v) {
+  const float a = v < 0.0f ? -v : v;
+  return a <= 3.40282347e+38f && a > amax ? a : amax;  // NaN compares false
+}
+
+// The dynamic global scale of a row (jax_nvfp4.quantization.dynamic_global_scale) from its amax
+// over finite values: amax / (6 * 448) rounded to nearest even, at least 2^-126; 1 for amax 0.
+JAX_NVFP4_HD float DynamicGlobalScale(float amax) {
+  if (!(amax > 0.0f)) return 1.0f;
+  const float gs = amax / 2688.0f;  // an IEEE division on both sides (nvcc: div.rn; host: SSE)
+  return gs < 1.17549435e-38f ? 1.17549435e-38f : gs;
 }
 
 // Exact bf16 bits of v (v needs at most 8 significant bits); NaN -> quiet NaN.
@@ -98,14 +106,39 @@ JAX_NVFP4_HD float BlockScale(float amax, bool nan, float gs) {
   return F32FromE4m3(E4m3FromF32(v));
 }
 
-// The bf16 bits of e2m1(code) * s for y = x / gs in a block of scale s (BlockScale).
-JAX_NVFP4_HD uint16_t QuantizedValue(float y, float s) {
-  float q = 0.0f;
-  if (s > 0.0f && !IsNan(y)) {  // s > 0 is false for 0 and NaN: the code is 0
-    q = y / s;
-    q = q < -6.0f ? -6.0f : (q > 6.0f ? 6.0f : q);
+// e2m1(RN(y / s)) * s, the quotient rounded to E2M1 with ties to the even code, without a
+// division: for a block scale s with at most 4 significant bits (an e4m3 value, >= 2^-9) and an
+// E2M1 midpoint mu with at most 3, mu * s is an exact float32, and a float32 y != mu * s lies at
+// least one float32 step from it, which is more than half a quotient step near mu because s's
+// significand is below 2: so RN(y / s) lies on the same side of mu as y of mu * s, and the
+// rounding is counted from |y|'s comparisons with the seven mu * s (docs/design.md, "Dispatch").
+struct E2m1Grid {
+  float t[7];  // mu * s for mu = 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5
+  float half;  // s / 2, the grid's step below 2 s
+
+  JAX_NVFP4_HD explicit E2m1Grid(float s) : half(0.5f * s) {
+    const float mu[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+    for (int i = 0; i < 7; ++i) t[i] = mu[i] * s;
   }
-  return Bf16Exact(RoundE2m1(q) * s);
+
+  // The bf16 bits of e2m1(RN(y / s)) * s with y's sign (y not NaN; the quotient saturates at 6).
+  JAX_NVFP4_HD uint16_t Value(float y) const {
+    const float a = y < 0.0f ? -y : y;
+    // steps of s/2 up to 2s, s up to 4s, then 2s; a tie goes to the even code: down at 0.25,
+    // 1.25, 2.5 and 5, up at 0.75, 1.75 and 3.5
+    const int n = (a > t[0]) + (a >= t[1]) + (a > t[2]) + (a >= t[3]) + 2 * ((a > t[4]) + (a >= t[5])) +
+                  4 * (a > t[6]);
+    const float v = static_cast<float>(n) * half;  // exact: n <= 12, s has at most 4 bits
+    return static_cast<uint16_t>((F32Bits(v) | (F32Bits(y) & 0x80000000u)) >> 16);
+  }
+};
+
+// The bf16 bits of e2m1(RN(y / s)) * s for y = x / gs in a block of scale s (BlockScale): NaN for
+// a NaN s (a NaN block or an invalid gs), +0 for s = 0 (every code 0).
+JAX_NVFP4_HD uint16_t QuantizedValue(float y, float s) {
+  if (IsNan(s)) return 0x7FC0u;
+  if (!(s > 0.0f)) return 0;
+  return E2m1Grid(s).Value(y);
 }
 
 // One block of 16 values x (float32) with the row's global scale gs -> the bf16 bits of
@@ -131,7 +164,8 @@ inline const char* DispatchRowsCheckParams(const DispatchRowsParams& p) {
   if (p.T < 0 || p.K < 0 || p.R < 0 || p.slots < 1) return "negative sizes";
   if (p.K % rows::kBlock) return "K must be a multiple of 16";
   if (!p.scatter && p.R != p.T) return "without a scatter map the output has one row per input row";
-  if (!p.row_scale && p.x_f32) return "the copy (no row_scale) takes a bf16 x";
+  if (p.row_scale && p.row_scale_out) return "row_scale (given) and row_scale_out (dynamic) exclude each other";
+  if (!p.row_scale && !p.row_scale_out && p.x_f32) return "the copy (no row scale) takes a bf16 x";
   return nullptr;
 }
 

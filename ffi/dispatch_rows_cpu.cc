@@ -45,28 +45,41 @@ class IeeeSubnormals {
 };
 
 ffi::Error DispatchRowsCpu(ffi::AnyBuffer x, jax_nvfp4::RowScaleBuffer row_scale, ffi::AnyBuffer scatter,
-                           ffi::Result<ffi::AnyBuffer> out) {
+                           ffi::Result<ffi::AnyBuffer> out, ffi::Result<jax_nvfp4::RowScaleBuffer> row_scale_out) {
   jax_nvfp4::DispatchRowsParams p;
-  if (ffi::Error err = jax_nvfp4::DecodeDispatchRows(x, row_scale, scatter, out, &p); err.failure()) return err;
+  if (ffi::Error err = jax_nvfp4::DecodeDispatchRows(x, row_scale, scatter, out, row_scale_out, &p); err.failure())
+    return err;
   namespace rows = jax_nvfp4::rows;
   IeeeSubnormals ieee;
   const int64_t nb = p.K / rows::kBlock;
   const uint16_t* x16 = static_cast<const uint16_t*>(p.x);
   const float* x32 = static_cast<const float*>(p.x);
+  const bool quant = p.row_scale || p.row_scale_out;
+  auto value = [&](int64_t i) { return p.x_f32 ? x32[i] : rows::F32FromBf16(x16[i]); };
+  auto out_row = [&](int64_t t, int64_t j) { return p.scatter ? static_cast<int64_t>(p.scatter[t * p.slots + j]) : t; };
   for (int64_t t = 0; t < p.T; ++t) {
-    const float gs = p.row_scale ? p.row_scale[t] : 1.0f;
+    float gs = p.row_scale ? p.row_scale[t] : 1.0f;
+    if (p.row_scale_out) {
+      float amax = 0.0f;
+      for (int64_t i = 0; i < p.K; ++i) amax = rows::FiniteAbsMax(amax, value(t * p.K + i));
+      gs = rows::DynamicGlobalScale(amax);
+      for (int64_t j = 0; j < p.slots; ++j) {
+        const int64_t r = out_row(t, j);
+        if (r >= 0 && r < p.R) p.row_scale_out[r] = gs;
+      }
+    }
     for (int64_t b = 0; b < nb; ++b) {
       uint16_t h[rows::kBlock];
       const int64_t off = t * p.K + b * rows::kBlock;
-      if (p.row_scale) {
+      if (quant) {
         float v[rows::kBlock];
-        for (int i = 0; i < rows::kBlock; ++i) v[i] = p.x_f32 ? x32[off + i] : rows::F32FromBf16(x16[off + i]);
+        for (int i = 0; i < rows::kBlock; ++i) v[i] = value(off + i);
         rows::QuantizeBlock16(v, gs, h);
       } else {
         std::memcpy(h, x16 + off, sizeof(h));
       }
       for (int64_t j = 0; j < p.slots; ++j) {
-        const int64_t r = p.scatter ? static_cast<int64_t>(p.scatter[t * p.slots + j]) : t;
+        const int64_t r = out_row(t, j);
         if (r < 0 || r >= p.R) continue;
         std::memcpy(p.out + r * p.K + b * rows::kBlock, h, sizeof(h));
       }
@@ -82,4 +95,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4DispatchRowsCpu, DispatchRowsCpu,
                                   .Arg<ffi::AnyBuffer>()               // x [T, K]
                                   .Arg<jax_nvfp4::RowScaleBuffer>()    // row_scale [T] or [0]
                                   .Arg<ffi::AnyBuffer>()               // scatter [T, slots] or [0]
-                                  .Ret<ffi::AnyBuffer>());             // out bf16 [R, K]
+                                  .Ret<ffi::AnyBuffer>()               // out bf16 [R, K]
+                                  .Ret<jax_nvfp4::RowScaleBuffer>());  // row_scale_out [R] or [0]

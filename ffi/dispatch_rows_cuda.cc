@@ -16,9 +16,11 @@ namespace {
 using CudaStream = ffi::PlatformStream<cudaStream_t>;
 
 ffi::Error DispatchRowsCuda(cudaStream_t stream, ffi::AnyBuffer x, jax_nvfp4::RowScaleBuffer row_scale,
-                            ffi::AnyBuffer scatter, ffi::Result<ffi::AnyBuffer> out) {
+                            ffi::AnyBuffer scatter, ffi::Result<ffi::AnyBuffer> out,
+                            ffi::Result<jax_nvfp4::RowScaleBuffer> row_scale_out) {
   jax_nvfp4::DispatchRowsParams p;
-  if (ffi::Error err = jax_nvfp4::DecodeDispatchRows(x, row_scale, scatter, out, &p); err.failure()) return err;
+  if (ffi::Error err = jax_nvfp4::DecodeDispatchRows(x, row_scale, scatter, out, row_scale_out, &p); err.failure())
+    return err;
   cudaError_t e = jax_nvfp4::LaunchDispatchRows(p, stream);
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess)
@@ -35,5 +37,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4DispatchRowsCuda, DispatchRowsCuda,
                                   .Arg<ffi::AnyBuffer>()               // x [T, K]
                                   .Arg<jax_nvfp4::RowScaleBuffer>()    // row_scale [T] or [0]
                                   .Arg<ffi::AnyBuffer>()               // scatter [T, slots] or [0]
-                                  .Ret<ffi::AnyBuffer>(),              // out bf16 [R, K]
+                                  .Ret<ffi::AnyBuffer>()               // out bf16 [R, K]
+                                  .Ret<jax_nvfp4::RowScaleBuffer>(),   // row_scale_out [R] or [0]
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -1,7 +1,9 @@
 // The custom call "jax_nvfp4_dispatch_rows" as XLA FFI sees it (csrc/dispatch_rows.h), shared by
-// the CPU and the CUDA handler: operands x (bf16 or float32 [T, K]), row_scale (float32 [T], or
-// [0] to copy bf16 rows unquantized), scatter (int32 [T, slots], or [0]: output row t is row t);
-// result out (bf16 [R, K]). No attributes. jax_nvfp4/rows.py builds the call.
+// the CPU and the CUDA handler: operands x (bf16 or float32 [T, K]), row_scale (float32 [T]: the
+// rows' given global scales, or [0]), scatter (int32 [T, slots], or [0]: output row t is row t);
+// results out (bf16 [R, K]) and row_scale_out (float32 [R]: quantize with the dynamic scale made
+// from each row and store it per output row, or [0]). Neither scale: bf16 rows are copied.
+// No attributes. jax_nvfp4/dispatch.py builds the call.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +27,8 @@ inline std::string RowsDims(ffi::AnyBuffer::Dimensions d) {
 
 // Checks the call and fills *p (every message names the operand).
 inline ffi::Error DecodeDispatchRows(ffi::AnyBuffer x, RowScaleBuffer row_scale, ffi::AnyBuffer scatter,
-                                     ffi::Result<ffi::AnyBuffer> out, DispatchRowsParams* p) {
+                                     ffi::Result<ffi::AnyBuffer> out, ffi::Result<RowScaleBuffer> row_scale_out,
+                                     DispatchRowsParams* p) {
   auto bad = [](const std::string& m) { return ffi::Error::InvalidArgument("jax_nvfp4_dispatch_rows: " + m); };
   const auto xd = x.dimensions();
   if (xd.size() != 2) return bad("x must be [T, K], got " + RowsDims(xd));
@@ -55,6 +58,10 @@ inline ffi::Error DecodeDispatchRows(ffi::AnyBuffer x, RowScaleBuffer row_scale,
     return bad("out must be bfloat16 [R, K] with K = " + std::to_string(p->K) + ", got " + RowsDims(od));
   p->R = od[0];
   p->out = static_cast<uint16_t*>(out->untyped_data());
+  const int64_t no = row_scale_out->dimensions()[0];
+  if (no != 0 && no != p->R)
+    return bad("row_scale_out must be [R] = [" + std::to_string(p->R) + "] or [0], got [" + std::to_string(no) + "]");
+  p->row_scale_out = no ? row_scale_out->typed_data() : nullptr;
   if (const char* why = DispatchRowsCheckParams(*p)) return bad(why);
   return ffi::Error::Success();
 }

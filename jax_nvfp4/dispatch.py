@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from . import _extension
 from .autodiff import varying_type
 from .gemm import _resolve_backend
-from .quantization import e2m1_scaled, quantize
+from .quantization import dynamic_global_scale, e2m1_scaled, quantize
 from .rows import take_rows
 
 
@@ -39,11 +39,26 @@ def _use_ffi(backend: str) -> bool:
     return _resolve_backend(backend) == "ffi"
 
 
-def _dispatch_ffi(x, scatter, rows, row_scale):
+def _dispatch_ffi(x, scatter, rows, row_scale, dynamic=False):
+    """The custom call: (bf16 ``[rows, K]``, float32 ``[rows]`` dynamic scales or ``[0]``)."""
     rs = jnp.zeros((0,), jnp.float32) if row_scale is None else row_scale.astype(jnp.float32)
     sc = jnp.zeros((0,), jnp.int32) if scatter is None else scatter.astype(jnp.int32)
-    out_t = varying_type((x, rs, sc), (rows, x.shape[1]), jnp.bfloat16)
-    return jax.ffi.ffi_call(DISPATCH_TARGET, out_t, vmap_method="sequential")(x, rs, sc)
+    args = (x, rs, sc)
+    out_t = (varying_type(args, (rows, x.shape[1]), jnp.bfloat16),
+             varying_type(args, (rows if dynamic else 0,), jnp.float32))
+    return jax.ffi.ffi_call(DISPATCH_TARGET, out_t, vmap_method="sequential")(*args)
+
+
+def _check_args(x, gather, scatter):
+    x = jnp.asarray(x)
+    if x.ndim != 2:
+        raise ValueError(f"x: expected [T, K], got shape {x.shape}")
+    if gather is not None and jnp.asarray(gather).ndim != 1:
+        raise ValueError(f"gather: expected [R], got shape {jnp.asarray(gather).shape}")
+    if scatter is not None and (jnp.asarray(scatter).ndim != 2 or scatter.shape[0] != x.shape[0]):
+        raise ValueError(f"scatter: expected [T, slots] with T = {x.shape[0]}, got shape "
+                         f"{jnp.asarray(scatter).shape}")
+    return x
 
 
 def dispatch_rows(x: jax.Array, gather=None, scatter=None, *, row_scale=None,
@@ -72,17 +87,10 @@ def dispatch_rows(x: jax.Array, gather=None, scatter=None, *, row_scale=None,
     Not differentiable: the layer calls it inside its straight-through forward
     (:func:`jax_nvfp4.autodiff.frozen_weights`).
     """
-    x = jnp.asarray(x)
-    if x.ndim != 2:
-        raise ValueError(f"x: expected [T, K], got shape {x.shape}")
+    x = _check_args(x, gather, scatter)
     if row_scale is not None and jnp.asarray(row_scale).shape != (x.shape[0],):
         raise ValueError(f"row_scale: expected shape [T] = [{x.shape[0]}], got "
                          f"{jnp.asarray(row_scale).shape}")
-    if gather is not None and jnp.asarray(gather).ndim != 1:
-        raise ValueError(f"gather: expected [R], got shape {jnp.asarray(gather).shape}")
-    if scatter is not None and (jnp.asarray(scatter).ndim != 2 or scatter.shape[0] != x.shape[0]):
-        raise ValueError(f"scatter: expected [T, slots] with T = {x.shape[0]}, got shape "
-                         f"{jnp.asarray(scatter).shape}")
     ffi = _use_ffi(backend) and x.shape[1] % 16 == 0
     if row_scale is None:
         ffi = ffi and gather is not None          # bf16 rows not dispatched: the cast is all
@@ -92,7 +100,38 @@ def dispatch_rows(x: jax.Array, gather=None, scatter=None, *, row_scale=None,
     if not ffi:
         return dispatch_rows_reference(x, gather, row_scale)
     if gather is None:
-        return _dispatch_ffi(x, None, x.shape[0], row_scale)
+        return _dispatch_ffi(x, None, x.shape[0], row_scale)[0]
     if scatter is None:
-        return take_rows(_dispatch_ffi(x, None, x.shape[0], row_scale), gather)
-    return _dispatch_ffi(x, scatter, gather.shape[0], row_scale)
+        return take_rows(_dispatch_ffi(x, None, x.shape[0], row_scale)[0], gather)
+    return _dispatch_ffi(x, scatter, gather.shape[0], row_scale)[0]
+
+
+def dispatch_rows_dynamic(x: jax.Array, gather=None, scatter=None, *,
+                          backend: str = "auto") -> tuple[jax.Array, jax.Array]:
+    """:func:`dispatch_rows` with each row's dynamic global scale made on the way.
+
+    The scale of token t's row is :func:`jax_nvfp4.quantization.dynamic_global_scale` of it
+    (``amax / 2688`` over its finite values, rounded to nearest even, at least 2^-126; 1.0 for a
+    row without a finite non-zero value); the custom call takes it from the row it is reading, so
+    x is not read by a separate reduction first.
+
+    Args:
+      x: ``[T, K]`` bf16 or float32 (another float dtype takes the reference path).
+      gather, scatter, backend: as in :func:`dispatch_rows`.
+
+    Returns:
+      ``(rows, row_scale)``: bf16 ``[R, K]`` as ``dispatch_rows(x, gather, scatter,
+      row_scale=s)`` for the rows' scales s, and float32 ``[R]``, the scale of each output row
+      (``s[gather]``), which the caller applies to the GEMM's output rows.
+    """
+    x = _check_args(x, gather, scatter)
+    ffi = (_use_ffi(backend) and x.shape[1] % 16 == 0 and x.dtype in (jnp.bfloat16, jnp.float32))
+    if not ffi:
+        s = jax.vmap(dynamic_global_scale)(x)
+        return (dispatch_rows_reference(x, gather, s), s if gather is None else s[gather])
+    if gather is None:
+        return _dispatch_ffi(x, None, x.shape[0], None, dynamic=True)
+    if scatter is None:
+        rows, s = _dispatch_ffi(x, None, x.shape[0], None, dynamic=True)
+        return take_rows(rows, gather), s[gather]
+    return _dispatch_ffi(x, scatter, gather.shape[0], None, dynamic=True)

@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 
 from . import autodiff, fp8
-from .dispatch import dispatch_rows
+from .dispatch import dispatch_rows, dispatch_rows_dynamic
 from .formats import NVFP4Tensor
 from .gemm import grouped_gemm, grouped_gemm_swiglu
 from .moe_params import MoEConfig, MoEWeights
@@ -195,15 +195,15 @@ def _gemm_lhs(x_rows, row_expert, in_scale, gather, scatter, config: MoEConfig, 
             q_scale = jnp.concatenate([in_scale, jnp.ones((1,), jnp.float32)])[row_expert]
             q = jax.vmap(quantize)(x_rows, q_scale)
             return NVFP4Tensor(q.data, q.scales, jnp.float32(1.0)), None
-        row_scale = _row_global_scale(x_rows)          # dynamic: one scale per row
-        lhs_rows = row_scale if gather is None else row_scale[gather]
         if config.precision == "fp8":
+            row_scale = _row_global_scale(x_rows)      # dynamic: one scale per row
+            lhs_rows = row_scale if gather is None else row_scale[gather]
             q = jax.vmap(quantize)(x_rows, row_scale)
             lhs = NVFP4Tensor(q.data, q.scales, jnp.float32(1.0))
             return (lhs if gather is None else _dispatch_quantized(lhs, gather, config)), lhs_rows
         src = x_rows.astype(jnp.bfloat16) if bf16_rows else x_rows
-        return dispatch_rows(src, gather, scatter, row_scale=row_scale,
-                             backend=dispatch_backend), lhs_rows
+        # the dynamic row scales made in the same pass: (GEMM input, scale of each GEMM row)
+        return dispatch_rows_dynamic(src, gather, scatter, backend=dispatch_backend)
     if config.precision == "fp8":
         # A real bf16 rounding (the kernel's operand type) in every backend: without the
         # barrier XLA may keep excess precision for the reference backend on GPU.

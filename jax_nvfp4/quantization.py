@@ -131,12 +131,21 @@ def dynamic_global_scale(x: jax.Array) -> jax.Array:
     The amax is taken in x's precision (float64 input: beyond the float32 range too).
     """
     x = jnp.asarray(x)
-    a = jnp.abs(x.astype(_compute_dtype(x)))
-    amax = jnp.max(jnp.where(jnp.isfinite(a), a, 0.0), initial=0.0)
-    # XLA may compute this as amax * (1/2688) (last bit can differ under vmap); harmless: the
-    # scale that is stored is the one every block was quantized with.
-    gs = jnp.clip(amax / (E2M1_MAX * E4M3_MAX), MIN_GLOBAL_SCALE, MAX_GLOBAL_SCALE)
-    return jnp.where(amax > 0, gs, 1.0).astype(jnp.float32)
+    if _compute_dtype(x) == jnp.float32:
+        # On the float32 bits, so subnormal values count on every backend (XLA's CPU backend
+        # flushes them in float compares), and an exact division (XLA would multiply by 1/2688):
+        # every backend and the dispatch kernel (csrc/dispatch_rows.h) make the same scale.
+        bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32) & 0x7FFFFFFF
+        top = jnp.max(jnp.where(bits < 0x7F800000, bits, 0), initial=jnp.uint32(0))
+        nonzero = top > 0
+        q = _div_exact(jax.lax.bitcast_convert_type(top, jnp.float32), E2M1_MAX * E4M3_MAX)
+    else:
+        a = jnp.abs(x.astype(_compute_dtype(x)))
+        amax = jnp.max(jnp.where(jnp.isfinite(a), a, 0.0), initial=0.0)
+        nonzero = amax > 0
+        q = amax / (E2M1_MAX * E4M3_MAX)
+    gs = jnp.clip(q, MIN_GLOBAL_SCALE, MAX_GLOBAL_SCALE)
+    return jnp.where(nonzero, gs, 1.0).astype(jnp.float32)
 
 
 def _check_static_scale(gs: jax.Array) -> None:

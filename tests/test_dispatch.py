@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from jax_nvfp4 import _extension
-from jax_nvfp4.dispatch import dispatch_rows, dispatch_rows_reference
+from jax_nvfp4.dispatch import dispatch_rows, dispatch_rows_dynamic, dispatch_rows_reference
+from jax_nvfp4.quantization import dynamic_global_scale
 from jax_nvfp4.moe import _row_global_scale, sort_rows
 from conftest import gpu_devices, skip_or_fail
 
@@ -29,6 +30,17 @@ def oracle_values(x, gs):
         q = np.where((sf > 0) & ~np.isnan(y), np.clip(y / np.where(sf > 0, sf, 1), -6, 6), 0)
         codes = q.astype(np.float32).astype(ml_dtypes.float4_e2m1fn).view(np.uint8)
         return (E2M1[codes] * sf).reshape(t, k)
+
+
+def oracle_scales(x):
+    """Each row's dynamic global scale: the amax of its finite |values|, divided by 2688 in
+    float64 and cast to float32 (innocuous double rounding: 53 >= 2 * 24 + 2 bits), clipped to
+    [2^-126, FLT_MAX]; 1 for a row without a finite non-zero value."""
+    with np.errstate(invalid="ignore"):
+        a = np.abs(np.asarray(x, np.float64))
+    amax = np.where(np.isfinite(a), a, 0).max(-1)
+    gs = np.maximum((amax / 2688).astype(np.float32), np.float32(2.0 ** -126))
+    return np.where(amax > 0, gs, np.float32(1)).astype(np.float32)
 
 
 def bits_equal(a, b):
@@ -151,6 +163,10 @@ def test_bad_arguments():
         dispatch_rows(x, jnp.zeros((8,), jnp.int32), jnp.zeros((8,), jnp.int32))
     with pytest.raises(ValueError, match="backend: expected one of"):
         dispatch_rows(x, backend="cuda")
+    with pytest.raises(ValueError, match=r"scatter: expected \[T, slots\] with T = 4"):
+        dispatch_rows_dynamic(x, jnp.zeros((8,), jnp.int32), jnp.zeros((3, 2), jnp.int32))
+    with pytest.raises(ValueError, match="backend: expected one of"):
+        dispatch_rows_dynamic(x, backend="cuda")
 
 
 def test_values_next_to_e2m1_midpoints(rng, device):
@@ -172,3 +188,63 @@ def test_values_next_to_e2m1_midpoints(rng, device):
     gs = np.asarray(_row_global_scale(jnp.asarray(y)))
     bits_equal(jax.jit(lambda x, gs: dispatch_rows(x, row_scale=gs, backend="ffi"))(y, gs),
                oracle_values(y, gs))
+
+
+def special_rows(rng, k):
+    """bf16 rows for the dynamic scale's edge cases: a zero row, a row holding Inf and NaN beside
+    finite values, an all-NaN row, rows whose amax / 2688 falls below 2^-126 (subnormal values),
+    near the bf16 maximum, and exact ties of the division (amax = 2688 * 2^e)."""
+    x = np.asarray(bf16_rows(rng, 10, k), np.float32)
+    x[0] = 0
+    x[1, 3], x[1, 40], x[1, 77] = np.inf, -np.inf, np.nan
+    x[2] = np.nan
+    x[3] *= np.float32(2.0 ** -130) / np.abs(x[3]).max()
+    x[4, 5] = -np.float32(2.0 ** -133)
+    x[4, :5] = x[4, 6:] = 0
+    x[5] = x[5] / np.abs(x[5]).max() * np.float32(3e38)
+    x[6, 9] = 2688 * 2.0 ** -20
+    x[6] = np.clip(x[6], -2688 * 2.0 ** -20, 2688 * 2.0 ** -20)
+    return jnp.asarray(x, jnp.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_dynamic_scales_match_the_oracle(rng, device, dtype):
+    """The dynamic mode makes each row's scale itself: the scales equal a float64 oracle (and
+    ``dynamic_global_scale``), stored per output row through the scatter map and the gather, and
+    the values equal the oracle's quantization with those scales."""
+    t, k, slots = 10, 256, 3
+    x = special_rows(rng, k).astype(dtype)
+    want_s = oracle_scales(np.asarray(x, np.float32))
+    np.testing.assert_array_equal(np.asarray(jax.vmap(dynamic_global_scale)(x)), want_s)
+    want = oracle_values(np.asarray(x, np.float32), want_s)
+    rows, s = jax.jit(lambda x: dispatch_rows_dynamic(x, backend="ffi"))(x)
+    assert rows.shape == (t, k) and s.dtype == jnp.float32 and s.shape == (t,)
+    np.testing.assert_array_equal(np.asarray(s), want_s)
+    bits_equal(rows, want)
+    gather, scatter = routing(rng, t, slots, 4, 25)          # 5 copies past the capacity
+    for sc in (scatter, None):
+        rows, s = jax.jit(lambda x, g, sc: dispatch_rows_dynamic(x, g, sc, backend="ffi"))(
+            x, gather, sc)
+        g = np.asarray(gather)
+        np.testing.assert_array_equal(np.asarray(s), want_s[g])
+        bits_equal(rows, want[g])
+    ref = dispatch_rows_dynamic(x, gather, scatter, backend="reference")
+    bits_equal(ref[0], np.asarray(rows, np.float32))
+    np.testing.assert_array_equal(np.asarray(ref[1]), np.asarray(s))
+
+
+def test_dynamic_scales_of_every_bf16_pattern(device):
+    """All 65536 bf16 patterns as rows of 256 (the amax over finite values, NaN and Inf skipped;
+    subnormal rows clamped to 2^-126), and random wide-range float32 rows whose quotients by
+    2688 exercise the division's rounding."""
+    x = jnp.asarray(np.arange(1 << 16, dtype=np.uint16).view(ml_dtypes.bfloat16).reshape(256, 256))
+    rows, s = jax.jit(lambda x: dispatch_rows_dynamic(x, backend="ffi"))(x)
+    want_s = oracle_scales(np.asarray(x, np.float32))
+    np.testing.assert_array_equal(np.asarray(s), want_s)
+    bits_equal(rows, oracle_values(np.asarray(x, np.float32), want_s))
+    y = (np.random.default_rng(7).standard_normal((512, 32)) *
+         np.exp(np.random.default_rng(8).standard_normal((512, 1)) * 20)).astype(np.float32)
+    _, s = jax.jit(lambda x: dispatch_rows_dynamic(x, backend="ffi"))(y)
+    np.testing.assert_array_equal(np.asarray(s), oracle_scales(y))
+    np.testing.assert_array_equal(np.asarray(jax.vmap(dynamic_global_scale)(jnp.asarray(y))),
+                                  oracle_scales(y))

@@ -29,8 +29,10 @@ from jax_nvfp4.bench_layer import layer_config
 from jax_nvfp4.moe import moe as moe_layer
 
 
-def kernel_times(f, args, iters):
-    """{kernel name: (calls, total ns)} over ``iters`` calls of f(*args), from the device planes."""
+def kernel_times(f, args, iters, gaps=None):
+    """{kernel name: (calls, total ns)} over ``iters`` calls of f(*args), from the device planes.
+    ``gaps``: a dict that receives {(stream, kernel before, kernel after): total idle ns} between
+    consecutive kernels of each stream (the launch gaps, and any wait for the host)."""
     jax.block_until_ready(f(*args))
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d):
@@ -48,10 +50,16 @@ def kernel_times(f, args, iters):
         for line in plane.lines:
             if not line.name.startswith("Stream"):
                 continue
-            for ev in line.events:
+            evs = sorted(line.events, key=lambda e: e.start_ns)
+            for ev in evs:
                 a = acc[ev.name]
                 a[0] += 1
                 a[1] += ev.duration_ns
+            if gaps is not None:
+                for prev, nxt in zip(evs, evs[1:]):
+                    idle = nxt.start_ns - (prev.start_ns + prev.duration_ns)
+                    key = (line.name, prev.name[:60], nxt.name[:60])
+                    gaps[key] = gaps.get(key, 0) + idle
     if not acc:     # say what the trace held instead (CPU runs, a renamed plane or line)
         print("no GPU stream events; planes:", {p.name: [l.name for l in p.lines] for p in data.planes})
     return dict(acc)
@@ -75,7 +83,8 @@ def main(argv=None):
             cfg = dataclasses.replace(base, activation=activation)
             f = jax.jit(lambda x, w, cfg=cfg: moe_layer(x, w, cfg))
             wall = time_ms(f, x, weights, target_s=0.25, repeats=5)
-            k = kernel_times(f, (x, weights), a.iters)
+            gaps = {}
+            k = kernel_times(f, (x, weights), a.iters, gaps)
             rows = sorted(((name, c / a.iters, ns / a.iters / 1e3) for name, (c, ns) in k.items()),
                           key=lambda r: -r[2])
             total = sum(r[2] for r in rows)
@@ -83,6 +92,11 @@ def main(argv=None):
             print("| kernel | calls | us | share |\n|---|---|---|---|")
             for name, calls, us in rows:
                 print(f"| {name[:90]} | {calls:g} | {us:.1f} | {us / total:.1%} |")
+            top = sorted(gaps.items(), key=lambda kv: -kv[1])[:8]
+            print(f"idle between kernels, per call: {sum(gaps.values()) / a.iters / 1e3:.1f} us "
+                  "(a call's last kernel to the next call's first included); largest:")
+            for (stream, before, after), ns in top:
+                print(f"  {ns / a.iters / 1e3:7.1f} us  {stream}: {before} -> {after}")
             results.append({"tokens": t, "activation": activation, "layer_ms": wall,
                             "kernels_ms": total / 1e3,
                             "kernels": [{"name": n, "calls": c, "us": u} for n, c, u in rows]})

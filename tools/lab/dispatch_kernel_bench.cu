@@ -1,0 +1,230 @@
+// Lab microbenchmark (tools/lab/): where the dispatch kernel's time goes (csrc/dispatch_rows.cu).
+//
+// Times the production kernel (through LaunchDispatchRows) on the MoE layer's two W4A4 calls at
+// 4096 tokens (gate/up input: T 4096, K 7168, 6 copies per row through a scatter map; down input:
+// T 24576, K 3072, no scatter), in its three modes (copy, given scale, dynamic scale), beside lab
+// copies of the dynamic kernel that drop pieces of its work:
+//   fastdiv  both divisions as products with a reciprocal (not exact: an upper bound of what a
+//            cheaper exact division could save)
+//   regs     the row kept in registers between the amax pass and the quantizing pass (no re-read)
+//   amax     the amax pass and the copy, no quantization (the bytes and the reduction alone)
+//
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I. -o /tmp/dkb tools/lab/dispatch_kernel_bench.cu
+//   /tmp/dkb
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "csrc/dispatch_rows.cu"
+#include "tools/bench/cuda_check.h"
+
+namespace lab {
+using jax_nvfp4::DispatchRowsParams;
+namespace rows = jax_nvfp4::rows;
+constexpr int kThreads = 128, kChunk = 8;
+
+__device__ __forceinline__ void unpack(uint4 u, float* v) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v[2 * j] = __uint_as_float(w[j] << 16), v[2 * j + 1] = __uint_as_float(w[j] & 0xFFFF0000u);
+}
+
+template <int kT>
+__device__ __forceinline__ float cta_max(float v) {
+  __shared__ float warp_max[kT / 32];
+#pragma unroll
+  for (int m = 16; m > 0; m /= 2) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, m));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kT / 32; ++w) v = fmaxf(v, warp_max[w]);
+  return v;
+}
+
+// The rounding by division that rows::E2m1Grid replaces: q = RN(y / s), clamped, rounded to the
+// nearest e2m1 value (ties to the even code) by rintf on its step.
+__device__ __forceinline__ uint16_t quantized_by_division(float y, float s) {
+  float q = 0.0f;
+  if (s > 0.0f && !rows::IsNan(y)) q = fminf(fmaxf(y / s, -6.0f), 6.0f);
+  const float a = fabsf(q);
+  const float step = a < 2.0f ? 0.5f : (a < 4.0f ? 1.0f : 2.0f);
+  const float inv = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f);
+  const float m = copysignf(rintf(a * inv) * step, q);
+  return rows::Bf16Exact(m * s);
+}
+
+// kVariant 0 division, 1 fastdiv, 2 regs (kSteps chunks per thread), 3 amax + copy, 4 unbounded
+template <int kVariant, int kSteps, int kT = kThreads>
+__global__ void __launch_bounds__(kT, kVariant == 4 ? 1 : 2048 / kT) variant_kernel(const DispatchRowsParams p) {
+  const int64_t t = blockIdx.x;
+  const int64_t nc = p.K / kChunk;
+  const int32_t* dst = p.scatter ? p.scatter + t * p.slots : nullptr;
+  const uint4* x = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.x) + t * p.K);
+  uint4 held[kSteps];
+  float amax = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    const int64_t c = s * kT + threadIdx.x;
+    held[s] = c < nc ? __ldg(x + c) : make_uint4(0, 0, 0, 0);
+    float v[kChunk];
+    unpack(held[s], v);
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) amax = rows::FiniteAbsMax(amax, v[i]);
+  }
+  const float gs = rows::DynamicGlobalScale(cta_max<kT>(amax));
+  const float rgs = 1.0f / gs;
+  for (int64_t j = threadIdx.x; j < p.slots; j += kT) {
+    const int64_t r = dst ? static_cast<int64_t>(__ldg(dst + j)) : t;
+    if (r >= 0 && r < p.R) p.row_scale_out[r] = gs;
+  }
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    const int64_t c = s * kT + threadIdx.x;
+    uint4 o = kVariant == 2 ? held[s] : (c < nc ? __ldg(x + c) : make_uint4(0, 0, 0, 0));
+    if (kVariant != 3) {
+      float y[kChunk];
+      unpack(o, y);
+      float bmax = 0.0f;
+      bool nan = false;
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) {
+        y[i] = kVariant == 1 ? y[i] * rgs : y[i] / gs;
+        nan |= rows::IsNan(y[i]);
+        bmax = fmaxf(bmax, fabsf(y[i]));
+      }
+      bmax = fmaxf(bmax, __shfl_xor_sync(0xFFFFFFFFu, bmax, 1));
+      nan |= __shfl_xor_sync(0xFFFFFFFFu, static_cast<int>(nan), 1) != 0;
+      const float sc = rows::BlockScale(bmax, nan, gs);
+      const rows::E2m1Grid grid(sc);
+      uint32_t w[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t h[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float yy = y[2 * j + i];
+          if (kVariant == 0) h[i] = quantized_by_division(yy, sc);
+          else h[i] = sc > 0.0f ? grid.Value(yy) : (rows::IsNan(sc) ? 0x7FC0u : 0u);
+        }
+        w[j] = h[0] | h[1] << 16;
+      }
+      o = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    if (c >= nc) continue;
+    for (int64_t j = 0; j < p.slots; ++j) {
+      const int64_t r = dst ? static_cast<int64_t>(__ldg(dst + j)) : t;
+      if (r < 0 || r >= p.R) continue;
+      *reinterpret_cast<uint4*>(p.out + r * p.K + c * kChunk) = o;
+    }
+  }
+}
+
+template <int kVariant>
+void launch(const DispatchRowsParams& p) {
+  const int steps = static_cast<int>((p.K / kChunk + kThreads - 1) / kThreads);
+  if (kVariant == 5 && steps <= 3) variant_kernel<5, 6, 64><<<p.T, 64>>>(p);
+  else if (kVariant == 5) variant_kernel<5, 14, 64><<<p.T, 64>>>(p);
+  else if (steps <= 3) variant_kernel<kVariant, 3><<<p.T, kThreads>>>(p);
+  else variant_kernel<kVariant, 7><<<p.T, kThreads>>>(p);
+}
+}  // namespace lab
+
+struct Case {
+  const char* name;
+  int64_t T, K, slots;
+};
+
+int main() {
+  const Case cases[] = {{"gate/up input T4096 K7168 x6", 4096, 7168, 6}, {"down input T24576 K3072", 24576, 3072, 1}};
+  std::printf("| case | kernel | us | GB/s (read x once + write) |\n|---|---|---|---|\n");
+  for (const Case& c : cases) {
+    const int64_t R = c.T * c.slots;
+    std::vector<uint16_t> hx(c.T * c.K);
+    std::mt19937 rng(1);
+    std::normal_distribution<float> nd;
+    for (auto& v : hx) {
+      const float f = nd(rng) * 3.0f;
+      uint32_t b;
+      std::memcpy(&b, &f, 4);
+      v = static_cast<uint16_t>(b >> 16);
+    }
+    std::vector<int32_t> perm(R);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<float> hs(c.T);
+    for (int64_t t = 0; t < c.T; ++t) hs[t] = 0.01f + 0.001f * (t % 7);
+    void *dx, *dout, *dsc, *drs, *drso;
+    CK(cudaMalloc(&dx, hx.size() * 2));
+    CK(cudaMalloc(&dout, R * c.K * 2));
+    CK(cudaMalloc(&dsc, R * 4));
+    CK(cudaMalloc(&drs, c.T * 4));
+    CK(cudaMalloc(&drso, R * 4));
+    CK(cudaMemcpy(dx, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dsc, perm.data(), R * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(drs, hs.data(), c.T * 4, cudaMemcpyHostToDevice));
+    jax_nvfp4::DispatchRowsParams base;
+    base.x = dx, base.T = c.T, base.K = c.K, base.slots = c.slots, base.R = R;
+    base.scatter = c.slots > 1 ? static_cast<const int32_t*>(dsc) : nullptr;
+    base.out = static_cast<uint16_t*>(dout);
+    const double bytes = c.T * c.K * 2.0 + R * c.K * 2.0;
+    auto time = [&](const char* name, auto&& fn) {
+      cudaEvent_t a, b;
+      CK(cudaEventCreate(&a));
+      CK(cudaEventCreate(&b));
+      for (int i = 0; i < 3; ++i) fn();
+      CK(cudaGetLastError());
+      std::vector<float> ms;
+      for (int rep = 0; rep < 7; ++rep) {
+        CK(cudaEventRecord(a));
+        for (int i = 0; i < 20; ++i) fn();
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        float m;
+        CK(cudaEventElapsedTime(&m, a, b));
+        ms.push_back(m / 20);
+      }
+      CK(cudaGetLastError());
+      std::sort(ms.begin(), ms.end());
+      std::printf("| %s | %s | %.1f | %.0f |\n", c.name, name, ms[3] * 1e3, bytes / (ms[3] * 1e-3) / 1e9);
+    };
+    auto prod = [&](bool given, bool dynamic) {
+      jax_nvfp4::DispatchRowsParams p = base;
+      if (given) p.row_scale = static_cast<const float*>(drs);
+      if (dynamic) p.row_scale_out = static_cast<float*>(drso);
+      return [p] { CK(jax_nvfp4::LaunchDispatchRows(p, 0)); };
+    };
+    jax_nvfp4::DispatchRowsParams pv = base;
+    pv.row_scale_out = static_cast<float*>(drso);
+    time("copy (production)", prod(false, false));
+    time("given scale (production)", prod(true, false));
+    time("dynamic scale (production)", prod(false, true));
+    time("lab: dynamic, rounding by division", [&] { lab::launch<0>(pv); });
+    time("lab: dynamic, x * (1/gs)", [&] { lab::launch<1>(pv); });
+    time("lab: dynamic, row in registers", [&] { lab::launch<2>(pv); });
+    time("lab: amax pass + copy", [&] { lab::launch<3>(pv); });
+    time("lab: production arithmetic, 40 regs", [&] { lab::launch<4>(pv); });
+    time("lab: production arithmetic, 40 regs, 64-thread CTAs", [&] { lab::launch<5>(pv); });
+    // the register and division variants must make the production bytes
+    std::vector<uint16_t> a(R * c.K), b(R * c.K);
+    CK(jax_nvfp4::LaunchDispatchRows(pv, 0));
+    CK(cudaMemcpy(a.data(), dout, a.size() * 2, cudaMemcpyDeviceToHost));
+    for (int v : {0, 2, 5}) {
+      CK(cudaMemset(dout, 0xFF, R * c.K * 2));
+      if (v == 0) lab::launch<0>(pv);
+      else if (v == 2) lab::launch<2>(pv);
+      else lab::launch<5>(pv);
+      CK(cudaGetLastError());
+      CK(cudaMemcpy(b.data(), dout, b.size() * 2, cudaMemcpyDeviceToHost));
+      std::printf("| %s | %s variant equals production | %s | |\n", c.name, v == 0 ? "division" : (v == 2 ? "registers" : "64-thread"),
+                  a == b ? "yes" : "NO");
+    }
+    for (void* q : {dx, dout, dsc, drs, drso}) CK(cudaFree(q));
+  }
+  return 0;
+}
