@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jax_nvfp4 import _extension
-from jax_nvfp4.dispatch import dispatch_rows, dispatch_rows_dynamic, dispatch_rows_reference
+from jax_nvfp4.dispatch import DISPATCH_TARGET, dispatch_rows, dispatch_rows_dynamic, dispatch_rows_reference
 from jax_nvfp4.quantization import dynamic_global_scale
 from jax_nvfp4.moe import _row_global_scale, sort_rows
 from conftest import gpu_devices, skip_or_fail
@@ -248,3 +248,31 @@ def test_dynamic_scales_of_every_bf16_pattern(device):
     np.testing.assert_array_equal(np.asarray(s), oracle_scales(y))
     np.testing.assert_array_equal(np.asarray(jax.vmap(dynamic_global_scale)(jnp.asarray(y))),
                                   oracle_scales(y))
+
+
+def test_custom_call_rejects_bad_operands(device):
+    """The custom call's own checks (what jax_nvfp4.dispatch never builds): each error names the
+    operand or result and what was expected."""
+    x = jnp.ones((4, 32), jnp.bfloat16)
+    none_s, none_i = jnp.zeros((0,), jnp.float32), jnp.zeros((0,), jnp.int32)
+
+    def call(x, rs, sc, rows, scale_rows):
+        out = (jax.ShapeDtypeStruct((rows, x.shape[1]), jnp.bfloat16),
+               jax.ShapeDtypeStruct((scale_rows,), jnp.float32))
+        return jax.block_until_ready(jax.ffi.ffi_call(DISPATCH_TARGET, out)(x, rs, sc))
+
+    _, s = call(x, none_s, none_i, 4, 4)                       # well formed: dynamic, scale 1/2688
+    np.testing.assert_array_equal(np.asarray(s), np.float32(1) / np.float32(2688))
+    cases = [
+        ((x, jnp.ones((4,), jnp.float32), none_i, 4, 4),
+         r"row_scale \(given\) and row_scale_out \(dynamic\) exclude each other"),
+        ((x, none_s, none_i, 4, 3), r"row_scale_out must be \[R\] = \[4\] or \[0\], got \[3\]"),
+        ((x, jnp.ones((3,), jnp.float32), none_i, 4, 0), r"row_scale must be \[T\] = \[4\] or \[0\]"),
+        ((x.astype(jnp.float32), none_s, none_i, 4, 0), r"the copy \(no row scale\) takes a bf16 x"),
+        ((jnp.ones((4, 24), jnp.bfloat16), none_s, none_i, 4, 4), "K must be a multiple of 16"),
+        ((x, none_s, jnp.zeros((3, 2), jnp.int32), 8, 8), r"scatter must be \[T, slots\] = \[4, slots\]"),
+        ((x, none_s, none_i, 5, 5), "without a scatter map the output has one row per input row"),
+    ]
+    for args, msg in cases:
+        with pytest.raises(jax.errors.JaxRuntimeError, match=msg):
+            call(*args)
