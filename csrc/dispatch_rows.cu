@@ -39,15 +39,16 @@ __device__ __forceinline__ void load_chunk(const void* x, int64_t off, float* v)
 // with the dynamic scale made from the row itself.
 enum class Mode { kCopy, kGiven, kDynamic };
 
-// The CTA's maximum of each thread's v (v >= 0, no NaN).
+// The maximum of each thread's v over a CTA of kT threads (v >= 0, no NaN).
+template <int kT = kThreads>
 __device__ __forceinline__ float cta_max(float v) {
-  __shared__ float warp_max[kThreads / 32];
+  __shared__ float warp_max[kT / 32];
 #pragma unroll
   for (int m = 16; m > 0; m /= 2) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, m));
   if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
   __syncthreads();
 #pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) v = fmaxf(v, warp_max[w]);
+  for (int w = 0; w < kT / 32; ++w) v = fmaxf(v, warp_max[w]);
   return v;
 }
 

@@ -35,18 +35,6 @@ __device__ __forceinline__ void unpack(uint4 u, float* v) {
   for (int j = 0; j < 4; ++j) v[2 * j] = __uint_as_float(w[j] << 16), v[2 * j + 1] = __uint_as_float(w[j] & 0xFFFF0000u);
 }
 
-template <int kT>
-__device__ __forceinline__ float cta_max(float v) {
-  __shared__ float warp_max[kT / 32];
-#pragma unroll
-  for (int m = 16; m > 0; m /= 2) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, m));
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
-  __syncthreads();
-#pragma unroll
-  for (int w = 0; w < kT / 32; ++w) v = fmaxf(v, warp_max[w]);
-  return v;
-}
-
 // The rounding by division that rows::E2m1Grid replaces: q = RN(y / s), clamped, rounded to the
 // nearest e2m1 value (ties to the even code) by rintf on its step.
 __device__ __forceinline__ uint16_t quantized_by_division(float y, float s) {
@@ -77,7 +65,7 @@ __global__ void __launch_bounds__(kT, kVariant == 4 ? 1 : 2048 / kT) variant_ker
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) amax = rows::FiniteAbsMax(amax, v[i]);
   }
-  const float gs = rows::DynamicGlobalScale(cta_max<kT>(amax));
+  const float gs = rows::DynamicGlobalScale(jax_nvfp4::cta_max<kT>(amax));  // the production reduction
   const float rgs = 1.0f / gs;
   for (int64_t j = threadIdx.x; j < p.slots; j += kT) {
     const int64_t r = dst ? static_cast<int64_t>(__ldg(dst + j)) : t;
