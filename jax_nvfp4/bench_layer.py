@@ -57,7 +57,7 @@ import numpy as np
 from . import gemm, layout, moe_params, sharding
 from .bench import _driver_version, time_ms
 from .bench_ep import random_layer
-from .dispatch import dispatch_rows
+from .dispatch import dispatch_rows_dynamic
 from .formats import NVFP4Tensor
 from .moe import (_fused_path, _round_rows, _row_global_scale, _swiglu_paired, moe, row_dtype,
                   row_ladder, sort_rows, swiglu)
@@ -89,13 +89,14 @@ def _routed_rows(x, weights, config):
 def _gemm_lhs(rows, activation, precision="exact", backend="auto"):
     """A GEMM input as the layer makes it, and the row scales to apply to the output (or None):
     bf16 rows (W4A16); for W4A4 (dynamic) the values e2m1 * block scale of each row's NVFP4
-    quantization as bf16, made by the layer's dispatch (:func:`jax_nvfp4.dispatch.dispatch_rows`:
-    the GEMMs then time the kernels alone) or, for precision "fp8", the NVFP4 codes."""
+    quantization as bf16 with the rows' scales, made by the layer's dispatch
+    (:func:`jax_nvfp4.dispatch.dispatch_rows_dynamic`: the GEMMs then time the kernels alone), or
+    for precision "fp8" the NVFP4 codes."""
     if activation == "w4a4":
-        s = _row_global_scale(rows)
         if precision != "fp8":
-            return dispatch_rows(rows, row_scale=s,
-                                 backend="reference" if backend == "reference" else "auto"), s
+            return dispatch_rows_dynamic(rows, backend="reference" if backend == "reference"
+                                         else "auto")
+        s = _row_global_scale(rows)
         q = jax.vmap(quantize)(rows, s)
         return NVFP4Tensor(q.data, q.scales, jnp.float32(1.0)), s
     return rows.astype(jnp.bfloat16), None

@@ -124,6 +124,7 @@ def _round_quotient(q, inexact, shift, exp, sign, keep, yb):
     out = jnp.where(field <= 0, sign, out)
     return jax.lax.bitcast_convert_type(jnp.where(keep, yb, out), jnp.float32)
 
+
 def dynamic_global_scale(x: jax.Array) -> jax.Array:
     """float32 ``[]``: ``amax(|x|) / (6 * 448)`` over the finite values of x, clipped to
     ``[2^-126, FLT_MAX]``, or 1.0 when there is no finite non-zero value. Never 0, Inf or NaN.
