@@ -78,40 +78,52 @@ __device__ __forceinline__ long long split_head_rows(long long rows, int BT, int
   return BTB > 0 && rem <= BTB ? rows - rem : rows;
 }
 
-// Inclusive scan of s_scan[0..1023] in place (Hillis-Steele), by the block's 1024 threads; the
-// caller has written s_scan[tid] and synchronized.
-__device__ __forceinline__ void block_inclusive_scan(long long* s_scan, int tid) {
-  for (int off = 1; off < 1024; off <<= 1) {
-    long long v = tid >= off ? s_scan[tid - off] : 0;
-    __syncthreads();
-    s_scan[tid] += v;
-    __syncthreads();
+// Inclusive scan of v over the block's 1024 threads: shuffles within each warp, then warp 0 scans
+// the 32 warp totals (s_warp: 32 shared words). Three barriers instead of a Hillis-Steele pass's
+// twenty: the setup kernel sits on the GEMM's critical path.
+__device__ __forceinline__ long long block_inclusive_scan(long long v, long long* s_warp, int tid) {
+  const int lane = tid % 32, warp = tid / 32;
+#pragma unroll
+  for (int off = 1; off < 32; off *= 2) {
+    const long long u = __shfl_up_sync(0xFFFFFFFFu, v, off);
+    if (lane >= off) v += u;
   }
+  __syncthreads();  // s_warp's previous use is over
+  if (lane == 31) s_warp[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    long long w = s_warp[lane];
+#pragma unroll
+    for (int off = 1; off < 32; off *= 2) {
+      const long long u = __shfl_up_sync(0xFFFFFFFFu, w, off);
+      if (lane >= off) w += u;
+    }
+    s_warp[lane] = w;
+  }
+  __syncthreads();
+  return warp > 0 ? v + s_warp[warp - 1] : v;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Setup: clamped row offsets and token-tile prefix sums. One block of 1024 threads.
 // Prefix sums of ceil(rows / bt) over this thread's groups [b, e), rows = ends - starts, scanned
 // over the block; writes prefix[0..G] and the header's tile count.
-__device__ __forceinline__ void write_tile_prefix(long long* s_scan, int tid, int64_t b, int64_t e, int64_t G,
+__device__ __forceinline__ void write_tile_prefix(long long* s_warp, int tid, int64_t b, int64_t e, int64_t G,
                                                   int bt, int* __restrict__ sched) {
   const int* starts = sched + ws_start_off(G);
   const int* ends = sched + ws_end_off(G);
   long long tiles_local = 0;
   for (int64_t i = b; i < e; ++i) tiles_local += (ends[i] - starts[i] + bt - 1) / bt;
-  __syncthreads();  // s_scan's previous use is over
-  s_scan[tid] = tiles_local;
-  __syncthreads();
-  block_inclusive_scan(s_scan, tid);
-  long long tpre = s_scan[tid] - tiles_local;
+  const long long tiles_incl = block_inclusive_scan(tiles_local, s_warp, tid);
+  long long tpre = tiles_incl - tiles_local;
   int* prefix = sched + kWsPrefix;
   for (int64_t i = b; i < e; ++i) {
     prefix[i] = static_cast<int>(tpre);
     tpre += (ends[i] - starts[i] + bt - 1) / bt;
   }
   if (tid == 1023) {
-    prefix[G] = static_cast<int>(s_scan[1023]);
-    sched[kWsTotalTiles] = static_cast<int>(s_scan[1023]);
+    prefix[G] = static_cast<int>(tiles_incl);
+    sched[kWsTotalTiles] = static_cast<int>(tiles_incl);
   }
 }
 
@@ -120,7 +132,7 @@ __device__ __forceinline__ void write_tile_prefix(long long* s_scan, int tid, in
 __global__ void __launch_bounds__(1024) setup_kernel(const int32_t* __restrict__ gs, int64_t G, int64_t M, int BT,
                                                      int BTB, int* __restrict__ ws) {
   pdl_launch_dependents();  // the GEMM kernel may get resident now; it waits for our writes
-  __shared__ long long s_scan[1024];
+  __shared__ long long s_warp[32];
   const int tid = threadIdx.x;
   const int64_t per = (G + 1023) / 1024;
   const int64_t b = tid * per;
@@ -128,11 +140,9 @@ __global__ void __launch_bounds__(1024) setup_kernel(const int32_t* __restrict__
 
   long long local = 0;
   for (int64_t i = b; i < e; ++i) local += max(gs[i], 0);
-  s_scan[tid] = local;
-  __syncthreads();
-  block_inclusive_scan(s_scan, tid);
-  long long pre = s_scan[tid] - local;
-  const long long total_rows_unclamped = s_scan[1023];
+  const long long incl = block_inclusive_scan(local, s_warp, tid);
+  long long pre = incl - local;
+  const long long total_rows_unclamped = incl;  // the total in thread 1023, the only reader
 
   int* split = ws + ws_split_off(G);
   for (int64_t i = b; i < e; ++i) {
@@ -147,8 +157,8 @@ __global__ void __launch_bounds__(1024) setup_kernel(const int32_t* __restrict__
       split[ws_end_off(G) + i] = static_cast<int>(en);
     }
   }
-  write_tile_prefix(s_scan, tid, b, e, G, BT, ws);
-  if (BTB > 0) write_tile_prefix(s_scan, tid, b, e, G, BTB, split);
+  write_tile_prefix(s_warp, tid, b, e, G, BT, ws);
+  if (BTB > 0) write_tile_prefix(s_warp, tid, b, e, G, BTB, split);
   if (tid == 1023) {
     const int rows = static_cast<int>(total_rows_unclamped < M ? total_rows_unclamped : M);
     ws[kWsTotalRows] = rows;
