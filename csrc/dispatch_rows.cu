@@ -4,7 +4,8 @@
 // two lanes of a 16-value NVFP4 block share its amax by a shuffle. Each chunk is made once and
 // stored to every output row the scatter map names. A dynamic row scale comes from a first pass
 // over the row (its finite amax, reduced over the CTA); the second pass reads the row again from
-// L1/L2, so HBM sees it once. Memory bound: the row is read once and written slots times.
+// L1/L2, so HBM sees it once. The row is read once and written slots times: the six-copy gate/up
+// input is bound by those bytes, the one-copy down input by the per-value division and compares.
 #include "csrc/dispatch_rows.h"
 
 #include <cstdint>
@@ -17,22 +18,11 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kChunk = 8;  // values per thread and step: 16 bytes of bf16
 
-// Chunk c of row t as float32 (bf16 or float32 x).
-template <bool kF32>
-__device__ __forceinline__ void load_chunk(const void* x, int64_t off, float* v) {
-  if constexpr (kF32) {
-    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(x) + off);
-    const float4 a = __ldg(p), b = __ldg(p + 1);
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-  } else {
-    const uint4 u = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(x) + off));
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      v[2 * j] = __uint_as_float(w[j] << 16);
-      v[2 * j + 1] = __uint_as_float(w[j] & 0xFFFF0000u);
-    }
-  }
+// The 8 float32 values of x at off (a float32 x).
+__device__ __forceinline__ void load_chunk_f32(const void* x, int64_t off, float* v) {
+  const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(x) + off);
+  const float4 a = __ldg(p), b = __ldg(p + 1);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
 // What the row's values become: copied (bf16), quantized with a given global scale, or quantized
@@ -52,22 +42,52 @@ __device__ __forceinline__ float cta_max(float v) {
   return v;
 }
 
+// The float32 bits of the largest |x| of 8 bf16 values (NaN: above 0x7F800000), by 16x2 integer
+// maxima on the sign-cleared bit pairs: |x| orders as its bits.
+__device__ __forceinline__ uint32_t abs_max_bits(uint4 u) {
+  const uint32_t m = __vmaxu2(__vmaxu2(u.x & 0x7FFF7FFFu, u.y & 0x7FFF7FFFu),
+                              __vmaxu2(u.z & 0x7FFF7FFFu, u.w & 0x7FFF7FFFu));
+  return max(m & 0xFFFFu, m >> 16) << 16;
+}
+
+// A running maximum over finite |x| of 8 bf16 values, as 16x2 bit pairs offset by 0x80: finite
+// |x| (at most 0x7F7F) becomes 0x80..0x7FFF, Inf and NaN become negative as int16, so one signed
+// 16x2 maximum per word skips them (finite_abs_max_value reads the result).
+__device__ __forceinline__ uint32_t finite_abs_max_pairs(uint32_t acc, uint4 u) {
+  acc = __vmaxs2(acc, (u.x & 0x7FFF7FFFu) + 0x00800080u);
+  acc = __vmaxs2(acc, (u.y & 0x7FFF7FFFu) + 0x00800080u);
+  acc = __vmaxs2(acc, (u.z & 0x7FFF7FFFu) + 0x00800080u);
+  return __vmaxs2(acc, (u.w & 0x7FFF7FFFu) + 0x00800080u);
+}
+__device__ __forceinline__ float finite_abs_max_value(uint32_t acc) {
+  const uint32_t m = max(acc & 0xFFFFu, acc >> 16);  // both halves >= 0 as int16
+  return m ? __uint_as_float((m - 0x80u) << 16) : 0.0f;
+}
+
 template <Mode kMode, bool kF32>
 __global__ void __launch_bounds__(kThreads, 16) dispatch_rows_kernel(const DispatchRowsParams p) {
   constexpr bool kQuant = kMode != Mode::kCopy;
   const int64_t t = blockIdx.x;
   const int64_t nc = p.K / kChunk;  // even: K % 16 == 0
   const int32_t* dst = p.scatter ? p.scatter + t * p.slots : nullptr;
+  const uint4* xb = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.x) + t * p.K);  // bf16 x
   float gs = 1.0f;
   if constexpr (kMode == Mode::kGiven) gs = __ldg(p.row_scale + t);
   if constexpr (kMode == Mode::kDynamic) {
     float amax = 0.0f;
+    if constexpr (kF32) {
 #pragma unroll 4
-    for (int64_t c = threadIdx.x; c < nc; c += kThreads) {
-      float v[kChunk];
-      load_chunk<kF32>(p.x, t * p.K + c * kChunk, v);
+      for (int64_t c = threadIdx.x; c < nc; c += kThreads) {
+        float v[kChunk];
+        load_chunk_f32(p.x, t * p.K + c * kChunk, v);
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) amax = rows::FiniteAbsMax(amax, v[i]);
+        for (int i = 0; i < kChunk; ++i) amax = rows::FiniteAbsMax(amax, v[i]);
+      }
+    } else {
+      uint32_t acc = 0;
+#pragma unroll 4
+      for (int64_t c = threadIdx.x; c < nc; c += kThreads) acc = finite_abs_max_pairs(acc, __ldg(xb + c));
+      amax = finite_abs_max_value(acc);
     }
     gs = rows::DynamicGlobalScale(cta_max(amax));
     for (int64_t j = threadIdx.x; j < p.slots; j += kThreads) {
@@ -81,36 +101,42 @@ __global__ void __launch_bounds__(kThreads, 16) dispatch_rows_kernel(const Dispa
     const bool active = c < nc;
     uint4 o = make_uint4(0, 0, 0, 0);
     if constexpr (kQuant) {
-      float y[kChunk];
-      float amax = 0.0f;
-      bool nan = false;
-      if (active) {
-        load_chunk<kF32>(p.x, t * p.K + c * kChunk, y);
+      // The block's amax of |x / gs| is RN(max |x| / gs) (the rounded quotient is monotone in |x|),
+      // so the maximum is taken on |x|'s bits and divided once; a NaN x makes the block NaN.
+      float x[kChunk];
+      uint32_t own = 0;
+      if constexpr (kF32) {
+        if (active) {
+          load_chunk_f32(p.x, t * p.K + c * kChunk, x);
+        } else {
 #pragma unroll
-        for (int i = 0; i < kChunk; ++i) {
-          y[i] = y[i] / gs;
-          const float a = fabsf(y[i]);
-          nan |= rows::IsNan(a);
-          amax = a > amax ? a : amax;
+          for (int i = 0; i < kChunk; ++i) x[i] = 0.0f;
         }
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) own = max(own, __float_as_uint(x[i]) & 0x7FFFFFFFu);
+      } else {
+        const uint4 u = active ? __ldg(xb + c) : make_uint4(0, 0, 0, 0);
+        own = abs_max_bits(u);
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) x[2 * j] = __uint_as_float(w[j] << 16), x[2 * j + 1] = __uint_as_float(w[j] & 0xFFFF0000u);
       }
-      const float amax2 = __shfl_xor_sync(0xFFFFFFFFu, amax, 1);
-      nan |= __shfl_xor_sync(0xFFFFFFFFu, static_cast<int>(nan), 1) != 0;
-      amax = amax2 > amax ? amax2 : amax;
-      const float s = rows::BlockScale(amax, nan, gs);
+      const uint32_t blk = max(own, __shfl_xor_sync(0xFFFFFFFFu, own, 1));
+      const float s = rows::BlockScale(__uint_as_float(blk) / gs, blk > 0x7F800000u, gs);
       if (s > 0.0f) {
         const rows::E2m1Grid grid(s);
         uint32_t w[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-          w[j] = static_cast<uint32_t>(grid.Value(y[2 * j])) | static_cast<uint32_t>(grid.Value(y[2 * j + 1])) << 16;
+          w[j] = static_cast<uint32_t>(grid.Value(x[2 * j] / gs)) |
+                 static_cast<uint32_t>(grid.Value(x[2 * j + 1] / gs)) << 16;
         o = make_uint4(w[0], w[1], w[2], w[3]);
       } else {  // a NaN block (NaN values) or a zero one (+0), as QuantizedValue
         const uint32_t z = rows::IsNan(s) ? 0x7FC07FC0u : 0u;
         o = make_uint4(z, z, z, z);
       }
     } else if (active) {
-      o = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.x) + t * p.K + c * kChunk));
+      o = __ldg(xb + c);
     }
     if (!active) continue;
     for (int64_t j = 0; j < p.slots; ++j) {

@@ -126,9 +126,11 @@ struct E2m1Grid {
     const float a = y < 0.0f ? -y : y;
     // steps of s/2 up to 2s, s up to 4s, then 2s; a tie goes to the even code: down at 0.25,
     // 1.25, 2.5 and 5, up at 0.75, 1.75 and 3.5
-    const int n = (a > t[0]) + (a >= t[1]) + (a > t[2]) + (a >= t[3]) + 2 * ((a > t[4]) + (a >= t[5])) +
-                  4 * (a > t[6]);
-    const float v = static_cast<float>(n) * half;  // exact: n <= 12, s has at most 4 bits
+    // (counted in float: the GPU has no full-rate int-to-float conversion, and each 0/1 is a select)
+    const float n = (a > t[0] ? 1.0f : 0.0f) + (a >= t[1] ? 1.0f : 0.0f) + (a > t[2] ? 1.0f : 0.0f) +
+                    (a >= t[3] ? 1.0f : 0.0f) + 2.0f * ((a > t[4] ? 1.0f : 0.0f) + (a >= t[5] ? 1.0f : 0.0f)) +
+                    (a > t[6] ? 4.0f : 0.0f);
+    const float v = n * half;  // exact: n is an integer <= 12, s has at most 4 bits
     return static_cast<uint16_t>((F32Bits(v) | (F32Bits(y) & 0x80000000u)) >> 16);
   }
 };

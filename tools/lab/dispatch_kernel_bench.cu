@@ -8,6 +8,9 @@
 //            cheaper exact division could save)
 //   regs     the row kept in registers between the amax pass and the quantizing pass (no re-read)
 //   amax     the amax pass and the copy, no quantization (the bytes and the reduction alone)
+//   staged   persistent CTAs copying the next row into shared memory (cp.async) during this one
+//   diet     the bit-pattern maxima and the float count (production since it was measured here),
+//            with the int count or the fast exact division (RN(1/gs) and two FMA corrections)
 //
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I. -o /tmp/dkb tools/lab/dispatch_kernel_bench.cu
 //   /tmp/dkb
@@ -65,6 +68,22 @@ __global__ void div_check_kernel(const float* gs_list, unsigned long long* bad) 
   const float x = __uint_as_float(h << 16);
   if (h < 65536 && !isnan(x) && __float_as_uint(div_by_scale(x, gs, r)) != __float_as_uint(__fdiv_rn(x, gs)))
     atomicAdd(bad, 1ull);
+}
+
+// The diet kernel's fast division against the IEEE one where the diet takes it (gs in
+// [2^-91, 2^60], |x| <= 2^64 gs): equal, or both quotients below 2^-11 (under every threshold).
+__global__ void diet_div_check_kernel(const float* gs_list, unsigned long long* bad) {
+  const float gs = gs_list[blockIdx.y];
+  if (!(gs >= 0x1p-91f && gs <= 0x1p60f)) return;
+  const float r = __frcp_rn(gs);
+  const uint32_t h = blockIdx.x * blockDim.x + threadIdx.x;
+  const float ax = __uint_as_float((h & 0x7FFFu) << 16);
+  if (h >= 32768 || isnan(ax) || !(ax <= gs * 0x1p64f)) return;
+  const float q0 = __fmul_rn(ax, r);
+  const float q1 = __fmaf_rn(__fmaf_rn(-q0, gs, ax), r, q0);
+  const float q2 = __fmaf_rn(__fmaf_rn(-q1, gs, ax), r, q1);
+  const float e = __fdiv_rn(ax, gs);
+  if (__float_as_uint(q2) != __float_as_uint(e) && !(q2 < 0x1p-11f && e < 0x1p-11f)) atomicAdd(bad, 1ull);
 }
 
 // How a lab kernel divides x by the row's global scale: the IEEE division (production), the
@@ -211,6 +230,102 @@ __global__ void __launch_bounds__(kT, kVariant == 4 ? 1 : 2048 / kT) variant_ker
   }
 }
 
+// The dynamic kernel with fewer instructions per value, for bf16 x: the amax pass on bf16 bit
+// pairs (|x| + 0x80 per half makes Inf and NaN negative as int16, so one signed 16x2 max skips
+// them); the quantizing pass takes each block's amax of |x| on bits as well and divides it once
+// (RN(max |x| / gs) = max RN(|x| / gs): the rounded quotient is monotone), counts thresholds in
+// float (no int-to-float conversion), and puts x's sign bits back by a byte permute.
+// kMarkstein: |x| / gs as RN(1/gs) and two FMA corrections where no intermediate can underflow
+// or overflow (gs in [2^-91, 2^60] and the chunk's |x| <= 2^64 gs; a smaller |x| than 2^-103
+// gives a quotient below 2^-12, under every nonzero threshold, exact or not), IEEE elsewhere.
+template <bool kMarkstein, bool kFloatCount>
+__global__ void __launch_bounds__(kThreads, 16) diet_kernel(const DispatchRowsParams p) {
+  const int64_t t = blockIdx.x;
+  const int64_t nc = p.K / kChunk;
+  const int32_t* dst = p.scatter ? p.scatter + t * p.slots : nullptr;
+  const uint4* x = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.x) + t * p.K);
+  uint32_t acc = 0;
+#pragma unroll 4
+  for (int64_t c = threadIdx.x; c < nc; c += kThreads) {
+    const uint4 u = __ldg(x + c);
+    acc = __vmaxs2(acc, (u.x & 0x7FFF7FFFu) + 0x00800080u);
+    acc = __vmaxs2(acc, (u.y & 0x7FFF7FFFu) + 0x00800080u);
+    acc = __vmaxs2(acc, (u.z & 0x7FFF7FFFu) + 0x00800080u);
+    acc = __vmaxs2(acc, (u.w & 0x7FFF7FFFu) + 0x00800080u);
+  }
+  const uint32_t m = max(acc & 0xFFFFu, acc >> 16);  // both halves >= 0 as int16
+  const float amax = m ? __uint_as_float((m - 0x80u) << 16) : 0.0f;
+  const float gs = rows::DynamicGlobalScale(jax_nvfp4::cta_max<kThreads>(amax));
+  const float r = __frcp_rn(gs);
+  const bool row_fast = kMarkstein && gs >= 0x1p-91f && gs <= 0x1p60f;
+  const float lim = gs * 0x1p64f;
+  for (int64_t j = threadIdx.x; j < p.slots; j += kThreads) {
+    const int64_t o = dst ? static_cast<int64_t>(__ldg(dst + j)) : t;
+    if (o >= 0 && o < p.R) p.row_scale_out[o] = gs;
+  }
+  for (int64_t base = 0; base < nc; base += kThreads) {
+    const int64_t c = base + threadIdx.x;
+    const bool active = c < nc;
+    const uint4 u = active ? __ldg(x + c) : make_uint4(0, 0, 0, 0);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    uint32_t bm = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) bm = __vmaxu2(bm, w[j] & 0x7FFF7FFFu);
+    uint32_t own = max(bm & 0xFFFFu, bm >> 16);
+    const uint32_t blk = max(own, __shfl_xor_sync(0xFFFFFFFFu, own, 1));
+    const bool nan = blk > 0x7F80u;
+    const float s = rows::BlockScale(__uint_as_float(blk << 16) / gs, nan, gs);
+    uint4 o;
+    if (s > 0.0f) {
+      const rows::E2m1Grid grid(s);
+      const bool fast = row_fast && __uint_as_float(own << 16) <= lim;
+      uint32_t ow[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float v[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float ax = __uint_as_float(h ? w[j] & 0x7FFF0000u : (w[j] & 0x7FFFu) << 16);
+          float ay;
+          if (fast) {
+            const float q0 = __fmul_rn(ax, r);
+            const float q1 = __fmaf_rn(__fmaf_rn(-q0, gs, ax), r, q0);
+            ay = __fmaf_rn(__fmaf_rn(-q1, gs, ax), r, q1);
+          } else {
+            ay = __fdiv_rn(ax, gs);
+          }
+          if constexpr (kFloatCount) {
+            const float n = (ay > grid.t[0] ? 1.0f : 0.0f) + (ay >= grid.t[1] ? 1.0f : 0.0f) +
+                            (ay > grid.t[2] ? 1.0f : 0.0f) + (ay >= grid.t[3] ? 1.0f : 0.0f) +
+                            2.0f * ((ay > grid.t[4] ? 1.0f : 0.0f) + (ay >= grid.t[5] ? 1.0f : 0.0f)) +
+                            (ay > grid.t[6] ? 4.0f : 0.0f);
+            v[h] = n * grid.half;
+          } else {
+            const int n = (ay > grid.t[0]) + (ay >= grid.t[1]) + (ay > grid.t[2]) + (ay >= grid.t[3]) +
+                          2 * ((ay > grid.t[4]) + (ay >= grid.t[5])) + 4 * (ay > grid.t[6]);
+            v[h] = static_cast<float>(n) * grid.half;
+          }
+        }
+        ow[j] = __byte_perm(__float_as_uint(v[0]), __float_as_uint(v[1]), 0x7632) | (w[j] & 0x80008000u);
+      }
+      o = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+    } else {
+      const uint32_t z = rows::IsNan(s) ? 0x7FC07FC0u : 0u;
+      o = make_uint4(z, z, z, z);
+    }
+    if (!active) continue;
+    for (int64_t j = 0; j < p.slots; ++j) {
+      const int64_t rr = dst ? static_cast<int64_t>(__ldg(dst + j)) : t;
+      if (rr >= 0 && rr < p.R) *reinterpret_cast<uint4*>(p.out + rr * p.K + c * kChunk) = o;
+    }
+  }
+}
+
+template <bool kMarkstein, bool kFloatCount>
+void launch_diet(const DispatchRowsParams& p) {
+  diet_kernel<kMarkstein, kFloatCount><<<static_cast<unsigned>(p.T), kThreads>>>(p);
+}
+
 template <int kVariant>
 void launch(const DispatchRowsParams& p) {
   const int steps = static_cast<int>((p.K / kChunk + kThreads - 1) / kThreads);
@@ -253,8 +368,13 @@ void check_division() {
   CK(cudaGetLastError());
   unsigned long long bad = 0;
   CK(cudaMemcpy(&bad, dbad, 8, cudaMemcpyDeviceToHost));
-  std::printf("fast exact division against the IEEE division: %llu of %zu quotients differ\n\n", bad,
+  std::printf("fast exact division against the IEEE division: %llu of %zu quotients differ\n", bad,
               gs.size() * 65280);
+  CK(cudaMemset(dbad, 0, 8));
+  lab::diet_div_check_kernel<<<dim3(128, static_cast<unsigned>(gs.size())), 256>>>(dg, dbad);
+  CK(cudaGetLastError());
+  CK(cudaMemcpy(&bad, dbad, 8, cudaMemcpyDeviceToHost));
+  std::printf("diet fast division against the IEEE division (where taken): %llu differ\n\n", bad);
   CK(cudaFree(dg));
   CK(cudaFree(dbad));
 }
@@ -274,6 +394,14 @@ int main() {
       std::memcpy(&b, &f, 4);
       v = static_cast<uint16_t>(b >> 16);
     }
+    // special rows for the equality checks: NaN, Inf, zeros, tiny and huge values, subnormals
+    auto put = [&](int64_t row, int64_t col, uint16_t b) { hx[row * c.K + col] = b; };
+    for (int64_t k = 0; k < c.K; k += 37) put(0, k, 0x7FC0);
+    for (int64_t k = 0; k < c.K; k += 53) put(1, k, (k & 1) ? 0xFF80 : 0x7F80);
+    for (int64_t k = 0; k < c.K; ++k) put(2, k, 0), put(3, k, (k % 3) ? 0x0001 : 0x8005);
+    for (int64_t k = 0; k < c.K; ++k) put(4, k, (k % 5 == 0) ? 0x7F7F : static_cast<uint16_t>(0x0080 + k % 97));
+    for (int64_t k = 0; k < c.K; ++k) put(5, k, static_cast<uint16_t>(((k * 2654435761u) >> 7) & 0xFFFF));
+    for (int64_t k = 0; k < c.K; k += 16) put(6, k, 0x8000), put(6, k + 1, 0x0C00), put(6, k + 2, 0x0BFF);
     std::vector<int32_t> perm(R);
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);
@@ -332,24 +460,33 @@ int main() {
     time("lab: production arithmetic, 40 regs, 64-thread CTAs", [&] { lab::launch<5>(pv); });
     time("lab: staged (cp.async one row ahead)", [&] { lab::launch_staged<false>(pv); });
     time("lab: staged, fast exact division", [&] { lab::launch_staged<true>(pv); });
+    time("lab: diet (bit amax, IEEE division, int count)", [&] { lab::launch_diet<false, false>(pv); });
+    time("lab: diet (bit amax, IEEE division, float count)", [&] { lab::launch_diet<false, true>(pv); });
+    time("lab: diet (bit amax, fast exact division, int count)", [&] { lab::launch_diet<true, false>(pv); });
+    time("lab: diet (bit amax, fast exact division, float count)", [&] { lab::launch_diet<true, true>(pv); });
     // the register and division variants must make the production bytes
     std::vector<uint16_t> a(R * c.K), b(R * c.K);
     CK(jax_nvfp4::LaunchDispatchRows(pv, 0));
     CK(cudaMemcpy(a.data(), dout, a.size() * 2, cudaMemcpyDeviceToHost));
     std::vector<float> sa(R), sb(R);
     CK(cudaMemcpy(sa.data(), drso, R * 4, cudaMemcpyDeviceToHost));
-    for (int v : {0, 2, 5, 6, 7}) {
+    for (int v : {0, 2, 5, 6, 7, 8, 9, 10, 11}) {
       CK(cudaMemset(dout, 0xFF, R * c.K * 2));
       CK(cudaMemset(drso, 0xFF, R * 4));
       if (v == 0) lab::launch<0>(pv);
       else if (v == 2) lab::launch<2>(pv);
       else if (v == 5) lab::launch<5>(pv);
       else if (v == 6) lab::launch_staged<false>(pv);
+      else if (v == 8) lab::launch_diet<false, false>(pv);
+      else if (v == 9) lab::launch_diet<false, true>(pv);
+      else if (v == 10) lab::launch_diet<true, false>(pv);
+      else if (v == 11) lab::launch_diet<true, true>(pv);
       else lab::launch_staged<true>(pv);
       CK(cudaGetLastError());
       CK(cudaMemcpy(b.data(), dout, b.size() * 2, cudaMemcpyDeviceToHost));
       CK(cudaMemcpy(sb.data(), drso, R * 4, cudaMemcpyDeviceToHost));
-      const char* names[] = {"division", "", "registers", "", "", "64-thread", "staged", "staged fast-division"};
+      const char* names[] = {"division", "", "registers", "", "", "64-thread", "staged", "staged fast-division",
+                             "diet IEEE int", "diet IEEE float", "diet fast int", "diet fast float"};
       std::printf("| %s | %s variant equals production (values, scales) | %s, %s | |\n", c.name, names[v],
                   a == b ? "yes" : "NO", std::memcmp(sa.data(), sb.data(), R * 4) == 0 ? "yes" : "NO");
     }
