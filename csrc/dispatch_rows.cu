@@ -64,6 +64,16 @@ __device__ __forceinline__ float finite_abs_max_value(uint32_t acc) {
   return m ? __uint_as_float((m - 0x80u) << 16) : 0.0f;
 }
 
+// The dynamic scale gs of row t, stored for each output row its copies go to (dst: its scatter
+// row, or nullptr: output row t), by the CTA's kT threads.
+template <int kT = kThreads>
+__device__ __forceinline__ void store_row_scale(const DispatchRowsParams& p, const int32_t* dst, int64_t t, float gs) {
+  for (int64_t j = threadIdx.x; j < p.slots; j += kT) {
+    const int64_t r = dst ? static_cast<int64_t>(__ldg(dst + j)) : t;
+    if (r >= 0 && r < p.R) p.row_scale_out[r] = gs;
+  }
+}
+
 template <Mode kMode, bool kF32>
 __global__ void __launch_bounds__(kThreads, 16) dispatch_rows_kernel(const DispatchRowsParams p) {
   constexpr bool kQuant = kMode != Mode::kCopy;
@@ -90,10 +100,7 @@ __global__ void __launch_bounds__(kThreads, 16) dispatch_rows_kernel(const Dispa
       amax = finite_abs_max_value(acc);
     }
     gs = rows::DynamicGlobalScale(cta_max(amax));
-    for (int64_t j = threadIdx.x; j < p.slots; j += kThreads) {
-      const int64_t r = dst ? static_cast<int64_t>(__ldg(dst + j)) : t;
-      if (r >= 0 && r < p.R) p.row_scale_out[r] = gs;
-    }
+    store_row_scale(p, dst, t, gs);
   }
   // Every lane runs every step (the block's shuffle needs both lanes); lanes past the row store nothing.
   for (int64_t base = 0; base < nc; base += kThreads) {

@@ -79,8 +79,8 @@ __device__ __forceinline__ long long split_head_rows(long long rows, int BT, int
 }
 
 // Inclusive scan of v over the block's 1024 threads: shuffles within each warp, then warp 0 scans
-// the 32 warp totals (s_warp: 32 shared words). Three barriers instead of a Hillis-Steele pass's
-// twenty: the setup kernel sits on the GEMM's critical path.
+// the 32 warp totals (s_warp: 32 shared words). Three barriers (a Hillis-Steele scan over shared
+// memory takes twenty): the setup kernel sits on the GEMM's critical path.
 __device__ __forceinline__ long long block_inclusive_scan(long long v, long long* s_warp, int tid) {
   const int lane = tid % 32, warp = tid / 32;
 #pragma unroll

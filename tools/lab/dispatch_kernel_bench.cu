@@ -160,10 +160,7 @@ __global__ void __launch_bounds__(kThreads) staged_kernel(const DispatchRowsPara
     const float gs = rows::DynamicGlobalScale(jax_nvfp4::cta_max<kThreads>(amax));
     const bool fast = kFast && gs >= 0x1p-100f && gs <= 0x1p100f;
     const float r = __frcp_rn(gs);
-    for (int64_t j = threadIdx.x; j < p.slots; j += kThreads) {
-      const int64_t o = dst ? static_cast<int64_t>(__ldg(dst + j)) : t;
-      if (o >= 0 && o < p.R) p.row_scale_out[o] = gs;
-    }
+    jax_nvfp4::store_row_scale(p, dst, t, gs);
     for (int64_t base = 0; base < nc; base += kThreads) {
       const int64_t c = base + threadIdx.x;
       const bool active = c < nc;
@@ -210,10 +207,7 @@ __global__ void __launch_bounds__(kT, kVariant == 4 ? 1 : 2048 / kT) variant_ker
   }
   const float gs = rows::DynamicGlobalScale(jax_nvfp4::cta_max<kT>(amax));  // the production reduction
   const float rgs = 1.0f / gs;
-  for (int64_t j = threadIdx.x; j < p.slots; j += kT) {
-    const int64_t r = dst ? static_cast<int64_t>(__ldg(dst + j)) : t;
-    if (r >= 0 && r < p.R) p.row_scale_out[r] = gs;
-  }
+  jax_nvfp4::store_row_scale<kT>(p, dst, t, gs);
 #pragma unroll
   for (int s = 0; s < kSteps; ++s) {
     const int64_t c = s * kT + threadIdx.x;
@@ -246,39 +240,25 @@ __global__ void __launch_bounds__(kThreads, 16) diet_kernel(const DispatchRowsPa
   const uint4* x = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.x) + t * p.K);
   uint32_t acc = 0;
 #pragma unroll 4
-  for (int64_t c = threadIdx.x; c < nc; c += kThreads) {
-    const uint4 u = __ldg(x + c);
-    acc = __vmaxs2(acc, (u.x & 0x7FFF7FFFu) + 0x00800080u);
-    acc = __vmaxs2(acc, (u.y & 0x7FFF7FFFu) + 0x00800080u);
-    acc = __vmaxs2(acc, (u.z & 0x7FFF7FFFu) + 0x00800080u);
-    acc = __vmaxs2(acc, (u.w & 0x7FFF7FFFu) + 0x00800080u);
-  }
-  const uint32_t m = max(acc & 0xFFFFu, acc >> 16);  // both halves >= 0 as int16
-  const float amax = m ? __uint_as_float((m - 0x80u) << 16) : 0.0f;
+  for (int64_t c = threadIdx.x; c < nc; c += kThreads) acc = jax_nvfp4::finite_abs_max_pairs(acc, __ldg(x + c));
+  const float amax = jax_nvfp4::finite_abs_max_value(acc);
   const float gs = rows::DynamicGlobalScale(jax_nvfp4::cta_max<kThreads>(amax));
   const float r = __frcp_rn(gs);
   const bool row_fast = kMarkstein && gs >= 0x1p-91f && gs <= 0x1p60f;
   const float lim = gs * 0x1p64f;
-  for (int64_t j = threadIdx.x; j < p.slots; j += kThreads) {
-    const int64_t o = dst ? static_cast<int64_t>(__ldg(dst + j)) : t;
-    if (o >= 0 && o < p.R) p.row_scale_out[o] = gs;
-  }
+  jax_nvfp4::store_row_scale(p, dst, t, gs);
   for (int64_t base = 0; base < nc; base += kThreads) {
     const int64_t c = base + threadIdx.x;
     const bool active = c < nc;
     const uint4 u = active ? __ldg(x + c) : make_uint4(0, 0, 0, 0);
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-    uint32_t bm = 0;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) bm = __vmaxu2(bm, w[j] & 0x7FFF7FFFu);
-    uint32_t own = max(bm & 0xFFFFu, bm >> 16);
+    const uint32_t own = jax_nvfp4::abs_max_bits(u);  // float32 bits
     const uint32_t blk = max(own, __shfl_xor_sync(0xFFFFFFFFu, own, 1));
-    const bool nan = blk > 0x7F80u;
-    const float s = rows::BlockScale(__uint_as_float(blk << 16) / gs, nan, gs);
+    const float s = rows::BlockScale(__uint_as_float(blk) / gs, blk > 0x7F800000u, gs);
     uint4 o;
     if (s > 0.0f) {
       const rows::E2m1Grid grid(s);
-      const bool fast = row_fast && __uint_as_float(own << 16) <= lim;
+      const bool fast = row_fast && __uint_as_float(own) <= lim;
       uint32_t ow[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
