@@ -1,5 +1,7 @@
 // The MoE dispatch kernel ("jax_nvfp4_dispatch_rows", csrc/dispatch_rows.h): one CTA per source
-// row. Thread i takes the row's 8-value chunks i, i + 128, ... (16 contiguous bytes per lane, so a
+// row, of 128 threads, or (quantizing) 256 / 512 when so few rows would leave the GPU's threads idle
+// (decode: 32 token rows of 896 chunks would run 7 serial steps on 32 SMs; DispatchThreads).
+// Thread i takes the row's 8-value chunks i, i + kT, ... (16 contiguous bytes per lane, so a
 // warp's loads and each of its stores cover 512 contiguous bytes in whole 32-byte sectors); the
 // two lanes of a 16-value NVFP4 block share its amax by a shuffle. Each chunk is made once and
 // stored to every output row the scatter map names. A dynamic row scale comes from a first pass
@@ -15,7 +17,6 @@
 namespace jax_nvfp4 {
 namespace {
 
-constexpr int kThreads = 128;
 constexpr int kChunk = 8;  // values per thread and step: 16 bytes of bf16
 
 // The 8 float32 values of x at off (a float32 x).
@@ -30,7 +31,7 @@ __device__ __forceinline__ void load_chunk_f32(const void* x, int64_t off, float
 enum class Mode { kCopy, kGiven, kDynamic };
 
 // The maximum of each thread's v over a CTA of kT threads (v >= 0, no NaN).
-template <int kT = kThreads>
+template <int kT>
 __device__ __forceinline__ float cta_max(float v) {
   __shared__ float warp_max[kT / 32];
 #pragma unroll
@@ -66,7 +67,7 @@ __device__ __forceinline__ float finite_abs_max_value(uint32_t acc) {
 
 // The dynamic scale gs of row t, stored for each output row its copies go to (dst: its scatter
 // row, or nullptr: output row t), by the CTA's kT threads.
-template <int kT = kThreads>
+template <int kT>
 __device__ __forceinline__ void store_row_scale(const DispatchRowsParams& p, const int32_t* dst, int64_t t, float gs) {
   for (int64_t j = threadIdx.x; j < p.slots; j += kT) {
     const int64_t r = dst ? static_cast<int64_t>(__ldg(dst + j)) : t;
@@ -74,8 +75,8 @@ __device__ __forceinline__ void store_row_scale(const DispatchRowsParams& p, con
   }
 }
 
-template <Mode kMode, bool kF32>
-__global__ void __launch_bounds__(kThreads, 16) dispatch_rows_kernel(const DispatchRowsParams p) {
+template <Mode kMode, bool kF32, int kT>
+__global__ void __launch_bounds__(kT, 2048 / kT) dispatch_rows_kernel(const DispatchRowsParams p) {
   constexpr bool kQuant = kMode != Mode::kCopy;
   const int64_t t = blockIdx.x;
   const int64_t nc = p.K / kChunk;  // even: K % 16 == 0
@@ -87,7 +88,7 @@ __global__ void __launch_bounds__(kThreads, 16) dispatch_rows_kernel(const Dispa
     float amax = 0.0f;
     if constexpr (kF32) {
 #pragma unroll 4
-      for (int64_t c = threadIdx.x; c < nc; c += kThreads) {
+      for (int64_t c = threadIdx.x; c < nc; c += kT) {
         float v[kChunk];
         load_chunk_f32(p.x, t * p.K + c * kChunk, v);
 #pragma unroll
@@ -96,14 +97,14 @@ __global__ void __launch_bounds__(kThreads, 16) dispatch_rows_kernel(const Dispa
     } else {
       uint32_t acc = 0;
 #pragma unroll 4
-      for (int64_t c = threadIdx.x; c < nc; c += kThreads) acc = finite_abs_max_pairs(acc, __ldg(xb + c));
+      for (int64_t c = threadIdx.x; c < nc; c += kT) acc = finite_abs_max_pairs(acc, __ldg(xb + c));
       amax = finite_abs_max_value(acc);
     }
-    gs = rows::DynamicGlobalScale(cta_max(amax));
-    store_row_scale(p, dst, t, gs);
+    gs = rows::DynamicGlobalScale(cta_max<kT>(amax));
+    store_row_scale<kT>(p, dst, t, gs);
   }
   // Every lane runs every step (the block's shuffle needs both lanes); lanes past the row store nothing.
-  for (int64_t base = 0; base < nc; base += kThreads) {
+  for (int64_t base = 0; base < nc; base += kT) {
     const int64_t c = base + threadIdx.x;
     const bool active = c < nc;
     uint4 o = make_uint4(0, 0, 0, 0);
@@ -154,6 +155,23 @@ __global__ void __launch_bounds__(kThreads, 16) dispatch_rows_kernel(const Dispa
   }
 }
 
+// The kernel of p's mode with CTAs of kT threads, one per source row.
+template <int kT>
+cudaError_t launch(const DispatchRowsParams& p, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(p.T));
+  if (p.row_scale_out && p.x_f32)
+    dispatch_rows_kernel<Mode::kDynamic, true, kT><<<grid, kT, 0, stream>>>(p);
+  else if (p.row_scale_out)
+    dispatch_rows_kernel<Mode::kDynamic, false, kT><<<grid, kT, 0, stream>>>(p);
+  else if (p.row_scale && p.x_f32)
+    dispatch_rows_kernel<Mode::kGiven, true, kT><<<grid, kT, 0, stream>>>(p);
+  else if (p.row_scale)
+    dispatch_rows_kernel<Mode::kGiven, false, kT><<<grid, kT, 0, stream>>>(p);
+  else
+    dispatch_rows_kernel<Mode::kCopy, false, kT><<<grid, kT, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t LaunchDispatchRows(const DispatchRowsParams& p, cudaStream_t stream) {
@@ -162,18 +180,14 @@ cudaError_t LaunchDispatchRows(const DispatchRowsParams& p, cudaStream_t stream)
   if ((reinterpret_cast<uintptr_t>(p.x) | reinterpret_cast<uintptr_t>(p.out)) & 15) return cudaErrorMisalignedAddress;
   if (p.T == 0 || p.K == 0 || p.R == 0) return cudaSuccess;
   if (p.T > 0x7FFFFFFF) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(p.T));
-  if (p.row_scale_out && p.x_f32)
-    dispatch_rows_kernel<Mode::kDynamic, true><<<grid, kThreads, 0, stream>>>(p);
-  else if (p.row_scale_out)
-    dispatch_rows_kernel<Mode::kDynamic, false><<<grid, kThreads, 0, stream>>>(p);
-  else if (p.row_scale && p.x_f32)
-    dispatch_rows_kernel<Mode::kGiven, true><<<grid, kThreads, 0, stream>>>(p);
-  else if (p.row_scale)
-    dispatch_rows_kernel<Mode::kGiven, false><<<grid, kThreads, 0, stream>>>(p);
-  else
-    dispatch_rows_kernel<Mode::kCopy, false><<<grid, kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  int device = 0, sms = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e != cudaSuccess) return e;
+  const int threads = DispatchThreads(p.T, sms, p.row_scale != nullptr || p.row_scale_out != nullptr);
+  if (threads == 512) return launch<512>(p, stream);
+  if (threads == 256) return launch<256>(p, stream);
+  return launch<128>(p, stream);
 }
 
 }  // namespace jax_nvfp4

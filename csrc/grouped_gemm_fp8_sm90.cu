@@ -488,9 +488,7 @@ cudaError_t LaunchGroupedGemmFp8(const GroupedGemmParams& p, const KernelConfig&
   fp.NT = static_cast<int>((p.N + kRowsW - 1) / kRowsW);
   fp.KT = static_cast<int>(p.K / kBK);
 
-  e = launch_config(p, c, fp, stream, std::make_integer_sequence<int, kNumKernelConfigs>{});
-  if (e != cudaSuccess) return e;
-  return launch_zero_tail(p, ws, /*pdl=*/true, stream);
+  return launch_config(p, c, fp, stream, std::make_integer_sequence<int, kNumKernelConfigs>{});
 }
 
 }  // namespace jax_nvfp4

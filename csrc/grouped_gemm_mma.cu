@@ -31,8 +31,8 @@
 // Schedule (no host sync): a setup kernel turns the device group sizes into clamped row offsets
 // and per-group token-tile prefix sums in the workspace; the GEMM grid is
 // (ceil(N/128), min(ceil(M/BT) + G, 65535)) and each CTA maps its tile index to (group, tile)
-// with a block-wide count over the prefix sums, looping by gridDim.y; a tail kernel zeroes the
-// rows past the last group.
+// with a block-wide count over the prefix sums, looping by gridDim.y; the setup kernel's other
+// blocks zero the rows past the last group.
 //
 // Configurations: the KernelFamily::kMma and kMmaWs entries of kKernelConfigs
 // (csrc/gemm_contract.h); the launcher instantiates each of them for each activation type and
@@ -654,10 +654,7 @@ cudaError_t LaunchGroupedGemmMma(const GroupedGemmParams& p, const KernelConfig&
   kp.scales_vec = ((p.K / 16) % 4 == 0) && ((sp & 3) == 0);
 
   // programmatic dependent launch only where the kernels wait for it (their sm_90 image)
-  e = launch_config(p, c, kp, sm90_image, stream, std::make_integer_sequence<int, kNumKernelConfigs>{});
-  if (e != cudaSuccess) return e;
-
-  return launch_zero_tail(p, ws, sm90_image, stream);
+  return launch_config(p, c, kp, sm90_image, stream, std::make_integer_sequence<int, kNumKernelConfigs>{});
 }
 
 }  // namespace jax_nvfp4

@@ -1,15 +1,16 @@
-// Group schedule shared by the grouped-GEMM kernels (csrc/grouped_gemm_mma.cu and
-// csrc/grouped_gemm_wgmma_sm90.cu): the workspace layout, the setup kernel that turns the
-// device-side group sizes into clamped row bounds and token-tile prefix sums, and the kernel that
-// zeroes the output rows past the last group. Included by both .cu files (internal linkage).
+// Group schedule shared by the grouped-GEMM kernels (csrc/grouped_gemm_mma.cu,
+// csrc/grouped_gemm_wgmma_sm90.cu, csrc/grouped_gemm_fp8_sm90.cu): the workspace layout and the
+// setup kernel that turns the device-side group sizes into clamped row bounds and token-tile prefix
+// sums, and whose other blocks zero the output rows past the last group (the GEMM kernels never
+// write them), so a GEMM is two launches. Included by the .cu files (internal linkage).
 //
 // Programmatic dependent launch (sm_90): the setup kernel lets the mma GEMM kernel launch while it
-// runs and the zero-tail kernel launch while the GEMM kernel drains; each dependent waits
-// (griddepcontrol.wait) for its predecessor's completion and memory before touching the workspace
-// or the output, so only the launch latencies overlap (-1.5% at L1 192 rows on the H200, noise from
-// 1536 rows). griddepcontrol.wait is a no-op in a kernel launched without the attribute (the wgmma
-// kernel is, and waits for the setup kernel as usual). Images for older architectures have no
-// griddepcontrol, so their launches must not use the attribute (launch_maybe_pdl's pdl = false).
+// runs; the dependent waits (griddepcontrol.wait) for its predecessor's completion and memory
+// before touching the workspace or the output, so only the launch latencies overlap (-1.5% at L1
+// 192 rows on the H200, noise from 1536 rows). griddepcontrol.wait is a no-op in a kernel launched
+// without the attribute (the wgmma kernels are, and wait for the setup kernel as usual). Images for
+// older architectures have no griddepcontrol, so their launches must not use the attribute
+// (launch_maybe_pdl's pdl = false).
 #pragma once
 
 #include <cstdint>
@@ -127,12 +128,61 @@ __device__ __forceinline__ void write_tile_prefix(long long* s_warp, int tid, in
   }
 }
 
-// Tiles of BT rows; with BTB > 0 also the split schedule at ws_split_off(G): each group's last
-// partial tile of at most BTB rows there, in tiles of BTB rows (split_head_rows).
+// The output rows past the last group, [min(sum of sizes, M), M) of an [M, row_bytes / esize]
+// output (the element size esize: 2 or 4 bytes), set to +0 by blocks 1.. of the setup grid, each
+// summing the group sizes itself (G words) rather than waiting for block 0.
+struct TailZero {
+  void* out;
+  int64_t row_bytes;
+  int esize;
+};
+
+__device__ __forceinline__ void store_zero(char* p, int esize) {
+  if (esize == 4)
+    *reinterpret_cast<uint32_t*>(p) = 0u;
+  else
+    *reinterpret_cast<uint16_t*>(p) = 0;
+}
+
+__device__ __forceinline__ void zero_tail_rows(const int32_t* __restrict__ gs, int64_t G, int64_t M,
+                                               const TailZero& z, long long* s_warp) {
+  const int tid = threadIdx.x;
+  long long local = 0;
+  for (int64_t i = tid; i < G; i += 1024) local += max(gs[i], 0);
+  const long long rows = block_inclusive_scan(local, s_warp, tid);  // thread 1023: the total
+  __shared__ long long s_total;
+  if (tid == 1023) s_total = rows < M ? rows : M;
+  __syncthreads();
+  // 16-byte stores over the 16-byte aligned middle, element stores at the edges (rows of any width)
+  char* const base = static_cast<char*>(z.out);
+  const int64_t b0 = s_total * z.row_bytes, b1 = M * z.row_bytes;
+  const int64_t mis = static_cast<int64_t>(reinterpret_cast<uintptr_t>(base) & 15);
+  const int64_t v0 = (b0 + mis + 15) / 16 * 16 - mis, v1 = (b1 + mis) / 16 * 16 - mis;
+  const int64_t stride = static_cast<int64_t>(gridDim.x - 1) * 1024;
+  const int64_t first = static_cast<int64_t>(blockIdx.x - 1) * 1024 + tid;
+  if (v0 < v1) {
+    uint4* const vec = reinterpret_cast<uint4*>(base + v0);
+    for (int64_t i = first; i < (v1 - v0) / 16; i += stride) vec[i] = make_uint4(0, 0, 0, 0);
+    if (first == 0)
+      for (int64_t b = b0; b < v0; b += z.esize) store_zero(base + b, z.esize);
+    if (first == 1)
+      for (int64_t b = v1; b < b1; b += z.esize) store_zero(base + b, z.esize);
+  } else {
+    for (int64_t b = b0 + first * z.esize; b < b1; b += stride * z.esize) store_zero(base + b, z.esize);
+  }
+}
+
+// Block 0: tiles of BT rows; with BTB > 0 also the split schedule at ws_split_off(G): each group's
+// last partial tile of at most BTB rows there, in tiles of BTB rows (split_head_rows). Blocks 1..:
+// the output rows past the last group (zero_tail_rows).
 __global__ void __launch_bounds__(1024) setup_kernel(const int32_t* __restrict__ gs, int64_t G, int64_t M, int BT,
-                                                     int BTB, int* __restrict__ ws) {
+                                                     int BTB, int* __restrict__ ws, TailZero tail) {
   pdl_launch_dependents();  // the GEMM kernel may get resident now; it waits for our writes
   __shared__ long long s_warp[32];
+  if (blockIdx.x > 0) {
+    zero_tail_rows(gs, G, M, tail, s_warp);
+    return;
+  }
   const int tid = threadIdx.x;
   const int64_t per = (G + 1023) / 1024;
   const int64_t b = tid * per;
@@ -166,19 +216,6 @@ __global__ void __launch_bounds__(1024) setup_kernel(const int32_t* __restrict__
   }
 }
 
-// Zero rows [total_rows, M) of the output.
-template <typename T>
-__global__ void __launch_bounds__(256) zero_tail_kernel(T* __restrict__ out, const int* __restrict__ ws, int64_t M,
-                                                        int64_t N) {
-  pdl_wait();  // the GEMM kernel's output writes and the setup's workspace are complete
-  const int64_t total = ws[kWsTotalRows];
-  const int64_t begin = total * N;
-  const int64_t end = M * N;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = begin + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < end; i += stride)
-    out[i] = T(0.0f);
-}
-
 // ---------------------------------------------------------------------------------------------
 
 // The fields both kernels' parameter blocks (mma KParams, wgmma WParams) copy from the launch params.
@@ -200,24 +237,18 @@ inline void fill_common_params(KernelParams& k, const GroupedGemmParams& p, cons
 }
 
 // Enqueues the setup kernel for token tiles of BT rows (before the GEMM kernel); with BTB > 0 the
-// split schedule too (setup_kernel).
+// split schedule too (setup_kernel). Its blocks past the first zero the output rows past the last
+// group: one per 64 KiB of output, at most 256 (they exit at once when the groups fill the output).
 inline cudaError_t launch_setup(const GroupedGemmParams& p, int BT, int* ws, cudaStream_t stream, int BTB = 0) {
-  setup_kernel<<<1, 1024, 0, stream>>>(p.group_sizes, p.G, p.M, BT, BTB, ws);
+  TailZero tail;
+  tail.out = p.out;
+  tail.esize = p.out_f32 ? 4 : 2;
+  tail.row_bytes = OutputColumns(p) * tail.esize;
+  const int64_t bytes = p.M * tail.row_bytes;
+  const int64_t zero_blocks = (bytes + 65535) / 65536;
+  const unsigned grid = 1u + static_cast<unsigned>(zero_blocks < 256 ? zero_blocks : 256);
+  setup_kernel<<<grid, 1024, 0, stream>>>(p.group_sizes, p.G, p.M, BT, BTB, ws, tail);
   return cudaGetLastError();
-}
-
-// Enqueues the zeroing of the output rows past the last group (after the GEMM kernel, which
-// leaves them alone); the count comes from the workspace, so there is no host sync.
-inline cudaError_t launch_zero_tail(const GroupedGemmParams& p, const int* ws, bool pdl, cudaStream_t stream) {
-  const int64_t cols = OutputColumns(p);
-  const int64_t elems = p.M * cols;
-  const int64_t blocks64 = (elems + 256 * 8 - 1) / (256 * 8);
-  const unsigned blocks = static_cast<unsigned>(blocks64 < 1024 ? blocks64 : 1024);
-  if (p.out_f32)
-    return launch_maybe_pdl(pdl, zero_tail_kernel<float>, dim3(blocks), dim3(256), 0, stream, static_cast<float*>(p.out),
-                            static_cast<const int*>(ws), p.M, cols);
-  return launch_maybe_pdl(pdl, zero_tail_kernel<__nv_bfloat16>, dim3(blocks), dim3(256), 0, stream,
-                          static_cast<__nv_bfloat16*>(p.out), static_cast<const int*>(ws), p.M, cols);
 }
 
 }  // namespace

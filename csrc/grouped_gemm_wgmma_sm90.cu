@@ -51,7 +51,7 @@
 // share its weight tiles and activations in L2 (see find_tile for why the orders differ). The grid
 // is one CTA per SM; CTA b takes tiles b, b + grid, ... Each warp finds g by a forward scan from its last g
 // (32 prefix entries per step, ballot), so the lookup is one or two L2 loads per tile.
-// A tail kernel zeroes rows past the last group. The 256-token configuration runs each group's last
+// The setup kernel's other blocks zero the rows past the last group. The 256-token configuration runs each group's last
 // tile of at most 128 rows on the 128-token kernel instead, from a second schedule in the
 // workspace (LaunchGroupedGemmWgmma).
 //
@@ -102,7 +102,7 @@ constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales
 // ~40% of the energy, so pairing pays there (-6%); the 128-token tile is not power-capped at its
 // sizes, and pairing costs it 4-5%.
 
-// Workspace layout, setup and tail kernels: csrc/grouped_gemm_schedule.cuh.
+// Workspace layout and the setup kernel (which also zeroes the tail rows): csrc/grouped_gemm_schedule.cuh.
 
 // The configuration that runs the 256-token configuration's short last tiles (LaunchGroupedGemmWgmma).
 constexpr KernelConfig kSplitTile = {KernelFamily::kWgmma, 128, 8, 1};
@@ -714,8 +714,7 @@ cudaError_t LaunchGroupedGemmWgmma(const GroupedGemmParams& p, const KernelConfi
     e = launch_config(p, kSplitTile, tail, stream, std::make_integer_sequence<int, kNumKernelConfigs>{});
     if (e != cudaSuccess) return e;
   }
-
-  return launch_zero_tail(p, ws, /*pdl=*/true, stream);
+  return cudaSuccess;
 }
 
 }  // namespace jax_nvfp4

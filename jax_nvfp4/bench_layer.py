@@ -431,6 +431,7 @@ def _plot(results, ep, path):
     ax.set_xticks(pos, labels, fontsize=8)
     ax.set_ylabel("median ms")
     ax.set_yscale("log")
+    ax.set_ylim(bottom=0.5 * min(g1.min(), g2.min()))   # log axes: else the lowest bar can vanish
     ax.set_title("MoE layer per GPU (label: overhead share)")
     ax.legend(fontsize=8)
     if ep:

@@ -233,6 +233,25 @@ def test_dynamic_scales_match_the_oracle(rng, device, dtype):
     np.testing.assert_array_equal(np.asarray(ref[1]), np.asarray(s))
 
 
+@pytest.mark.parametrize("per_sm, extra", [(4, 0), (8, 0), (8, 1)], ids=["512", "256", "128"])
+def test_every_cta_width(rng, device, per_sm, extra):
+    """The quantizing CUDA kernel runs 512-, 256- or 128-thread CTAs by the row count
+    (DispatchThreads: the widest whose T CTAs fit 2048 threads per SM): T = 4, 8 and 8 SMs + 1 take
+    each width once, with rows of 130 chunks (partial steps at every width); values and scales
+    equal the oracle through a two-slot scatter map, and the copy (128 threads) equals the gather."""
+    sms = getattr(device, "core_count", None) or 132
+    t, k, slots = per_sm * sms + extra, 1040, 2
+    x = bf16_rows(rng, t, k)
+    want_s = oracle_scales(np.asarray(x, np.float32))
+    gather, scatter = routing(rng, t, slots, 7)
+    g = np.asarray(gather)
+    rows, s = jax.jit(lambda x, g, sc: dispatch_rows_dynamic(x, g, sc, backend="ffi"))(x, gather, scatter)
+    np.testing.assert_array_equal(np.asarray(s), want_s[g])
+    bits_equal(rows, oracle_values(np.asarray(x, np.float32), want_s)[g])
+    copy = jax.jit(lambda x, g, sc: dispatch_rows(x, g, sc, backend="ffi"))(x, gather, scatter)
+    bits_equal(copy, np.asarray(x, np.float32)[g])
+
+
 def test_dynamic_scales_of_every_bf16_pattern(device):
     """All 65536 bf16 patterns as rows of 256 (the amax over finite values, NaN and Inf skipped;
     subnormal rows clamped to 2^-126), and random wide-range float32 rows whose quotients by

@@ -12,8 +12,11 @@
 //   diet     the bit-pattern maxima and the float count (production since it was measured here),
 //            with the int count or the fast exact division (RN(1/gs) and two FMA corrections)
 //
+// With --decode: the two calls at 32 tokens (T 32 x 6 copies, T 192), the production kernel (its
+// CTA width chosen by DispatchThreads) against diet float, the same arithmetic in 128-thread CTAs.
+//
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I. -o /tmp/dkb tools/lab/dispatch_kernel_bench.cu
-//   /tmp/dkb
+//   /tmp/dkb [--decode]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -160,7 +163,7 @@ __global__ void __launch_bounds__(kThreads) staged_kernel(const DispatchRowsPara
     const float gs = rows::DynamicGlobalScale(jax_nvfp4::cta_max<kThreads>(amax));
     const bool fast = kFast && gs >= 0x1p-100f && gs <= 0x1p100f;
     const float r = __frcp_rn(gs);
-    jax_nvfp4::store_row_scale(p, dst, t, gs);
+    jax_nvfp4::store_row_scale<kThreads>(p, dst, t, gs);
     for (int64_t base = 0; base < nc; base += kThreads) {
       const int64_t c = base + threadIdx.x;
       const bool active = c < nc;
@@ -246,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, 16) diet_kernel(const DispatchRowsPa
   const float r = __frcp_rn(gs);
   const bool row_fast = kMarkstein && gs >= 0x1p-91f && gs <= 0x1p60f;
   const float lim = gs * 0x1p64f;
-  jax_nvfp4::store_row_scale(p, dst, t, gs);
+  jax_nvfp4::store_row_scale<kThreads>(p, dst, t, gs);
   for (int64_t base = 0; base < nc; base += kThreads) {
     const int64_t c = base + threadIdx.x;
     const bool active = c < nc;
@@ -359,11 +362,15 @@ void check_division() {
   CK(cudaFree(dbad));
 }
 
-int main() {
-  check_division();
-  const Case cases[] = {{"gate/up input T4096 K7168 x6", 4096, 7168, 6}, {"down input T24576 K3072", 24576, 3072, 1}};
+int main(int argc, char** argv) {
+  const bool decode = argc > 1 && std::strcmp(argv[1], "--decode") == 0;
+  if (!decode) check_division();
+  const Case prefill[] = {{"gate/up input T4096 K7168 x6", 4096, 7168, 6}, {"down input T24576 K3072", 24576, 3072, 1}};
+  const Case small[] = {{"gate/up input T32 K7168 x6", 32, 7168, 6}, {"down input T192 K3072", 192, 3072, 1}};
+  const Case* const cases = decode ? small : prefill;
   std::printf("| case | kernel | us | GB/s (read x once + write) |\n|---|---|---|---|\n");
-  for (const Case& c : cases) {
+  for (int ci = 0; ci < 2; ++ci) {
+    const Case& c = cases[ci];
     const int64_t R = c.T * c.slots;
     std::vector<uint16_t> hx(c.T * c.K);
     std::mt19937 rng(1);
@@ -432,6 +439,24 @@ int main() {
     time("copy (production)", prod(false, false));
     time("given scale (production)", prod(true, false));
     time("dynamic scale (production)", prod(false, true));
+    time("lab: diet (bit amax, IEEE division, float count)", [&] { lab::launch_diet<false, true>(pv); });
+    if (decode) {
+      std::vector<uint16_t> a(R * c.K), b(R * c.K);
+      std::vector<float> sa(R), sb(R);
+      CK(jax_nvfp4::LaunchDispatchRows(pv, 0));
+      CK(cudaMemcpy(a.data(), dout, a.size() * 2, cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(sa.data(), drso, R * 4, cudaMemcpyDeviceToHost));
+      CK(cudaMemset(dout, 0xFF, R * c.K * 2));
+      CK(cudaMemset(drso, 0xFF, R * 4));
+      lab::launch_diet<false, true>(pv);
+      CK(cudaGetLastError());
+      CK(cudaMemcpy(b.data(), dout, b.size() * 2, cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(sb.data(), drso, R * 4, cudaMemcpyDeviceToHost));
+      std::printf("| %s | 128-thread diet equals production (values, scales) | %s, %s | |\n", c.name,
+                  a == b ? "yes" : "NO", std::memcmp(sa.data(), sb.data(), R * 4) == 0 ? "yes" : "NO");
+      for (void* q : {dx, dout, dsc, drs, drso}) CK(cudaFree(q));
+      continue;
+    }
     time("lab: dynamic, rounding by division", [&] { lab::launch<0>(pv); });
     time("lab: dynamic, x * (1/gs)", [&] { lab::launch<1>(pv); });
     time("lab: dynamic, row in registers", [&] { lab::launch<2>(pv); });
@@ -441,7 +466,6 @@ int main() {
     time("lab: staged (cp.async one row ahead)", [&] { lab::launch_staged<false>(pv); });
     time("lab: staged, fast exact division", [&] { lab::launch_staged<true>(pv); });
     time("lab: diet (bit amax, IEEE division, int count)", [&] { lab::launch_diet<false, false>(pv); });
-    time("lab: diet (bit amax, IEEE division, float count)", [&] { lab::launch_diet<false, true>(pv); });
     time("lab: diet (bit amax, fast exact division, int count)", [&] { lab::launch_diet<true, false>(pv); });
     time("lab: diet (bit amax, fast exact division, float count)", [&] { lab::launch_diet<true, true>(pv); });
     // the register and division variants must make the production bytes
