@@ -155,6 +155,19 @@ def _resolve_backend(backend: str) -> str:
     return "reference"
 
 
+def _mma_requested(lhs, rhs, kernel) -> bool:
+    """Whether kernel 'mma' is requested (argument or JAX_NVFP4_KERNEL). Under it W4A4 stays
+    native (packed e2m1 activations), which no kernel reads with sm90 weights: that pairing is a
+    ValueError on every platform, so a program fails the same way on CPU and GPU."""
+    req = kernel_config.requested_family(kernel)
+    mma = (req.family if isinstance(req, KernelConfig) else req) == "mma"
+    if mma and rhs.layout != "checkpoint" and isinstance(lhs, NVFP4Tensor):
+        raise ValueError(f"rhs.layout: {rhs.layout!r} weights with an NVFP4 lhs need the bf16 "
+                         "activation path, but kernel 'mma' keeps W4A4 native; choose another "
+                         "kernel or use jax_nvfp4.prepare_weights(rhs, 'checkpoint')")
+    return mma
+
+
 @autodiff.differentiable_lhs
 def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp.bfloat16,
                  backend: str = "auto", rows_hint: int | None = None,
@@ -237,14 +250,7 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         rhs_gs = jnp.broadcast_to(rhs.global_scale.astype(jnp.float32), (g,))
         return _fp8_ffi(lhs, rhs, group_sizes, rhs_gs, jnp.dtype(out_dtype), kernel, m, n, k, g,
                         int(rows_hint))
-    req = kernel_config.requested_family(kernel)
-    mma = (req.family if isinstance(req, KernelConfig) else req) == "mma"
-    if mma and rhs.layout != "checkpoint" and isinstance(lhs, NVFP4Tensor):
-        # Under mma W4A4 stays native (packed e2m1 activations), which no kernel reads with sm90
-        # weights. Raised on every platform, so a program fails the same way on CPU and GPU.
-        raise ValueError(f"rhs.layout: {rhs.layout!r} weights with an NVFP4 lhs need the bf16 "
-                         "activation path, but kernel 'mma' keeps W4A4 native; choose another "
-                         "kernel or use jax_nvfp4.prepare_weights(rhs, 'checkpoint')")
+    mma = _mma_requested(lhs, rhs, kernel)
     code = RHS_LAYOUT_CODES[rhs.layout]
     shape = dict(rows_hint=int(rows_hint), rhs_layout=rhs.layout)
     out_dtype = jnp.dtype(out_dtype)
@@ -345,12 +351,7 @@ def grouped_gemm_swiglu(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, row_sc
         lhs, rhs, group_sizes, out_dtype, row_scale, limit, float_lhs_dtypes=(jnp.bfloat16,))
     group_sizes = reference.check_group_sizes(group_sizes, g)
     rows_hint = min(int(rows_hint), m)
-    req = kernel_config.requested_family(kernel)
-    mma = (req.family if isinstance(req, KernelConfig) else req) == "mma"
-    if mma and rhs.layout != "checkpoint" and isinstance(lhs, NVFP4Tensor):
-        raise ValueError(f"rhs.layout: {rhs.layout!r} weights with an NVFP4 lhs need the bf16 "
-                         "activation path, but kernel 'mma' keeps W4A4 native; choose another "
-                         "kernel or use jax_nvfp4.prepare_weights(rhs, 'checkpoint')")
+    mma = _mma_requested(lhs, rhs, kernel)
     out_dtype = jnp.dtype(out_dtype)
     if m == 0:
         return jnp.zeros((0, n // 2), out_dtype)

@@ -448,6 +448,9 @@ class TestBadInput:
         with pytest.raises(ValueError, match=r"rhs.layout: 'sm90' weights with an NVFP4 lhs .*"
                                              r"kernel 'mma' keeps W4A4 native"):
             jn.grouped_gemm(a4, prepared, gs, backend="ffi", **kw)
+        with pytest.raises(ValueError, match=r"rhs.layout: 'sm90' weights with an NVFP4 lhs .*"
+                                             r"kernel 'mma' keeps W4A4 native"):
+            jn.grouped_gemm_swiglu(a4, prepared, gs, backend="ffi", **kw)
         # a bf16 lhs, the reference, and checkpoint weights still run
         out = jn.grouped_gemm(lhs, prepared, gs, out_dtype=jnp.float32, backend="ffi")
         assert rel_err(out, ref) <= 1e-5
