@@ -2,6 +2,10 @@
 # One GPU validation pass in a single device call (~9 minutes on an H200 with 16 cores):
 #   1. deps:      the carried wheels (.cutlass_wheel/ for the CUTLASS headers, .whl/ for pytest-xdist,
 #                 execnet, hypothesis), no package index;
+#   install:      (only when STEPS names it) instead of builds, the wheel that
+#                 tools/gpu/build_device_wheel.sh made on the development machine (carry
+#                 build/gpu/main/whl and build/gpu/main/gemm_selftest): STEPS="deps install tests"
+#                 skips the ~150 s build;
 #   2. builds:    two wheels at once, each in its own build folder: the full build with the kernel
 #                 self-test (JAX_NVFP4_BUILD_TOOLS=ON; sm_80 + sm_90a machine code, compute_80 PTX)
 #                 installed into the Python environment, and the portable build
@@ -43,7 +47,15 @@ step() { local name=$1 lim=$2; shift 2; local t0=$SECONDS left=$((deadline - SEC
   echo "== $name"; tail -n 4 "$out/$name.log"; }
 nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee "$out/gpu.txt"
 
-step deps 120 python3 -m pip install -q --no-index --no-deps .cutlass_wheel/nvidia_cutlass-*.whl .whl/*.whl
+deps() {  # the CUTLASS headers only for a build on the device
+  local w=(.whl/*.whl); compgen -G ".cutlass_wheel/nvidia_cutlass-*.whl" >/dev/null && w+=(.cutlass_wheel/nvidia_cutlass-*.whl)
+  python3 -m pip install -q --no-index --no-deps "${w[@]}"
+}
+export -f deps
+step deps 120 bash -c deps
+
+[[ " ${STEPS:-} " == *" install "* ]] &&   # only when named: the default run builds on the device
+  step install 60 python3 -m pip install -q --no-index --no-deps --force-reinstall build/gpu/main/whl/jax_nvfp4-*.whl
 
 builds() {  # both wheels at once, half the cores each
   local jobs=$(( ($(nproc) + 1) / 2 )); rm -rf "$main/whl" "$port/whl" "$port_site"
