@@ -59,11 +59,10 @@ inline cudaError_t launch_maybe_pdl(bool pdl, void (*kernel)(KArgs...), dim3 gri
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
-// Workspace (int32 words): one schedule is [0] rows inside the groups, [1] total token tiles,
+// Workspace (int32 words): one schedule is [1] total token tiles ([0] unused),
 // [64, 64 + G] tile prefix sums, then [G] clamped group starts, then [G] clamped group ends. A split
 // schedule (setup_kernel with BTB > 0) writes a second one at ws_split_off(G) for the rows of each
 // group the first leaves to a kernel of BTB-row tiles (GroupedGemmWorkspaceBytes holds both).
-constexpr int kWsTotalRows = 0;
 constexpr int kWsTotalTiles = 1;
 constexpr int kWsPrefix = 64;
 __host__ __device__ constexpr int64_t ws_start_off(int64_t G) { return kWsPrefix + G + 1; }
@@ -80,7 +79,8 @@ __device__ __forceinline__ long long split_head_rows(long long rows, int BT, int
 }
 
 // Inclusive scan of v over the block's 1024 threads: shuffles within each warp, then warp 0 scans
-// the 32 warp totals (s_warp: 32 shared words). Three barriers (a Hillis-Steele scan over shared
+// the 32 warp totals (s_warp: 32 shared words, left holding their inclusive scan, so s_warp[31]
+// is the block's total). Three barriers (a Hillis-Steele scan over shared
 // memory takes twenty): the setup kernel sits on the GEMM's critical path.
 __device__ __forceinline__ long long block_inclusive_scan(long long v, long long* s_warp, int tid) {
   const int lane = tid % 32, warp = tid / 32;
@@ -149,13 +149,11 @@ __device__ __forceinline__ void zero_tail_rows(const int32_t* __restrict__ gs, i
   const int tid = threadIdx.x;
   long long local = 0;
   for (int64_t i = tid; i < G; i += 1024) local += max(gs[i], 0);
-  const long long rows = block_inclusive_scan(local, s_warp, tid);  // thread 1023: the total
-  __shared__ long long s_total;
-  if (tid == 1023) s_total = rows < M ? rows : M;
-  __syncthreads();
+  block_inclusive_scan(local, s_warp, tid);
+  const long long total = s_warp[31] < M ? s_warp[31] : M;  // the scan leaves the block total there
   // 16-byte stores over the 16-byte aligned middle, element stores at the edges (rows of any width)
   char* const base = static_cast<char*>(z.out);
-  const int64_t b0 = s_total * z.row_bytes, b1 = M * z.row_bytes;
+  const int64_t b0 = total * z.row_bytes, b1 = M * z.row_bytes;
   const int64_t mis = static_cast<int64_t>(reinterpret_cast<uintptr_t>(base) & 15);
   const int64_t v0 = (b0 + mis + 15) / 16 * 16 - mis, v1 = (b1 + mis) / 16 * 16 - mis;
   const int64_t stride = static_cast<int64_t>(gridDim.x - 1) * 1024;
@@ -192,7 +190,6 @@ __global__ void __launch_bounds__(1024) setup_kernel(const int32_t* __restrict__
   for (int64_t i = b; i < e; ++i) local += max(gs[i], 0);
   const long long incl = block_inclusive_scan(local, s_warp, tid);
   long long pre = incl - local;
-  const long long total_rows_unclamped = incl;  // the total in thread 1023, the only reader
 
   int* split = ws + ws_split_off(G);
   for (int64_t i = b; i < e; ++i) {
@@ -209,11 +206,6 @@ __global__ void __launch_bounds__(1024) setup_kernel(const int32_t* __restrict__
   }
   write_tile_prefix(s_warp, tid, b, e, G, BT, ws);
   if (BTB > 0) write_tile_prefix(s_warp, tid, b, e, G, BTB, split);
-  if (tid == 1023) {
-    const int rows = static_cast<int>(total_rows_unclamped < M ? total_rows_unclamped : M);
-    ws[kWsTotalRows] = rows;
-    if (BTB > 0) split[kWsTotalRows] = rows;
-  }
 }
 
 // ---------------------------------------------------------------------------------------------
