@@ -321,6 +321,10 @@ COUNTING_SORT_MAX_GROUPS = 64
 (on the H200 with 49 groups: 0.050 against 0.087 ms at 24576 rows, 0.045 against 0.069 at 6144,
 slower at 1536; ``tools/lab/dispatch_sort_bench.py``)."""
 
+RANK_SORT_MAX_ROWS = 2048
+"""Up to this many rows :func:`sort_rows` ranks by comparing every pair of rows (``R^2``
+compares in two reductions, no sort kernel; ``tools/lab/dispatch_sort_bench.py``)."""
+
 
 def sort_rows(key: jax.Array, groups: int):
     """The dispatch: the stable order of rows by group.
@@ -332,10 +336,21 @@ def sort_rows(key: jax.Array, groups: int):
     Returns:
       ``(order, inv, sizes)``, int32 ``[R]``, ``[R]``, ``[groups]``: ``key[order]`` is sorted with
       ties in row order, ``inv`` the inverse permutation (``order[inv] == arange(R)``), ``sizes``
-      the rows per group. Large R with few groups is a counting sort (one-hot prefix sums), else a
-      stable sort; both give the same arrays.
+      the rows per group. Small R ranks by pairwise comparison, large R with few groups is a
+      counting sort (one-hot prefix sums), else a stable sort; all give the same arrays.
     """
     r = key.shape[0]
+    if r <= RANK_SORT_MAX_ROWS:
+        # A row's sorted position: the rows with a smaller key, and those before it with its key.
+        i = jnp.arange(r, dtype=jnp.int32)
+        before = (key[None, :] < key[:, None]) | ((key[None, :] == key[:, None])
+                                                  & (i[None, :] < i[:, None]))
+        inv = jnp.sum(before, axis=1, dtype=jnp.int32)
+        order = jnp.sum(jnp.where(inv[None, :] == i[:, None], i[None, :], 0), axis=1,
+                        dtype=jnp.int32)
+        sizes = jnp.sum(key[:, None] == jnp.arange(groups, dtype=key.dtype)[None, :], axis=0,
+                        dtype=jnp.int32)
+        return order, inv, sizes
     if r >= COUNTING_SORT_MIN_ROWS and groups <= COUNTING_SORT_MAX_GROUPS:
         onehot = (key[:, None] == jnp.arange(groups, dtype=key.dtype)[None, :]).astype(jnp.int32)
         sizes = jnp.sum(onehot, axis=0)

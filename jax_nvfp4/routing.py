@@ -49,6 +49,36 @@ def router_scores(x: jax.Array, router_weight: jax.Array, scoring_func: str) -> 
     raise ValueError(f"scoring_func: unknown {scoring_func!r}")
 
 
+RANK_TOP_K_MAX_COMPARES = 1 << 22
+"""Up to this many compares (``T * E * E``) :func:`top_k_ids` ranks every pair of experts
+instead of running ``lax.top_k`` (a sort kernel on the GPU): the decode-sized router."""
+
+
+def _total_order_key(x: jax.Array) -> jax.Array:
+    """int32 keys in the float32 total order of ``lax.top_k``: -NaN < -inf < ... < -0.0 < +0.0 <
+    ... < +inf < +NaN."""
+    b = jax.lax.bitcast_convert_type(x, jnp.int32)
+    return jnp.where(b < 0, b ^ jnp.int32(0x7FFFFFFF), b)
+
+
+def top_k_ids(choice: jax.Array, k: int) -> jax.Array:
+    """int32 ``[T, k]``: the indices of the k largest of each row of float32 ``[T, E]``, largest
+    first, ties to the lower index (``lax.top_k``'s order). Small ``T x E x E`` ranks each expert
+    by comparing it with every other one (two reductions, no sort); larger ones run
+    ``lax.top_k``."""
+    t, e = choice.shape
+    if t * e * e > RANK_TOP_K_MAX_COMPARES:
+        return jax.lax.top_k(choice, k)[1].astype(jnp.int32)
+    key = _total_order_key(choice.astype(jnp.float32))
+    j = jnp.arange(e, dtype=jnp.int32)
+    a, b = key[:, None, :], key[:, :, None]        # [T, 1, E] others, [T, E, 1] the ranked one
+    beats = (a > b) | ((a == b) & (j[None, None, :] < j[None, :, None]))
+    rank = jnp.sum(beats, axis=2, dtype=jnp.int32)                         # [T, E], distinct
+    slot = jnp.arange(k, dtype=jnp.int32)
+    return jnp.sum(jnp.where(rank[:, None, :] == slot[None, :, None], j[None, None, :], 0),
+                   axis=2, dtype=jnp.int32)
+
+
 def _grouped_mask(choice: jax.Array, n_group: int, topk_group: int) -> jax.Array:
     """Keep the ``topk_group`` groups with the largest sum of their top-2 choice scores."""
     t, e = choice.shape
@@ -134,8 +164,7 @@ def route(x: jax.Array, weights: MoEWeights, config: MoEConfig, token_ids=None):
         if config.n_group > 1:
             choice = jnp.where(_grouped_mask(choice, config.n_group, config.topk_group), choice,
                                -jnp.inf)
-        _, ids = jax.lax.top_k(choice, config.top_k)
-        ids = ids.astype(jnp.int32)
+        ids = top_k_ids(choice, config.top_k)
     w = jnp.take_along_axis(scores, jnp.maximum(ids, 0), axis=1)
     if config.norm_topk_prob:
         w = w / (jnp.sum(w, axis=-1, keepdims=True) + 1e-20)

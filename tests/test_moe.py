@@ -824,9 +824,11 @@ def test_fused_swiglu_layer_grad_wrt_x(rng, activation, scale):
     assert rel_err(got.reshape(-1, H), ref) <= tol and rel_err(got, want) <= tol
 
 
-@pytest.mark.parametrize("r,groups", [(300, 49), (4096, 9), (6000, 49), (5000, 65)])
+@pytest.mark.parametrize("r,groups", [(1, 3), (192, 49), (2048, 385), (2049, 49), (4096, 9),
+                                      (6000, 49), (5000, 65)])
 def test_sort_rows_against_numpy_stable_argsort(rng, r, groups):
-    # the dispatch: counting sort (R >= 4096, <= 64 groups) or argsort, the same three arrays
+    # the dispatch: pairwise ranks (R <= 2048), counting sort (R >= 4096, <= 64 groups) or a
+    # stable sort, the same three arrays
     key = rng.integers(0, groups, r).astype(np.int32)
     key[key == 1] = 2                                      # a group with no rows
     key[: r // 3] = groups - 1                             # a big last group (non-local rows)

@@ -29,3 +29,28 @@ def test_bf16_logits_equal_a_float32_dot(rng, t, e, h):
     # much closer than a bf16 rounding of w would give
     rough = x.astype(np.float64) @ w.astype(ml_dtypes.bfloat16).astype(np.float64).T
     assert np.abs(got - want).max() < 1e-2 * np.abs(rough - want).max()
+
+
+def _numpy_top_k(c, k):
+    """The float32 total order (-NaN < -inf < -0.0 < +0.0 < +inf < +NaN), largest first, ties to
+    the lower index, from numpy's stable argsort of the bit patterns."""
+    b = c.view(np.int32).astype(np.int64)
+    key = np.where(b < 0, -(b & 0x7FFFFFFF) - 1, b)     # sign-magnitude -> ordered integers
+    return np.argsort(-key, axis=1, kind="stable")[:, :k].astype(np.int32)
+
+
+@pytest.mark.parametrize("t,e,k", [(32, 48, 6), (5, 384, 6), (3, 8, 8), (1, 1, 1), (64, 9, 3)])
+def test_top_k_ids_equals_lax_top_k(rng, t, e, k):
+    assert t * e * e <= routing.RANK_TOP_K_MAX_COMPARES          # the pairwise ranking runs
+    c = rng.standard_normal((t, e)).astype(np.float32)
+    c[:, : e // 2] = np.round(c[:, : e // 2])                   # ties, -0.0 among them
+    if e >= 8 and t >= 3:
+        c[0, 3], c[0, 4] = -0.0, 0.0
+        c[1, :] = -np.inf
+        c[1, 5] = 1.0
+        c[2, 1], c[2, 2], c[2, 6] = np.nan, -np.nan, np.inf
+    got = np.asarray(jax.jit(routing.top_k_ids, static_argnums=1)(jnp.asarray(c), k))
+    want = np.asarray(jax.lax.top_k(jnp.asarray(c), k)[1])
+    assert got.dtype == np.int32 and got.shape == (t, k)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, _numpy_top_k(c, k))

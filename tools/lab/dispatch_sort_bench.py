@@ -5,7 +5,13 @@ permutation and the group sizes, three ways (all give the same three arrays; che
   by a scatter (what jax_nvfp4.moe ran first);
 - packed: one int32 sort of ``key * R + index`` (a single-operand sort: XLA:GPU may run it as a CUB
   radix sort), the index and key unpacked, sizes from the sorted keys, the inverse by a scatter;
-- counting: a counting sort (one-hot prefix sums over the experts), no sort at all.
+- counting: a counting sort (one-hot prefix sums over the experts), no sort at all;
+- rank: every pair of rows compared (a row's position: the rows with a smaller key and those
+  before it with its key), two R x R reductions;
+- library: what ``jax_nvfp4.moe.sort_rows`` picks at that size.
+
+Then the router's top-k at the same token counts: ``lax.top_k`` against the pairwise ranking of
+``jax_nvfp4.routing.top_k_ids`` (the same indices; checked here).
 
     python tools/lab/dispatch_sort_bench.py [--cpu-smoke]
 """
@@ -19,6 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_nvfp4.bench import time_ms
+from jax_nvfp4.moe import sort_rows
+from jax_nvfp4.routing import top_k_ids
 
 
 def by_argsort(key, groups):
@@ -49,6 +57,21 @@ def by_counting(key, groups):
     return order, inv, sizes
 
 
+def by_rank(key, groups):
+    r = key.shape[0]
+    i = jnp.arange(r, dtype=key.dtype)
+    before = (key[None, :] < key[:, None]) | ((key[None, :] == key[:, None]) & (i[None, :] < i[:, None]))
+    inv = jnp.sum(before, axis=1, dtype=key.dtype)
+    order = jnp.sum(jnp.where(inv[None, :] == i[:, None], i[None, :], 0), axis=1, dtype=key.dtype)
+    sizes = jnp.sum(key[:, None] == jnp.arange(groups, dtype=key.dtype)[None, :], axis=0,
+                    dtype=key.dtype)
+    return order, inv, sizes
+
+
+def lax_top_k(choice, k):
+    return jax.lax.top_k(choice, k)[1].astype(jnp.int32)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu-smoke", action="store_true")
@@ -63,12 +86,26 @@ def main(argv=None):
         groups = e + 1
         want = [np.asarray(v) for v in jax.jit(by_argsort, static_argnums=1)(key, groups)]
         row = []
-        for name, f in (("argsort", by_argsort), ("packed", by_packed_sort), ("counting", by_counting)):
+        methods = [("argsort", by_argsort), ("packed", by_packed_sort), ("counting", by_counting),
+                   ("library", sort_rows)]
+        if t * k <= 8192:
+            methods.append(("rank", by_rank))
+        for name, f in methods:
             fj = jax.jit(f, static_argnums=1)
             got = [np.asarray(v) for v in fj(key, groups)]
             same = all(np.array_equal(g, w) for g, w in zip(got, want))
             row.append(f"{name} {time_ms(fj, key, groups, **timing):.4f} ms{'' if same else ' DIFFERS'}")
         print(f"T {t} k {k} E {e} (R {t * k}): " + ", ".join(row), flush=True)
+    for t, k, e in cases:
+        choice = jnp.asarray(rng.standard_normal((t, e)).astype(np.float32))
+        choice = choice.at[:, 1].set(choice[:, 2])                 # ties go to the lower index
+        want = np.asarray(jax.jit(lax_top_k, static_argnums=1)(choice, k))
+        row = []
+        for name, f in (("lax.top_k", lax_top_k), ("top_k_ids", top_k_ids)):
+            fj = jax.jit(f, static_argnums=1)
+            same = np.array_equal(np.asarray(fj(choice, k)), want)
+            row.append(f"{name} {time_ms(fj, choice, k, **timing):.4f} ms{'' if same else ' DIFFERS'}")
+        print(f"top-k T {t} k {k} E {e} ({t * e * e} compares): " + ", ".join(row), flush=True)
 
 
 if __name__ == "__main__":

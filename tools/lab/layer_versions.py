@@ -1,0 +1,73 @@
+"""The MoE layer's median ms through the public API only, so that two builds of jax_nvfp4 (say the
+tree an issue's baseline was measured on and today's) can be timed in one device call, alternated:
+
+    PYTHONPATH=/tmp/old_site python3 -P tools/lab/layer_versions.py --label old --json old.json
+    python3 -P tools/lab/layer_versions.py --label new --json new.json
+
+bench_layer's per-GPU V4-Pro shard (48 experts, top-6, H 7168, I 3072, no shared expert), random
+NVFP4 weights in the sm90 layout (``prepare_weights``), bf16 tokens, real routing from the random
+router; uses only ``MoEConfig.deepseek_v4_pro``, ``bench_ep.random_layer``, ``prepare_weights`` and
+``moe``, which every build since 2026-11-30 has. Timing as ``jax_nvfp4.bench.time_ms`` (copied
+here: older builds may lack it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+import jax_nvfp4
+from jax_nvfp4 import bench_ep
+
+
+def time_ms(f, *args, target_s=0.25, repeats=5):
+    jax.block_until_ready(f(*args))
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(*args))
+    n = int(min(50, max(3, target_s / max(time.perf_counter() - t0, 1e-6))))
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            out = f(*args)
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - t0) / n * 1e3)
+    return statistics.median(samples)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--label", default=jax_nvfp4.__file__)
+    ap.add_argument("--tokens", default="32,256,1024,4096")
+    ap.add_argument("--activations", default="w4a4,w4a16")
+    ap.add_argument("--experts", type=int, default=48)
+    ap.add_argument("--hidden", type=int, default=7168)
+    ap.add_argument("--inter", type=int, default=3072)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    rows = []
+    for act in a.activations.split(","):
+        cfg = jax_nvfp4.MoEConfig.deepseek_v4_pro(num_experts=a.experts, n_shared_experts=0,
+                                                  activation=act, hidden_size=a.hidden,
+                                                  intermediate_size=a.inter)
+        w = jax_nvfp4.prepare_weights(bench_ep.random_layer(cfg, seed=0))
+        f = jax.jit(lambda x, w, cfg=cfg: jax_nvfp4.moe(x, w, cfg))
+        for t in (int(v) for v in a.tokens.split(",")):
+            x = jax.random.normal(jax.random.key(t), (t, cfg.hidden_size), jnp.bfloat16)
+            ms = time_ms(f, x, w)
+            rows.append({"label": a.label, "activation": act, "tokens": t, "layer_ms": ms})
+            print(f"{a.label} {act} {t} tokens: {ms:.4f} ms", flush=True)
+        del w
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"gpu": jax.devices()[0].device_kind, "jax": jax.__version__, "rows": rows},
+                      fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
