@@ -326,6 +326,27 @@ RANK_SORT_MAX_ROWS = 2048
 compares in two reductions, no sort kernel; ``tools/lab/dispatch_sort_bench.py``)."""
 
 
+def rank_sort_rows(key: jax.Array, groups: int):
+    """:func:`sort_rows`' arrays by pairwise comparison (``R^2`` compares, no sort kernel).
+
+    Args:
+      key: int32 ``[R]``, each row's group in ``[0, groups)``; groups: static int.
+
+    Returns:
+      ``(order, inv, sizes)`` int32 ``[R]``, ``[R]``, ``[groups]``, as :func:`sort_rows`.
+    """
+    r = key.shape[0]
+    # A row's sorted position: the rows with a smaller key, and those before it with its key.
+    i = jnp.arange(r, dtype=jnp.int32)
+    before = (key[None, :] < key[:, None]) | ((key[None, :] == key[:, None])
+                                              & (i[None, :] < i[:, None]))
+    inv = jnp.sum(before, axis=1, dtype=jnp.int32)
+    order = jnp.sum(jnp.where(inv[None, :] == i[:, None], i[None, :], 0), axis=1, dtype=jnp.int32)
+    sizes = jnp.sum(key[:, None] == jnp.arange(groups, dtype=key.dtype)[None, :], axis=0,
+                    dtype=jnp.int32)
+    return order, inv, sizes
+
+
 def sort_rows(key: jax.Array, groups: int):
     """The dispatch: the stable order of rows by group.
 
@@ -341,16 +362,7 @@ def sort_rows(key: jax.Array, groups: int):
     """
     r = key.shape[0]
     if r <= RANK_SORT_MAX_ROWS:
-        # A row's sorted position: the rows with a smaller key, and those before it with its key.
-        i = jnp.arange(r, dtype=jnp.int32)
-        before = (key[None, :] < key[:, None]) | ((key[None, :] == key[:, None])
-                                                  & (i[None, :] < i[:, None]))
-        inv = jnp.sum(before, axis=1, dtype=jnp.int32)
-        order = jnp.sum(jnp.where(inv[None, :] == i[:, None], i[None, :], 0), axis=1,
-                        dtype=jnp.int32)
-        sizes = jnp.sum(key[:, None] == jnp.arange(groups, dtype=key.dtype)[None, :], axis=0,
-                        dtype=jnp.int32)
-        return order, inv, sizes
+        return rank_sort_rows(key, groups)
     if r >= COUNTING_SORT_MIN_ROWS and groups <= COUNTING_SORT_MAX_GROUPS:
         onehot = (key[:, None] == jnp.arange(groups, dtype=key.dtype)[None, :]).astype(jnp.int32)
         sizes = jnp.sum(onehot, axis=0)

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_nvfp4.bench import time_ms
-from jax_nvfp4.moe import sort_rows
+from jax_nvfp4.moe import rank_sort_rows, sort_rows
 from jax_nvfp4.routing import top_k_ids
 
 
@@ -57,17 +57,6 @@ def by_counting(key, groups):
     return order, inv, sizes
 
 
-def by_rank(key, groups):
-    r = key.shape[0]
-    i = jnp.arange(r, dtype=key.dtype)
-    before = (key[None, :] < key[:, None]) | ((key[None, :] == key[:, None]) & (i[None, :] < i[:, None]))
-    inv = jnp.sum(before, axis=1, dtype=key.dtype)
-    order = jnp.sum(jnp.where(inv[None, :] == i[:, None], i[None, :], 0), axis=1, dtype=key.dtype)
-    sizes = jnp.sum(key[:, None] == jnp.arange(groups, dtype=key.dtype)[None, :], axis=0,
-                    dtype=key.dtype)
-    return order, inv, sizes
-
-
 def lax_top_k(choice, k):
     return jax.lax.top_k(choice, k)[1].astype(jnp.int32)
 
@@ -89,7 +78,7 @@ def main(argv=None):
         methods = [("argsort", by_argsort), ("packed", by_packed_sort), ("counting", by_counting),
                    ("library", sort_rows)]
         if t * k <= 8192:
-            methods.append(("rank", by_rank))
+            methods.append(("rank", rank_sort_rows))
         for name, f in methods:
             fj = jax.jit(f, static_argnums=1)
             got = [np.asarray(v) for v in fj(key, groups)]

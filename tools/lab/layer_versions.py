@@ -7,37 +7,20 @@ tree an issue's baseline was measured on and today's) can be timed in one device
 bench_layer's per-GPU V4-Pro shard (48 experts, top-6, H 7168, I 3072, no shared expert), random
 NVFP4 weights in the sm90 layout (``prepare_weights``), bf16 tokens, real routing from the random
 router; uses only ``MoEConfig.deepseek_v4_pro``, ``bench_ep.random_layer``, ``prepare_weights`` and
-``moe``, which every build since 2026-11-30 has. Timing as ``jax_nvfp4.bench.time_ms`` (copied
-here: older builds may lack it).
+``moe``, which every build since 2026-11-30 has, and that build's own ``bench.time_ms``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 
 import jax_nvfp4
 from jax_nvfp4 import bench_ep
-
-
-def time_ms(f, *args, target_s=0.25, repeats=5):
-    jax.block_until_ready(f(*args))
-    t0 = time.perf_counter()
-    jax.block_until_ready(f(*args))
-    n = int(min(50, max(3, target_s / max(time.perf_counter() - t0, 1e-6))))
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            out = f(*args)
-        jax.block_until_ready(out)
-        samples.append((time.perf_counter() - t0) / n * 1e3)
-    return statistics.median(samples)
+from jax_nvfp4.bench import time_ms
 
 
 def main(argv=None):
