@@ -322,8 +322,8 @@ COUNTING_SORT_MAX_GROUPS = 64
 slower at 1536; ``tools/lab/dispatch_sort_bench.py``)."""
 
 RANK_SORT_MAX_ROWS = 2048
-"""Up to this many rows :func:`sort_rows` ranks by comparing every pair of rows (``R^2``
-compares in two reductions, no sort kernel; ``tools/lab/dispatch_sort_bench.py``)."""
+"""Up to this many rows :func:`sort_rows` ranks by comparing every pair of rows on CUDA GPUs
+(``R^2`` compares in two reductions, no sort kernel; ``tools/lab/dispatch_sort_bench.py``)."""
 
 
 def rank_sort_rows(key: jax.Array, groups: int):
@@ -357,12 +357,15 @@ def sort_rows(key: jax.Array, groups: int):
     Returns:
       ``(order, inv, sizes)``, int32 ``[R]``, ``[R]``, ``[groups]``: ``key[order]`` is sorted with
       ties in row order, ``inv`` the inverse permutation (``order[inv] == arange(R)``), ``sizes``
-      the rows per group. Small R ranks by pairwise comparison, large R with few groups is a
-      counting sort (one-hot prefix sums), else a stable sort; all give the same arrays.
+      the rows per group. Small R ranks by pairwise comparison on CUDA GPUs, large R with few
+      groups is a counting sort (one-hot prefix sums), else a stable sort; all give the same
+      arrays.
     """
     r = key.shape[0]
     if r <= RANK_SORT_MAX_ROWS:
-        return rank_sort_rows(key, groups)
+        # on the CPU, XLA compiles and runs the R^2 form slower than its sort
+        return jax.lax.platform_dependent(key, cuda=lambda k: rank_sort_rows(k, groups),
+                                          default=lambda k: _sort_rows_by_sort(k, groups))
     if r >= COUNTING_SORT_MIN_ROWS and groups <= COUNTING_SORT_MAX_GROUPS:
         onehot = (key[:, None] == jnp.arange(groups, dtype=key.dtype)[None, :]).astype(jnp.int32)
         sizes = jnp.sum(onehot, axis=0)
@@ -370,6 +373,11 @@ def sort_rows(key: jax.Array, groups: int):
         inv = ((jnp.cumsum(sizes) - sizes)[key] + rank).astype(jnp.int32)
         order = jnp.zeros_like(inv).at[inv].set(jnp.arange(r, dtype=jnp.int32))
         return order, inv, sizes.astype(jnp.int32)
+    return _sort_rows_by_sort(key, groups)
+
+
+def _sort_rows_by_sort(key: jax.Array, groups: int):
+    r = key.shape[0]
     # lax.sort, not jnp.argsort: argsort's permutation does not inherit the keys' varying
     # manual axes (jax 0.10, 0.11), so under shard_map (where the keys depend on the device's
     # expert_offset) the dispatch x[token_of] would be typed replicated, and its reverse-mode

@@ -578,6 +578,33 @@ def test_cuda_kernel_against_cpu_handler_and_oracle(rng, m, n, k, g, sizes, w4a4
     assert np.all(np.abs(got16 - want) <= tol + 2.0**-8 * np.abs(want))
 
 
+FP8_TILES = (32, 64, 128)
+
+
+def test_fp8_tiles_are_the_built_configurations():
+    if not _extension.available():
+        pytest.skip("the extension is not built")
+    assert tuple(c.token_tile for c in jn.kernel_config.kernel_configs() if c.family == "wgmma_fp8") == FP8_TILES
+
+
+@pytest.mark.parametrize("tile", FP8_TILES)
+def test_cuda_kernel_every_token_tile(rng, tile):
+    """Every FP8 token tile (the heuristic picks one per size) on groups that end inside and at the
+    end of every tile size, one row, empty groups, against the float64 oracle (the bound of
+    test_cuda_kernel_against_cpu_handler_and_oracle)."""
+    gpu = _gpu()
+    cfg = next(c for c in jn.kernel_config.kernel_configs() if c.family == "wgmma_fp8" and c.token_tile == tile)
+    sizes = (700, 0, 256, 100, 300, 1, 64, 193, 129)
+    m = sum(sizes) + 7
+    lhs, rhs, sz, want, mag = gemm_case(rng, m=m, n=256, k=512, g=len(sizes), sizes=sizes)
+    f = jax.jit(lambda a, w, s: jn.grouped_gemm(a, w, s, backend="ffi", precision="fp8", kernel=cfg,
+                                                out_dtype=jnp.float32))
+    got = np.asarray(f(*(jax.device_put(t, gpu) for t in (lhs, rhs, sz))), np.float64)
+    tol = 2.0**-9 * mag + 1e-30
+    assert np.all(np.abs(got - want) <= tol), float(np.max(np.abs(got - want) / tol))
+    assert (got[sum(sizes):] == 0).all()
+
+
 def test_cuda_rejects_sm90_layout_in_fp8(rng):
     gpu = _gpu()
     rhs = jax.device_put(jn.prepare_weights(nvfp4_weights(rng, 2, 128, 256)), gpu)

@@ -10,7 +10,7 @@ import pytest
 
 import jax_nvfp4 as jn
 from jax_nvfp4 import checkpoint
-from jax_nvfp4.moe import sort_rows
+from jax_nvfp4.moe import RANK_SORT_MAX_ROWS, rank_sort_rows, sort_rows
 from oracles import dequant64, rel_err
 
 E, H, I, T = 8, 128, 64, 48
@@ -838,4 +838,8 @@ def test_sort_rows_against_numpy_stable_argsort(rng, r, groups):
     np.testing.assert_array_equal(np.asarray(inv)[want], np.arange(r))
     np.testing.assert_array_equal(np.asarray(sizes), np.bincount(key, minlength=groups))
     assert order.dtype == inv.dtype == sizes.dtype == jnp.int32
+    if r <= RANK_SORT_MAX_ROWS:       # the pairwise ranks themselves (sort_rows' path on GPUs)
+        got = jax.jit(rank_sort_rows, static_argnums=1)(jnp.asarray(key), groups)
+        for a, b in zip(got, (order, inv, sizes)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 

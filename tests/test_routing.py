@@ -39,9 +39,11 @@ def _numpy_top_k(c, k):
     return np.argsort(-key, axis=1, kind="stable")[:, :k].astype(np.int32)
 
 
+@pytest.mark.parametrize("fn", ["rank_top_k_ids", "top_k_ids"])
 @pytest.mark.parametrize("t,e,k", [(32, 48, 6), (5, 384, 6), (3, 8, 8), (1, 1, 1), (64, 9, 3)])
-def test_top_k_ids_equals_lax_top_k(rng, t, e, k):
-    assert t * e * e <= routing.RANK_TOP_K_MAX_COMPARES          # the pairwise ranking runs
+def test_top_k_ids_equals_lax_top_k(rng, t, e, k, fn):
+    # rank_top_k_ids is the pairwise ranking itself; top_k_ids runs it on CUDA GPUs at these sizes
+    assert t * e * e <= routing.RANK_TOP_K_MAX_COMPARES
     c = rng.standard_normal((t, e)).astype(np.float32)
     c[:, : e // 2] = np.round(c[:, : e // 2])                   # ties, -0.0 among them
     if e >= 8 and t >= 3:
@@ -49,7 +51,7 @@ def test_top_k_ids_equals_lax_top_k(rng, t, e, k):
         c[1, :] = -np.inf
         c[1, 5] = 1.0
         c[2, 1], c[2, 2], c[2, 6] = np.nan, -np.nan, np.inf
-    got = np.asarray(jax.jit(routing.top_k_ids, static_argnums=1)(jnp.asarray(c), k))
+    got = np.asarray(jax.jit(getattr(routing, fn), static_argnums=1)(jnp.asarray(c), k))
     want = np.asarray(jax.lax.top_k(jnp.asarray(c), k)[1])
     assert got.dtype == np.int32 and got.shape == (t, k)
     np.testing.assert_array_equal(got, want)

@@ -130,7 +130,7 @@ def run_case(rows, k, n, groups, seed, device, do_time, tiles, check_rows=64, ex
     args = [put(qk), put(st), jax.tree.map(put, rhs), put(jnp.asarray(alpha)), put(jnp.asarray(sizes))]
     cfgs = [kernel_config.choose(rows, n, k, groups, precision="fp8", arch=kernel_config.device_arch(device))]
     for t in tiles:
-        c = kernel_config.KernelConfig("wgmma_fp8", t, {32: 15, 64: 12, 128: 8}[t])
+        c = next(c for c in kernel_config.kernel_configs() if c.family == "wgmma_fp8" and c.token_tile == t)
         if c not in cfgs:
             cfgs.append(c)
     for c in cfgs:
@@ -170,7 +170,7 @@ def main(argv=None):
     ap.add_argument("--groups", type=int, default=48)
     ap.add_argument("--tiles", default="32,64,128", help="token tiles to run beside the heuristic's")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU handler")
-    ap.add_argument("--small", action="store_true", help="tiny shapes on the default device, untimed")
+    ap.add_argument("--small", action="store_true", help="tiny shapes on the default device, every --tiles, untimed")
     ap.add_argument("--out", default=None)
     ap.add_argument("--check-rows", type=int, default=64, help="rows checked against float64")
     ap.add_argument("--no-exact", action="store_true", help="time the FP8 kernel only")
@@ -178,8 +178,9 @@ def main(argv=None):
     shapes = {"L1": (7168, 6144), "L2": (3072, 7168)}
     if a.cpu_smoke or a.small:
         dev = jax.devices("cpu")[0] if a.cpu_smoke else jax.devices()[0]
-        cases = [(40, 256, 192, 5), (7, 128, 128, 2)]
-        results = [run_case(r, k, n, g, 0, dev, False, []) for r, k, n, g in cases]
+        cases = [(40, 256, 192, 5), (7, 128, 128, 2), (700, 256, 128, 3)]
+        tiles = [] if a.cpu_smoke else [int(t) for t in a.tiles.split(",") if t]
+        results = [run_case(r, k, n, g, 0, dev, False, tiles) for r, k, n, g in cases]
     else:
         dev = jax.devices()[0]
         tiles = [int(t) for t in a.tiles.split(",") if t]
