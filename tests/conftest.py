@@ -1,4 +1,5 @@
-"""Test setup: 8 CPU devices (set before JAX starts) and the GPU skip/require switch."""
+"""Test setup: 8 CPU devices (set before JAX starts), the GPU skip/require switch, and the
+quantizer jitted for the operand makers."""
 
 import os
 
@@ -15,6 +16,13 @@ except (AttributeError, RuntimeError):  # older jax, or backends already up: XLA
     pass
 
 REQUIRE_GPU = os.environ.get("JAX_NVFP4_REQUIRE_GPU", "") not in ("", "0")
+
+import jax_nvfp4 as _jn  # noqa: E402
+
+# The quantizer compiled once per shape for the tests' operand makers: called eagerly, its ~40
+# operations are each dispatched and compiled on their own (seconds per new shape on the CPU).
+QUANTIZE = jax.jit(_jn.quantize)
+QUANTIZE_STACK = jax.jit(jax.vmap(_jn.quantize))
 
 
 def gpu_devices():

@@ -10,6 +10,7 @@ from jax.test_util import check_grads
 import jax_nvfp4 as jn
 from jax_nvfp4 import autodiff
 from oracles import dequant64, rel_err
+from conftest import QUANTIZE_STACK
 from test_gemm import platform_device
 
 SIZES = [5, 0, -3, 9, 2]            # an empty group, a negative one; 4 rows past the groups
@@ -17,7 +18,7 @@ SIZES = [5, 0, -3, 9, 2]            # an empty group, a negative one; 4 rows pas
 
 def problem(rng, m=20, n=24, k=64):
     w = rng.standard_normal((len(SIZES), n, k)).astype(np.float32) * rng.uniform(0.1, 4, (len(SIZES), 1, 1))
-    rhs = jax.vmap(jn.quantize)(jnp.asarray(w))
+    rhs = QUANTIZE_STACK(jnp.asarray(w))
     x = rng.standard_normal((m, k)).astype(np.float32)
     ct = rng.standard_normal((m, n)).astype(np.float32)
     return x, rhs, jnp.asarray(SIZES, jnp.int32), ct

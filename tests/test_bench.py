@@ -9,12 +9,13 @@ import pytest
 import jax_nvfp4 as jn
 from jax_nvfp4 import bench
 from oracles import dequant64, grouped_gemm64, rel_err
+from conftest import QUANTIZE_STACK
 
 
 def test_every_implementation_computes_the_same_gemm():
     g, n, k, rows = 4, 128, 128, 40
     key = jax.random.key(0)
-    rhs = jax.vmap(jn.quantize)(jax.random.normal(key, (g, n, k), jnp.float32))
+    rhs = QUANTIZE_STACK(jax.random.normal(key, (g, n, k), jnp.float32))
     x = jax.random.normal(jax.random.key(1), (rows, k), jnp.bfloat16)
     sizes = jnp.asarray(bench.skewed_group_sizes(rows, g, seed=2))
     fns, _ = bench.impl_fns(x, rhs, sizes)

@@ -9,10 +9,11 @@ from jax.sharding import PartitionSpec as P
 
 import jax_nvfp4 as jn
 from conftest import cpu_devices
+from conftest import QUANTIZE_STACK
 
 
 def tensor(rng, shape=(4, 128, 64)):
-    return jax.vmap(jn.quantize)(jnp.asarray(rng.standard_normal(shape).astype(np.float32)))
+    return QUANTIZE_STACK(jnp.asarray(rng.standard_normal(shape).astype(np.float32)))
 
 
 def test_default_layout_and_positional_constructor(rng):

@@ -12,6 +12,7 @@ import pytest
 import jax_nvfp4 as jn
 from jax_nvfp4 import _extension, fp8
 from oracles import decode_e2m1_bytes, decode_e4m3, dequant64, rel_err
+from conftest import QUANTIZE_STACK
 from conftest import cpu_devices, gpu_devices, skip_or_fail
 
 E4M3 = ml_dtypes.float8_e4m3fn
@@ -96,7 +97,7 @@ def random_wide(rng, shape, hi=120):
 
 
 def nvfp4_weights(rng, g, n, k, scale=1.0):
-    return jax.vmap(jn.quantize)(jnp.asarray(rng.standard_normal((g, n, k)) * scale, jnp.float32))
+    return QUANTIZE_STACK(jnp.asarray(rng.standard_normal((g, n, k)) * scale, jnp.float32))
 
 
 # ------------------------------------------------------------------ activations (spec 1)

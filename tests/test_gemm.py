@@ -23,6 +23,7 @@ import jax_nvfp4 as jn
 from jax_nvfp4 import _extension
 from conftest import cpu_devices, gpu_devices, skip_or_fail
 from oracles import dequant64, grouped_gemm64, rel_err
+from conftest import QUANTIZE, QUANTIZE_STACK
 
 MMA16 = jn.kernel_config.KernelConfig("mma", 16, 4, 1)   # reads packed e2m1 activations
 
@@ -43,10 +44,10 @@ def platform_device(platform):
 def make_problem(rng, m, n, k, sizes, w4a4):
     g = len(sizes)
     w = rng.standard_normal((g, n, k)).astype(np.float32) * rng.uniform(0.1, 10, (g, 1, 1))
-    rhs = jax.vmap(jn.quantize)(jnp.asarray(w))
+    rhs = QUANTIZE_STACK(jnp.asarray(w))
     x = (rng.standard_normal((m, k)) * rng.uniform(0.5, 2, (m, 1))).astype(np.float32)
     if w4a4:
-        lhs = jn.quantize(jnp.asarray(x))
+        lhs = QUANTIZE(jnp.asarray(x))
         a64 = dequant64(lhs.data, lhs.scales, lhs.global_scale)
     else:
         lhs = jnp.asarray(x, jnp.bfloat16)
@@ -543,7 +544,7 @@ class TestGroupSizesAndRange:
         # backend accumulates lhs . W / 128 (the CUDA kernels' scaled weights), so none overflows.
         m, n, k = 16, 32, 128
         w = rng.standard_normal((2, n, k)).astype(np.float32)
-        rhs = jax.vmap(jn.quantize)(jnp.asarray(w))
+        rhs = QUANTIZE_STACK(jnp.asarray(w))
         lhs = jnp.asarray(rng.standard_normal((m, k)) * 1e35, jnp.bfloat16)
         sizes = [9, 7]
         ref = grouped_gemm64(np.asarray(lhs, np.float64), dequant64(rhs.data, rhs.scales),

@@ -12,6 +12,7 @@ import jax_nvfp4 as jn
 from jax_nvfp4 import checkpoint
 from jax_nvfp4.moe import RANK_SORT_MAX_ROWS, rank_sort_rows, sort_rows
 from oracles import dequant64, rel_err
+from conftest import QUANTIZE_STACK
 
 E, H, I, T = 8, 128, 64, 48
 
@@ -40,8 +41,7 @@ def quantized(f, per_half=False, **scales):
                         shared_w13=f.get("sw13"), shared_w2=f.get("sw2"), **scales)
     if per_half:
         i = f["w13"].shape[1] // 2
-        g = jax.vmap(jn.quantize)(jnp.asarray(f["w13"][:, :i]))
-        u = jax.vmap(jn.quantize)(jnp.asarray(f["w13"][:, i:]))
+        g, u = QUANTIZE_STACK(jnp.asarray(f["w13"][:, :i])), QUANTIZE_STACK(jnp.asarray(f["w13"][:, i:]))
         w13 = jn.NVFP4Tensor(jnp.concatenate([g.data, u.data], 1),
                              jnp.concatenate([g.scales, u.scales], 1),
                              jnp.stack([g.global_scale, u.global_scale], 1))

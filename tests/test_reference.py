@@ -7,11 +7,12 @@ import pytest
 
 import jax_nvfp4 as jn
 from oracles import dequant64, grouped_gemm64, rel_err
+from conftest import QUANTIZE_STACK
 
 
 def make_rhs(rng, g, n, k):
     w = rng.standard_normal((g, n, k)).astype(np.float32) * rng.uniform(0.1, 10, (g, 1, 1))
-    return jax.vmap(jn.quantize)(jnp.asarray(w))
+    return QUANTIZE_STACK(jnp.asarray(w))
 
 
 @pytest.mark.parametrize("m,n,k,sizes", [
@@ -84,7 +85,7 @@ def make_glu_problem(rng, m, i, k, sizes, *, w4a4, per_half, layout="checkpoint"
     limit, float64 reference from the stored (unpaired) weights)."""
     g = len(sizes)
     w = rng.standard_normal((g, 2 * i, k)).astype(np.float32) * rng.uniform(0.1, 10, (g, 1, 1))
-    stored = jax.vmap(jn.quantize)(jnp.asarray(w))
+    stored = QUANTIZE_STACK(jnp.asarray(w))
     gs = np.asarray(stored.global_scale)
     alpha = np.stack([gs, gs * (3.0 if per_half else 1.0)], 1).astype(np.float32)   # (gate, up)
     rhs = jn.layout.pair_gate_up(jn.NVFP4Tensor(stored.data, stored.scales,

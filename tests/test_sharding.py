@@ -29,9 +29,9 @@ import jax_nvfp4 as jn
 from jax_nvfp4 import _extension
 from jax_nvfp4 import sharding
 from jax_nvfp4.moe import routed_experts, row_ladder, shared_expert
-from jax_nvfp4.quantization import quantize
 from conftest import cpu_devices
 from oracles import rel_err
+from conftest import QUANTIZE, QUANTIZE_STACK
 
 E, H, I = 16, 128, 64
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -61,7 +61,7 @@ def _normal(r, shape, std):
 def _quantize_halves(gate, up):
     """w13 whose gate and up halves carry different global scales: global_scale [..., 2]."""
     batch = gate.ndim == 3
-    q = jax.vmap(quantize) if batch else quantize
+    q = QUANTIZE_STACK if batch else QUANTIZE
     g, u = q(jnp.asarray(gate)), q(jnp.asarray(up))
     ax = 1 if batch else 0
     return jn.NVFP4Tensor(jnp.concatenate([g.data, u.data], ax),
