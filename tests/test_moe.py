@@ -843,3 +843,22 @@ def test_sort_rows_against_numpy_stable_argsort(rng, r, groups):
         for a, b in zip(got, (order, inv, sizes)):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
+
+
+def test_quantize_moe_equals_the_quantizer_per_expert(rng):
+    # quantize_moe runs the quantizer compiled (one program per weight shape); it must give the
+    # bytes of quantize called on each expert's matrix, eagerly and op by op
+    f = float_layer(rng, e=3, h=64, i=32)
+    f["w13"][1, 5, :16] = 0.0                                   # an all-zero block
+    f["w2"][2, 0, 3] = 1e4                                      # one block far above the rest
+    w = quantized(f)
+    for name, full in (("w13", f["w13"]), ("w2", f["w2"])):
+        t = getattr(w, name)
+        for e in range(full.shape[0]):
+            one = jn.quantize(jnp.asarray(full[e], jnp.float32))
+            np.testing.assert_array_equal(np.asarray(t.data[e]), np.asarray(one.data))
+            np.testing.assert_array_equal(np.asarray(t.scales[e]).view(np.uint8),
+                                          np.asarray(one.scales).view(np.uint8))
+            assert np.asarray(t.global_scale[e]).tobytes() == np.asarray(one.global_scale).tobytes()
+    one = jn.quantize(jnp.asarray(f["sw13"], jnp.float32))
+    np.testing.assert_array_equal(np.asarray(w.shared_w13.data), np.asarray(one.data))
