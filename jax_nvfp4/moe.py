@@ -377,6 +377,7 @@ def sort_rows(key: jax.Array, groups: int):
 
 
 def _sort_rows_by_sort(key: jax.Array, groups: int):
+    """:func:`sort_rows`' arrays by a stable ``lax.sort`` on (key, row index)."""
     r = key.shape[0]
     # lax.sort, not jnp.argsort: argsort's permutation does not inherit the keys' varying
     # manual axes (jax 0.10, 0.11), so under shard_map (where the keys depend on the device's

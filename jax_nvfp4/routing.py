@@ -63,7 +63,8 @@ def _total_order_key(x: jax.Array) -> jax.Array:
 
 def rank_top_k_ids(choice: jax.Array, k: int) -> jax.Array:
     """:func:`top_k_ids` by ranking each expert against every other one (``T x E x E`` compares in
-    two reductions, no sort). Same arguments and result."""
+    two reductions, no sort): float32 ``[T, E]`` scores and a static ``k <= E`` to int32 ``[T, k]``
+    ids, largest first, ties to the lower id, in ``lax.top_k``'s float32 total order."""
     t, e = choice.shape
     key = _total_order_key(choice.astype(jnp.float32))
     j = jnp.arange(e, dtype=jnp.int32)

@@ -8,8 +8,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jax_nvfp4 as jn
-from conftest import cpu_devices
-from conftest import QUANTIZE_STACK
+from conftest import cpu_devices, QUANTIZE_STACK
 
 
 def tensor(rng, shape=(4, 128, 64)):

@@ -12,8 +12,7 @@ import pytest
 import jax_nvfp4 as jn
 from jax_nvfp4 import _extension, fp8
 from oracles import decode_e2m1_bytes, decode_e4m3, dequant64, rel_err
-from conftest import QUANTIZE_STACK
-from conftest import cpu_devices, gpu_devices, skip_or_fail
+from conftest import QUANTIZE_STACK, cpu_devices, gpu_devices, skip_or_fail
 
 E4M3 = ml_dtypes.float8_e4m3fn
 HAS_FFI = _extension.available()

@@ -21,9 +21,8 @@ from jax.sharding import PartitionSpec as P
 
 import jax_nvfp4 as jn
 from jax_nvfp4 import _extension
-from conftest import cpu_devices, gpu_devices, skip_or_fail
+from conftest import cpu_devices, gpu_devices, skip_or_fail, QUANTIZE, QUANTIZE_STACK
 from oracles import dequant64, grouped_gemm64, rel_err
-from conftest import QUANTIZE, QUANTIZE_STACK
 
 MMA16 = jn.kernel_config.KernelConfig("mma", 16, 4, 1)   # reads packed e2m1 activations
 

@@ -12,7 +12,7 @@ import jax_nvfp4 as jn
 from jax_nvfp4 import checkpoint
 from jax_nvfp4.moe import RANK_SORT_MAX_ROWS, rank_sort_rows, sort_rows
 from oracles import dequant64, rel_err
-from conftest import QUANTIZE_STACK
+from conftest import QUANTIZE, QUANTIZE_STACK
 
 E, H, I, T = 8, 128, 64, 48
 
@@ -84,10 +84,6 @@ def np_swiglu(hh, limit):
     return gate / (1 + np.exp(-gate)) * up
 
 
-_quantize_rows = jax.jit(jax.vmap(jn.quantize))   # jitted: one compile per shape, not per op
-_quantize = jax.jit(jn.quantize)
-
-
 def np_act_in(a, c, static_scale, exact=False, split=False):
     """The GEMM input as the layer sees it: bf16 (w4a16) or NVFP4-quantized rows (w4a4); with
     ``exact``, unrounded (the dequantized layer). ``split``: ``(values, row_scale)`` with a W4A4
@@ -101,11 +97,11 @@ def np_act_in(a, c, static_scale, exact=False, split=False):
         return (v, ones) if split else v
     rows = jnp.asarray(a.astype(np.float32))
     if static_scale is None:
-        t = _quantize_rows(rows)
+        t = QUANTIZE_STACK(rows)
         gs = np.asarray(t.global_scale, np.float64)
         v = dequant64(t.data, t.scales)
         return (v, gs) if split else v * gs[:, None]
-    t = _quantize(rows, np.float32(static_scale))
+    t = QUANTIZE(rows, np.float32(static_scale))
     v = dequant64(t.data, t.scales, np.full(len(a), np.float32(static_scale)))
     return (v, ones) if split else v
 
@@ -842,7 +838,6 @@ def test_sort_rows_against_numpy_stable_argsort(rng, r, groups):
         got = jax.jit(rank_sort_rows, static_argnums=1)(jnp.asarray(key), groups)
         for a, b in zip(got, (order, inv, sizes)):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
 
 
 def test_quantize_moe_equals_the_quantizer_per_expert(rng):

@@ -29,9 +29,8 @@ import jax_nvfp4 as jn
 from jax_nvfp4 import _extension
 from jax_nvfp4 import sharding
 from jax_nvfp4.moe import routed_experts, row_ladder, shared_expert
-from conftest import cpu_devices
+from conftest import cpu_devices, QUANTIZE, QUANTIZE_STACK
 from oracles import rel_err
-from conftest import QUANTIZE, QUANTIZE_STACK
 
 E, H, I = 16, 128, 64
 HERE = os.path.dirname(os.path.abspath(__file__))
