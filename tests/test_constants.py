@@ -125,8 +125,17 @@ def test_moe_closed_over_constant(device, rng, backend, activation):
                              or (device.platform == "gpu" and not _extension.has_cuda())):
         skip_or_fail("the custom call is not built for this platform")
     cfg, w, x = small_layer(rng, activation)
-    a, c = both_ways(device, lambda x, w: jn.moe(x, w, cfg, backend=backend), x, w)
-    assert_same(a, c)
+    f = lambda x, w: jn.moe(x, w, cfg, backend=backend)  # noqa: E731
+    # The weights closed over, the activations an argument (a model's case). With x a constant
+    # too, XLA folds the routing on the host, whose exp differs from the GPU's by an ulp (H200:
+    # 8 of 24 route weights, none with constant folding off): that case is checked on the CPU.
+    with jax.default_device(device):
+        x, w = jax.device_put((x, w), device)
+        as_args = np.asarray(jax.jit(f)(x, w))
+        closed_w = np.asarray(jax.jit(lambda x: f(x, w))(x))
+    assert_same(as_args, closed_w)
+    if device.platform == "cpu":
+        assert_same(*both_ways(device, f, x, w))
 
 
 def test_moe_expert_parallel_closed_over_constant(rng):
