@@ -600,6 +600,37 @@ class TestRowsHintAndVmap:
         np.testing.assert_allclose(np.asarray(out[1]), np.asarray(ref), rtol=1e-6)
 
 
+# Group sizes around the 256-token configuration's tile boundaries: remainders past the full
+# 256-row tiles of 1, 31, 32, 33 and 44 rows (the split tails, on the 128-token kernel), 20 / 31 /
+# 1 with no full tile, 129 (a partial 256-row tile), none (256, 512), an empty group; 40 rows
+# past the groups.
+TILE_256_SIZES = [257, 544, 0, 289, 799, 256, 512, 300, 20, 31, 385, 1]
+WGMMA_256 = jn.kernel_config.KernelConfig("wgmma", 256, 5, 2)
+WGMMA_128 = jn.kernel_config.KernelConfig("wgmma", 128, 8, 1)
+
+
+@pytest.mark.parametrize("layout", ["checkpoint", "sm90"])
+def test_wgmma_256_extended_and_split_tiles(rng, layout):
+    """The 256-token configuration against float64 and, bit for bit, the 128-token one (the same
+    products summed in the same order) on every kind of group end (TILE_256_SIZES)."""
+    dev = platform_device("cuda")
+    if jn.kernel_config.device_arch(dev) != 90:
+        skip_or_fail("the wgmma kernels need an sm_90 device")
+    sizes = TILE_256_SIZES
+    m = sum(sizes) + 40
+    lhs, rhs, gs, ref = make_problem(rng, m, 256, 512, sizes, False)
+    if layout == "sm90":
+        rhs = jn.prepare_weights(rhs)
+    args = jax.device_put((lhs, rhs, gs), dev)
+    outs = []
+    for cfg in (WGMMA_256, WGMMA_128):
+        f = jax.jit(lambda a, b, c, cfg=cfg: jn.grouped_gemm(a, b, c, out_dtype=jnp.float32,
+                                                              backend="ffi", kernel=cfg))
+        poison(dev, m, 256, jnp.float32)
+        outs.append(check_output(f(*args), m, 256, sizes, jnp.float32, ref))
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
 # ------------------------------------------------------------------ grouped_gemm_swiglu (custom call)
 from test_reference import make_glu_problem  # noqa: E402
 
@@ -694,6 +725,30 @@ class TestGroupedGemmSwigluHandler:
             out = jn.grouped_gemm_swiglu(*args[:3], row_scale=args[3], limit=limit,
                                          out_dtype=jnp.float32, backend="ffi", kernel=family)
             glu_check(out, ref, 300, 128, [100, 7, 0, 150], jnp.float32)
+
+    def test_wgmma_256_extended_and_split_tiles(self, rng, platform):
+        """The fused SwiGLU epilogue (row scales, per-half scales, a limit) of the 256-token
+        configuration on every kind of group end (TILE_256_SIZES), against float64 and, bit for
+        bit, the 128-token configuration."""
+        dev = platform_device(platform)
+        if platform == "cpu":
+            pytest.skip("CUDA kernel tiles (the CPU handler has none)")
+        if jn.kernel_config.device_arch(dev) != 90:
+            skip_or_fail("the wgmma kernels need an sm_90 device")
+        sizes = TILE_256_SIZES
+        m = sum(sizes) + 40
+        lhs, rhs, gs, rs, limit, ref = make_glu_problem(rng, m, 128, 256, sizes, w4a4=False,
+                                                        per_half=True, row_scale=True,
+                                                        limit_quantile=0.5)
+        outs = []
+        for w in (jn.prepare_weights(rhs), rhs):
+            args = jax.device_put((lhs, w, gs, rs), dev)
+            for cfg in (WGMMA_256, WGMMA_128):
+                poison(dev, m, 128, jnp.float32)
+                out = jn.grouped_gemm_swiglu(*args[:3], row_scale=args[3], limit=limit,
+                                             out_dtype=jnp.float32, backend="ffi", kernel=cfg)
+                outs.append(glu_check(out, ref, m, 128, sizes, jnp.float32))
+            np.testing.assert_array_equal(outs[-2], outs[-1])
 
     def test_w4a4_native_under_mma(self, rng, platform):
         """kernel "mma" keeps W4A4 native (packed e2m1 lhs) with checkpoint weights."""
