@@ -24,6 +24,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 namespace jax_nvfp4 {
 
@@ -71,6 +73,20 @@ inline constexpr bool IsKnownConfig(const KernelConfig& c) {
   for (const KernelConfig& k : kKernelConfigs)
     if (k == c) return true;
   return false;
+}
+
+// Calls launch(std::integral_constant<int, I>{}) for the table entry I equal to c and returns its
+// result (`none` when c is not in the table): the launchers turn I into that entry's kernel
+// instantiation (a `launch_entry<I>` of their own), so every entry is instantiated once per launcher.
+template <typename R, typename Launch, int... I>
+R WithConfigEntry(const KernelConfig& c, R none, Launch&& launch, std::integer_sequence<int, I...>) {
+  R r = none;
+  (void)((kKernelConfigs[I] == c ? (r = launch(std::integral_constant<int, I>{}), true) : false) || ...);
+  return r;
+}
+template <typename R, typename Launch>
+R WithConfigEntry(const KernelConfig& c, R none, Launch&& launch) {
+  return WithConfigEntry(c, none, std::forward<Launch>(launch), std::make_integer_sequence<int, kNumKernelConfigs>{});
 }
 
 // The first configuration of `family` with `token_tile` (the self-test's way to name one).

@@ -454,15 +454,9 @@ cudaError_t launch_entry(const GroupedGemmParams& p, const F8Params& fp, cudaStr
   }
 }
 
-template <int... I>
-cudaError_t launch_config(const GroupedGemmParams& p, const KernelConfig& c, const F8Params& fp, cudaStream_t stream,
-                          std::integer_sequence<int, I...>) {
-  cudaError_t e = cudaErrorInvalidValue;
-  (void)((kKernelConfigs[I].family == KernelFamily::kWgmmaFp8 && kKernelConfigs[I] == c
-              ? (e = launch_entry<I>(p, fp, stream), true)
-              : false) ||
-         ...);
-  return e;
+cudaError_t launch_config(const GroupedGemmParams& p, const KernelConfig& c, const F8Params& fp, cudaStream_t stream) {
+  return WithConfigEntry(c, cudaErrorInvalidValue,
+                         [&](auto i) { return launch_entry<decltype(i)::value>(p, fp, stream); });
 }
 
 }  // namespace
@@ -488,7 +482,7 @@ cudaError_t LaunchGroupedGemmFp8(const GroupedGemmParams& p, const KernelConfig&
   fp.NT = static_cast<int>((p.N + kRowsW - 1) / kRowsW);
   fp.KT = static_cast<int>(p.K / kBK);
 
-  return launch_config(p, c, fp, stream, std::make_integer_sequence<int, kNumKernelConfigs>{});
+  return launch_config(p, c, fp, stream);
 }
 
 }  // namespace jax_nvfp4

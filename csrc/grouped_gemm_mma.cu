@@ -612,17 +612,11 @@ cudaError_t launch_entry(const GroupedGemmParams& p, const KParams& kp, bool pdl
   }
 }
 
-// Launches the table entry equal to c among the mma families' entries.
-template <int... I>
+// Launches the table entry equal to c (launch_entry refuses the wgmma families' entries).
 cudaError_t launch_config(const GroupedGemmParams& p, const KernelConfig& c, const KParams& kp, bool pdl,
-                          cudaStream_t stream, std::integer_sequence<int, I...>) {
-  cudaError_t e = cudaErrorInvalidValue;
-  (void)((kKernelConfigs[I].family != KernelFamily::kWgmma && kKernelConfigs[I].family != KernelFamily::kWgmmaFp8 &&
-              kKernelConfigs[I] == c
-              ? (e = launch_entry<I>(p, kp, pdl, stream), true)
-              : false) ||
-         ...);
-  return e;
+                          cudaStream_t stream) {
+  return WithConfigEntry(c, cudaErrorInvalidValue,
+                         [&](auto i) { return launch_entry<decltype(i)::value>(p, kp, pdl, stream); });
 }
 
 }  // namespace
@@ -654,7 +648,7 @@ cudaError_t LaunchGroupedGemmMma(const GroupedGemmParams& p, const KernelConfig&
   kp.scales_vec = ((p.K / 16) % 4 == 0) && ((sp & 3) == 0);
 
   // programmatic dependent launch only where the kernels wait for it (their sm_90 image)
-  return launch_config(p, c, kp, sm90_image, stream, std::make_integer_sequence<int, kNumKernelConfigs>{});
+  return launch_config(p, c, kp, sm90_image, stream);
 }
 
 }  // namespace jax_nvfp4

@@ -660,15 +660,9 @@ cudaError_t launch_entry(const GroupedGemmParams& p, const WParams& wp, cudaStre
 }
 
 // Launches the wgmma table entry equal to c.
-template <int... I>
-cudaError_t launch_config(const GroupedGemmParams& p, const KernelConfig& c, const WParams& wp, cudaStream_t stream,
-                          std::integer_sequence<int, I...>) {
-  cudaError_t e = cudaErrorInvalidValue;
-  (void)((kKernelConfigs[I].family == KernelFamily::kWgmma && kKernelConfigs[I] == c
-              ? (e = launch_entry<I>(p, wp, stream), true)
-              : false) ||
-         ...);
-  return e;
+cudaError_t launch_config(const GroupedGemmParams& p, const KernelConfig& c, const WParams& wp, cudaStream_t stream) {
+  return WithConfigEntry(c, cudaErrorInvalidValue,
+                         [&](auto i) { return launch_entry<decltype(i)::value>(p, wp, stream); });
 }
 
 }  // namespace
@@ -706,12 +700,12 @@ cudaError_t LaunchGroupedGemmWgmma(const GroupedGemmParams& p, const KernelConfi
   wp.NT = static_cast<int>((p.N + kRowsW - 1) / kRowsW);
   wp.KT = static_cast<int>(p.K / kBK);
 
-  e = launch_config(p, c, wp, stream, std::make_integer_sequence<int, kNumKernelConfigs>{});
+  e = launch_config(p, c, wp, stream);
   if (e != cudaSuccess) return e;
   if (split) {
     WParams tail = wp;
     tail.ws = ws + ws_split_off(p.G);
-    e = launch_config(p, kSplitTile, tail, stream, std::make_integer_sequence<int, kNumKernelConfigs>{});
+    e = launch_config(p, kSplitTile, tail, stream);
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
