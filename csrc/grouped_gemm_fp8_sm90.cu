@@ -182,22 +182,6 @@ __device__ __forceinline__ void wgmma_fp8(const uint32_t (&a)[4], uint64_t desc,
   F8Ops<NN>::RS::fma(a[0], a[1], a[2], a[3], desc, acc[I]..., sc);
 }
 
-// Runs STMT with constexpr NN = the smallest WGMMA N of 32/64/128 covering a tile of `rows` rows
-// (warpgroup-uniform; a macro so that ptxas sees one straight-line mainloop per branch).
-#define WITH_TILE_N(BTMAX, rows, STMT)               \
-  do {                                               \
-    if (BTMAX >= 128 && (rows) > 64) {               \
-      constexpr int NN = BTMAX >= 128 ? 128 : 32;    \
-      STMT;                                          \
-    } else if (BTMAX >= 64 && (rows) > 32) {         \
-      constexpr int NN = BTMAX >= 64 ? 64 : 32;      \
-      STMT;                                          \
-    } else {                                         \
-      constexpr int NN = 32;                         \
-      STMT;                                          \
-    }                                                \
-  } while (0)
-
 // Consumer: one tile's mainloop with WGMMA N = NN over KT stages starting at (s, ph).
 template <int NN, int BTMAX, int STAGES>
 __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
@@ -409,11 +393,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     while (have) {
 #pragma unroll
       for (int i = 0; i < BTMAX / 2; ++i) acc[i] = 0.0f;
-      WITH_TILE_N(BTMAX, t.rows, (consumer_mainloop<NN, BTMAX, STAGES>(acc, smem, bar_base, KT, r0, s, ph)));
+      WGMMA_WITH_TILE_N(BTMAX, t.rows, (consumer_mainloop<NN, BTMAX, STAGES>(acc, smem, bar_base, KT, r0, s, ph)));
       L += gridDim.x;
       const bool have_next = find_tile(L, total, prefix, starts, ends, G, NT, BTMAX, gcur, nxt);
       // undo the 2^-3 of the e4m3 weights
-      WITH_TILE_N(BTMAX, t.rows, (store_tile<NN>(acc, p, t, r0, 8.0f)));
+      WGMMA_WITH_TILE_N(BTMAX, t.rows, (store_tile<NN>(acc, p, t, r0, 8.0f)));
       t = nxt;
       have = have_next;
     }
@@ -421,7 +405,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-#undef WITH_TILE_N
 
 // ---------------------------------------------------------------------------------------------
 // Host side

@@ -217,27 +217,6 @@ __device__ __forceinline__ void wgmma_rs(const uint32_t (&a)[4], uint64_t desc, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Runs STMT with constexpr NN = the smallest WGMMA N covering a tile of `rows` rows, for the
-// mainloop and the epilogue alike (every branch is warpgroup-uniform). A 256-token tile runs
-// N = 256 whatever its rows: any second branch beside it makes ptxas serialize the wgmmas (C7512).
-// (A macro, not a helper taking a lambda: ptxas schedules the lambda version worse.)
-#define WITH_TILE_N(BTMAX, rows, STMT)                  \
-  do {                                                     \
-    if (BTMAX >= 256) {                                    \
-      constexpr int NN = BTMAX >= 256 ? 256 : 32;          \
-      STMT;                                                \
-    } else if (BTMAX >= 128 && (rows) > 64) {              \
-      constexpr int NN = BTMAX >= 128 ? 128 : 32;          \
-      STMT;                                                \
-    } else if (BTMAX >= 64 && (rows) > 32) {               \
-      constexpr int NN = BTMAX >= 64 ? 64 : 32;            \
-      STMT;                                                \
-    } else {                                               \
-      constexpr int NN = 32;                               \
-      STMT;                                                \
-    }                                                      \
-  } while (0)
-
 // Consumer: one tile's mainloop with WGMMA N = NN. Consumes KT stages starting at (s, ph).
 template <int NN, int BTMAX, int STAGES, bool SM90L, int CL>
 __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
@@ -579,11 +558,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     int L = FIRST_TILE;
     bool have = NEXT_TILE(L, gcur, t);
     while (have) {
-      WITH_TILE_N(BTMAX, t.rows, (consumer_mainloop<NN, BTMAX, STAGES, SM90L, CL>(acc, smem, bar_base, KT, r0, sel, s, ph)));
+      WGMMA_WITH_TILE_N(BTMAX, t.rows,
+                        (consumer_mainloop<NN, BTMAX, STAGES, SM90L, CL>(acc, smem, bar_base, KT, r0, sel, s, ph)));
       L += TILE_STEP;
       const bool have_next = NEXT_TILE(L, gcur, nxt);
       // undo the 2^-7 of the fp4 weights
-      WITH_TILE_N(BTMAX, t.rows, (store_tile<NN>(acc, p, t, r0, 128.0f)));
+      WGMMA_WITH_TILE_N(BTMAX, t.rows, (store_tile<NN>(acc, p, t, r0, 128.0f)));
       t = nxt;
       have = have_next;
     }
@@ -594,7 +574,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-#undef WITH_TILE_N
 #undef FIRST_TILE
 #undef TILE_STEP
 #undef NEXT_TILE

@@ -47,6 +47,28 @@ __device__ __forceinline__ void fence_acc(float (&acc)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(acc[i])::"memory");
 }
 
+// Runs STMT with constexpr NN = the smallest WGMMA N of 32/64/128 covering a tile of `rows` rows
+// (the wgmma and wgmma_fp8 kernels' mainloops and epilogues alike; every branch is
+// warpgroup-uniform). A 256-token tile runs N = 256 whatever its rows: any second branch beside it
+// makes ptxas serialize the wgmmas (C7512). A macro, not a helper taking a lambda, so that ptxas sees
+// one straight-line mainloop per branch (it schedules the lambda version worse).
+#define WGMMA_WITH_TILE_N(BTMAX, rows, STMT)           \
+  do {                                                 \
+    if (BTMAX >= 256) {                                \
+      constexpr int NN = BTMAX >= 256 ? 256 : 32;      \
+      STMT;                                            \
+    } else if (BTMAX >= 128 && (rows) > 64) {          \
+      constexpr int NN = BTMAX >= 128 ? 128 : 32;      \
+      STMT;                                            \
+    } else if (BTMAX >= 64 && (rows) > 32) {           \
+      constexpr int NN = BTMAX >= 64 ? 64 : 32;        \
+      STMT;                                            \
+    } else {                                           \
+      constexpr int NN = 32;                           \
+      STMT;                                            \
+    }                                                  \
+  } while (0)
+
 // Tile lookup (one warp, all lanes; returns the same values in every lane).
 struct Tile {
   int g;
