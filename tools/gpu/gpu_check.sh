@@ -27,7 +27,8 @@
 # then a summary table. Steps are skipped once DEADLINE seconds (default 550) have passed, and each
 # step's time limit is cut to what is left, so the summary always prints.
 #   usage: tools/gpu/gpu_check.sh [bench args...]      logs in $OUT (default gpu-check-out)
-#   STEPS="deps builds tests" runs only the named steps.
+#   STEPS="deps builds tests" runs only the named steps; TESTS="tests/test_gemm.py ..." narrows the
+#   tests step to those paths.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-check-out}; mkdir -p "$out"
@@ -86,9 +87,12 @@ step images 60 bash -c images
 # The whole suite, the GPU as default backend (the multi-device tests run on 8 CPU devices).
 # -v: each result is logged as it happens, so a run cut by its time limit still names its failures
 # (the summary below greps them); the suite takes more than one call's 600 s together with the
-# builds now: run STEPS="deps builds tests" alone.
+# builds now: run STEPS="deps builds tests" alone. On a cold machine even the suite alone may
+# outrun the step (92% in 520 s): TESTS names what it runs (default: tests), so two calls can split
+# it, e.g. TESTS=tests/test_gemm.py, then the other files.
+# shellcheck disable=SC2086  # TESTS is a list of paths
 step tests 520 env JAX_NVFP4_SELFTEST="$main/gemm_selftest" python3 -P -m pytest -n 4 -v -p no:cacheprovider \
-  -rfE tests
+  -rfE ${TESTS:-tests}
 
 step portable_tests 240 env PYTHONPATH="$port_site" python3 -P -m pytest -n 4 -q -p no:cacheprovider \
   tests/test_gemm.py tests/test_moe.py tests/test_kernel_config.py -k "not cpu"
