@@ -405,7 +405,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-
 // ---------------------------------------------------------------------------------------------
 // Host side
 template <int BTMAX, int STAGES>
