@@ -47,9 +47,9 @@ __device__ __forceinline__ void fence_acc(float (&acc)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(acc[i])::"memory");
 }
 
-// Runs STMT with constexpr NN = the smallest WGMMA N of 32/64/128 covering a tile of `rows` rows
-// (the wgmma and wgmma_fp8 kernels' mainloops and epilogues alike; every branch is
-// warpgroup-uniform). A 256-token tile runs N = 256 whatever its rows: any second branch beside it
+// Runs STMT with constexpr NN = the smallest WGMMA N of 32/64/128 covering a tile of `rows` rows, or 256
+// for the 256-token tile (the wgmma and wgmma_fp8 kernels' mainloops and epilogues alike; every branch
+// is warpgroup-uniform). A 256-token tile runs N = 256 whatever its rows: any second branch beside it
 // makes ptxas serialize the wgmmas (C7512). A macro, not a helper taking a lambda, so that ptxas sees
 // one straight-line mainloop per branch (it schedules the lambda version worse).
 #define WGMMA_WITH_TILE_N(BTMAX, rows, STMT)           \
