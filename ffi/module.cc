@@ -17,11 +17,13 @@ extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmCpu(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmFp8Cpu(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmGluCpu(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxNvfp4DispatchRowsCpu(XLA_FFI_CallFrame* call_frame);
+extern "C" XLA_FFI_Error* JaxNvfp4QuantizeFp8Cpu(XLA_FFI_CallFrame* call_frame);
 #ifdef JAX_NVFP4_WITH_CUDA
 extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmCuda(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmFp8Cuda(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmGluCuda(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxNvfp4DispatchRowsCuda(XLA_FFI_CallFrame* call_frame);
+extern "C" XLA_FFI_Error* JaxNvfp4QuantizeFp8Cuda(XLA_FFI_CallFrame* call_frame);
 #endif
 
 template <typename Fn>
@@ -57,6 +59,7 @@ NB_MODULE(_jax_nvfp4, m) {
     d["jax_nvfp4_grouped_gemm_fp8"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmFp8Cpu);
     d["jax_nvfp4_grouped_gemm_glu"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmGluCpu);
     d["jax_nvfp4_dispatch_rows"] = EncapsulateFfiHandler(JaxNvfp4DispatchRowsCpu);
+    d["jax_nvfp4_quantize_fp8"] = EncapsulateFfiHandler(JaxNvfp4QuantizeFp8Cpu);
     return d;
   });
   m.def("cuda_registrations", []() {
@@ -66,6 +69,7 @@ NB_MODULE(_jax_nvfp4, m) {
     d["jax_nvfp4_grouped_gemm_fp8"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmFp8Cuda);
     d["jax_nvfp4_grouped_gemm_glu"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmGluCuda);
     d["jax_nvfp4_dispatch_rows"] = EncapsulateFfiHandler(JaxNvfp4DispatchRowsCuda);
+    d["jax_nvfp4_quantize_fp8"] = EncapsulateFfiHandler(JaxNvfp4QuantizeFp8Cuda);
 #endif
     return d;
   });

@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import kernel_config
+from . import _extension, kernel_config
+from .autodiff import varying_type
 from .formats import FP8_K_ORDERS, Fp8Rows, NVFP4Tensor
 from .quantization import e2m1_scaled
 from .reference import check_group_sizes, group_bounds, row_groups, to_out_dtype, validate_gemm_args
@@ -37,6 +38,8 @@ PRECISIONS = kernel_config.PRECISIONS
 CHUNK = 128
 """k values per activation scale (and per float32 promotion of the kernel's accumulator)."""
 WEIGHT_SHIFT = 3
+QUANTIZE_TARGET = "jax_nvfp4_quantize_fp8"
+"""The custom call of the activation quantizer in the kernel k order (csrc/quantize_fp8.h)."""
 """The weights enter e4m3 as ``e2m1 * scale * 2^-3``; the epilogue multiplies by ``2^3``."""
 _F32_SIGN = np.uint32(0x80000000)
 _F32_ABS = np.uint32(0x7FFFFFFF)
@@ -244,17 +247,74 @@ def fp8_lhs(lhs):
     return codes, scales, jnp.float32(1.0)
 
 
-def kernel_lhs(lhs):
+def _ffi_quantizes(lhs) -> bool:
+    """Whether the custom call quantizes ``lhs``: a bf16/float16/float32 array, or an NVFP4Tensor
+    in the checkpoint layout with a scalar global scale (any other lhs takes the jnp route)."""
+    if isinstance(lhs, NVFP4Tensor):
+        return (lhs.layout == "checkpoint" and jnp.ndim(lhs.global_scale) == 0
+                and lhs.data.dtype == jnp.uint8 and lhs.scales.dtype == jnp.float8_e4m3fn)
+    return (isinstance(lhs, jax.Array) or isinstance(lhs, np.ndarray)) and jnp.dtype(lhs.dtype) in (
+        jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+
+
+def quantize_kernel_order_ffi(lhs, scales_transposed: bool = False):
+    """:func:`kernel_lhs` by the custom call "jax_nvfp4_quantize_fp8" (its CPU handler or CUDA
+    kernel: one pass over the rows, codes written in the kernel k order): the same bytes as the
+    jnp route (tests/test_fp8.py checks them against it and an ml_dtypes oracle).
+
+    Args:
+      lhs: bf16/float16/float32 ``[M, K]``, or an NVFP4Tensor ``[M, K]`` in the checkpoint layout
+        with a scalar global scale (its ``e2m1 * block scale`` values are quantized); K % 128 == 0.
+      scales_transposed: return the scales as ``[K/128, M]`` (the GEMM custom call's operand).
+
+    Returns:
+      ``(codes e4m3 [M, K] kernel order, scales float32 [M, K/128] (or [K/128, M]), lhs_global
+      float32 [])``. Not differentiable (the layer and the GEMM call it inside their
+      straight-through forwards).
+    """
+    if not _ffi_quantizes(lhs):
+        raise ValueError("lhs: expected a bf16/float16/float32 [M, K] array or a checkpoint-layout "
+                         f"NVFP4Tensor with a scalar global scale, got {type(lhs).__name__}")
+    if _extension.load() is None:
+        raise RuntimeError(f"quantize_kernel_order_ffi: {_extension.not_built_message()}")
+    if isinstance(lhs, NVFP4Tensor):
+        lhs.validate("lhs")
+        args = (lhs.data, lhs.scales)
+        m, k = lhs.shape
+        gs = lhs.global_scale.astype(jnp.float32)
+    else:
+        x = jnp.asarray(lhs)
+        if x.ndim != 2:
+            raise ValueError(f"lhs: expected [M, K], got shape {x.shape}")
+        args = (x, jnp.zeros((0,), jnp.float8_e4m3fn))
+        m, k = x.shape
+        gs = jnp.float32(1.0)
+    check_precision("fp8", k, name="precision")
+    c = k // CHUNK
+    out_t = (varying_type(args, (m, k), jnp.float8_e4m3fn),
+             varying_type(args, (c, m) if scales_transposed else (m, c), jnp.float32))
+    codes, scales = jax.ffi.ffi_call(QUANTIZE_TARGET, out_t, vmap_method="sequential")(
+        *args, scales_transposed=bool(scales_transposed))
+    return codes, scales, gs
+
+
+def kernel_lhs(lhs, *, use_ffi: bool = False, scales_transposed: bool = False):
     """:func:`fp8_lhs` with the codes in the CUDA kernel's k order (:func:`to_kernel_k_order`),
     the custom call's operand; an :class:`Fp8Rows` already in that order is used as it is.
-    Returns ``(codes e4m3 [M, K] kernel order, scales float32 [M, K/128], lhs_global float32 [])``."""
+    ``use_ffi``: quantize by the custom call where it takes ``lhs`` (:func:`quantize_kernel_order_ffi`;
+    the same bytes). Returns ``(codes e4m3 [M, K] kernel order, scales float32 [M, K/128] (or
+    ``[K/128, M]`` with ``scales_transposed``), lhs_global float32 [])``."""
+    if use_ffi and _ffi_quantizes(lhs):
+        return quantize_kernel_order_ffi(lhs, scales_transposed)
     if isinstance(lhs, Fp8Rows) and lhs.k_order == "kernel":
-        return lhs.codes, lhs.scales, lhs.global_scale.astype(jnp.float32)
-    codes, scales, lhs_gs = fp8_lhs(lhs)
-    return to_kernel_k_order(codes), scales, lhs_gs
+        codes, scales, gs = lhs.codes, lhs.scales, lhs.global_scale.astype(jnp.float32)
+    else:
+        codes, scales, gs = fp8_lhs(lhs)
+        codes = to_kernel_k_order(codes)
+    return codes, (scales.T if scales_transposed else scales), gs
 
 
-def quantize_rows(lhs, k_order: str = "logical") -> Fp8Rows:
+def quantize_rows(lhs, k_order: str = "logical", *, backend: str = "reference") -> Fp8Rows:
     """Activation rows quantized for the fp8 mode, as :func:`jax_nvfp4.grouped_gemm` with
     ``precision="fp8"`` quantizes its lhs: a float ``[M, K]`` or an NVFP4Tensor ``[M, K]`` (scalar
     global scale; K % 128 == 0) -> :class:`Fp8Rows`. Quantizing each token once and gathering its
@@ -264,10 +324,18 @@ def quantize_rows(lhs, k_order: str = "logical") -> Fp8Rows:
 
     ``k_order``: "logical", or "kernel" (the codes permuted in the quantizer's own pass into the
     order the CUDA kernel reads: gathered rows then need no permutation before the custom call;
-    on the H200 permuting 24576 gathered rows of 7168 took 0.6 ms). Same numbers either way."""
+    on the H200 permuting 24576 gathered rows of 7168 took 0.6 ms). Same numbers either way.
+
+    ``backend``: "reference" (jnp), "ffi" or "auto" (as :func:`jax_nvfp4.grouped_gemm` resolves
+    it): with "kernel" order the custom call "jax_nvfp4_quantize_fp8" quantizes the lhs it takes
+    (:func:`quantize_kernel_order_ffi`), the same bytes in one pass."""
     if k_order not in FP8_K_ORDERS:
         raise ValueError(f"k_order: expected one of {FP8_K_ORDERS}, got {k_order!r}")
-    return Fp8Rows(*(kernel_lhs if k_order == "kernel" else fp8_lhs)(lhs), k_order=k_order)
+    from .gemm import _resolve_backend  # noqa: PLC0415  (gemm imports this module)
+    use_ffi = _resolve_backend(backend) == "ffi"
+    if k_order == "kernel":
+        return Fp8Rows(*kernel_lhs(lhs, use_ffi=use_ffi), k_order=k_order)
+    return Fp8Rows(*fp8_lhs(lhs), k_order=k_order)
 
 
 def grouped_gemm_fp8_reference(lhs, rhs: NVFP4Tensor, group_sizes, *, out_dtype=jnp.bfloat16):
@@ -314,5 +382,6 @@ def grouped_gemm_fp8_reference(lhs, rhs: NVFP4Tensor, group_sizes, *, out_dtype=
 
 
 __all__ = ["CHUNK", "Fp8Rows", "PRECISIONS", "check_precision", "fp8_lhs", "from_kernel_k_order",
-           "grouped_gemm_fp8_reference", "kernel_lhs", "quantize_activations_fp8", "quantize_rows",
+           "grouped_gemm_fp8_reference", "kernel_lhs", "quantize_activations_fp8",
+           "quantize_kernel_order_ffi", "quantize_rows",
            "to_kernel_k_order", "weights_fp8"]

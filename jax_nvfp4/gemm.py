@@ -97,17 +97,17 @@ def _on_gpu(*arrays) -> bool:
 
 
 def _fp8_ffi(lhs, rhs, group_sizes, rhs_gs, out_dtype, kernel, m, n, k, g, rows_hint):
-    """The fp8 mode through the custom call: activations quantized in jnp (fp8.fp8_lhs), put in
-    the kernel's k order, scales transposed to ``[K/128, M]``."""
+    """The fp8 mode through the custom call: activations quantized by the quantizer's custom call
+    (fp8.kernel_lhs: the kernel k order, scales ``[K/128, M]``; jnp for an lhs it does not take)."""
     if rhs.layout != "checkpoint" and _on_gpu(*jax.tree.leaves(lhs), rhs.data):
         raise ValueError(f"rhs.layout: precision='fp8' on the GPU reads checkpoint-layout weights "
                          f"only, got {rhs.layout!r}; use jax_nvfp4.prepare_weights(w, 'checkpoint') "
                          "for fp8")
     config = kernel_config.resolve(kernel, m, n, k, g, rows_hint=rows_hint, rhs_layout=rhs.layout,
                                    precision="fp8")
-    codes, scales, lhs_gs = fp8.kernel_lhs(lhs)
+    codes, scales_t, lhs_gs = fp8.kernel_lhs(lhs, use_ffi=True, scales_transposed=True)
     alpha = lhs_gs * rhs_gs
-    return _grouped_gemm_fp8_op(codes, scales.T, rhs.data, rhs.scales,
+    return _grouped_gemm_fp8_op(codes, scales_t, rhs.data, rhs.scales,
                                 alpha, group_sizes, out_dtype, config,
                                 RHS_LAYOUT_CODES[rhs.layout])
 

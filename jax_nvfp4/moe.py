@@ -200,7 +200,9 @@ def _gemm_lhs(x_rows, row_expert, in_scale, gather, scatter, config: MoEConfig, 
             lhs_rows = row_scale if gather is None else row_scale[gather]
             q = jax.vmap(quantize)(x_rows, row_scale)
             lhs = NVFP4Tensor(q.data, q.scales, jnp.float32(1.0))
-            return (lhs if gather is None else _dispatch_quantized(lhs, gather, config)), lhs_rows
+            if gather is not None:
+                lhs = _dispatch_quantized(lhs, gather, config, dispatch_backend)
+            return lhs, lhs_rows
         src = x_rows.astype(jnp.bfloat16) if bf16_rows else x_rows
         # the dynamic row scales made in the same pass: (GEMM input, scale of each GEMM row)
         return dispatch_rows_dynamic(src, gather, scatter, backend=dispatch_backend)
@@ -208,16 +210,18 @@ def _gemm_lhs(x_rows, row_expert, in_scale, gather, scatter, config: MoEConfig, 
         # A real bf16 rounding (the kernel's operand type) in every backend: without the
         # barrier XLA may keep excess precision for the reference backend on GPU.
         lhs = jax.lax.optimization_barrier(x_rows.astype(jnp.bfloat16))
-        return (lhs if gather is None else _dispatch_quantized(lhs, gather, config)), None
+        if gather is not None:
+            lhs = _dispatch_quantized(lhs, gather, config, dispatch_backend)
+        return lhs, None
     return dispatch_rows(x_rows, gather, scatter, backend=dispatch_backend), None
 
 
-def _dispatch_quantized(lhs, gather, config: MoEConfig):
+def _dispatch_quantized(lhs, gather, config: MoEConfig, backend: str):
     """The fp8 mode's dispatch of a GEMM input quantized per token (:func:`_dispatch_in_forward`):
-    the rows ``gather`` of the e4m3 rows (``lhs`` quantized here), or of ``lhs``'s NVFP4 codes and
-    block scales."""
+    the rows ``gather`` of the e4m3 rows (``lhs`` quantized here, by the quantizer's custom call
+    unless ``backend`` is "reference"), or of ``lhs``'s NVFP4 codes and block scales."""
     if config.precision == "fp8":
-        return fp8.quantize_rows(lhs, k_order="kernel").take(gather)
+        return fp8.quantize_rows(lhs, k_order="kernel", backend=backend).take(gather)
     return NVFP4Tensor(take_rows(lhs.data, gather), take_rows(lhs.scales, gather),
                        lhs.global_scale)
 

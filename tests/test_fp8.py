@@ -352,6 +352,95 @@ def test_cuda_quantizer_bytes_equal_exact_route_and_oracle(rng):
                           on_cpu, f"{name}: kernel k order")
 
 
+# ------------------------------------------------------------------ the quantizer's custom call
+def nvfp4_every_code_and_scale():
+    """An NVFP4Tensor [16, 256] whose 256 blocks take the 256 scale bytes (negative, zero,
+    subnormal and NaN 0x7F / 0xFF ones included), each block holding the 16 codes (rolled per
+    block), global scale 0.5 (the call returns it, it does not apply it)."""
+    codes = np.stack([np.roll(np.arange(16), b) for b in range(256)]).reshape(16, 256)
+    data = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+    scales = np.arange(256, dtype=np.uint8).reshape(16, 16).view(E4M3)
+    return jn.NVFP4Tensor(jnp.asarray(data), jnp.asarray(scales), jnp.float32(0.5))
+
+
+def nvfp4_values64(t):
+    """float64 ``e2m1 * block scale`` of an NVFP4Tensor [M, K] (checkpoint layout)."""
+    with np.errstate(invalid="ignore"):
+        return dequant64(np.asarray(t.data), np.asarray(t.scales))
+
+
+def quantizer_ffi_cases(rng):
+    """(name, lhs, oracle input) for every kind the custom call takes: the adversarial float
+    cases, NVFP4 with every code and scale byte, random NVFP4, and a shape whose chunk count is
+    odd (the CUDA kernel's warps take chunks in pairs)."""
+    cases = [(name, jnp.asarray(x), x) for name, x in adversarial_cases(rng)]
+    t = nvfp4_every_code_and_scale()
+    cases.append(("nvfp4 every code and scale", t, nvfp4_values64(t)))
+    r = jn.quantize(jnp.asarray(random_wide(rng, (37, 640)), jnp.float32))
+    cases.append(("nvfp4 random", r, nvfp4_values64(r)))
+    odd = (rng.standard_normal((53, 384)) * rng.uniform(1e-3, 1e3, (53, 1))).astype(np.float32)
+    cases.append(("bf16 odd chunks", jnp.asarray(odd, jnp.bfloat16), odd.astype(ml_dtypes.bfloat16)))
+    return cases
+
+
+def check_quantizer_ffi(lhs, x_oracle, name, device=None):
+    """The custom call on ``lhs`` (on ``device``) against the float64 oracle and the jnp route,
+    in both scale layouts; returns its (codes, scales)."""
+    put = (lambda v: jax.device_put(v, device)) if device is not None else (lambda v: v)
+    lhs = jax.tree.map(put, lhs)
+    ffi = jax.jit(lambda v: fp8.quantize_kernel_order_ffi(v)[:2])
+    ffi_t = jax.jit(lambda v: fp8.quantize_kernel_order_ffi(v, scales_transposed=True)[:2])
+    c, s = ffi(lhs)
+    if device is not None:
+        assert list(c.devices()) == [device]
+    want_c, want_s = oracle_quantize(x_oracle)
+    logical = fp8.from_kernel_k_order(np.asarray(c))
+    assert_same_bytes((logical, s), (want_c, want_s.astype(np.float32)), f"{name}: oracle")
+    jc, js, _ = jax.jit(fp8.kernel_lhs)(lhs)                       # the jnp route
+    assert_same_bytes((c, s), (jc, js), f"{name}: jnp route")
+    ct, st = ffi_t(lhs)
+    assert_same_bytes((ct, np.asarray(st).T), (c, s), f"{name}: transposed scales")
+    return np.asarray(c), np.asarray(s)
+
+
+@needs_ffi
+def test_quantizer_ffi_cpu_against_oracle_and_jnp_route(rng, on_cpu):
+    for name, lhs, x in quantizer_ffi_cases(rng):
+        check_quantizer_ffi(lhs, x, name)
+    _, _, gs = fp8.quantize_kernel_order_ffi(nvfp4_every_code_and_scale())
+    assert float(gs) == 0.5
+
+
+@needs_ffi
+def test_quantizer_ffi_errors(rng, on_cpu):
+    with pytest.raises(ValueError, match=r"lhs: expected a bf16/float16/float32 \[M, K\] array"):
+        fp8.quantize_kernel_order_ffi(jnp.zeros((4, 128), jnp.int32))
+    with pytest.raises(ValueError, match=r"lhs: expected a bf16/float16/float32"):
+        fp8.quantize_kernel_order_ffi(
+            jn.prepare_weights(jn.quantize(jnp.ones((128, 128), jnp.float32)), "sm90"))
+    with pytest.raises(ValueError, match=r"lhs: expected \[M, K\], got shape \(128,\)"):
+        fp8.quantize_kernel_order_ffi(jnp.zeros((128,), jnp.bfloat16))
+    with pytest.raises(ValueError, match="K=96: precision='fp8' needs K to be a multiple of 128"):
+        fp8.quantize_kernel_order_ffi(jnp.zeros((4, 96), jnp.bfloat16))
+    # an lhs the call does not take goes the jnp way in kernel_lhs
+    x64 = np.asarray(rng.standard_normal((4, 128)), np.float64)
+    c, s, _ = fp8.kernel_lhs(x64, use_ffi=True)
+    want_c, want_s = oracle_quantize(x64)
+    assert_same_bytes((fp8.from_kernel_k_order(c), s), (want_c, want_s.astype(np.float32)), "f64")
+
+
+def test_cuda_quantizer_ffi_bytes(rng):
+    """The CUDA kernel of the quantizer's custom call: the oracle's bytes, the jnp route's, and
+    the CPU handler's, on every case of the CPU test."""
+    gpu = _gpu()
+    cpu = jax.devices("cpu")[0]
+    for name, lhs, x in quantizer_ffi_cases(rng):
+        got = check_quantizer_ffi(lhs, x, name, device=gpu)
+        on_cpu = jax.jit(lambda v: fp8.quantize_kernel_order_ffi(v)[:2])(
+            jax.tree.map(lambda v: jax.device_put(v, cpu), lhs))
+        assert_same_bytes(got, on_cpu, f"{name}: GPU vs CPU handler")
+
+
 # ------------------------------------------------------------------ weights (spec 2)
 @pytest.mark.parametrize("layout", ["checkpoint", "sm90"])
 def test_weights_fp8_every_code_and_scale_byte(layout):

@@ -5,7 +5,9 @@ gemm._fp8_ffi runs it, jitted, median of repeated runs:
 - library: fp8.quantize_activations_fp8 (on a CUDA GPU its float route, elsewhere the exact one);
 - exact: the integer route forced (what the CPU runs);
 - float-ref: a plain float quantizer (float abs-max, ``x * 2^-p``; not exact for subnormal inputs
-  on the CPU), the speed of two reads and one write.
+  on the CPU), the speed of two reads and one write;
+- custom-call: fp8.quantize_kernel_order_ffi, the quantizer's custom call (one pass, what
+  jax_nvfp4.grouped_gemm runs now; its CPU handler with --cpu-smoke).
 
 Prints whether each variant's codes and scales equal the library's, on the timed data (normal
 bf16) and on every bf16 bit pattern (the exact route must match there too; the float reference
@@ -75,23 +77,24 @@ def main(argv=None):
         jax.config.update("jax_platforms", "cpu")
     print(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()})")
     fns = {name: as_ffi_calls(q) for name, q in VARIANTS.items()}
+    fns["custom-call"] = jax.jit(lambda x: fp8.quantize_kernel_order_ffi(x, scales_transposed=True)[:2])
     ok = True
     patterns = jnp.asarray(np.arange(1 << 16, dtype=np.uint16).view(jnp.bfloat16).reshape(64, 1024))
     res = {name: f(patterns) for name, f in fns.items()}
-    eq = {name: same(res[name], res["library"]) for name in ("exact", "float-ref")}
+    eq = {name: same(res[name], res["library"]) for name in ("exact", "float-ref", "custom-call")}
     print(f"every bf16 pattern: exact == library: {eq['exact']}, "
-          f"float-ref == library: {eq['float-ref']}")
-    ok &= eq["exact"]
+          f"float-ref == library: {eq['float-ref']}, custom-call == library: {eq['custom-call']}")
+    ok &= eq["exact"] and eq["custom-call"]
     shapes = ([(64, 256)] if a.cpu_smoke
               else [(192, 7168), (6144, 7168), (24576, 7168), (24576, 3072)])
     for m, k in shapes:
         x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
         res = {name: f(x) for name, f in fns.items()}
         row = [f"{name} {time_ms(f, x):.3f} ms" for name, f in fns.items()]
-        eq = {name: same(res[name], res["library"]) for name in ("exact", "float-ref")}
+        eq = {name: same(res[name], res["library"]) for name in ("exact", "float-ref", "custom-call")}
         ok &= all(eq.values())
         print(f"{m}x{k}: " + ", ".join(row) + f"; == library: exact {eq['exact']}, float-ref "
-              f"{eq['float-ref']}  (bytes {m * k * 3 / 1e6:.0f} MB)")
+              f"{eq['float-ref']}, custom-call {eq['custom-call']}  (bytes {m * k * 3 / 1e6:.0f} MB)")
     if not ok:
         raise SystemExit(1)
 

@@ -6,7 +6,8 @@ tree an issue's baseline was measured on and today's) can be timed in one device
 
 bench_layer's per-GPU V4-Pro shard (48 experts, top-6, H 7168, I 3072, no shared expert), random
 NVFP4 weights in the sm90 layout (``prepare_weights``), bf16 tokens, real routing from the random
-router; uses only ``MoEConfig.deepseek_v4_pro``, ``bench_ep.random_layer``, ``prepare_weights`` and
+router (``--precision fp8``: the FP8 mode, weights in the checkpoint layout, which its kernel
+reads); uses only ``MoEConfig.deepseek_v4_pro``, ``bench_ep.random_layer``, ``prepare_weights`` and
 ``moe``, which every build since 2026-11-30 has, and that build's own ``bench.time_ms``.
 """
 
@@ -31,20 +32,23 @@ def main(argv=None):
     ap.add_argument("--experts", type=int, default=48)
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--inter", type=int, default=3072)
+    ap.add_argument("--precision", choices=("exact", "fp8"), default="exact")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     rows = []
     for act in a.activations.split(","):
         cfg = jax_nvfp4.MoEConfig.deepseek_v4_pro(num_experts=a.experts, n_shared_experts=0,
                                                   activation=act, hidden_size=a.hidden,
-                                                  intermediate_size=a.inter)
-        w = jax_nvfp4.prepare_weights(bench_ep.random_layer(cfg, seed=0))
+                                                  intermediate_size=a.inter, precision=a.precision)
+        w = bench_ep.random_layer(cfg, seed=0)
+        w = w if a.precision == "fp8" else jax_nvfp4.prepare_weights(w)
         f = jax.jit(lambda x, w, cfg=cfg: jax_nvfp4.moe(x, w, cfg))
         for t in (int(v) for v in a.tokens.split(",")):
             x = jax.random.normal(jax.random.key(t), (t, cfg.hidden_size), jnp.bfloat16)
             ms = time_ms(f, x, w)
-            rows.append({"label": a.label, "activation": act, "tokens": t, "layer_ms": ms})
-            print(f"{a.label} {act} {t} tokens: {ms:.4f} ms", flush=True)
+            rows.append({"label": a.label, "precision": a.precision, "activation": act,
+                         "tokens": t, "layer_ms": ms})
+            print(f"{a.label} {a.precision} {act} {t} tokens: {ms:.4f} ms", flush=True)
         del w
     if a.json:
         with open(a.json, "w") as fh:
