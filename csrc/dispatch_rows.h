@@ -14,13 +14,8 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
-#if defined(__CUDACC__)
-#define JAX_NVFP4_HD __host__ __device__ __forceinline__
-#else
-#define JAX_NVFP4_HD inline
-#endif
+#include "csrc/float_bits.h"
 
 namespace jax_nvfp4 {
 
@@ -41,16 +36,6 @@ namespace rows {
 
 constexpr int kBlock = 16;
 
-JAX_NVFP4_HD uint32_t F32Bits(float v) {
-  uint32_t b;
-  memcpy(&b, &v, 4);
-  return b;
-}
-JAX_NVFP4_HD float BitsF32(uint32_t b) {
-  float v;
-  memcpy(&v, &b, 4);
-  return v;
-}
 JAX_NVFP4_HD bool IsNan(float v) { return v != v; }
 
 // float32 in [0, 448] or NaN -> e4m3fn byte, round to nearest even (NaN: 0x7F).

@@ -14,11 +14,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define JAX_NVFP4_QHD __host__ __device__ __forceinline__
-#else
-#define JAX_NVFP4_QHD inline
-#endif
+#include "csrc/float_bits.h"
 
 namespace jax_nvfp4 {
 
@@ -38,18 +34,8 @@ namespace fp8q {
 
 constexpr int kChunk = 128;
 
-JAX_NVFP4_QHD uint32_t F32Bits(float v) {
-  uint32_t b;
-  memcpy(&b, &v, 4);
-  return b;
-}
-JAX_NVFP4_QHD float BitsF32(uint32_t b) {
-  float v;
-  memcpy(&v, &b, 4);
-  return v;
-}
 
-JAX_NVFP4_QHD int BitLength(uint32_t v) {  // v > 0
+JAX_NVFP4_HD int BitLength(uint32_t v) {  // v > 0
 #if defined(__CUDA_ARCH__)
   return 32 - __clz(v);
 #else
@@ -58,8 +44,8 @@ JAX_NVFP4_QHD int BitLength(uint32_t v) {  // v > 0
 }
 
 // float32 bits of a bf16 / float16 value (exact conversions, subnormals kept).
-JAX_NVFP4_QHD uint32_t BitsFromBf16(uint16_t h) { return static_cast<uint32_t>(h) << 16; }
-JAX_NVFP4_QHD uint32_t BitsFromF16(uint16_t h) {
+JAX_NVFP4_HD uint32_t BitsFromBf16(uint16_t h) { return static_cast<uint32_t>(h) << 16; }
+JAX_NVFP4_HD uint32_t BitsFromF16(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t e = (h >> 10) & 0x1Fu, f = h & 0x3FFu;
   if (e == 0x1Fu) return sign | 0x7F800000u | (f << 13);  // Inf, NaN (payload kept)
@@ -77,7 +63,7 @@ JAX_NVFP4_QHD uint32_t BitsFromF16(uint16_t h) {
 }
 
 // float32 value of an e4m3fn byte (sign, subnormals; 0x7F / 0xFF: NaN).
-JAX_NVFP4_QHD float E4m3Value(uint32_t byte) {
+JAX_NVFP4_HD float E4m3Value(uint32_t byte) {
   const uint32_t sign = (byte & 0x80u) << 24, e = (byte >> 3) & 0xFu, m = byte & 7u;
   if (e == 0xFu && m == 7u) return BitsF32(0x7FC00000u);
   if (e == 0) {  // m * 2^-9, normal in float32: the leading bit of m sets the exponent
@@ -90,7 +76,7 @@ JAX_NVFP4_QHD float E4m3Value(uint32_t byte) {
 
 // float32 value of an e2m1 code (low nibble; code 8 is -0): as jax_nvfp4.formats.decode_e2m1, the
 // magnitude bits at float32 bits 24..22 plus an exponent bias of 126 (codes 0 and 1: mag * 0.5).
-JAX_NVFP4_QHD float E2m1Value(uint32_t code) {
+JAX_NVFP4_HD float E2m1Value(uint32_t code) {
   const uint32_t mag = code & 7u;
   const uint32_t bits = mag > 1u ? (mag << 22) + 0x3F000000u : mag * 0x3F000000u;
   return BitsF32(bits | (code & 8u) << 28);
@@ -98,12 +84,12 @@ JAX_NVFP4_QHD float E2m1Value(uint32_t code) {
 
 // float32 bits of e2m1(code) * float(e4m3 scale): the product is exact and never subnormal (at most
 // 6 significant bits, >= 0.5 * 2^-9), so no flush-to-zero mode changes it; a NaN scale gives NaN.
-JAX_NVFP4_QHD uint32_t BitsFromNvfp4(uint32_t code, float scale) { return F32Bits(E2m1Value(code) * scale); }
+JAX_NVFP4_HD uint32_t BitsFromNvfp4(uint32_t code, float scale) { return F32Bits(E2m1Value(code) * scale); }
 
 // The scale exponent of a chunk from its amax's float32 bits (sign clear): p = max(E - 135 +
 // (F > 0x600000), -126), the smallest power of two with amax / 2^p <= 448; *nonfinite when the
 // amax is Inf or NaN (p = 0 then).
-JAX_NVFP4_QHD int ScaleExponent(uint32_t amax, bool* nonfinite) {
+JAX_NVFP4_HD int ScaleExponent(uint32_t amax, bool* nonfinite) {
   *nonfinite = amax >= 0x7F800000u;
   if (*nonfinite) return 0;
   const int p = static_cast<int>((amax + 0x1FFFFFu) >> 23) - 135;
@@ -111,11 +97,11 @@ JAX_NVFP4_QHD int ScaleExponent(uint32_t amax, bool* nonfinite) {
 }
 
 // float32 2^e for e in [-126, 127].
-JAX_NVFP4_QHD float Pow2(int e) { return BitsF32(static_cast<uint32_t>(e + 127) << 23); }
+JAX_NVFP4_HD float Pow2(int e) { return BitsF32(static_cast<uint32_t>(e + 127) << 23); }
 
 // e4m3fn byte of x * 2^-p, rounded to nearest even from the exact value (x finite, given by its
 // float32 bits; |x| * 2^-p <= 448, as the chunk's exponent guarantees).
-JAX_NVFP4_QHD uint8_t E4m3Scaled(uint32_t bits, int p) {
+JAX_NVFP4_HD uint8_t E4m3Scaled(uint32_t bits, int p) {
   const uint32_t sign = (bits >> 24) & 0x80u;
   const uint32_t mag = bits & 0x7FFFFFFFu;
   if (mag == 0) return static_cast<uint8_t>(sign);
@@ -143,7 +129,7 @@ JAX_NVFP4_QHD uint8_t E4m3Scaled(uint32_t bits, int p) {
 
 // Position, within a 128-wide chunk in the kernel k order, of logical k (to_kernel_k_order:
 // position 32 j + 16 h + 4 t + i holds k = 32 t + 8 j + 4 h + i).
-JAX_NVFP4_QHD int KernelPosition(int k) {
+JAX_NVFP4_HD int KernelPosition(int k) {
   const int t = k >> 5, j = (k >> 3) & 3, h = (k >> 2) & 1, i = k & 3;
   return 32 * j + 16 * h + 4 * t + i;
 }
