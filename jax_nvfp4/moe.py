@@ -46,7 +46,7 @@ import jax.numpy as jnp
 
 from . import autodiff, fp8
 from .dispatch import dispatch_rows, dispatch_rows_dynamic
-from .formats import NVFP4Tensor
+from .formats import Fp8Rows, NVFP4Tensor
 from .gemm import grouped_gemm, grouped_gemm_swiglu
 from .moe_params import MoEConfig, MoEWeights
 from .quantization import MAX_GLOBAL_SCALE, MIN_GLOBAL_SCALE, dynamic_global_scale, quantize
@@ -187,8 +187,9 @@ def _gemm_lhs(x_rows, row_expert, in_scale, gather, scatter, config: MoEConfig, 
 
     The exact mode's input is bf16: the rows, or the values ``e2m1 * block scale`` of their
     per-row NVFP4 quantization (exact in bf16; what the kernels read for W4A4 anyway), written by
-    :func:`jax_nvfp4.dispatch.dispatch_rows` in one pass. A static W4A4 scale (per expert) and
-    the fp8 mode keep the NVFP4 codes (and gather them)."""
+    :func:`jax_nvfp4.dispatch.dispatch_rows` in one pass. A static W4A4 scale (per expert) keeps
+    the NVFP4 codes. The fp8 mode quantizes each token's row (W4A4: its NVFP4 values, from the
+    dispatch call without a gather) to e4m3 once and gathers the e4m3 rows."""
     dispatch_backend = "reference" if backend == "reference" else "auto"
     if config.activation == "w4a4":
         if in_scale is not None:                       # static: one scale per expert
@@ -196,12 +197,13 @@ def _gemm_lhs(x_rows, row_expert, in_scale, gather, scatter, config: MoEConfig, 
             q = jax.vmap(quantize)(x_rows, q_scale)
             return NVFP4Tensor(q.data, q.scales, jnp.float32(1.0)), None
         if config.precision == "fp8":
-            row_scale = _row_global_scale(x_rows)      # dynamic: one scale per row
+            # dynamic: one scale per row. The rows' NVFP4 values (e2m1 * block scale, exact in
+            # bf16) and scales come from the dispatch call in one pass, then their e4m3 rows from
+            # the quantizer's call: the bytes the FP8 quantizer makes of the NVFP4 rows themselves
+            lhs, row_scale = dispatch_rows_dynamic(x_rows, backend=dispatch_backend)
             lhs_rows = row_scale if gather is None else row_scale[gather]
-            q = jax.vmap(quantize)(x_rows, row_scale)
-            lhs = NVFP4Tensor(q.data, q.scales, jnp.float32(1.0))
             if gather is not None:
-                lhs = _dispatch_quantized(lhs, gather, config, dispatch_backend)
+                lhs = _dispatch_quantized(lhs, gather, dispatch_backend)
             return lhs, lhs_rows
         src = x_rows.astype(jnp.bfloat16) if bf16_rows else x_rows
         # the dynamic row scales made in the same pass: (GEMM input, scale of each GEMM row)
@@ -211,19 +213,16 @@ def _gemm_lhs(x_rows, row_expert, in_scale, gather, scatter, config: MoEConfig, 
         # barrier XLA may keep excess precision for the reference backend on GPU.
         lhs = jax.lax.optimization_barrier(x_rows.astype(jnp.bfloat16))
         if gather is not None:
-            lhs = _dispatch_quantized(lhs, gather, config, dispatch_backend)
+            lhs = _dispatch_quantized(lhs, gather, dispatch_backend)
         return lhs, None
     return dispatch_rows(x_rows, gather, scatter, backend=dispatch_backend), None
 
 
-def _dispatch_quantized(lhs, gather, config: MoEConfig, backend: str):
+def _dispatch_quantized(lhs, gather, backend: str) -> Fp8Rows:
     """The fp8 mode's dispatch of a GEMM input quantized per token (:func:`_dispatch_in_forward`):
-    the rows ``gather`` of the e4m3 rows (``lhs`` quantized here, by the quantizer's custom call
-    unless ``backend`` is "reference"), or of ``lhs``'s NVFP4 codes and block scales."""
-    if config.precision == "fp8":
-        return fp8.quantize_rows(lhs, k_order="kernel", backend=backend).take(gather)
-    return NVFP4Tensor(take_rows(lhs.data, gather), take_rows(lhs.scales, gather),
-                       lhs.global_scale)
+    the rows ``gather`` of the e4m3 rows of ``lhs`` (float ``[T, K]``), quantized here into the
+    kernel k order (by the quantizer's custom call unless ``backend`` is "reference")."""
+    return fp8.quantize_rows(lhs, k_order="kernel", backend=backend).take(gather)
 
 
 def _fused_path(weights: MoEWeights, config: MoEConfig) -> bool:
