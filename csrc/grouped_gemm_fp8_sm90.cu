@@ -68,6 +68,10 @@ constexpr int kConsumerWarps = 8;
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
 constexpr int kTableBytes = 256 * 8;  // e4m3 product table: 8 bytes per scale byte
+// The TMA warp finds each tile (find_tile: dependent L2 loads of the schedule) and hands it to the
+// consumers through a ring of this many slots in shared memory, so that a tile switch costs the
+// consumers a shared-memory read instead of those loads.
+constexpr int kTileSlots = 4;
 
 template <int BTMAX, int STAGES>
 struct F8Cfg {
@@ -78,7 +82,9 @@ struct F8Cfg {
   static constexpr int kStage = (kXsOff + BTMAX * 4 + 1023) / 1024 * 1024;  // 128B swizzle: 1024B-aligned tiles
   static constexpr int kTableOff = STAGES * kStage;
   static constexpr int kBarOff = kTableOff + kTableBytes;  // full[], empty[]
-  static constexpr int kSmem = kBarOff + 2 * STAGES * 8 + 1024;  // + slack for 1024B alignment
+  static constexpr int kTileOff = kBarOff + 2 * STAGES * 8;  // Tile [kTileSlots]: the schedule ring
+  static constexpr int kTileBarOff = kTileOff + kTileSlots * 32;  // tile_full[], tile_empty[]
+  static constexpr int kSmem = kTileBarOff + 2 * kTileSlots * 8 + 1024;  // + slack for 1024B alignment
   static_assert(kSmem <= 232448, "shared memory");
   static_assert(BTMAX % kBoxT == 0 && BTMAX <= 128, "token tile");
 };
@@ -295,6 +301,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(full0 + s * 8, 1 + 32);             // arrive.expect_tx + the cp.async warp's lanes
       mbar_init(empty0 + s * 8, kConsumerWarps);    // one per consumer warp
     }
+#pragma unroll 1
+    for (int i = 0; i < kTileSlots; ++i) {
+      mbar_init(smem_u32(smem + C::kTileBarOff) + i * 8, 1);                                 // tile_full
+      mbar_init(smem_u32(smem + C::kTileBarOff) + (kTileSlots + i) * 8, kConsumerWarps);     // tile_empty
+    }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_a)) : "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_w)) : "memory");
@@ -328,7 +339,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (warp == 0) {
       // TMA: the activation boxes that hold the tile's rows, and the weight box (rows past G*N
       // are zero-filled; rows past N of group g read the next group's, which the epilogue drops).
+      // Each tile (and at the end a tile of no rows) is first published to the consumers' ring.
+      Tile* ring = reinterpret_cast<Tile*>(smem + C::kTileOff);
+      const uint32_t tile_bar = smem_u32(smem + C::kTileBarOff);
+      int ts = 0;
+      uint32_t tph = 0;
+      auto publish = [&](const Tile& v) {
+        if (lane == 0) {
+          mbar_wait(tile_bar + (kTileSlots + ts) * 8, tph ^ 1);
+          ring[ts] = v;
+          mbar_arrive(tile_bar + ts * 8);
+        }
+        advance_stage<kTileSlots>(ts, tph);
+      };
       for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, NT, BTMAX, gcur, t); L += gridDim.x) {
+        publish(t);
         const int nb = (t.rows + kBoxT - 1) / kBoxT;
         const uint32_t bytes = nb * (kBoxT * kBK) + kRowsW * kBK / 2;
         const int row0 = static_cast<int>(t.row0);
@@ -347,6 +372,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           advance_stage<STAGES>(s, ph);
         }
       }
+      Tile none;
+      none.g = 0;
+      none.n0 = 0;
+      none.row0 = 0;
+      none.rows = 0;
+      publish(none);
       return;
     }
     // warp 1: the block scales (8 bytes per row and stage) and the tokens' chunk scales, cp.async,
@@ -386,16 +417,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     float acc[BTMAX / 2];
     int s = 0;
     uint32_t ph = 0;
-    int gcur = 0;
+    const Tile* ring = reinterpret_cast<const Tile*>(smem + C::kTileOff);
+    const uint32_t tile_bar = smem_u32(smem + C::kTileBarOff);
+    int ts = 0;
+    uint32_t tph = 0;
+    // the next tile from the TMA warp's ring; false at the end (a tile of no rows)
+    auto next_tile = [&](Tile& v) {
+      mbar_wait(tile_bar + ts * 8, tph);
+      v = ring[ts];
+      __syncwarp();
+      if (lane == 0) mbar_arrive(tile_bar + (kTileSlots + ts) * 8);
+      advance_stage<kTileSlots>(ts, tph);
+      return v.rows > 0;
+    };
     Tile t, nxt;
-    int L = blockIdx.x;
-    bool have = find_tile(L, total, prefix, starts, ends, G, NT, BTMAX, gcur, t);
+    bool have = next_tile(t);
     while (have) {
+      // the epilogue's alpha into L1 now, so that its load after the mainloop does not wait on L2
+      asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p.alpha + t.g));
 #pragma unroll
       for (int i = 0; i < BTMAX / 2; ++i) acc[i] = 0.0f;
       WGMMA_WITH_TILE_N(BTMAX, t.rows, (consumer_mainloop<NN, BTMAX, STAGES>(acc, smem, bar_base, KT, r0, s, ph)));
-      L += gridDim.x;
-      const bool have_next = find_tile(L, total, prefix, starts, ends, G, NT, BTMAX, gcur, nxt);
+      const bool have_next = next_tile(nxt);
       // undo the 2^-3 of the e4m3 weights
       WGMMA_WITH_TILE_N(BTMAX, t.rows, (store_tile<NN>(acc, p, t, r0, 8.0f)));
       t = nxt;
