@@ -13,8 +13,10 @@
 // registers (RS), the tokens the N side from shared memory (e4m3, 128-byte swizzle, TMA).
 //
 // Warp specialization (384 threads, 1 CTA per SM, persistent):
-//   warpgroup 0 (producer): warp 0 issues the TMA loads of a stage (the activation boxes of 32
-//     tokens x 128 k that hold rows, and the weight box of 128 rows x 64 bytes = 128 k of codes);
+//   warpgroup 0 (producer): warp 0 walks the schedule, publishes each tile to the consumers
+//     through a shared-memory ring (kTileSlots) and issues the TMA loads of its stages (the
+//     activation boxes of 32 tokens x 128 k that hold rows, and the weight box of 128 rows x 64
+//     bytes = 128 k of codes);
 //     warp 1 cp.asyncs the stage's 128 x 8 block-scale bytes and the tile's BTMAX chunk scales;
 //     both complete full[s].
 //   warpgroups 1, 2 (consumers): 64 weight rows each. Per stage each thread reads its two rows'
