@@ -237,7 +237,8 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
     if backend == "reference":
         return reference.grouped_gemm(lhs, rhs, group_sizes, out_dtype=out_dtype,
                                       precision=precision)
-    # fp8 quantizes the activations in jnp before the custom call: any float lhs dtype works.
+    # fp8 quantizes the activations before the GEMM call (the quantizer's custom call, or jnp for
+    # an lhs it does not take): any float lhs dtype works.
     m, k, g, n = reference.validate_gemm_args(
         lhs, rhs, group_sizes, out_dtype,
         float_lhs_dtypes=None if precision == "fp8" else (jnp.bfloat16,))
