@@ -29,9 +29,9 @@ inline ffi::Error DecodeQuantizeFp8(ffi::AnyBuffer x, ffi::AnyBuffer block_scale
   const auto xd = x.dimensions();
   if (xd.size() != 2) return bad("x must be [M, K] (or [M, K/2] NVFP4 codes), got " + QuantizeDims(xd));
   p->M = xd[0];
-  const bool nvfp4 = block_scales.element_count() != 0;
+  // uint8 x is NVFP4 (its block scales [M, K/16] may be empty with M = 0); a float x takes none
+  const bool nvfp4 = x.element_type() == ffi::DataType::U8;
   if (nvfp4) {
-    if (x.element_type() != ffi::DataType::U8) return bad("x must be uint8 packed codes when block_scales are given");
     p->kind = Fp8InputKind::kNvfp4;
     p->K = 2 * xd[1];
     const auto sd = block_scales.dimensions();
@@ -47,6 +47,7 @@ inline ffi::Error DecodeQuantizeFp8(ffi::AnyBuffer x, ffi::AnyBuffer block_scale
       case ffi::DataType::F32: p->kind = Fp8InputKind::kF32; break;
       default: return bad("x must be bfloat16, float16 or float32 (or uint8 codes with block_scales)");
     }
+    if (block_scales.element_count() != 0) return bad("block_scales must be empty ([0]) for a float x");
     p->K = xd[1];
     p->block_scales = nullptr;
   }

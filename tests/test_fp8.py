@@ -409,6 +409,15 @@ def test_quantizer_ffi_cpu_against_oracle_and_jnp_route(rng, on_cpu):
         check_quantizer_ffi(lhs, x, name)
     _, _, gs = fp8.quantize_kernel_order_ffi(nvfp4_every_code_and_scale())
     assert float(gs) == 0.5
+    # no rows, both kinds and both scale layouts
+    empty = [jnp.zeros((0, 256), jnp.bfloat16),
+             jn.NVFP4Tensor(jnp.zeros((0, 128), jnp.uint8), jnp.zeros((0, 16), jnp.float8_e4m3fn),
+                            jnp.float32(1.0))]
+    for lhs in empty:
+        for tr in (False, True):
+            c, s, _ = fp8.quantize_kernel_order_ffi(lhs, scales_transposed=tr)
+            assert c.shape == (0, 256) and c.dtype == jnp.float8_e4m3fn
+            assert s.shape == ((2, 0) if tr else (0, 2)) and s.dtype == jnp.float32
 
 
 @needs_ffi
