@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #define JAX_NVFP4_WITH_CUDA_DECLS 1
+#include "ffi/cuda_status.h"
 #include "ffi/dispatch_rows_ffi.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -21,12 +22,7 @@ ffi::Error DispatchRowsCuda(cudaStream_t stream, ffi::AnyBuffer x, jax_nvfp4::Ro
   jax_nvfp4::DispatchRowsParams p;
   if (ffi::Error err = jax_nvfp4::DecodeDispatchRows(x, row_scale, scatter, out, row_scale_out, &p); err.failure())
     return err;
-  cudaError_t e = jax_nvfp4::LaunchDispatchRows(p, stream);
-  if (e == cudaSuccess) e = cudaGetLastError();
-  if (e != cudaSuccess)
-    return ffi::Error::Internal(std::string("jax_nvfp4_dispatch_rows: kernel launch failed: ") + cudaGetErrorName(e) +
-                                ": " + cudaGetErrorString(e));
-  return ffi::Error::Success();
+  return jax_nvfp4::LaunchStatus("jax_nvfp4_dispatch_rows", jax_nvfp4::LaunchDispatchRows(p, stream));
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "csrc/dispatch_rows.h"
+#include "ffi/ffi_text.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_nvfp4 {
@@ -19,19 +20,13 @@ namespace ffi = ::xla::ffi;
 // An alias: template commas cannot appear inside the XLA_FFI_DEFINE_HANDLER_SYMBOL macro.
 using RowScaleBuffer = ffi::Buffer<ffi::F32, 1>;
 
-inline std::string RowsDims(ffi::AnyBuffer::Dimensions d) {
-  std::string s = "[";
-  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
-  return s + "]";
-}
-
 // Checks the call and fills *p (every message names the operand).
 inline ffi::Error DecodeDispatchRows(ffi::AnyBuffer x, RowScaleBuffer row_scale, ffi::AnyBuffer scatter,
                                      ffi::Result<ffi::AnyBuffer> out, ffi::Result<RowScaleBuffer> row_scale_out,
                                      DispatchRowsParams* p) {
   auto bad = [](const std::string& m) { return ffi::Error::InvalidArgument("jax_nvfp4_dispatch_rows: " + m); };
   const auto xd = x.dimensions();
-  if (xd.size() != 2) return bad("x must be [T, K], got " + RowsDims(xd));
+  if (xd.size() != 2) return bad("x must be [T, K], got " + DimsToString(xd));
   if (x.element_type() != ffi::DataType::BF16 && x.element_type() != ffi::DataType::F32)
     return bad("x must be bfloat16 or float32");
   p->x = x.untyped_data();
@@ -49,13 +44,13 @@ inline ffi::Error DecodeDispatchRows(ffi::AnyBuffer x, RowScaleBuffer row_scale,
     p->slots = 1;
   } else {
     if (sd.size() != 2 || sd[0] != p->T)
-      return bad("scatter must be [T, slots] = [" + std::to_string(p->T) + ", slots] or empty, got " + RowsDims(sd));
+      return bad("scatter must be [T, slots] = [" + std::to_string(p->T) + ", slots] or empty, got " + DimsToString(sd));
     p->scatter = static_cast<const int32_t*>(scatter.untyped_data());
     p->slots = sd[1];
   }
   const auto od = out->dimensions();
   if (out->element_type() != ffi::DataType::BF16 || od.size() != 2 || od[1] != p->K)
-    return bad("out must be bfloat16 [R, K] with K = " + std::to_string(p->K) + ", got " + RowsDims(od));
+    return bad("out must be bfloat16 [R, K] with K = " + std::to_string(p->K) + ", got " + DimsToString(od));
   p->R = od[0];
   p->out = static_cast<uint16_t*>(out->untyped_data());
   const int64_t no = row_scale_out->dimensions()[0];

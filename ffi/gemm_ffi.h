@@ -16,6 +16,7 @@
 #include <string>
 
 #include "csrc/gemm_contract.h"
+#include "ffi/ffi_text.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_nvfp4 {
@@ -70,15 +71,6 @@ using U8Buffer1 = ffi::Buffer<ffi::U8, 1>;
 
 inline ffi::Error BadArgument(const std::string& msg) {
   return ffi::Error::InvalidArgument("jax_nvfp4_grouped_gemm: " + msg);
-}
-
-inline std::string DimsToString(ffi::AnyBuffer::Dimensions d) {
-  std::string s = "[";
-  for (size_t i = 0; i < d.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(d[i]);
-  }
-  return s + "]";
 }
 
 inline std::string ConfigToString(const KernelConfig& c) {

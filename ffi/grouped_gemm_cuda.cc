@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include "csrc/grouped_gemm.h"
+#include "ffi/cuda_status.h"
 #include "ffi/gemm_ffi.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -23,10 +24,7 @@ using jax_nvfp4::U8Buffer1;
 using jax_nvfp4::U8Buffer3;
 using CudaStream = ffi::PlatformStream<cudaStream_t>;
 
-ffi::Error CudaError(const char* what, cudaError_t e) {
-  return ffi::Error::Internal(std::string("jax_nvfp4_grouped_gemm: ") + what + ": " + cudaGetErrorName(e) + ": " +
-                              cudaGetErrorString(e));
-}
+ffi::Error CudaError(const char* what, cudaError_t e) { return jax_nvfp4::CudaCallError("jax_nvfp4_grouped_gemm", what, e); }
 
 std::string DeviceDescription(int dev, int arch) {
   cudaDeviceProp prop;

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #define JAX_NVFP4_WITH_CUDA_DECLS 1
+#include "ffi/cuda_status.h"
 #include "ffi/quantize_fp8_ffi.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -21,12 +22,7 @@ ffi::Error QuantizeFp8Cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer
   if (ffi::Error err = jax_nvfp4::DecodeQuantizeFp8(x, block_scales, codes, scales, scales_transposed, &p);
       err.failure())
     return err;
-  cudaError_t e = jax_nvfp4::LaunchQuantizeFp8(p, stream);
-  if (e == cudaSuccess) e = cudaGetLastError();
-  if (e != cudaSuccess)
-    return ffi::Error::Internal(std::string("jax_nvfp4_quantize_fp8: kernel launch failed: ") + cudaGetErrorName(e) +
-                                ": " + cudaGetErrorString(e));
-  return ffi::Error::Success();
+  return jax_nvfp4::LaunchStatus("jax_nvfp4_quantize_fp8", jax_nvfp4::LaunchQuantizeFp8(p, stream));
 }
 
 }  // namespace

@@ -9,17 +9,12 @@
 #include <string>
 
 #include "csrc/quantize_fp8.h"
+#include "ffi/ffi_text.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_nvfp4 {
 
 namespace ffi = ::xla::ffi;
-
-inline std::string QuantizeDims(ffi::AnyBuffer::Dimensions d) {
-  std::string s = "[";
-  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
-  return s + "]";
-}
 
 // Checks the call and fills *p (every message names the operand).
 inline ffi::Error DecodeQuantizeFp8(ffi::AnyBuffer x, ffi::AnyBuffer block_scales, ffi::Result<ffi::AnyBuffer> codes,
@@ -27,7 +22,7 @@ inline ffi::Error DecodeQuantizeFp8(ffi::AnyBuffer x, ffi::AnyBuffer block_scale
                                     QuantizeFp8Params* p) {
   auto bad = [](const std::string& m) { return ffi::Error::InvalidArgument("jax_nvfp4_quantize_fp8: " + m); };
   const auto xd = x.dimensions();
-  if (xd.size() != 2) return bad("x must be [M, K] (or [M, K/2] NVFP4 codes), got " + QuantizeDims(xd));
+  if (xd.size() != 2) return bad("x must be [M, K] (or [M, K/2] NVFP4 codes), got " + DimsToString(xd));
   p->M = xd[0];
   // uint8 x is NVFP4 (its block scales [M, K/16] may be empty with M = 0); a float x takes none
   const bool nvfp4 = x.element_type() == ffi::DataType::U8;
@@ -38,7 +33,7 @@ inline ffi::Error DecodeQuantizeFp8(ffi::AnyBuffer x, ffi::AnyBuffer block_scale
     if (block_scales.element_type() != ffi::DataType::F8E4M3FN || sd.size() != 2 || sd[0] != p->M ||
         sd[1] * 16 != p->K)
       return bad("block_scales must be float8_e4m3fn [M, K/16] = [" + std::to_string(p->M) + ", " +
-                 std::to_string(p->K / 16) + "], got " + QuantizeDims(sd));
+                 std::to_string(p->K / 16) + "], got " + DimsToString(sd));
     p->block_scales = static_cast<const uint8_t*>(block_scales.untyped_data());
   } else {
     switch (x.element_type()) {
@@ -55,14 +50,14 @@ inline ffi::Error DecodeQuantizeFp8(ffi::AnyBuffer x, ffi::AnyBuffer block_scale
   const auto cd = codes->dimensions();
   if (codes->element_type() != ffi::DataType::F8E4M3FN || cd.size() != 2 || cd[0] != p->M || cd[1] != p->K)
     return bad("codes must be float8_e4m3fn [M, K] = [" + std::to_string(p->M) + ", " + std::to_string(p->K) +
-               "], got " + QuantizeDims(cd));
+               "], got " + DimsToString(cd));
   p->codes = static_cast<uint8_t*>(codes->untyped_data());
   const int64_t c = p->K / fp8q::kChunk;
   const auto sd = scales->dimensions();
   const int64_t want0 = scales_transposed ? c : p->M, want1 = scales_transposed ? p->M : c;
   if (scales->element_type() != ffi::DataType::F32 || sd.size() != 2 || sd[0] != want0 || sd[1] != want1)
     return bad(std::string("scales must be float32 ") + (scales_transposed ? "[K/128, M]" : "[M, K/128]") + " = [" +
-               std::to_string(want0) + ", " + std::to_string(want1) + "], got " + QuantizeDims(sd));
+               std::to_string(want0) + ", " + std::to_string(want1) + "], got " + DimsToString(sd));
   p->scales = static_cast<float*>(scales->untyped_data());
   p->scales_transposed = scales_transposed;
   if (const char* why = QuantizeFp8CheckParams(*p)) return bad(why);

@@ -38,9 +38,9 @@ PRECISIONS = kernel_config.PRECISIONS
 CHUNK = 128
 """k values per activation scale (and per float32 promotion of the kernel's accumulator)."""
 WEIGHT_SHIFT = 3
+"""The weights enter e4m3 as ``e2m1 * scale * 2^-3``; the epilogue multiplies by ``2^3``."""
 QUANTIZE_TARGET = "jax_nvfp4_quantize_fp8"
 """The custom call of the activation quantizer in the kernel k order (csrc/quantize_fp8.h)."""
-"""The weights enter e4m3 as ``e2m1 * scale * 2^-3``; the epilogue multiplies by ``2^3``."""
 _F32_SIGN = np.uint32(0x80000000)
 _F32_ABS = np.uint32(0x7FFFFFFF)
 
@@ -253,7 +253,7 @@ def _ffi_quantizes(lhs) -> bool:
     if isinstance(lhs, NVFP4Tensor):
         return (lhs.layout == "checkpoint" and jnp.ndim(lhs.global_scale) == 0
                 and lhs.data.dtype == jnp.uint8 and lhs.scales.dtype == jnp.float8_e4m3fn)
-    return (isinstance(lhs, jax.Array) or isinstance(lhs, np.ndarray)) and jnp.dtype(lhs.dtype) in (
+    return isinstance(lhs, (jax.Array, np.ndarray)) and jnp.dtype(lhs.dtype) in (
         jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
 
 
