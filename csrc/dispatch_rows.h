@@ -49,14 +49,6 @@ JAX_NVFP4_HD uint8_t E4m3FromF32(float v) {
   return static_cast<uint8_t>(((e + 7) << 3) | ((b >> 20) & 7u));
 }
 
-// e4m3fn byte (sign clear) -> float32.
-JAX_NVFP4_HD float F32FromE4m3(uint8_t c) {
-  if (c == 0x7F) return BitsF32(0x7FC00000u);
-  const int e = c >> 3, m = c & 7;
-  if (e == 0) return static_cast<float>(m) * 0.001953125f;  // m * 2^-9
-  return BitsF32(static_cast<uint32_t>(e - 7 + 127) << 23 | static_cast<uint32_t>(m) << 20);
-}
-
 // |v| folded into a running amax over finite values (Inf and NaN skipped).
 JAX_NVFP4_HD float FiniteAbsMax(float amax, float v) {
   const float a = v < 0.0f ? -v : v;
@@ -88,7 +80,7 @@ JAX_NVFP4_HD float BlockScale(float amax, bool nan, float gs) {
   if (bad || nan) return BitsF32(0x7FC00000u);
   float v = amax / 6.0f;
   v = v < 448.0f ? v : 448.0f;
-  return F32FromE4m3(E4m3FromF32(v));
+  return E4m3Value(E4m3FromF32(v));
 }
 
 // e2m1(RN(y / s)) * s, the quotient rounded to E2M1 with ties to the even code, without a

@@ -41,6 +41,7 @@
 // are written in that order by jax_nvfp4 (a transpose fused into their quantization); the weights
 // keep the checkpoint layout.
 
+#include "csrc/float_bits.h"
 #include "csrc/grouped_gemm.h"
 #include "csrc/grouped_gemm_schedule.cuh"
 #include "csrc/e2m1_sm90_layout.cuh"
@@ -128,18 +129,10 @@ __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, uint32_
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
-// float8_e4m3fn bits -> float (bias 7, subnormals m * 2^-9, S.1111.111 NaN).
-__device__ __forceinline__ float e4m3_to_float(uint32_t b) {
-  if ((b & 0x7Fu) == 0x7Fu) return __int_as_float(0x7FC00000);
-  const uint32_t e = (b >> 3) & 0xFu, m = b & 7u;
-  const float v = e == 0 ? static_cast<float>(m) * 0.001953125f : __int_as_float(static_cast<int>(((e + 120u) << 23) | (m << 20)));
-  return (b & 0x80u) ? -v : v;
-}
-
 // The 8-byte product table of scale byte b: byte m = e4m3_rn(e2m1(m) * s * 2^-3), m = 0..7 (a NaN
 // scale gives NaN bytes, as e2m1 * NaN does in the exact kernels).
 __device__ __forceinline__ uint2 product_table(uint32_t b) {
-  const float s = e4m3_to_float(b) * 0.125f;  // exact
+  const float s = E4m3Value(b) * 0.125f;  // exact
   const float mags[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
   uint32_t h[4];
 #pragma unroll

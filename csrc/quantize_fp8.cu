@@ -27,7 +27,7 @@ __device__ __forceinline__ uint4 load_bits(const QuantizeFp8Params& p, int64_t r
     return __ldg(reinterpret_cast<const uint4*>(static_cast<const float*>(p.x) + r * p.K + k));
   } else if constexpr (kKind == Fp8InputKind::kNvfp4) {
     const uint32_t codes = __ldg(reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(p.x) + r * (p.K / 2) + k / 2));
-    const float scale = fp8q::E4m3Value(__ldg(p.block_scales + r * (p.K / 16) + k / 16));
+    const float scale = E4m3Value(__ldg(p.block_scales + r * (p.K / 16) + k / 16));
     return make_uint4(fp8q::BitsFromNvfp4(codes & 0xFu, scale), fp8q::BitsFromNvfp4((codes >> 4) & 0xFu, scale),
                       fp8q::BitsFromNvfp4((codes >> 8) & 0xFu, scale), fp8q::BitsFromNvfp4(codes >> 12, scale));
   } else {

@@ -62,18 +62,6 @@ JAX_NVFP4_HD uint32_t BitsFromF16(uint16_t h) {
   return sign | ((e + 112u) << 23) | (f << 13);
 }
 
-// float32 value of an e4m3fn byte (sign, subnormals; 0x7F / 0xFF: NaN).
-JAX_NVFP4_HD float E4m3Value(uint32_t byte) {
-  const uint32_t sign = (byte & 0x80u) << 24, e = (byte >> 3) & 0xFu, m = byte & 7u;
-  if (e == 0xFu && m == 7u) return BitsF32(0x7FC00000u);
-  if (e == 0) {  // m * 2^-9, normal in float32: the leading bit of m sets the exponent
-    if (m == 0) return BitsF32(sign);
-    const int lead = BitLength(m) - 1;
-    return BitsF32(sign | static_cast<uint32_t>(lead - 9 + 127) << 23 | ((m << (23 - lead)) & 0x7FFFFFu));
-  }
-  return BitsF32(sign | (e - 7u + 127u) << 23 | m << 20);
-}
-
 // float32 value of an e2m1 code (low nibble; code 8 is -0): as jax_nvfp4.formats.decode_e2m1, the
 // magnitude bits at float32 bits 24..22 plus an exponent bias of 126 (codes 0 and 1: mag * 0.5).
 JAX_NVFP4_HD float E2m1Value(uint32_t code) {
