@@ -367,12 +367,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           advance_stage<STAGES>(s, ph);
         }
       }
-      Tile none;
-      none.g = 0;
-      none.n0 = 0;
-      none.row0 = 0;
-      none.rows = 0;
-      publish(none);
+      publish(Tile{0, 0, 0, 0});  // the end: a tile of no rows
       return;
     }
     // warp 1: the block scales (8 bytes per row and stage) and the tokens' chunk scales, cp.async,

@@ -34,7 +34,6 @@ namespace fp8q {
 
 constexpr int kChunk = 128;
 
-
 JAX_NVFP4_HD int BitLength(uint32_t v) {  // v > 0
 #if defined(__CUDA_ARCH__)
   return 32 - __clz(v);

@@ -1,7 +1,6 @@
 // XLA FFI CUDA handler of "jax_nvfp4_dispatch_rows" (ffi/dispatch_rows_ffi.h): checks the call and
 // enqueues csrc/dispatch_rows.cu. No allocation, no host sync.
 #include <cstdint>
-#include <string>
 
 #include <cuda_runtime.h>
 

@@ -1,7 +1,5 @@
 // XLA FFI CUDA handler of "jax_nvfp4_quantize_fp8" (ffi/quantize_fp8_ffi.h): checks the call and
 // enqueues csrc/quantize_fp8.cu. No allocation, no host sync.
-#include <string>
-
 #include <cuda_runtime.h>
 
 #define JAX_NVFP4_WITH_CUDA_DECLS 1
