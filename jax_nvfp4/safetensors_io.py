@@ -6,20 +6,29 @@ has its own. The file is an 8-byte little-endian header length ``n``, ``n`` byte
 the raw little-endian bytes (offsets relative to the end of the header).
 
 * The reader checks every header entry before anything is mapped: integer shape and offsets,
-  a byte count that matches the shape, no overlap between tensors, nothing past the end of the
-  file, a known dtype, ``__metadata__`` a str -> str map. Anything else is a ValueError naming
-  the file and the tensor.
-* The writer is atomic: it writes a temporary file in the target's folder, flushes and fsyncs
-  it, renames it over the target and fsyncs the folder. A failure midway (disk full, file size
-  limit) leaves the old file as it was and no temporary file behind; arrays that are memory-mapped
-  views of the target itself (``t = read_safetensors(p); save_safetensors(p, t)``) are safe to
-  save, since the old file is only unlinked once the new one is complete.
+  a byte count that matches the shape and fits numpy's array size, no overlap between tensors,
+  nothing past the end of the file, a known dtype, ``__metadata__`` a str -> str map, names and
+  strings valid Unicode, no repeated key, a header of at most 100,000,000 bytes (the
+  ``safetensors`` package's limit). Anything else is a ValueError naming the file and the tensor.
+  The header is read from, and the data mapped from, one open descriptor: a reader keeps
+  returning the bytes of the file it validated even when that path is atomically replaced.
+* The writer refuses what the reader (and the ``safetensors`` package) would refuse: names or
+  metadata that are not valid Unicode (lone surrogates), a header over the size limit. It
+  writes atomically: a temporary file in the target's folder, flushed and fsynced, renamed over
+  the target, then the folder fsynced. A failure midway (disk full, file size limit) leaves the
+  old file as it was and no temporary file behind; arrays that are memory-mapped views of the
+  target itself (``t = read_safetensors(p); save_safetensors(p, t)``) are safe to save, since
+  the old file is only unlinked once the new one is complete. A target that exists and is not a
+  regular file (a folder, FIFO, device) is refused, and a symbolic link is written through (its
+  target is replaced, the link kept).
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
+import stat
 import struct
 import tempfile
 from collections.abc import Mapping
@@ -56,7 +65,8 @@ _ST_TO_NP: dict[str, np.dtype] = {
 }
 _NP_TO_ST: dict[np.dtype, str] = {v.newbyteorder("=") if v.byteorder in "<>" else v: k
                                  for k, v in _ST_TO_NP.items()}
-_MAX_HEADER = 100 * 1024 * 1024
+_MAX_HEADER = 100_000_000   # the safetensors package's limit on the header length, padding included
+_MAX_NBYTES = int(np.iinfo(np.intp).max)   # numpy's limit on an array's byte count
 
 
 def _st_dtype_of(arr: np.ndarray, name: str) -> str:
@@ -69,11 +79,25 @@ def _st_dtype_of(arr: np.ndarray, name: str) -> str:
                          f"{sorted(str(d) for d in _NP_TO_ST)})") from None
 
 
+def _check_unicode(text: str, what: str) -> None:
+    """Refuse a str that has no UTF-8 encoding (a lone surrogate): JSON can escape it, but the
+    safetensors package refuses such a header."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} {text!r:.200} is not valid Unicode (lone surrogate "
+                         f"{text[e.start]!r} at index {e.start}); safetensors headers are UTF-8"
+                         ) from None
+
+
 def _check_metadata(metadata: Any, where: str) -> dict[str, str]:
     if not isinstance(metadata, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise ValueError(f"{where}: {METADATA_KEY} must be a str -> str map (the safetensors "
                          f"format), got {metadata!r:.200}")
+    for k, v in metadata.items():
+        _check_unicode(k, f"{where}: {METADATA_KEY} key")
+        _check_unicode(v, f"{where}: {METADATA_KEY}[{k!r:.100}] value")
     return dict(metadata)
 
 
@@ -89,6 +113,31 @@ def _umask() -> int:
     umask = os.umask(0o022)
     os.umask(umask)
     return umask
+
+
+def _target_path(path: str) -> str:
+    """The file ``save_safetensors(path)`` replaces: ``path``, or a symbolic link's target.
+
+    Raises ValueError for an empty path, a path ending in a separator, or an existing
+    non-regular file (the atomic rename would replace a folder, FIFO or device node by a file).
+    """
+    if not path:
+        raise ValueError("path: expected a file path, got an empty string")
+    if not os.path.basename(path):
+        raise ValueError(f"path: {path!r} ends in a separator; expected a file path")
+    target = os.path.realpath(path)
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return target
+    if not stat.S_ISREG(mode):
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+        where = path if target == os.path.abspath(path) else f"{path} (-> {target})"
+        raise ValueError(f"path: {where} exists and is {kind}; save_safetensors only creates or "
+                         "replaces regular files")
+    return target
 
 
 def _write_atomic(path: str, chunks) -> None:
@@ -143,11 +192,16 @@ def save_safetensors(path: PathLike, tensors: Mapping[str, Any],
     The old file at ``path`` (if any) is replaced only once the new one is completely written
     and synced; ``tensors`` may be views of that old file (e.g. from :func:`read_safetensors`).
 
+    ``path`` may be a symbolic link: the file it points to is replaced and the link kept.
+
     Raises:
-      ValueError: a tensor named ``"__metadata__"`` (reserved by the format; pass ``metadata``),
-        a non-str name, metadata that is not str -> str, or a dtype safetensors cannot store.
+      ValueError: an empty ``path``, or one that exists and is not a regular file (a folder,
+        FIFO, device: left as it was); a tensor named ``"__metadata__"`` (reserved by the format;
+        pass ``metadata``), a non-str name, metadata that is not str -> str, a name or metadata
+        string that is not valid Unicode (a lone surrogate), a dtype safetensors cannot store,
+        or a header longer than the 100,000,000 bytes the safetensors package reads.
     """
-    path = os.fspath(path)
+    path = _target_path(os.fspath(path))
     header: dict[str, Any] = {}
     if metadata is not None:
         meta = _check_metadata(metadata, "metadata")
@@ -158,6 +212,7 @@ def save_safetensors(path: PathLike, tensors: Mapping[str, Any],
     for name in tensors:
         if not isinstance(name, str):
             raise ValueError(f"tensors: names must be str, got {name!r}")
+        _check_unicode(name, "tensors: name")
         if name == METADATA_KEY:
             raise ValueError(f"tensors: {METADATA_KEY!r} is reserved by the safetensors format for "
                              "the file's str -> str metadata; pass it as metadata= instead")
@@ -170,6 +225,10 @@ def save_safetensors(path: PathLike, tensors: Mapping[str, Any],
         offset += arr.nbytes
     hbytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
     hbytes += b" " * (-len(hbytes) % 8)  # pad so the data starts 8-byte aligned
+    if len(hbytes) > _MAX_HEADER:
+        raise ValueError(f"tensors/metadata: the JSON header would be {len(hbytes)} bytes; "
+                         f"safetensors readers accept at most {_MAX_HEADER} (fewer tensors per "
+                         "file, shorter names or less metadata)")
 
     def chunks():
         yield struct.pack("<Q", len(hbytes))
@@ -181,24 +240,33 @@ def save_safetensors(path: PathLike, tensors: Mapping[str, Any],
     _write_atomic(path, chunks())
 
 
-def _read_header(path: str) -> tuple[dict, int, int]:
-    """Return (header dict, data start offset, file size) of one safetensors file."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise ValueError(f"{path}: not a safetensors file (shorter than 8 bytes)")
-        (n,) = struct.unpack("<Q", raw)
-        if n > _MAX_HEADER or 8 + n > size:
-            raise ValueError(f"{path}: not a safetensors file (header length {n}, file size {size})")
-        hraw = f.read(n)
+def _unique_keys(pairs: list) -> dict:
+    """json object hook: a repeated key is an error (the safetensors package refuses it too)."""
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"key {k!r:.200} appears twice")
+        out[k] = v
+    return out
+
+
+def _read_header(path: str, f, size: int) -> tuple[dict, int]:
+    """Return (header dict, data start offset) of the safetensors file open as ``f``."""
+    raw = f.read(8)
+    if len(raw) != 8:
+        raise ValueError(f"{path}: not a safetensors file (shorter than 8 bytes)")
+    (n,) = struct.unpack("<Q", raw)
+    if n > _MAX_HEADER or 8 + n > size:
+        raise ValueError(f"{path}: not a safetensors file (header length {n}, file size {size}; "
+                         f"readers accept headers of at most {_MAX_HEADER} bytes)")
+    hraw = f.read(n)
     try:
-        header = json.loads(hraw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        header = json.loads(hraw.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except (UnicodeDecodeError, ValueError) as e:   # JSONDecodeError is a ValueError
         raise ValueError(f"{path}: unreadable safetensors JSON header: {e}") from None
     if not isinstance(header, dict):
         raise ValueError(f"{path}: safetensors header is not a JSON object")
-    return header, 8 + n, size
+    return header, 8 + n
 
 
 def _is_int(v) -> bool:
@@ -211,6 +279,7 @@ def _parse_entry(path: str, name: str, info: Any, data_size: int
     def bad(why: str) -> ValueError:
         return ValueError(f"{path}: tensor {name!r}: {why} (header entry {info!r:.200})")
 
+    _check_unicode(name, f"{path}: tensor name")
     if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
         raise bad("expected an object with 'dtype', 'shape' and 'data_offsets'")
     st, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
@@ -223,8 +292,13 @@ def _parse_entry(path: str, name: str, info: Any, data_size: int
         raise bad("data_offsets must be two integers [begin, end]")
     b, e = offsets
     nbytes = _ST_TO_NP[st].itemsize   # Python ints: no overflow, however large the dims
+    span = nbytes                     # what numpy allocates for: the nonzero dims
     for s in shape:
         nbytes *= s
+        span *= max(s, 1)
+    if span > _MAX_NBYTES:
+        raise bad(f"{st} {shape} has more elements than an array can hold (the product of its "
+                  f"nonzero dims times the item size exceeds {_MAX_NBYTES})")
     if not 0 <= b <= e:
         raise bad(f"data_offsets [{b}, {e}] must satisfy 0 <= begin <= end")
     if e - b != nbytes:
@@ -238,11 +312,13 @@ class SafetensorsReader(Mapping):
     """A lazy read-only mapping name -> numpy array over one or more safetensors files.
 
     Only the JSON headers are read up front (and fully validated: a corrupt entry is a ValueError
-    naming the file and the tensor); each tensor is a view into a read-only ``np.memmap`` of its
-    file (pages are read when touched). Tensors keep their stored dtype: F8_E4M3 arrives as
-    ``ml_dtypes.float8_e4m3fn``, BF16 as ``ml_dtypes.bfloat16``. A name stored in two files
-    raises ValueError. ``metadata`` maps each path to its ``__metadata__`` (str -> str), for the
-    files that have one.
+    naming the file and the tensor); each file is memory-mapped read-only through the descriptor
+    its header was read from, and each tensor is a view into that mapping (pages are read when
+    touched). The reader therefore keeps reading the files it validated: replacing a path
+    atomically (as :func:`save_safetensors` does) does not change what an open reader returns.
+    Tensors keep their stored dtype: F8_E4M3 arrives as ``ml_dtypes.float8_e4m3fn``, BF16 as
+    ``ml_dtypes.bfloat16``. A name stored in two files raises ValueError. ``metadata`` maps each
+    path to its ``__metadata__`` (str -> str), for the files that have one.
     """
 
     def __init__(self, paths: Union[PathLike, Sequence[PathLike]]):
@@ -250,33 +326,40 @@ class SafetensorsReader(Mapping):
             paths = [paths]
         self._entries: dict[str, tuple[int, str, tuple[int, ...], int, int]] = {}
         self._paths: list[str] = [os.fspath(p) for p in paths]
-        self._maps: dict[int, np.ndarray] = {}
-        self._starts: dict[int, int] = {}
+        self._maps: list[Optional[mmap.mmap]] = []
+        self._starts: list[int] = []
         self.metadata: dict[str, dict[str, str]] = {}
         for i, path in enumerate(self._paths):
-            header, start, size = _read_header(path)
-            if METADATA_KEY in header:
-                self.metadata[path] = _check_metadata(header.pop(METADATA_KEY), path)
-            self._starts[i] = start
-            spans = []
-            for name, info in header.items():
-                st, shape, b, e = _parse_entry(path, name, info, size - start)
-                if name in self._entries:
-                    other = self._paths[self._entries[name][0]]
-                    raise ValueError(f"tensor {name!r} is stored in both {other} and {path}")
-                self._entries[name] = (i, st, shape, b, e)
-                if e > b:
-                    spans.append((b, e, name))
-            spans.sort()
-            for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
-                if b1 < e0:
-                    raise ValueError(f"{path}: tensors {n0!r} (data_offsets [{b0}, {e0}]) and "
-                                     f"{n1!r} (data_offsets [{b1}, {e1}]) overlap")
+            # One descriptor for the header and the mapping: an atomic save to the same path
+            # in between cannot pair this header with another file's bytes.
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                header, start = _read_header(path, f, size)
+                self._index(i, path, header, size - start)
+                self._starts.append(start)
+                # The mapping holds the file (its own descriptor) for the reader's lifetime;
+                # pages are read when touched.
+                self._maps.append(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                                  if size > start else None)
 
-    def _map(self, i: int) -> np.ndarray:
-        if i not in self._maps:
-            self._maps[i] = np.memmap(self._paths[i], dtype=np.uint8, mode="r")
-        return self._maps[i]
+    def _index(self, i: int, path: str, header: dict, data_size: int) -> None:
+        """Validate file ``i``'s header and record its tensors in ``self._entries``."""
+        if METADATA_KEY in header:
+            self.metadata[path] = _check_metadata(header.pop(METADATA_KEY), path)
+        spans = []
+        for name, info in header.items():
+            st, shape, b, e = _parse_entry(path, name, info, data_size)
+            if name in self._entries:
+                other = self._paths[self._entries[name][0]]
+                raise ValueError(f"tensor {name!r} is stored in both {other} and {path}")
+            self._entries[name] = (i, st, shape, b, e)
+            if e > b:
+                spans.append((b, e, name))
+        spans.sort()
+        for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+            if b1 < e0:
+                raise ValueError(f"{path}: tensors {n0!r} (data_offsets [{b0}, {e0}]) and "
+                                 f"{n1!r} (data_offsets [{b1}, {e1}]) overlap")
 
     def __getitem__(self, name: str) -> np.ndarray:
         i, st, shape, b, e = self._entries[name]
@@ -284,7 +367,7 @@ class SafetensorsReader(Mapping):
         if e == b:
             return np.zeros(shape, dt)
         count = (e - b) // dt.itemsize
-        return np.frombuffer(self._map(i), dtype=dt, count=count,
+        return np.frombuffer(self._maps[i], dtype=dt, count=count,
                              offset=self._starts[i] + b).reshape(shape)
 
     def __iter__(self):

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import ml_dtypes
 import numpy as np
 import pytest
 
+from jax_nvfp4 import hf_folder
 from jax_nvfp4 import safetensors_io as st
 
 F8 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -311,3 +315,204 @@ def test_failed_save_in_process_removes_temp(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="No space"):
         st.save_safetensors(p, {f"t{i}": np.full(10, i, np.uint8) for i in range(4)})
     assert calls and os.listdir(tmp_path) == []
+
+
+# ------------------------------------------------------------------------------------------------
+# what a save may replace (issue 46 item 4)
+# ------------------------------------------------------------------------------------------------
+
+def test_save_refuses_paths_that_are_not_regular_files(tmp_path):
+    """A folder, FIFO or device at the path stays as it was (the atomic rename would replace it
+    by a regular file), and nothing is left behind; an empty path is an error, not a temp file
+    in the current folder."""
+    t = {"a": np.ones(2, np.float32)}
+    folder = tmp_path / "folder.safetensors"
+    folder.mkdir()
+    fifo = tmp_path / "fifo.safetensors"
+    os.mkfifo(fifo)
+    link = tmp_path / "link.safetensors"
+    os.symlink(fifo, link)
+    for path, kind in ((folder, "a folder"), (fifo, "a FIFO"), (link, "a FIFO")):
+        with pytest.raises(ValueError, match=rf"path: .*{path.name}.* is {kind}"):
+            st.save_safetensors(path, t)
+    assert folder.is_dir() and not any(folder.iterdir())
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert os.path.islink(link)
+    assert sorted(os.listdir(tmp_path)) == ["fifo.safetensors", "folder.safetensors",
+                                            "link.safetensors"]
+    if os.path.exists("/dev/null"):
+        with pytest.raises(ValueError, match="is a device"):
+            st.save_safetensors("/dev/null", t)
+        assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        with pytest.raises(ValueError, match="path: expected a file path"):
+            st.save_safetensors("", t)
+        with pytest.raises(ValueError, match="is a folder"):   # pathlib.Path("") is "."
+            st.save_safetensors(type(tmp_path)(""), t)
+        with pytest.raises(ValueError, match="ends in a separator"):
+            st.save_safetensors("sub/", t)
+    finally:
+        os.chdir(cwd)
+    assert sorted(os.listdir(tmp_path)) == ["fifo.safetensors", "folder.safetensors",
+                                            "link.safetensors"]
+
+
+def test_save_through_a_symlink_replaces_its_target(tmp_path):
+    """The link stays a link; the file it points to gets the new tensors."""
+    real = tmp_path / "real.safetensors"
+    st.save_safetensors(real, {"a": np.zeros(3, np.float32)})
+    link = tmp_path / "link.safetensors"
+    os.symlink(real, link)
+    st.save_safetensors(link, {"a": np.arange(3, dtype=np.float32)})
+    assert os.path.islink(link) and os.readlink(link) == str(real)
+    np.testing.assert_array_equal(st.read_safetensors(real, copy=True)["a"], [0.0, 1.0, 2.0])
+
+
+# ------------------------------------------------------------------------------------------------
+# readers and atomic replacement of the same path (issue 46 item 5)
+# ------------------------------------------------------------------------------------------------
+
+def _version(k: int) -> dict[str, np.ndarray]:
+    """Version k of a file: sizes and offsets differ between versions, so an old header over new
+    bytes (or the reverse) reads values that belong to no version, or runs past the end."""
+    return {"a": np.full(64 * (k % 5 + 1), k, np.float32),
+            "b": np.arange(32 * (k % 3 + 1), dtype=np.int64) * (k + 1),
+            "c": np.full((k % 4 + 1, 16), k % 256, np.uint8)}
+
+
+def test_open_reader_keeps_reading_the_file_it_validated(tmp_path):
+    p = tmp_path / "w.safetensors"
+    old, new = _version(1), _version(2)
+    st.save_safetensors(p, old)
+    reader = st.SafetensorsReader(p)
+    lazy = hf_folder.open_checkpoint([p])          # a list of files, read lazily
+    folder_ckpt = hf_folder.open_checkpoint(tmp_path)  # a folder without an index
+    st.save_safetensors(p, new)                    # atomic replace of the same path
+    for src in (reader, lazy, folder_ckpt):
+        for k, v in old.items():
+            np.testing.assert_array_equal(src[k], v, err_msg=k)
+    fresh = st.SafetensorsReader(p)
+    for k, v in new.items():
+        np.testing.assert_array_equal(fresh[k], v, err_msg=k)
+
+
+def test_reads_during_atomic_saves_see_complete_versions(tmp_path):
+    """A writer keeps replacing the file; readers open and read it meanwhile. Every read is one
+    whole written version (all tensors from the same one), and no read raises."""
+    p = tmp_path / "busy.safetensors"
+    versions = [_version(k) for k in range(12)]
+    st.save_safetensors(p, versions[0])
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    seen: list[int] = []
+
+    def writer():
+        k = 0
+        while not stop.is_set():
+            k = (k + 1) % len(versions)
+            st.save_safetensors(p, versions[k])
+
+    def reader():
+        try:
+            while not stop.is_set():
+                got = st.read_safetensors(p)
+                k = int(got["a"][0])
+                for name, v in versions[k].items():
+                    np.testing.assert_array_equal(got[name], v, err_msg=f"version {k}: {name}")
+                seen.append(k)
+        except BaseException as e:  # noqa: BLE001 - reported in the main thread
+            errors.append(e)
+            stop.set()
+
+    threads = [threading.Thread(target=writer)] + [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert len(set(seen)) > 1, "the readers saw a single version: the test did not race"
+
+
+# ------------------------------------------------------------------------------------------------
+# the writer refuses what readers refuse (issue 46 item 11), header limits (item 13)
+# ------------------------------------------------------------------------------------------------
+
+def test_writer_refuses_names_and_metadata_that_are_not_unicode(tmp_path):
+    """The safetensors package (the oracle) cannot read a header holding a lone surrogate; the
+    writer refuses it, and our reader refuses such a file too."""
+    p = tmp_path / "s.safetensors"
+    bad = "layer\ud800.weight"
+    for kwargs in ({"tensors": {bad: np.ones(1, np.float32)}},
+                   {"tensors": {"a": np.ones(1, np.float32)}, "metadata": {bad: "v"}},
+                   {"tensors": {"a": np.ones(1, np.float32)}, "metadata": {"k": bad}}):
+        with pytest.raises(ValueError, match="not valid Unicode"):
+            st.save_safetensors(p, **kwargs)
+    assert not p.exists()
+    # such a file built by hand: the package refuses it, and so does our reader, naming it
+    _hand_file(p, {bad: _e("F32", [1], [0, 4])}, b"\0" * 4)
+    safe_open = pytest.importorskip("safetensors").safe_open
+    with pytest.raises(Exception, match="surrogate|hex escape"):
+        with safe_open(str(p), framework="numpy") as f:
+            list(f.keys())
+    with pytest.raises(ValueError, match=rf"{p.name}.*not valid Unicode"):
+        st.read_safetensors(p)
+
+
+def test_header_size_limit_matches_the_safetensors_package(tmp_path):
+    """Headers up to the package's limit are written and read by both; one byte more is refused
+    by the writer (and, built by hand, by the package and by our reader)."""
+    safe_open = pytest.importorskip("safetensors").safe_open
+    limit = st._MAX_HEADER
+    t = {"a": np.ones(2, np.float32)}
+
+    def header_len(meta_len):
+        return len(json.dumps({"__metadata__": {"m": "x" * meta_len}, "a": _e("F32", [2], [0, 8])},
+                              separators=(",", ":")).encode())
+
+    fill = limit - header_len(0)                      # header exactly at the limit
+    ok = tmp_path / "ok.safetensors"
+    st.save_safetensors(ok, t, metadata={"m": "x" * fill})
+    with open(ok, "rb") as f:
+        assert struct.unpack("<Q", f.read(8))[0] == limit
+    with safe_open(str(ok), framework="numpy") as f:
+        np.testing.assert_array_equal(f.get_tensor("a"), t["a"])
+    np.testing.assert_array_equal(st.read_safetensors(ok)["a"], t["a"])
+    big = tmp_path / "big.safetensors"
+    with pytest.raises(ValueError, match=f"header would be {limit + 8} bytes.*at most {limit}"):
+        st.save_safetensors(big, t, metadata={"m": "x" * (fill + 1)})
+    assert not big.exists()
+    h = json.dumps({"__metadata__": {"m": "x" * (fill + 1)}, "a": _e("F32", [2], [0, 8])},
+                   separators=(",", ":")).encode()
+    assert len(h) == limit + 1
+    big.write_bytes(struct.pack("<Q", len(h)) + h + b"\0" * 8)
+    with pytest.raises(Exception, match="header too large"):
+        with safe_open(str(big), framework="numpy") as f:
+            list(f.keys())
+    with pytest.raises(ValueError, match="at most 100000000 bytes"):
+        st.read_safetensors(big)
+
+
+@pytest.mark.parametrize("shape", [[0, 2 ** 70], [2 ** 40, 2 ** 40, 0], [0, 2 ** 62]])
+def test_shapes_too_large_for_an_array_are_rejected_at_the_header(tmp_path, shape):
+    """Zero bytes of data, but more elements than numpy can shape: a ValueError naming the file
+    and the tensor when the header is read (numpy's own message names neither)."""
+    with pytest.raises(ValueError, match="too big|dimension exceeded"):  # numpy itself (the oracle)
+        np.zeros(shape, np.float32)
+    p = tmp_path / "huge.safetensors"
+    _hand_file(p, {"ok": _e("U8", [2], [0, 2]), "huge": _e("F32", shape, [2, 2])}, b"\1\2")
+    with pytest.raises(ValueError, match=rf"{p.name}.*'huge'.*more elements than an array"):
+        st.SafetensorsReader(p)
+
+
+def test_repeated_header_key_is_rejected(tmp_path):
+    """JSON with a key twice (json.loads would keep the last one silently)."""
+    p = tmp_path / "dup.safetensors"
+    h = (b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},'
+         b'"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}')
+    p.write_bytes(struct.pack("<Q", len(h)) + h + b"\1\2")
+    with pytest.raises(ValueError, match=rf"{p.name}.*'a' appears twice"):
+        st.read_safetensors(p)
