@@ -160,11 +160,11 @@ def _resolve_proj(src: Mapping, base: str) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------------
 
 def _get(src: Mapping, name: str) -> np.ndarray:
-    try:
-        v = src[name]
-    except KeyError:
-        raise KeyError(f"missing tensor {name}{where_looked(src)}") from None
-    return np.asarray(v)
+    # Membership first: an error the source raises for a tensor it lists (an index naming the
+    # wrong shard) keeps its own message.
+    if name not in src:
+        raise KeyError(f"missing tensor {name}{where_looked(src)}")
+    return np.asarray(src[name])
 
 
 def _packed(src: Mapping, name: str, rows: int, k: int, what: str) -> np.ndarray:

@@ -29,9 +29,24 @@ PathLike = Union[str, os.PathLike]
 
 
 def _listing(paths: Sequence[str], limit: int = 6) -> str:
+    """The first ``limit`` base names of ``paths`` (or tensor names), comma-separated."""
     names = [os.path.basename(p) for p in paths]
     more = f", ... ({len(names)} in all)" if len(names) > limit else ""
     return ", ".join(names[:limit]) + more
+
+
+def _check_shard_name(index_path: str, shard: str) -> None:
+    """Refuse a weight_map entry that leaves the index's folder: an absolute path, or a path
+    component equal to ``..`` (a file name that merely starts with dots, ``..x.safetensors``, is
+    a plain name). Relative subfolders (``sub/x.safetensors``) stay inside and are allowed."""
+    parts = shard.replace(os.sep, "/").split("/")
+    if os.altsep:
+        parts = [q for p in parts for q in p.split(os.altsep)]
+    if (not shard or "\0" in shard or os.path.isabs(shard) or ".." in parts
+            or parts[-1] in ("", ".")):
+        raise ValueError(f"{index_path}: shard {shard!r} is not a file name inside the index's "
+                         "folder (expected a relative path with no '..' component, e.g. "
+                         "'model-00001-of-00002.safetensors')")
 
 
 class ShardedCheckpoint(Mapping):
@@ -59,9 +74,7 @@ class ShardedCheckpoint(Mapping):
                              "with a \"weight_map\" of tensor name -> shard file name)")
         folder = os.path.dirname(os.path.abspath(self.index_path))
         for shard in set(wm.values()):
-            if os.path.isabs(shard) or os.path.normpath(shard).startswith(".."):
-                raise ValueError(f"{self.index_path}: shard {shard!r} is not a file name inside "
-                                 "the index's folder")
+            _check_shard_name(self.index_path, shard)
         self._weight_map = {k: os.path.join(folder, v) for k, v in wm.items()}
         self._readers: dict[str, SafetensorsReader] = {}
         self.metadata = index.get("metadata", {})
@@ -87,13 +100,19 @@ class ShardedCheckpoint(Mapping):
             self._readers[shard] = SafetensorsReader([shard])
         return self._readers[shard]
 
-    def __getitem__(self, name: str) -> np.ndarray:
+    def _holder(self, name: str) -> SafetensorsReader:
+        """The opened shard the index places ``name`` in; ValueError when it does not hold it."""
         shard = self._weight_map[name]
         reader = self._reader(shard)
         if name not in reader:
-            raise KeyError(f"{name}: {self.index_path} places it in {os.path.basename(shard)}, "
-                           "which does not hold it")
-        return reader[name]
+            raise ValueError(f"{self.index_path}: its weight_map places tensor {name!r} in "
+                             f"{os.path.basename(shard)}, which does not hold it ({shard} holds "
+                             f"{len(reader)} tensors: {_listing(list(reader), 4)}); the index "
+                             "and the shards disagree")
+        return reader
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._holder(name)[name]
 
     def __iter__(self):
         return iter(self._weight_map)
@@ -106,7 +125,7 @@ class ShardedCheckpoint(Mapping):
 
     def dtype_of(self, name: str) -> str:
         """The safetensors dtype string of tensor ``name`` (opens its shard)."""
-        return self._reader(self._weight_map[name]).dtype_of(name)
+        return self._holder(name).dtype_of(name)
 
     def file_of(self, name: str) -> str:
         """The path of the file holding tensor ``name``."""

@@ -242,3 +242,41 @@ def test_quark_fixture_from_folder_matches_quark(backend):
     # The default bf16 rows: the activation rounded to bf16 before its requantization moves the
     # codes that lie within a bf16 step of a rounding boundary (0.019 relative L2 measured)
     assert rel_err(out16, quark) <= 0.03 and rel_err(out16, out) <= 0.03
+
+
+def test_index_naming_the_wrong_shard_says_so(folder, tmp_path):
+    """The index places a tensor in a shard that does not hold it: the error names the index,
+    the tensor and the shard (not 'missing from the weight_map', which would be untrue)."""
+    d, _ = folder
+    index = json.loads((d / hf_folder.INDEX_NAME).read_text())
+    name = f"{L2}.experts.2.up_proj.weight_scale"
+    assert index["weight_map"][name] == SHARDS[2]
+    index["weight_map"][name] = SHARDS[0]
+    for s in SHARDS:
+        os.symlink(d / s, tmp_path / s)
+    (tmp_path / hf_folder.INDEX_NAME).write_text(json.dumps(index))
+    pattern = rf"{hf_folder.INDEX_NAME}.*places tensor '{name}' in {SHARDS[0]}, which does not hold it"
+    with pytest.raises(ValueError, match=pattern):
+        ckpt.load_moe(tmp_path, L2, CONFIG)
+    src = hf_folder.open_checkpoint(tmp_path)
+    with pytest.raises(ValueError, match=pattern):
+        src.dtype_of(name)
+
+
+@pytest.mark.parametrize("shard", ["..x.safetensors", "...safetensors", "sub/..x.safetensors"])
+def test_shard_names_starting_with_dots_are_plain_names(tmp_path, shard):
+    """Only a '..' path component leaves the folder; '..x.safetensors' is an ordinary file."""
+    (tmp_path / shard).parent.mkdir(exist_ok=True)
+    ckpt.save_safetensors(tmp_path / shard, {"a": np.arange(3, dtype=np.int32)})
+    (tmp_path / hf_folder.INDEX_NAME).write_text(json.dumps({"weight_map": {"a": shard}}))
+    src = hf_folder.open_checkpoint(tmp_path)
+    np.testing.assert_array_equal(src["a"], [0, 1, 2])
+    assert src.shard_of("a") == os.path.join(str(tmp_path), shard)
+
+
+@pytest.mark.parametrize("shard", ["../x.safetensors", "sub/../../x.safetensors", "/x.safetensors",
+                                   "..", "", "sub/", "a\0b.safetensors"])
+def test_shard_names_that_leave_the_folder_are_refused(tmp_path, shard):
+    (tmp_path / hf_folder.INDEX_NAME).write_text(json.dumps({"weight_map": {"a": shard}}))
+    with pytest.raises(ValueError, match="is not a file name inside the index's folder"):
+        hf_folder.open_checkpoint(tmp_path)
