@@ -22,6 +22,10 @@ tensor                    dtype / shape               meaning
                                                       dynamic, so only the global one is stored)
 ========================  ==========================  ==============================================
 
+Every ``weight_scale_2`` and input scale must be finite and positive (a ValueError naming the
+tensor otherwise: a negative or NaN scale would be hidden by the max of gate and up, a zero one
+divides by zero).
+
 So ``W ~= e2m1(weight) * float32(weight_scale) * weight_scale_2``: exactly this package's
 :class:`~jax_nvfp4.formats.NVFP4Tensor` convention (``global_scale = weight_scale_2``). Scalars
 may be stored with shape ``[]`` or ``[1]``. Weight-only (W4A16) checkpoints have no input scale.
@@ -40,8 +44,10 @@ block scales do not reach ~448 (the per-block scale convention is not ``amax_blk
 Tensor names (Hugging Face DeepSeek style, ``{prefix}`` e.g. ``model.layers.3.mlp``)
 ===================================================================================
 
-* ``{prefix}.gate.weight`` ``[E, H]``, router (any float dtype; loaded as float32);
-* ``{prefix}.gate.e_score_correction_bias`` ``[E]`` (optional; original DeepSeek: ``gate.bias``);
+* ``{prefix}.gate.weight`` ``[E, H]``, router (F32, BF16, F16 or F64; loaded as float32; an
+  integer, bool or 8-bit float router is refused: its values would need a scale it lacks);
+* ``{prefix}.gate.e_score_correction_bias`` ``[E]`` (optional; original DeepSeek: ``gate.bias``;
+  the same dtypes);
 * ``{prefix}.gate.tid2eid`` ``[vocab, top_k]`` (optional; hash-routed layers: expert ids per
   input token id);
 * ``{prefix}.experts.{e}.{gate_proj|up_proj|down_proj}.{weight|weight_scale|weight_scale_2|
@@ -205,8 +211,33 @@ def _scalar(src: Mapping, name: str) -> np.float32:
     return np.float32(a.reshape(()).astype(np.float32))
 
 
-def _scalar_opt(src: Mapping, name: str) -> Optional[np.float32]:
-    return _scalar(src, name) if name in src else None
+def _global_scale(src: Mapping, name: str) -> np.float32:
+    """A weight_scale_2 or input scale: a float scalar, finite and positive."""
+    v = _scalar(src, name)
+    if not (np.isfinite(v) and v > 0):
+        raise ValueError(f"{name}: expected a finite positive scale (the dequantization "
+                         f"multiplier amax / 2688), found {v!r}")
+    return v
+
+
+def _global_scale_opt(src: Mapping, name: str) -> Optional[np.float32]:
+    return _global_scale(src, name) if name in src else None
+
+
+_ROUTER_DTYPES = (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16),
+                  np.dtype(np.float64))
+
+
+def _router_tensor(src: Mapping, name: str, shape: tuple[int, ...], what: str) -> np.ndarray:
+    """A router weight or bias of ``shape``, stored as F32/BF16/F16/F64 -> float32."""
+    a = _get(src, name)
+    if a.shape != shape:
+        raise ValueError(f"{name}: expected shape {shape} ({what}), found {tuple(a.shape)}")
+    if a.dtype not in _ROUTER_DTYPES:
+        raise ValueError(f"{name}: expected a float tensor (F32, BF16, F16 or F64) [{what}], got "
+                         f"dtype {a.dtype}; refusing to value-convert it (a quantized or "
+                         "mislabelled router?)")
+    return a.astype(np.float32)
 
 
 class _Linear:
@@ -225,8 +256,8 @@ def _load_linear(src: Mapping, base: str, rows: int, k: int, dims: tuple[str, st
         raise ValueError(f"{base}.weight: K = {k} is not a multiple of {K_MULTIPLE}")
     data = _packed(src, f"{base}.weight", rows, k, f"{dims[0]}, {dims[1]}/2 {sizes}")
     scales = _block_scales(src, f"{base}.weight_scale", rows, k, f"{dims[0]}, {dims[1]}/16 {sizes}")
-    ws2 = _scalar(src, f"{base}.weight_scale_2")
-    inp = _scalar_opt(src, f"{base}.{in_name}") if in_name else None
+    ws2 = _global_scale(src, f"{base}.weight_scale_2")
+    inp = _global_scale_opt(src, f"{base}.{in_name}") if in_name else None
     return _Linear(data, scales, ws2, inp)
 
 
@@ -361,7 +392,8 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
     Raises:
       KeyError naming the full tensor name (and the files or index looked in) when a tensor is
       missing; ValueError naming the tensor, the expected and the found shape (or dtype) on a
-      mismatch; FileNotFoundError for a path that is neither a file nor a folder.
+      mismatch, or a weight_scale_2 / input scale that is not finite and positive;
+      FileNotFoundError for a path that is neither a file nor a folder.
     """
     import jax.numpy as jnp
 
@@ -387,19 +419,11 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
     in_name = _INPUT_SCALE[fmt] if fmt else None
 
     # --- router ------------------------------------------------------------------------------
-    rname = f"{prefix}.gate.weight"
-    router = _get(src, rname)
-    if router.shape != (E, H):
-        raise ValueError(f"{rname}: expected shape {(E, H)} ([E, H] with E={E}, H={H}), found "
-                         f"{tuple(router.shape)}")
-    router = router.astype(np.float32)
+    router = _router_tensor(src, f"{prefix}.gate.weight", (E, H), f"[E, H] with E={E}, H={H}")
     bias = None
     for bname in (f"{prefix}.gate.e_score_correction_bias", f"{prefix}.gate.bias"):
         if bname in src:
-            bias = _get(src, bname)
-            if bias.shape != (E,):
-                raise ValueError(f"{bname}: expected shape {(E,)}, found {tuple(bias.shape)}")
-            bias = bias.astype(np.float32)
+            bias = _router_tensor(src, bname, (E,), f"[E] with E={E}")
             break
     hash_table = None
     hname = f"{prefix}.gate.tid2eid"

@@ -501,3 +501,63 @@ def test_expert_ids_validation():
         ckpt.save_moe(dataclasses.replace(w, expert_ids=(0, 1, 2, 7)), cfg(), PREFIX)
     with pytest.raises(ValueError, match="distinct"):
         ckpt.load_moe(tensors_from(lin, extra), PREFIX, cfg(), experts=[1, 1])
+
+
+# ------------------------------------------------------------------------------------------------
+# router dtypes and global scales (issue 46 items 8 and 12)
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("what,dtype", [("gate.weight", np.uint8), ("gate.weight", np.int32),
+                                        ("gate.weight", np.bool_), ("gate.weight", F8),
+                                        ("gate.e_score_correction_bias", np.int64),
+                                        ("gate.e_score_correction_bias", np.uint8)])
+def test_router_stored_as_integers_is_refused(tmp_path, what, dtype):
+    """An integer/bool/float8 router or bias would be value-converted to float: refused, naming
+    the tensor and its dtype (from a file and from a mapping)."""
+    lin, extra = reference(seed=30)
+    tensors = tensors_from(lin, extra)
+    name = f"{PREFIX}.{what}"
+    tensors[name] = np.ones(tensors[name].shape, dtype)
+    p = tmp_path / "r.safetensors"
+    ckpt.save_safetensors(p, tensors)
+    for src in (p, tensors):
+        with pytest.raises(ValueError, match=rf"{name}: expected a float tensor.*dtype "
+                                             rf"{np.dtype(dtype)}"):
+            ckpt.load_moe(src, PREFIX, cfg())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16, np.float64])
+def test_router_float_dtypes_load_as_float32(dtype):
+    """The float routers load with their values (oracle: the ml_dtypes/numpy cast to float32)."""
+    lin, extra = reference(seed=31)
+    tensors = tensors_from(lin, extra)
+    stored = extra["router"].astype(dtype)
+    tensors[f"{PREFIX}.gate.weight"] = stored
+    tensors[f"{PREFIX}.gate.e_score_correction_bias"] = extra["bias"].astype(dtype)
+    w = load_quiet(tensors, PREFIX, cfg())
+    assert w.router_weight.dtype == np.float32 and w.router_bias.dtype == np.float32
+    np.testing.assert_array_equal(np.asarray(w.router_weight), stored.astype(np.float32))
+    np.testing.assert_array_equal(np.asarray(w.router_bias),
+                                  extra["bias"].astype(dtype).astype(np.float32))
+
+
+@pytest.mark.parametrize("fmt", ["modelopt", "quark"])
+@pytest.mark.parametrize("which", ["gate_input", "up_input", "shared_gate_input", "ws2",
+                                   "shared_ws2"])
+@pytest.mark.parametrize("value", [-0.01, 0.0, np.nan, np.inf, -np.inf])
+def test_global_scales_must_be_finite_and_positive(fmt, which, value):
+    """A negative or NaN gate input scale would vanish in max(gate, up); a zero one divides by
+    zero. Each is a ValueError naming the tensor, with or without the convention check."""
+    lin, extra = reference(seed=32)
+    role = {"gate_input": ("expert", 1, "gate"), "up_input": ("expert", 2, "up"),
+            "shared_gate_input": ("shared", "gate"), "ws2": ("expert", 3, "down"),
+            "shared_ws2": ("shared", "up")}[which]
+    key = "ws2" if which.endswith("ws2") else "inp"
+    lin[role][key] = np.float32(value)
+    proj = dict(zip(("gate", "up", "down"), PROJ["hf"]))
+    base = (f"{PREFIX}.experts.{role[1]}.{proj[role[2]]}" if role[0] == "expert"
+            else f"{PREFIX}.shared_experts.{proj[role[1]]}")
+    name = f"{base}.{'weight_scale_2' if key == 'ws2' else INPUT[fmt]}"
+    for check in (True, False):
+        with pytest.raises(ValueError, match=rf"{name}: expected a finite positive scale"):
+            ckpt.load_moe(tensors_from(lin, extra, fmt=fmt), PREFIX, cfg(), check=check)

@@ -280,3 +280,17 @@ def test_shard_names_that_leave_the_folder_are_refused(tmp_path, shard):
     (tmp_path / hf_folder.INDEX_NAME).write_text(json.dumps({"weight_map": {"a": shard}}))
     with pytest.raises(ValueError, match="is not a file name inside the index's folder"):
         hf_folder.open_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("value", [-0.05, np.nan, 0.0])
+def test_quark_fixture_with_a_bad_gate_input_scale_2_is_refused(value):
+    """The real Quark export with one gate input_scale_2 made negative, NaN or zero: the up
+    projection's larger scale would have hidden it in max(gate, up)."""
+    tensors = dict(ckpt.read_safetensors(os.path.join(FIXTURE, "model.safetensors")))
+    name = "model.layers.1.mlp.experts.3.gate_proj.input_scale_2"
+    up = tensors[name.replace("gate_proj", "up_proj")]
+    assert float(np.asarray(up).reshape(())) > 0
+    tensors[name] = np.full(np.shape(tensors[name]), value, np.float32)
+    config = jn.MoEConfig.from_hf_config(FIXTURE)
+    with pytest.raises(ValueError, match=rf"{name}: expected a finite positive scale"):
+        ckpt.load_moe(tensors, "model.layers.1.mlp", config)
