@@ -25,7 +25,8 @@ A key that changes the layer's arithmetic and has no safe default (``n_group``, 
 families) must be present: a missing one is a ValueError rather than a guessed default. What the
 layer cannot express (a ``topk_method`` other than ``noaux_tc``, a ``hidden_act`` other than
 ``silu``, Qwen2-MoE's gated shared expert, ...) is a ValueError naming the key and its value.
-Multimodal configs that nest the language model under ``text_config`` are read from there.
+Multimodal configs that nest the language model under ``text_config`` are read from there
+(its ``quantization_config`` too, when the top level has none).
 
 Quantization (sets ``activation`` and ``activation_scale``):
 
@@ -38,7 +39,11 @@ Quantization (sets ``activation`` and ``activation_scale``):
   its per-tensor entry is not dynamic (``input_scale_2`` stored), else ``"dynamic"``.
 * No quantization config: the MoEConfig defaults (``w4a4``, ``dynamic``).
 * Anything else (compressed-tensors, FP8, MXFP4, ...) is a ValueError; pass both ``activation``
-  and ``activation_scale`` as overrides to build the config regardless.
+  and ``activation_scale`` as overrides to build the config regardless. So are malformed
+  configs (an ``hf_quant_config.json`` that is not an object or whose ``quantization`` is not
+  one) and conflicting ones (an ``hf_quant_config.json`` beside a ``quantization_config`` that
+  is not ModelOpt's with the same ``quant_algo``; top-level and ``text_config``
+  ``quantization_config`` that differ).
 """
 
 from __future__ import annotations
@@ -199,47 +204,57 @@ def _quark_spec_is_nvfp4(spec: Any) -> bool:
             and glob.get("qscheme") == "per_tensor")
 
 
-def quantization_from_hf(cfg: Mapping[str, Any], folder: Optional[str] = None
-                         ) -> Optional[dict[str, str]]:
-    """``{"format", "activation", "activation_scale"}`` from the checkpoint's quantization config.
+def _quantization_config(cfg: Mapping[str, Any]) -> Any:
+    """``quantization_config`` from the top level, else from ``text_config`` (where some
+    multimodal checkpoints keep it; vLLM reads it from there too). Both present and different
+    is a ValueError."""
+    top = cfg.get("quantization_config")
+    tc = cfg.get("text_config")
+    nested = tc.get("quantization_config") if isinstance(tc, Mapping) else None
+    if top is not None and nested is not None and top != nested:
+        raise ValueError(f"quantization_config = {top!r:.200} and text_config.quantization_config "
+                         f"= {nested!r:.200} disagree; expected one quantization config (or two "
+                         "equal ones)")
+    return top if top is not None else nested
 
-    Reads ``cfg["quantization_config"]`` and, when ``folder`` is given, ModelOpt's
-    ``hf_quant_config.json`` in it. Returns None when there is no quantization config (the
-    weights are not quantized, or the config was given as a dict without one). ``format`` is
-    ``"modelopt"`` or ``"quark"`` (the names :func:`jax_nvfp4.checkpoint.load_moe` expects).
 
-    Raises:
-      ValueError naming the key and value of a quantization this package does not load.
-    """
-    qc = cfg.get("quantization_config")
-    mo = None
-    if folder is not None and os.path.isfile(os.path.join(folder, MODELOPT_QUANT_NAME)):
-        qpath = os.path.join(folder, MODELOPT_QUANT_NAME)
-        try:
-            with open(qpath, encoding="utf-8") as f:
-                mo = json.load(f)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"{qpath}: not a JSON file: {e}") from None
-        mo = mo.get("quantization", mo) if isinstance(mo, dict) else None
-    if mo is None and isinstance(qc, dict) and qc.get("quant_method") == "modelopt":
-        mo = qc
-    if mo is not None:
-        algo = mo.get("quant_algo")
-        if algo != "NVFP4":
-            raise ValueError(f"quantization quant_algo = {algo!r}: only ModelOpt 'NVFP4' (NVFP4 "
-                             "weights and activations, static input_scale) is loadable")
-        if mo.get("group_size", 16) != 16:
-            raise ValueError(f"quantization group_size = {mo.get('group_size')!r}: NVFP4 uses 16")
-        return dict(format="modelopt", activation="w4a4", activation_scale="static")
-    if qc is None:
+def _read_modelopt_file(folder: Optional[str]) -> Optional[tuple[str, dict]]:
+    """(path, quantization object) of ModelOpt's ``hf_quant_config.json`` in ``folder``, or None
+    when there is none. The object is the file's ``quantization`` entry (or, in files without
+    one, the file itself); anything else is a ValueError naming the file."""
+    if folder is None:
         return None
-    if not isinstance(qc, dict):
-        raise ValueError(f"quantization_config = {qc!r:.100}: expected an object")
-    method = qc.get("quant_method")
-    if method != "quark":
-        raise ValueError(f"quantization_config.quant_method = {method!r}: only ModelOpt NVFP4 "
-                         "('modelopt' or hf_quant_config.json) and AMD Quark NVFP4 ('quark') "
-                         "checkpoints are loadable (compressed-tensors stores inverse scales)")
+    qpath = os.path.join(folder, MODELOPT_QUANT_NAME)
+    if not os.path.isfile(qpath):
+        return None
+    try:
+        with open(qpath, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{qpath}: not a JSON file: {e}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{qpath}: expected a JSON object with a \"quantization\" object, got "
+                         f"{doc!r:.100}")
+    mo = doc["quantization"] if "quantization" in doc else doc
+    if not isinstance(mo, dict):
+        raise ValueError(f"{qpath}: quantization = {mo!r:.100}: expected an object with "
+                         "\"quant_algo\" (e.g. {\"quant_algo\": \"NVFP4\", \"group_size\": 16})")
+    return qpath, mo
+
+
+def _modelopt(mo: Mapping[str, Any], where: str) -> dict[str, str]:
+    """The settings of a ModelOpt quantization object (only NVFP4 group 16 is loadable)."""
+    algo = mo.get("quant_algo")
+    if algo != "NVFP4":
+        raise ValueError(f"{where}: quant_algo = {algo!r}: only ModelOpt 'NVFP4' (NVFP4 weights "
+                         "and activations, static input_scale) is loadable")
+    if mo.get("group_size", 16) != 16:
+        raise ValueError(f"{where}: group_size = {mo.get('group_size')!r}: NVFP4 uses 16")
+    return dict(format="modelopt", activation="w4a4", activation_scale="static")
+
+
+def _quark(qc: Mapping[str, Any]) -> dict[str, str]:
+    """The settings of a Quark quantization_config (NVFP4 weights; NVFP4 or no activations)."""
     g = qc.get("global_quant_config") or {}
     if not _quark_spec_is_nvfp4(g.get("weight")):
         raise ValueError("quantization_config.global_quant_config.weight = "
@@ -254,6 +269,49 @@ def quantization_from_hf(cfg: Mapping[str, Any], folder: Optional[str] = None
     static = not inp[1].get("is_dynamic", False)
     return dict(format="quark", activation="w4a4",
                 activation_scale="static" if static else "dynamic")
+
+
+def quantization_from_hf(cfg: Mapping[str, Any], folder: Optional[str] = None
+                         ) -> Optional[dict[str, str]]:
+    """``{"format", "activation", "activation_scale"}`` from the checkpoint's quantization config.
+
+    Reads ``cfg["quantization_config"]`` (or, when absent, ``cfg["text_config"]
+    ["quantization_config"]``) and, when ``folder`` is given, ModelOpt's ``hf_quant_config.json``
+    in it. Returns None when there is no quantization config (the weights are not quantized, or
+    the config was given as a dict without one). ``format`` is ``"modelopt"`` or ``"quark"``
+    (the names :func:`jax_nvfp4.checkpoint.load_moe` expects).
+
+    Raises:
+      ValueError naming the key and value of a quantization this package does not load, a
+      malformed ``hf_quant_config.json`` (not an object, ``quantization`` not an object), or
+      configs that disagree (an ``hf_quant_config.json`` beside a ``quantization_config`` that
+      is not ModelOpt's with the same ``quant_algo``; a top-level and a ``text_config``
+      ``quantization_config`` that differ).
+    """
+    qc = _quantization_config(cfg)
+    if qc is not None and not isinstance(qc, dict):
+        raise ValueError(f"quantization_config = {qc!r:.100}: expected an object")
+    method = qc.get("quant_method") if qc is not None else None
+    found = _read_modelopt_file(folder)
+    if found is not None:
+        qpath, mo = found
+        if qc is not None and (method != "modelopt" or (
+                qc.get("quant_algo") is not None and qc.get("quant_algo") != mo.get("quant_algo"))):
+            raise ValueError(
+                f"{qpath} (quant_algo = {mo.get('quant_algo')!r}) and config.json "
+                f"quantization_config (quant_method = {method!r}, quant_algo = "
+                f"{qc.get('quant_algo')!r}) disagree; expected one quantization, described the "
+                "same way in both")
+        return _modelopt(mo, qpath)
+    if qc is None:
+        return None
+    if method == "modelopt":
+        return _modelopt(qc, "quantization_config")
+    if method != "quark":
+        raise ValueError(f"quantization_config.quant_method = {method!r}: only ModelOpt NVFP4 "
+                         "('modelopt' or hf_quant_config.json) and AMD Quark NVFP4 ('quark') "
+                         "checkpoints are loadable (compressed-tensors stores inverse scales)")
+    return _quark(qc)
 
 
 def moe_config_from_hf(path_or_dict: Union[str, os.PathLike, Mapping[str, Any]],

@@ -179,3 +179,79 @@ def test_qwen3_and_glm_routing_match_their_definitions():
     order = np.argsort(np.asarray(ids), 1)
     np.testing.assert_allclose(np.take_along_axis(np.asarray(w), order, 1),
                                np.take_along_axis(ref_w, np.argsort(ref_ids, 1), 1), rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# malformed and conflicting quantization configs (issue 46 item 9)
+# ------------------------------------------------------------------------------------------------
+
+MODELOPT_NVFP4 = {"producer": {"name": "modelopt", "version": "0.35.0"},
+                  "quantization": {"quant_algo": "NVFP4", "group_size": 16,
+                                   "exclude_modules": ["lm_head"]}}
+
+
+def _folder(tmp_path, config, hf_quant=None):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    if hf_quant is not None:
+        (tmp_path / "hf_quant_config.json").write_text(json.dumps(hf_quant))
+    return tmp_path
+
+
+@pytest.mark.parametrize("hf_quant,match", [
+    ([], r"hf_quant_config\.json: expected a JSON object"),
+    ("NVFP4", r"hf_quant_config\.json: expected a JSON object"),
+    ({"quantization": None}, r"hf_quant_config\.json: quantization = None: expected an object"),
+    ({"quantization": ["NVFP4"]}, r"hf_quant_config\.json: quantization = \['NVFP4'\]"),
+    ({"producer": {"name": "modelopt"}}, r"hf_quant_config\.json: quant_algo = None"),
+])
+def test_malformed_hf_quant_config_is_an_error(tmp_path, hf_quant, match):
+    """Before, these fell back to the defaults (w4a4 with dynamic scales) without a word."""
+    with pytest.raises(ValueError, match=match):
+        MoEConfig.from_hf_config(_folder(tmp_path, DEEPSEEK_V3, hf_quant))
+
+
+def test_hf_quant_config_and_quantization_config_must_agree(tmp_path):
+    fp8 = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
+    with pytest.raises(ValueError, match=r"hf_quant_config\.json \(quant_algo = 'NVFP4'\) and "
+                                         r"config\.json quantization_config \(quant_method = 'fp8'"):
+        MoEConfig.from_hf_config(_folder(tmp_path, {**DEEPSEEK_V3, "quantization_config": fp8},
+                                         MODELOPT_NVFP4))
+    mo_fp8 = {"quant_method": "modelopt", "quant_algo": "FP8"}
+    with pytest.raises(ValueError, match=r"quant_algo = 'FP8'\) disagree"):
+        MoEConfig.from_hf_config(_folder(tmp_path, {**DEEPSEEK_V3, "quantization_config": mo_fp8},
+                                         MODELOPT_NVFP4))
+    with pytest.raises(ValueError, match=r"quant_method = 'quark'.*disagree"):
+        MoEConfig.from_hf_config(_folder(
+            tmp_path, {**DEEPSEEK_V3, "quantization_config": quark(inputs=QUARK_NVFP4)},
+            MODELOPT_NVFP4))
+    # ModelOpt exports that describe the same NVFP4 quantization in both places load
+    mo = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}
+    c = MoEConfig.from_hf_config(_folder(tmp_path, {**DEEPSEEK_V3, "quantization_config": mo},
+                                         MODELOPT_NVFP4))
+    assert (c.activation, c.activation_scale) == ("w4a4", "static")
+    # both activation settings given: neither config is consulted
+    c = MoEConfig.from_hf_config(_folder(tmp_path, {**DEEPSEEK_V3, "quantization_config": fp8},
+                                         MODELOPT_NVFP4), activation="w4a16",
+                                 activation_scale="dynamic")
+    assert c.activation == "w4a16"
+
+
+def test_quantization_config_nested_in_text_config_is_honoured():
+    """Multimodal wrappers may keep quantization_config in text_config (vLLM's get_quant_config
+    reads it from there when the top level has none): it sets the activation, and an unloadable
+    one is refused instead of ignored."""
+    wrap = lambda tc, **top: {"model_type": "kimi_k25", "text_config": tc, **top}
+    c = MoEConfig.from_hf_config(wrap({**KIMI_K2, "quantization_config": quark()}))
+    assert (c.activation, c.activation_scale) == ("w4a16", "dynamic")
+    c = MoEConfig.from_hf_config(wrap({**KIMI_K2, "quantization_config": quark(inputs=QUARK_NVFP4)}))
+    assert (c.activation, c.activation_scale) == ("w4a4", "static")
+    with pytest.raises(ValueError, match=r"quant_method = 'fp8'"):
+        MoEConfig.from_hf_config(wrap({**KIMI_K2, "quantization_config": {"quant_method": "fp8"}}))
+    # the same config at both levels is one config; two different ones are an error
+    same = quark(inputs=QUARK_NVFP4)
+    c = MoEConfig.from_hf_config(wrap({**KIMI_K2, "quantization_config": same},
+                                      quantization_config=same))
+    assert c.activation == "w4a4"
+    with pytest.raises(ValueError, match=r"text_config\.quantization_config.*disagree"):
+        MoEConfig.from_hf_config(wrap({**KIMI_K2, "quantization_config": quark()},
+                                      quantization_config=same))
