@@ -240,6 +240,12 @@ def save_safetensors(path: PathLike, tensors: Mapping[str, Any],
     _write_atomic(path, chunks())
 
 
+def _open_nonblocking(path: str, flags: int) -> int:
+    """os.open with O_NONBLOCK: opening a FIFO returns at once (and is then refused) instead of
+    waiting for a writer; regular files ignore the flag."""
+    return os.open(path, flags | getattr(os, "O_NONBLOCK", 0))
+
+
 def _unique_keys(pairs: list) -> dict:
     """json object hook: a repeated key is an error (the safetensors package refuses it too)."""
     out = {}
@@ -332,8 +338,11 @@ class SafetensorsReader(Mapping):
         for i, path in enumerate(self._paths):
             # One descriptor for the header and the mapping: an atomic save to the same path
             # in between cannot pair this header with another file's bytes.
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
+            with open(path, "rb", opener=_open_nonblocking) as f:
+                st_ = os.fstat(f.fileno())
+                if not stat.S_ISREG(st_.st_mode):
+                    raise ValueError(f"{path}: not a regular file (a safetensors file expected)")
+                size = st_.st_size
                 header, start = _read_header(path, f, size)
                 self._index(i, path, header, size - start)
                 self._starts.append(start)

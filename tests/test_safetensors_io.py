@@ -340,6 +340,8 @@ def test_save_refuses_paths_that_are_not_regular_files(tmp_path):
     assert os.path.islink(link)
     assert sorted(os.listdir(tmp_path)) == ["fifo.safetensors", "folder.safetensors",
                                             "link.safetensors"]
+    with pytest.raises(ValueError, match="not a regular file"):   # and reading it does not hang
+        st.read_safetensors(fifo)
     if os.path.exists("/dev/null"):
         with pytest.raises(ValueError, match="is a device"):
             st.save_safetensors("/dev/null", t)
