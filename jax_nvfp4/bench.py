@@ -9,23 +9,21 @@ sm90 layout (``w4a16_sm90``, ``w4a4_sm90``; :func:`jax_nvfp4.prepare_weights`),
 ragged_dot on bf16 weights (best of a few tile configs), and the fp8 compute mode
 (``w4a16_fp8``, ``w4a4_fp8``: ``precision="fp8"``, checkpoint-layout weights). It prints median ms,
 TFLOP/s, weight GB/s and % of the floor (max of weight bytes / 4.05 TB/s and FLOPs / 711
-TFLOP/s, the H200 ceilings measured in ../shared/h200-baseline.md), writes JSON and a PNG plot.
+TFLOP/s, the HBM bandwidth and dense bf16 rate measured on an H200), writes JSON and a PNG plot.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import gemm, layout, quantization
+import jax_nvfp4 as jn
+from jax_nvfp4.bench_common import run_info, time_ms, write_json
 
 EXPERTS = 48
 LAYERS = {"L1": (7168, 6144), "L2": (3072, 7168)}          # (K, N) per expert
@@ -53,32 +51,11 @@ def floor_ms(rows, k, n, groups=EXPERTS):
     return max(weight_bytes / HBM_BYTES_PER_S, flops / BF16_FLOPS) * 1e3
 
 
-def time_ms(f, *args, target_s=0.25, repeats=5, wait_each=False):
-    """Median ms per call: back-to-back calls, one block at the end, repeated. ``wait_each``
-    blocks on every call instead (multi-device CPU runs: see :mod:`jax_nvfp4.bench_ep`)."""
-    jax.block_until_ready(f(*args))                      # compile + warm up
-    t0 = time.perf_counter()
-    jax.block_until_ready(f(*args))
-    one = time.perf_counter() - t0
-    n = int(min(50, max(3, target_s / max(one, 1e-6))))
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = None
-        for _ in range(n):
-            out = f(*args)
-            if wait_each:
-                jax.block_until_ready(out)
-        jax.block_until_ready(out)
-        samples.append((time.perf_counter() - t0) / n * 1e3)
-    return statistics.median(samples)
-
-
 def make_case(rows, k, n, seed):
     key = jax.random.key(seed)
     k1, k2 = jax.random.split(key)
     w = jax.random.normal(k1, (EXPERTS, n, k), jnp.bfloat16)
-    rhs = jax.jit(jax.vmap(quantization.quantize))(w)
+    rhs = jax.jit(jax.vmap(jn.quantize))(w)
     del w
     x = jax.random.normal(k2, (rows, k), jnp.bfloat16)
     sizes = jnp.asarray(skewed_group_sizes(rows, EXPERTS, seed))
@@ -88,19 +65,19 @@ def make_case(rows, k, n, seed):
 def impl_fns(x, rhs, sizes):
     """name -> (fn, args) for each implementation on one case."""
     fns = {}
-    ffi = jax.jit(lambda a, w, s: gemm.grouped_gemm(a, w, s, backend="ffi"))
-    xq = jax.jit(quantization.quantize)(x)
-    rhs_sm90 = jax.jit(layout.prepare_weights)(rhs)       # load-time cost: not timed
+    ffi = jax.jit(lambda a, w, s: jn.grouped_gemm(a, w, s, backend="ffi"))
+    xq = jax.jit(jn.quantize)(x)
+    rhs_sm90 = jax.jit(jn.prepare_weights)(rhs)       # load-time cost: not timed
     fns["w4a16"] = (ffi, (x, rhs, sizes))
     fns["w4a16_sm90"] = (ffi, (x, rhs_sm90, sizes))
     fns["w4a4"] = (ffi, (xq, rhs, sizes))
     fns["w4a4_sm90"] = (ffi, (xq, rhs_sm90, sizes))
-    ffi8 = jax.jit(lambda a, w, s: gemm.grouped_gemm(a, w, s, backend="ffi", precision="fp8"))
+    ffi8 = jax.jit(lambda a, w, s: jn.grouped_gemm(a, w, s, backend="ffi", precision="fp8"))
     fns["w4a16_fp8"] = (ffi8, (x, rhs, sizes))            # the fp8 kernel reads checkpoint weights
     fns["w4a4_fp8"] = (ffi8, (xq, rhs, sizes))
 
     def dequant_bf16(w):                                  # [G, N, K] -> [G, K, N] bf16
-        return jnp.swapaxes(quantization.dequantize(w, jnp.bfloat16), 1, 2)
+        return jnp.swapaxes(jn.dequantize(w, jnp.bfloat16), 1, 2)
 
     wb = jax.jit(dequant_bf16)(rhs)
     fns["ragged_dot"] = (jax.jit(lambda a, w, s: jax.lax.ragged_dot(
@@ -196,10 +173,8 @@ def main(argv=None):
             print(f"  {case:16s} {impl:20s} {ms:9.3f} ms {r['tflops']:7.1f} TFLOP/s "
                   f"{r['weight_gbs']:8.1f} GB/s {r['pct_of_floor']:6.1f}% of floor", flush=True)
         del x, rhs, wb, fns
-    meta = {"gpu": dev.device_kind, "platform": dev.platform, "jax": jax.__version__,
-            "driver": _driver_version(), "experts": EXPERTS, "results": results}
-    with open(os.path.join(args.out, "bench.json"), "w") as fh:
-        json.dump(meta, fh, indent=1)
+    meta = dict(run_info(dev), experts=EXPERTS, results=results)
+    write_json(os.path.join(args.out, "bench.json"), meta)
     _plot(results, os.path.join(args.out, "bench.png"))
     print(f"\n{'case':16s} " + " ".join(f"{i:>18s}" for i in impls))
     for layer, rows in cases:
@@ -207,28 +182,6 @@ def main(argv=None):
         row = {r["impl"]: r["ms"] for r in results if r["case"] == case}
         print(f"{case:16s} " + " ".join(f"{row.get(i, float('nan')):15.3f} ms" for i in impls))
     return results
-
-
-def write_lab_json(path, results):
-    """Write ``{"gpu", "driver", "jax", "results"}`` to ``path`` (the tools/lab benchmarks' JSON);
-    no-op for a falsy path."""
-    if not path:
-        return
-    with open(path, "w") as f:
-        json.dump(dict(gpu=jax.devices()[0].device_kind, driver=_driver_version(),
-                       jax=jax.__version__, results=results), f, indent=1)
-
-
-def _driver_version():
-    """The NVIDIA driver version (one value: nvidia-smi prints a line per GPU), or None."""
-    try:
-        import subprocess
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20).stdout
-    except Exception:  # noqa: BLE001
-        return None
-    versions = sorted({v.strip() for v in out.splitlines() if v.strip()})
-    return ", ".join(versions) or None
 
 
 def _plot(results, path):
