@@ -22,9 +22,11 @@ group sizes). For each token count and activation (W4A4 dynamic, W4A16) it times
   (:func:`jax_nvfp4.route`), the routed rows in a stable order by expert and the group sizes
   (``jnp.argsort``, ``jnp.bincount``), :func:`jax_nvfp4.grouped_gemm` on an lhs of the kind the
   layer's kernels read: bf16 rows for W4A16, for W4A4 the bf16 values of each row's NVFP4
-  quantization (its dynamic global scale applied to the output), and for the FP8 mode those
-  rows quantized by :func:`jax_nvfp4.fp8.quantize_rows`. gemm1 is the gate/up GEMM with float32
-  output (also where the layer fuses the SwiGLU into it: the same weight bytes and products);
+  quantization (its dynamic global scale applied to the output); in the FP8 mode gemm1's rows
+  quantized by :func:`jax_nvfp4.fp8.quantize_rows` beforehand (the layer does it in its
+  dispatch) and gemm2's bf16 rows quantized in the call (as in the layer). gemm1 is the
+  gate/up GEMM with float32 output (also where the layer fuses the SwiGLU into it: the same
+  weight bytes and products);
   gemm2 the down GEMM on the SwiGLU rows in the layer's row dtype (bf16), bf16 output;
 - ``overhead_share = (layer_ms - gemm1_ms - gemm2_ms) / layer_ms``: routing, dispatch, SwiGLU,
   requantization and combine (less what the fused SwiGLU saves);
@@ -51,7 +53,8 @@ import jax_nvfp4 as jn
 from jax_nvfp4.bench_common import random_layer, run_info, time_ms, write_json
 
 ACTIVATIONS = ("w4a4", "w4a16")
-SMALL = dict(tokens="16,48", experts=8, hidden=128, inter=64, reference_max_tokens=48, hlo_tokens=16, target_s=0.02, repeats=3)
+SMALL = dict(tokens="16,48", experts=8, hidden=128, inter=64, reference_max_tokens=48,
+             hlo_tokens=16, target_s=0.02, repeats=3)
 """``--small``: CPU-sized defaults (options given explicitly still win)."""
 
 
@@ -73,14 +76,16 @@ def routed_rows(x, weights, config):
     return (order // config.top_k).astype(jnp.int32), sizes
 
 
-def gemm_lhs(rows, config, backend="auto"):
+def gemm_lhs(rows, config, backend="auto", fp8_rows=True):
     """A grouped GEMM's lhs of the kind the layer's kernel reads, from float ``[R, K]`` rows, and
     the float32 ``[R]`` scales to apply to its output rows (W4A4) or None (W4A16).
 
     W4A16: the rows in bf16. W4A4: each row quantized to NVFP4 with its own dynamic global scale
     (:func:`jax_nvfp4.quantize` per row), the bf16 values ``e2m1 * block scale`` (exact in bf16),
-    and the global scales. FP8 mode: those bf16 rows quantized by
-    :func:`jax_nvfp4.fp8.quantize_rows` in the kernel's k order.
+    and the global scales. FP8 mode with ``fp8_rows``: those bf16 rows quantized by
+    :func:`jax_nvfp4.fp8.quantize_rows` in the kernel's k order, as the layer quantizes the
+    gate/up GEMM's rows in its dispatch (the down GEMM's bf16 rows it passes to
+    :func:`jax_nvfp4.grouped_gemm`, which quantizes them in the call).
     """
     if config.activation == "w4a4":
         q = jax.vmap(jn.quantize)(rows)
@@ -88,7 +93,7 @@ def gemm_lhs(rows, config, backend="auto"):
         lhs, row_scale = jn.dequantize(unit, jnp.bfloat16), q.global_scale
     else:
         lhs, row_scale = rows.astype(jnp.bfloat16), None
-    if config.precision == "fp8":
+    if config.precision == "fp8" and fp8_rows:
         lhs = jn.fp8.quantize_rows(lhs, k_order="kernel",
                                    backend="reference" if backend == "reference" else "auto")
     return lhs, row_scale
@@ -124,7 +129,7 @@ def gemm_inputs(x, token_of, sizes, weights, config, backend="auto"):
     def inputs(x, token_of, weights, sizes):
         lhs1, s1 = gemm_lhs(x[token_of], config, backend)
         lhs2, s2 = gemm_lhs(swiglu_rows(lhs1, s1, weights, sizes, config, backend), config,
-                            backend)
+                            backend, fp8_rows=False)
         return lhs1, s1, lhs2, s2
 
     return inputs(x, token_of, weights, sizes)

@@ -15,6 +15,7 @@ from oracles import dequant64, grouped_gemm64, rel_err
 from conftest import QUANTIZE_STACK
 
 
+@pytest.mark.slow
 def test_every_implementation_computes_the_same_gemm():
     g, n, k, rows = 4, 128, 128, 40
     key = jax.random.key(0)

@@ -54,6 +54,7 @@ def test_runs_both_combines_and_writes_json(tmp_path):
     assert "psum" in by_t[20] and "psum_scatter" not in by_t[20]   # 20 tokens do not split 8 ways
 
 
+@pytest.mark.slow
 @needs_devices(2)
 def test_capacity_factor_is_passed_and_checked(tmp_path):
     meta = bench_ep.main(SMALL + ["--tokens", "24", "--ep", "2", "--capacity-factor", "1.5",

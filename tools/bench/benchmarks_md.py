@@ -1,7 +1,7 @@
 """Generate docs/benchmarks.md from the committed benchmark JSON files in docs/.
 
     python tools/bench/benchmarks_md.py            # rewrite docs/benchmarks.md
-    python tools/bench/benchmarks_md.py --check    # exit 1 if docs/benchmarks.md is not what it makes
+    python tools/bench/benchmarks_md.py --check    # exit 1 if docs/benchmarks.md differs
 
 One section per JSON: where it ran (GPU, driver, jax, as the JSON records them), the command that
 writes that JSON, and a table of its numbers. Needs only the standard library.
@@ -71,8 +71,9 @@ def ep_table(d):
     for r in d["results"]:
         a, b = r.get("psum", {}), r.get("psum_scatter", {})
         rel = max(a.get("max_rel_diff", 0.0), b.get("max_rel_diff", 0.0))
-        rows.append([r["tokens"], _ms(r["single_ms"]), _ms(a.get("ms")), _ms(a.get("collective_ms")),
-                     _ms(b.get("ms")), _ms(b.get("collective_ms")), f"{rel:.1e}",
+        rows.append([r["tokens"], _ms(r["single_ms"]), _ms(a.get("ms")),
+                     _ms(a.get("collective_ms")), _ms(b.get("ms")), _ms(b.get("collective_ms")),
+                     f"{rel:.1e}",
                      a.get("within_rtol", True) and b.get("within_rtol", True)])
     ep = d["ep"]
     return _table(["tokens", "one device", f"ep={ep} psum", "psum alone", f"ep={ep} psum_scatter",
