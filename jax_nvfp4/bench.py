@@ -1,6 +1,7 @@
 """Benchmark of the grouped NVFP4 GEMM on DeepSeek-V4-Pro per-GPU shapes against JAX peers.
 
     python -m jax_nvfp4.bench [--out docs] [--cases L1-192,L2-6144] [--impls w4a16,ragged_dot]
+    python -m jax_nvfp4.bench --small      # CPU-sized case and timing: a smoke test only
 
 Per case (48 experts, skewed random group sizes) it times: jax_nvfp4 W4A16 and W4A4 (the custom
 call) with checkpoint-layout weights and with weights prepared once, outside the timed call, in the
@@ -9,23 +10,21 @@ sm90 layout (``w4a16_sm90``, ``w4a4_sm90``; :func:`jax_nvfp4.prepare_weights`),
 ragged_dot on bf16 weights (best of a few tile configs), and the fp8 compute mode
 (``w4a16_fp8``, ``w4a4_fp8``: ``precision="fp8"``, checkpoint-layout weights). It prints median ms,
 TFLOP/s, weight GB/s and % of the floor (max of weight bytes / 4.05 TB/s and FLOPs / 711
-TFLOP/s, the H200 ceilings measured in ../shared/h200-baseline.md), writes JSON and a PNG plot.
+TFLOP/s, the HBM bandwidth and dense bf16 rate measured on an H200), writes JSON and a PNG plot.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import gemm, layout, quantization
+import jax_nvfp4 as jn
+from jax_nvfp4.bench_common import run_info, time_ms, write_json
 
 EXPERTS = 48
 LAYERS = {"L1": (7168, 6144), "L2": (3072, 7168)}          # (K, N) per expert
@@ -53,54 +52,38 @@ def floor_ms(rows, k, n, groups=EXPERTS):
     return max(weight_bytes / HBM_BYTES_PER_S, flops / BF16_FLOPS) * 1e3
 
 
-def time_ms(f, *args, target_s=0.25, repeats=5, wait_each=False):
-    """Median ms per call: back-to-back calls, one block at the end, repeated. ``wait_each``
-    blocks on every call instead (multi-device CPU runs: see :mod:`jax_nvfp4.bench_ep`)."""
-    jax.block_until_ready(f(*args))                      # compile + warm up
-    t0 = time.perf_counter()
-    jax.block_until_ready(f(*args))
-    one = time.perf_counter() - t0
-    n = int(min(50, max(3, target_s / max(one, 1e-6))))
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = None
-        for _ in range(n):
-            out = f(*args)
-            if wait_each:
-                jax.block_until_ready(out)
-        jax.block_until_ready(out)
-        samples.append((time.perf_counter() - t0) / n * 1e3)
-    return statistics.median(samples)
+SMALL = dict(layers={"S1": (128, 256)}, rows=(40,), experts=4, target_s=0.001, repeats=1)
+"""``--small``: CPU-sized cases and timing (a smoke test of the benchmark, not a measurement)."""
 
 
-def make_case(rows, k, n, seed):
+def make_case(rows, k, n, seed, experts=EXPERTS):
+    """bf16 ``[rows, k]`` tokens, NVFP4 weights ``[experts, n, k]``, skewed int32 group sizes."""
     key = jax.random.key(seed)
     k1, k2 = jax.random.split(key)
-    w = jax.random.normal(k1, (EXPERTS, n, k), jnp.bfloat16)
-    rhs = jax.jit(jax.vmap(quantization.quantize))(w)
+    w = jax.random.normal(k1, (experts, n, k), jnp.bfloat16)
+    rhs = jax.jit(jax.vmap(jn.quantize))(w)
     del w
     x = jax.random.normal(k2, (rows, k), jnp.bfloat16)
-    sizes = jnp.asarray(skewed_group_sizes(rows, EXPERTS, seed))
+    sizes = jnp.asarray(skewed_group_sizes(rows, experts, seed))
     return x, rhs, sizes
 
 
 def impl_fns(x, rhs, sizes):
     """name -> (fn, args) for each implementation on one case."""
     fns = {}
-    ffi = jax.jit(lambda a, w, s: gemm.grouped_gemm(a, w, s, backend="ffi"))
-    xq = jax.jit(quantization.quantize)(x)
-    rhs_sm90 = jax.jit(layout.prepare_weights)(rhs)       # load-time cost: not timed
+    ffi = jax.jit(lambda a, w, s: jn.grouped_gemm(a, w, s, backend="ffi"))
+    xq = jax.jit(jn.quantize)(x)
+    rhs_sm90 = jax.jit(jn.prepare_weights)(rhs)       # load-time cost: not timed
     fns["w4a16"] = (ffi, (x, rhs, sizes))
     fns["w4a16_sm90"] = (ffi, (x, rhs_sm90, sizes))
     fns["w4a4"] = (ffi, (xq, rhs, sizes))
     fns["w4a4_sm90"] = (ffi, (xq, rhs_sm90, sizes))
-    ffi8 = jax.jit(lambda a, w, s: gemm.grouped_gemm(a, w, s, backend="ffi", precision="fp8"))
+    ffi8 = jax.jit(lambda a, w, s: jn.grouped_gemm(a, w, s, backend="ffi", precision="fp8"))
     fns["w4a16_fp8"] = (ffi8, (x, rhs, sizes))            # the fp8 kernel reads checkpoint weights
     fns["w4a4_fp8"] = (ffi8, (xq, rhs, sizes))
 
     def dequant_bf16(w):                                  # [G, N, K] -> [G, K, N] bf16
-        return jnp.swapaxes(quantization.dequantize(w, jnp.bfloat16), 1, 2)
+        return jnp.swapaxes(jn.dequantize(w, jnp.bfloat16), 1, 2)
 
     wb = jax.jit(dequant_bf16)(rhs)
     fns["ragged_dot"] = (jax.jit(lambda a, w, s: jax.lax.ragged_dot(
@@ -111,7 +94,7 @@ def impl_fns(x, rhs, sizes):
     return fns, wb
 
 
-def pallas_best(x, wb, sizes, log):
+def pallas_best(x, wb, sizes, log, **timing):
     """Best median ms of the Pallas Mosaic-GPU ragged_dot over a few tile configs (or None)."""
     try:
         from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
@@ -127,7 +110,7 @@ def pallas_best(x, wb, sizes, log):
         f = jax.jit(functools.partial(ragged_dot_mgpu.ragged_dot, block_m=bm, block_n=bn,
                                       block_k=64, max_concurrent_steps=steps, grid_block_n=gbn))
         try:
-            ms = time_ms(lambda a, w, s: f(a, w, group_sizes=s), x, wb, sizes)
+            ms = time_ms(lambda a, w, s: f(a, w, group_sizes=s), x, wb, sizes, **timing)
         except Exception as e:  # noqa: BLE001
             log(f"  pallas_mgpu {bm}x{bn}x64 steps{steps} gbn{gbn}: {type(e).__name__}")
             continue
@@ -145,12 +128,18 @@ def main(argv=None):
     p.add_argument("--cases", default="", help="comma list like L1-192,L2-6144 (default all)")
     p.add_argument("--impls", default=",".join(IMPLS), help=f"comma list of {IMPLS}")
     p.add_argument("--check", action="store_true", help="also check jax_nvfp4 vs ragged_dot")
+    p.add_argument("--small", action="store_true",
+                   help=f"CPU-sized cases and timing, a smoke test: {SMALL}")
     args = p.parse_args(argv)
+    small = SMALL if args.small else {}
+    layers, all_rows = small.get("layers", LAYERS), small.get("rows", ROWS)
+    experts = small.get("experts", EXPERTS)
+    timing = {k: small[k] for k in ("target_s", "repeats") if k in small}
     impls = [s for s in args.impls.split(",") if s]
     unknown = [i for i in impls if i not in IMPLS]
     if unknown:
         p.error(f"--impls: unknown {unknown}; expected a comma list of {IMPLS}")
-    cases = [(layer, rows) for layer in LAYERS for rows in ROWS]
+    cases = [(layer, rows) for layer in layers for rows in all_rows]
     if args.cases:
         want = set(args.cases.split(","))
         cases = [c for c in cases if f"{c[0]}-{c[1]}" in want]
@@ -159,9 +148,9 @@ def main(argv=None):
     print(f"device: {dev.device_kind} ({dev.platform}), jax {jax.__version__}", flush=True)
     results = []
     for ci, (layer, rows) in enumerate(cases):
-        k, n = LAYERS[layer]
+        k, n = layers[layer]
         case = f"{layer} rows {rows}"
-        x, rhs, sizes = make_case(rows, k, n, seed=ci)
+        x, rhs, sizes = make_case(rows, k, n, seed=ci, experts=experts)
         fns, wb = impl_fns(x, rhs, sizes)
         if args.check:
             got = fns["w4a16"][0](*fns["w4a16"][1]).astype(jnp.float32)
@@ -178,28 +167,26 @@ def main(argv=None):
         for impl in impls:
             extra = None
             if impl == "pallas_mgpu":
-                ms, extra = pallas_best(x, wb, sizes, print)
+                ms, extra = pallas_best(x, wb, sizes, print, **timing)
                 if ms is None:
                     continue
             else:
                 f, a = fns[impl]
-                ms = time_ms(f, *a)
+                ms = time_ms(f, *a, **timing)
             flops = 2.0 * rows * k * n
-            wbytes = EXPERTS * n * k * (0.5625 if impl in NVFP4_IMPLS else 2.0)
+            wbytes = experts * n * k * (0.5625 if impl in NVFP4_IMPLS else 2.0)
+            floor = floor_ms(rows, k, n, experts)
             r = {"case": case, "impl": impl, "ms": round(ms, 4),
                  "tflops": round(flops / ms / 1e9, 1), "weight_gbs": round(wbytes / ms / 1e6, 1),
-                 "floor_ms": round(floor_ms(rows, k, n), 4),
-                 "pct_of_floor": round(100 * floor_ms(rows, k, n) / ms, 1)}
+                 "floor_ms": round(floor, 4), "pct_of_floor": round(100 * floor / ms, 1)}
             if extra:
                 r["config"] = extra
             results.append(r)
             print(f"  {case:16s} {impl:20s} {ms:9.3f} ms {r['tflops']:7.1f} TFLOP/s "
                   f"{r['weight_gbs']:8.1f} GB/s {r['pct_of_floor']:6.1f}% of floor", flush=True)
         del x, rhs, wb, fns
-    meta = {"gpu": dev.device_kind, "platform": dev.platform, "jax": jax.__version__,
-            "driver": _driver_version(), "experts": EXPERTS, "results": results}
-    with open(os.path.join(args.out, "bench.json"), "w") as fh:
-        json.dump(meta, fh, indent=1)
+    meta = dict(run_info(dev), experts=experts, results=results)
+    write_json(os.path.join(args.out, "bench.json"), meta)
     _plot(results, os.path.join(args.out, "bench.png"))
     print(f"\n{'case':16s} " + " ".join(f"{i:>18s}" for i in impls))
     for layer, rows in cases:
@@ -207,28 +194,6 @@ def main(argv=None):
         row = {r["impl"]: r["ms"] for r in results if r["case"] == case}
         print(f"{case:16s} " + " ".join(f"{row.get(i, float('nan')):15.3f} ms" for i in impls))
     return results
-
-
-def write_lab_json(path, results):
-    """Write ``{"gpu", "driver", "jax", "results"}`` to ``path`` (the tools/lab benchmarks' JSON);
-    no-op for a falsy path."""
-    if not path:
-        return
-    with open(path, "w") as f:
-        json.dump(dict(gpu=jax.devices()[0].device_kind, driver=_driver_version(),
-                       jax=jax.__version__, results=results), f, indent=1)
-
-
-def _driver_version():
-    """The NVIDIA driver version (one value: nvidia-smi prints a line per GPU), or None."""
-    try:
-        import subprocess
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20).stdout
-    except Exception:  # noqa: BLE001
-        return None
-    versions = sorted({v.strip() for v in out.splitlines() if v.strip()})
-    return ", ".join(versions) or None
 
 
 def _plot(results, path):

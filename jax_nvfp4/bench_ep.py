@@ -22,8 +22,8 @@ machine whose default backend is a GPU.
 from __future__ import annotations
 
 import argparse
-import json
 import functools
+import inspect
 import os
 
 import jax
@@ -32,39 +32,14 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import layout, moe_params, quantization, sharding
-from .moe import moe as moe_layer
-from .bench import _driver_version, time_ms
+import jax_nvfp4 as jn
+from jax_nvfp4.bench_common import random_layer, run_info, time_ms, write_json
 
-
-def random_layer(config: moe_params.MoEConfig, seed: int = 0, device=None):
-    """Random DeepSeek-style NVFP4 MoE weights (Gaussian, std 1/sqrt(fan_in), quantized).
-
-    Experts are made and quantized one at a time (``lax.map``), so only one expert's float
-    weights exist at once: 384 V4-Pro experts are 14 GB in NVFP4 but 51 GB in bf16.
-    """
-    e, h, i = config.num_experts, config.hidden_size, config.intermediate_size
-    si = i * config.n_shared_experts
-    keys = jax.random.split(jax.random.key(seed), 7)
-
-    def normal(key, shape, fan_in):
-        return (jax.random.normal(key, shape, jnp.float32) * fan_in ** -0.5).astype(jnp.bfloat16)
-
-    @jax.jit
-    def make():
-        w13 = jax.lax.map(lambda k: quantization.quantize(normal(k, (2 * i, h), h)),
-                          jax.random.split(keys[1], e))
-        w2 = jax.lax.map(lambda k: quantization.quantize(normal(k, (h, i), i)),
-                         jax.random.split(keys[2], e))
-        return moe_params.MoEWeights(
-            router_weight=jax.random.normal(keys[0], (e, h), jnp.float32) * h ** -0.5,
-            w13=w13, w2=w2,
-            router_bias=jax.random.normal(keys[3], (e,), jnp.float32) * 0.01,
-            shared_w13=None if not si else quantization.quantize(normal(keys[4], (2 * si, h), h)),
-            shared_w2=None if not si else quantization.quantize(normal(keys[5], (h, si), si)))
-
-    with jax.default_device(device or jax.devices()[0]):
-        return make()
+COMBINES = ("psum", "psum_scatter")
+"""The combines of :func:`jax_nvfp4.moe_expert_parallel` timed and checked."""
+DEFAULT_CAPACITY_FACTOR = inspect.signature(jn.moe_expert_parallel).parameters[
+    "capacity_factor"].default
+"""The layer's own default ``capacity_factor``."""
 
 
 def collective_fn(mesh, combine, axis_name="ep"):
@@ -98,14 +73,14 @@ def main(argv=None):
     p.add_argument("--hidden", type=int, default=7168, help="H")
     p.add_argument("--inter", type=int, default=3072, help="I")
     p.add_argument("--activation", choices=("w4a4", "w4a16"), default="w4a4", help="GEMM inputs")
-    p.add_argument("--layout", choices=layout.LAYOUTS, default="sm90",
+    p.add_argument("--layout", choices=jn.LAYOUTS, default="sm90",
                    help="weight layout (sm90: prepared once at load time, the fast path)")
     p.add_argument("--rtol", type=float, default=1e-5,
                    help="bound on |EP - single| relative to the row's largest |output|")
     p.add_argument("--capacity-factor", type=_capacity_factor,
-                   default=sharding.DEFAULT_CAPACITY_FACTOR,
+                   default=DEFAULT_CAPACITY_FACTOR,
                    help="moe_expert_parallel's capacity_factor (default: the layer's, "
-                        f"{sharding.DEFAULT_CAPACITY_FACTOR}; 'none': all rows on every device)")
+                        f"{DEFAULT_CAPACITY_FACTOR}; 'none': all rows on every device)")
     p.add_argument("--out", default=None, help="folder for bench_ep.json")
     args = p.parse_args(argv)
 
@@ -118,7 +93,7 @@ def main(argv=None):
     if not 1 <= ep <= ndev:
         p.error(f"--ep {ep}: expected 1..{ndev} (devices present)")
     tokens = [int(t) for t in args.tokens.split(",") if t]
-    config = moe_params.MoEConfig.deepseek_v4_pro(
+    config = jn.MoEConfig.deepseek_v4_pro(
         num_experts=args.experts, hidden_size=args.hidden, intermediate_size=args.inter,
         activation=args.activation)
     if config.num_experts % ep:
@@ -137,10 +112,10 @@ def main(argv=None):
     weights = random_layer(config, device=dev0)
     if args.layout != "checkpoint":
         with jax.default_device(dev0):
-            weights = layout.prepare_weights(weights, args.layout)
+            weights = jn.prepare_weights(weights, args.layout)
     mesh = jax.make_mesh((ep,), ("ep",), devices=devices[:ep])
-    sharded = sharding.shard_moe_weights(weights, mesh)
-    single = jax.jit(lambda x, w: moe_layer(x, w, config))
+    sharded = jn.shard_moe_weights(weights, mesh)
+    single = jax.jit(lambda x, w: jn.moe(x, w, config))
     results = []
     for t in tokens:
         x = jax.device_put(jax.random.normal(jax.random.key(t), (t, config.hidden_size),
@@ -152,11 +127,11 @@ def main(argv=None):
         print(f"T={t:6d} single device ({config.num_experts} experts): {ms_single:8.3f} ms",
               flush=True)
         xr = jax.device_put(x, NamedSharding(mesh, P()))
-        for combine in sharding.COMBINES:
+        for combine in COMBINES:
             if combine == "psum_scatter" and t % ep:
                 print(f"  {combine}: skipped (T={t} not divisible by {ep})")
                 continue
-            f = jax.jit(lambda x, w, c=combine: sharding.moe_expert_parallel(
+            f = jax.jit(lambda x, w, c=combine: jn.moe_expert_parallel(
                 x, w, config, mesh, combine=c, capacity_factor=args.capacity_factor))
             out = np.asarray(f(xr, sharded))
             diff = np.abs(out - ref)
@@ -177,8 +152,7 @@ def main(argv=None):
                   f"{'OK' if ok else 'FAIL'} at rtol {args.rtol:g})", flush=True)
             del part
         results.append(row)
-    meta = {"device": dev0.device_kind, "devices": ndev, "ep": ep, "jax": jax.__version__,
-            "driver": _driver_version(), "config": {
+    meta = {**run_info(dev0), "devices": ndev, "ep": ep, "config": {
                 "experts": config.num_experts, "top_k": config.top_k,
                 "hidden": config.hidden_size, "inter": config.intermediate_size,
                 "activation": config.activation, "layout": args.layout,
@@ -186,8 +160,7 @@ def main(argv=None):
             "results": results}
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "bench_ep.json"), "w") as fh:
-            json.dump(meta, fh, indent=1)
+        write_json(os.path.join(args.out, "bench_ep.json"), meta)
     print(f"\n| T | single (ms) | ep={ep} psum (ms) | psum alone | ep={ep} psum_scatter (ms) "
           f"| psum_scatter alone | max rel diff | ok |")
     print("|---|---|---|---|---|---|---|---|")
@@ -198,7 +171,7 @@ def main(argv=None):
         print(f"| {r['tokens']} | {r['single_ms']:.3f} | {a.get('ms', float('nan')):.3f} | "
               f"{a.get('collective_ms', float('nan')):.3f} | {b.get('ms', float('nan')):.3f} | "
               f"{b.get('collective_ms', float('nan')):.3f} | {rel:.1e} | {ok} |")
-    if not all(r.get(c, {}).get("within_rtol", True) for r in results for c in sharding.COMBINES):
+    if not all(r.get(c, {}).get("within_rtol", True) for r in results for c in COMBINES):
         raise SystemExit("expert-parallel output differs from the single-device layer")
     return meta
 

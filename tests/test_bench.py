@@ -1,6 +1,9 @@
 """jax_nvfp4.bench's pieces on small shapes: every timed implementation computes the same GEMM
 (a benchmark of different computations would compare nothing), and the helpers are right."""
 
+import json
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +15,7 @@ from oracles import dequant64, grouped_gemm64, rel_err
 from conftest import QUANTIZE_STACK
 
 
+@pytest.mark.slow
 def test_every_implementation_computes_the_same_gemm():
     g, n, k, rows = 4, 128, 128, 40
     key = jax.random.key(0)
@@ -52,6 +56,26 @@ def test_floor_is_the_larger_of_bytes_and_flops():
         48 * 6144 * 7168 * 0.5625 / 4.05e12 * 1e3)
     assert bench.floor_ms(24576, 7168, 6144) == pytest.approx(
         2 * 24576 * 7168 * 6144 / 711e12 * 1e3)
+
+
+def test_small_run_writes_the_json(tmp_path):
+    """The CLI end to end at CPU size: one row per implementation (the Pallas one is GPU-only),
+    finite positive numbers, the derived columns computed from the measured ms."""
+    impls = [i for i in bench.IMPLS if i != "pallas_mgpu"]
+    bench.main(["--small", "--check", "--impls", ",".join(impls), "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    for key in ("gpu", "platform", "driver", "jax", "experts", "results"):
+        assert key in saved, key
+    assert saved["jax"] == jax.__version__ and saved["experts"] == bench.SMALL["experts"]
+    assert [r["impl"] for r in saved["results"]] == impls
+    (k, n), = bench.SMALL["layers"].values()
+    for r in saved["results"]:
+        assert r["case"] == "S1 rows 40"
+        assert r["ms"] > 0
+        for key in ("tflops", "weight_gbs", "floor_ms", "pct_of_floor"):  # CPU size: may round to 0
+            assert math.isfinite(r[key]) and r[key] >= 0, key
+        assert r["tflops"] == pytest.approx(2.0 * 40 * k * n / r["ms"] / 1e9, abs=0.06)
+        assert r["floor_ms"] == pytest.approx(bench.floor_ms(40, k, n, 4), abs=1e-4)
 
 
 def test_unknown_impl_is_an_error():

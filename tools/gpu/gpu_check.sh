@@ -21,6 +21,7 @@
 #   7. bench:     python -m jax_nvfp4.bench with its usual arguments (plus any given to this script,
 #                 e.g. --impls w4a16,w4a16_sm90,w4a4,w4a4_sm90 to leave out the slow peers);
 #   8. bench_layer: python -m jax_nvfp4.bench_layer (the MoE layer against its grouped GEMMs);
+#      ep_share:  one device's share of the 8-way expert-parallel layer (tools/lab/ep_share_bench.py);
 #      fp8_check: the FP8 kernel against float64 on the bench shapes, timed beside the exact kernels;
 #      prepass:   the W4A4 pre-pass microbenchmark (tools/lab/prepass_bench.py);
 #   9. portable_bench: the benchmark rows of jax_nvfp4's four columns through the portable build;
@@ -113,6 +114,8 @@ step bench 240 python3 -P -m jax_nvfp4.bench --out "$out" --check "$@"
 
 step bench_layer 240 python3 -P -m jax_nvfp4.bench_layer --out "$out/layer"
 
+step ep_share 120 python3 -P tools/lab/ep_share_bench.py --json "$out/ep_share.json"
+
 step fp8_check 240 python3 -P tools/lab/fp8_check.py --check-rows 16 --out "$out/fp8_check.json"
 
 step prepass 120 python3 -P tools/lab/prepass_bench.py --out "$out/prepass.json"
@@ -124,6 +127,6 @@ for b in bench bench_layer portable_bench; do
   [ -f "$out/$b.log" ] && { echo; echo "== $b"; sed -n '/^case /,$p' "$out/$b.log" | head -40; }
 done
 [ -f "$out/tests.log" ] && { echo; echo "== tests: failures"; grep -E "(FAILED|ERROR) tests/" "$out/tests.log" | sed 's/^\[gw[0-9]*\] *\[ *[0-9]*%\] *//' | sort -u | head -40; }
-for b in fp8_check prepass; do [ -f "$out/$b.log" ] && { echo; echo "== $b"; tail -n 12 "$out/$b.log"; }; done
+for b in ep_share fp8_check prepass; do [ -f "$out/$b.log" ] && { echo; echo "== $b"; tail -n 12 "$out/$b.log"; }; done
 echo; echo "== summary ($SECONDS s)"
 for row in "${summary[@]}"; do IFS='|' read -r a b c <<<"$row"; printf '%-16s %-20s %s\n' "$a" "$b" "$c"; done

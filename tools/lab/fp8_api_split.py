@@ -18,6 +18,7 @@ import statistics
 import jax
 
 from jax_nvfp4 import bench, fp8, gemm, layout
+from jax_nvfp4.bench_common import time_ms
 
 
 def main(argv=None):
@@ -42,7 +43,7 @@ def main(argv=None):
         samples = {name: [] for name in runs}
         for _ in range(a.rounds):
             for name, (f, args) in runs.items():
-                samples[name].append(bench.time_ms(f, *args))
+                samples[name].append(time_ms(f, *args))
         r = {"case": case, **{name: statistics.median(v) for name, v in samples.items()},
              "rounds": samples}
         rows_out.append(r)

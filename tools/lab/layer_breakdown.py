@@ -22,10 +22,18 @@ import jax.numpy as jnp
 
 from jax_nvfp4 import gemm, layout
 from jax_nvfp4.moe import moe as moe_layer, swiglu
-from jax_nvfp4.bench import time_ms
-from jax_nvfp4.bench_ep import random_layer
-from jax_nvfp4.bench_layer import _gemm_lhs, layer_config
+from jax_nvfp4.bench_common import random_layer, time_ms
+from jax_nvfp4.bench_layer import layer_config
+from jax_nvfp4.dispatch import dispatch_rows_dynamic
 from jax_nvfp4.routing import route
+
+
+def _gemm_lhs(rows, activation):
+    """The layer's exact-mode GEMM input and row scales: for W4A4 its dispatch custom call (the
+    bf16 values of each row's NVFP4 quantization, and the rows' scales), else bf16 rows."""
+    if activation == "w4a4":
+        return dispatch_rows_dynamic(rows)
+    return rows.astype(jnp.bfloat16), None
 
 
 def stages(x, weights, cfg):

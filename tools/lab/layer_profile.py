@@ -23,8 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_nvfp4 import layout
-from jax_nvfp4.bench import time_ms, write_lab_json
-from jax_nvfp4.bench_ep import random_layer
+from jax_nvfp4.bench_common import random_layer, run_info, time_ms, write_json
 from jax_nvfp4.bench_layer import layer_config
 from jax_nvfp4.moe import moe as moe_layer
 
@@ -101,7 +100,7 @@ def main(argv=None):
                             "kernels_ms": total / 1e3,
                             "kernels": [{"name": n, "calls": c, "us": u} for n, c, u in rows]})
     if a.json:
-        write_lab_json(a.json, results)
+        write_json(a.json, {**run_info(), "results": results})
 
 
 if __name__ == "__main__":

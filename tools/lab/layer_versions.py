@@ -8,7 +8,8 @@ bench_layer's per-GPU V4-Pro shard (48 experts, top-6, H 7168, I 3072, no shared
 NVFP4 weights in the sm90 layout (``prepare_weights``), bf16 tokens, real routing from the random
 router (``--precision fp8``: the FP8 mode, weights in the checkpoint layout, which its kernel
 reads); uses only ``MoEConfig.deepseek_v4_pro``, ``bench_ep.random_layer``, ``prepare_weights`` and
-``moe``, which every build since 2026-11-30 has, and that build's own ``bench.time_ms``.
+``moe``, which every build since 2026-11-30 has, and that build's own ``time_ms`` and
+``random_layer`` (``bench_common``, or ``bench`` and ``bench_ep`` before it).
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ import jax
 import jax.numpy as jnp
 
 import jax_nvfp4
-from jax_nvfp4 import bench_ep
-from jax_nvfp4.bench import time_ms
+try:
+    from jax_nvfp4.bench_common import random_layer, time_ms
+except ImportError:   # builds before bench_common (the same weights: bench_common's are bit-identical)
+    from jax_nvfp4.bench import time_ms
+    from jax_nvfp4.bench_ep import random_layer
 
 
 def main(argv=None):
@@ -40,7 +44,7 @@ def main(argv=None):
         cfg = jax_nvfp4.MoEConfig.deepseek_v4_pro(num_experts=a.experts, n_shared_experts=0,
                                                   activation=act, hidden_size=a.hidden,
                                                   intermediate_size=a.inter, precision=a.precision)
-        w = bench_ep.random_layer(cfg, seed=0)
+        w = random_layer(cfg, seed=0)
         w = w if a.precision == "fp8" else jax_nvfp4.prepare_weights(w)
         f = jax.jit(lambda x, w, cfg=cfg: jax_nvfp4.moe(x, w, cfg))
         for t in (int(v) for v in a.tokens.split(",")):

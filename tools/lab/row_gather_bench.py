@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_nvfp4 import fp8
-from jax_nvfp4.bench import time_ms, write_lab_json
+from jax_nvfp4.bench_common import run_info, time_ms, write_json
 
 H = 7168
 
@@ -81,7 +81,8 @@ def main(argv=None):
                 results.append(dict(tokens=t, array=name, variant=v, ms=ms, out_mb=mb, equal=ok))
                 print(f"T={t:5d} {name:13s} {v:18s} {ms:7.3f} ms  {mb:7.1f} MB out  "
                       f"{mb / ms / 1e3:5.2f} TB/s written  equal={ok}")
-    write_lab_json(args.json, results)
+    if args.json:
+        write_json(args.json, {**run_info(), "results": results})
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_nvfp4 import gemm, layout, quantization
-from jax_nvfp4.bench import EXPERTS, skewed_group_sizes, time_ms, write_lab_json
+from jax_nvfp4.bench import EXPERTS, skewed_group_sizes
+from jax_nvfp4.bench_common import run_info, time_ms, write_json
 from jax_nvfp4.kernel_config import KernelConfig
 
 C256 = KernelConfig("wgmma", 256, 5, 2)
@@ -106,7 +107,8 @@ def main(argv=None):
             rng = np.random.default_rng(rows)
             sizes = rng.multinomial(rows, np.ones(EXPERTS) / EXPERTS).astype(np.int32)
             results.append(case(f"{label} even", x, rhs, sizes, print))
-    write_lab_json(args.json, results)
+    if args.json:
+        write_json(args.json, {**run_info(), "results": results})
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_nvfp4 import gemm, layout, quantization
-from jax_nvfp4.bench import EXPERTS, time_ms, write_lab_json
+from jax_nvfp4.bench import EXPERTS
+from jax_nvfp4.bench_common import run_info, time_ms, write_json
 from jax_nvfp4.kernel_config import KernelConfig
 
 C256 = KernelConfig("wgmma", 256, 5, 2)
@@ -86,7 +87,8 @@ def main(argv=None):
         print(label, {a: (round(b, 4) if isinstance(b, float) else b) for a, b in r.items()},
               flush=True)
         results.append(r)
-    write_lab_json(args.json, results)
+    if args.json:
+        write_json(args.json, {**run_info(), "results": results})
 
 
 if __name__ == "__main__":

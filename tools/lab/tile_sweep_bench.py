@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_nvfp4 import gemm, layout, quantization
-from jax_nvfp4.bench import EXPERTS, skewed_group_sizes, time_ms, write_lab_json
+from jax_nvfp4.bench import EXPERTS, skewed_group_sizes
+from jax_nvfp4.bench_common import run_info, time_ms, write_json
 from jax_nvfp4.kernel_config import KernelConfig
 
 CONFIGS = {64: KernelConfig("wgmma", 64, 12, 1), 128: KernelConfig("wgmma", 128, 8, 1),
@@ -52,7 +53,8 @@ def main(argv=None):
                                     ms={str(t): v for t, v in ms.items()}, best=best))
                 print(f"{label} avg {avg:4d} {sizes_name:9s} " + "  ".join(
                     f"{t}: {v:.3f}" for t, v in ms.items()) + f"  best {best}", flush=True)
-    write_lab_json(args.json, results)
+    if args.json:
+        write_json(args.json, {**run_info(), "results": results})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,167 @@
+"""Generate docs/benchmarks.md from the committed benchmark JSON files in docs/.
+
+    python tools/bench/benchmarks_md.py            # rewrite docs/benchmarks.md
+    python tools/bench/benchmarks_md.py --check    # exit 1 if docs/benchmarks.md differs
+
+One section per JSON: where it ran (GPU, driver, jax, as the JSON records them), the command that
+writes that JSON, and a table of its numbers. Needs only the standard library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
+OUT = DOCS / "benchmarks.md"
+
+
+def _ms(v, digits=3):
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
+
+
+def _table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _where(d):
+    """'GPU (driver D), jax J' from a benchmark JSON's header."""
+    gpu = d.get("gpu") or d.get("device") or "?"
+    if d.get("devices", 1) > 1:
+        gpu = f"{d['devices']} x {gpu}"
+    driver = f" (driver {d['driver']})" if d.get("driver") else ""
+    return f"{gpu}{driver}, jax {d.get('jax', '?')}"
+
+
+def gemm_table(d):
+    """Median ms per case (rows) and implementation (columns), with the floor."""
+    impls = list(dict.fromkeys(r["impl"] for r in d["results"]))
+    cases = list(dict.fromkeys(r["case"] for r in d["results"]))
+    ms = {(r["case"], r["impl"]): r["ms"] for r in d["results"]}
+    floor = {r["case"]: r["floor_ms"] for r in d["results"]}
+    return _table(["case", "floor"] + impls,
+                  [[c, _ms(floor[c])] + [_ms(ms.get((c, i))) for i in impls] for c in cases])
+
+
+def layer_table(d):
+    rows = [[r["tokens"], r["rows"], r["activation"], _ms(r["layer_ms"]),
+             _ms(r.get("layer_unfused_ms")), _ms(r["gemm1_ms"]), _ms(r["gemm2_ms"]),
+             f"{100 * r['overhead_share']:.0f}%", _ms(r.get("reference_ms"), 1)]
+            for r in d["results"]]
+    return _table(["tokens", "rows", "activation", "layer", "layer unfused", "gemm1", "gemm2",
+                   "overhead share", "reference backend"], rows)
+
+
+def ep_share_table(d):
+    rows = [[r["tokens"], r["activation"], f"{r['ep']} ({r['local_experts']} of {r['experts']})",
+             r["own_rows"], r["rows_run"], _ms(r["share_ms"]), _ms(r["share_all_rows_ms"]),
+             _ms(r["single_ms_over_ep"]), f"{r['ratio']:.2f}"]
+            for r in d["expert_parallel"]]
+    return _table(["tokens", "activation", "ep (experts)", "own rows", "rows run",
+                   "device 0's share", "share, all rows", "one-device layer / ep", "ratio"], rows)
+
+
+def ep_table(d):
+    rows = []
+    for r in d["results"]:
+        a, b = r.get("psum", {}), r.get("psum_scatter", {})
+        rel = max(a.get("max_rel_diff", 0.0), b.get("max_rel_diff", 0.0))
+        rows.append([r["tokens"], _ms(r["single_ms"]), _ms(a.get("ms")),
+                     _ms(a.get("collective_ms")), _ms(b.get("ms")), _ms(b.get("collective_ms")),
+                     f"{rel:.1e}",
+                     a.get("within_rtol", True) and b.get("within_rtol", True)])
+    ep = d["ep"]
+    return _table(["tokens", "one device", f"ep={ep} psum", "psum alone", f"ep={ep} psum_scatter",
+                   "psum_scatter alone", "max rel diff", "within rtol"], rows)
+
+
+def accuracy_table(d):
+    rows = [[r["kind"], r["case"], r["activation"], f"{r['fp8_vs_exact']:.4f}",
+             f"{r['exact_vs_unquantized']:.4f}", f"{r['fp8_vs_unquantized']:.4f}",
+             f"{r['ratio']:.3f}"] for r in d["results"]]
+    return _table(["kind", "case", "activation", "fp8 vs exact", "exact vs unquantized",
+                   "fp8 vs unquantized", "ratio"], rows)
+
+
+def ep_command(d):
+    c = d["config"]
+    cf = c.get("capacity_factor")
+    tokens = ",".join(str(r["tokens"]) for r in d["results"])
+    return (f"python -m jax_nvfp4.bench_ep --ep {d['ep']} --tokens {tokens} --activation "
+            f"{c['activation']} --layout {c['layout']} --capacity-factor "
+            f"{'none' if cf is None else cf}")
+
+
+def gemm_command(d, impls_flag):
+    impls = ",".join(dict.fromkeys(r["impl"] for r in d["results"]))
+    return "python -m jax_nvfp4.bench" + (f" --impls {impls}" if impls_flag else "")
+
+
+SECTIONS = [
+    ("Grouped GEMM against JAX peers", "bench-h200.json",
+     "Median ms per call, 48 experts, skewed random group sizes, bf16 output; floor: the larger "
+     "of weight bytes at 4.05 TB/s and FLOPs at 711 TFLOP/s. Plot: `bench-h200.png`.",
+     lambda d: gemm_command(d, False), gemm_table),
+    ("Grouped GEMM, FP8 compute mode", "bench-h200-fp8-api.json",
+     "Median ms per call, as above; `*_fp8`: `precision=\"fp8\"` on checkpoint-layout weights.",
+     lambda d: gemm_command(d, True), gemm_table),
+    ("MoE layer against its grouped GEMMs", "bench-layer-h200.json",
+     "Median ms; per-GPU DeepSeek-V4-Pro shard (48 experts, top-6, H 7168, I 3072, no shared "
+     "expert), sm90 weights; gemm1 / gemm2: each grouped GEMM alone on the layer's routed rows. "
+     "Plot: `bench-layer-h200.png`.",
+     lambda d: "python -m jax_nvfp4.bench_layer", layer_table),
+    ("One device's share of the expert-parallel layer", "bench-layer-h200.json",
+     "Median ms; device 0 of the ep-way layer simulated on one GPU, beside 1/ep of the "
+     "one-device layer with all experts.",
+     lambda d: "python tools/lab/ep_share_bench.py", ep_share_table),
+]
+SECTIONS += [
+    (f"Expert-parallel layer, {name}", f"bench-ep-h200x2-{name}.json",
+     "Median ms; DeepSeek-V4-Pro layer (384 experts, top-6, one shared expert); max rel diff: "
+     "max |EP - one device| over the row's largest |output|.", ep_command, ep_table)
+    for name in ("w4a16", "w4a4", "w4a4-capacity1.25")]
+SECTIONS.append(
+    ("FP8 compute mode accuracy", "fp8-accuracy.json",
+     "Relative L2 differences `||a - b|| / ||b||` on Gaussian data.",
+     lambda d: (f"python tools/bench/fp8_accuracy.py --rows {d['rows']} --groups {d['groups']} "
+                f"--seed {d['seed']} --backend {d['backend']}"), accuracy_table))
+
+
+def render(docs=DOCS):
+    """The text of docs/benchmarks.md, from the JSON files in ``docs``."""
+    lines = ["# Benchmarks", "",
+             "Generated by `python tools/bench/benchmarks_md.py` from the JSON files in docs/ "
+             "(do not edit by hand).", ""]
+    for title, name, what, command, table in SECTIONS:
+        d = json.loads((docs / name).read_text())
+        if table is ep_share_table and not d.get("expert_parallel"):
+            continue
+        lines += [f"## {title}", "",
+                  f"{_where(d)}; `{name}`; command: `{command(d)}`.", "", what, ""]
+        lines += table(d) + [""]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true",
+                   help="compare with docs/benchmarks.md instead of writing it")
+    args = p.parse_args(argv)
+    text = render()
+    if args.check:
+        if not OUT.is_file() or OUT.read_text() != text:
+            print(f"{OUT} differs from what {__file__} generates: run it", file=sys.stderr)
+            return 1
+        return 0
+    OUT.write_text(text)
+    print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
