@@ -218,8 +218,8 @@ def test_linen_variables_carry_the_layout_and_init_holds_no_weights(rng, tmp_pat
     with pytest.raises(TypeError, match=r"expected jax_nvfp4.nn.linen.freeze\(weights\)"):
         model.apply({COLLECTION: {"weights": prepared}}, x)
     saved = {COLLECTION: {"weights": freeze(prepared)}}
-    np.testing.assert_array_equal(np.asarray(jax.jit(model.apply)(saved, x)),
-                                  np.asarray(jax.jit(lambda x, w: jn.moe(x, w, config))(x, prepared)))
+    want = jax.jit(lambda x, w: jn.moe(x, w, config))(x, prepared)
+    np.testing.assert_array_equal(np.asarray(jax.jit(model.apply)(saved, x)), np.asarray(want))
     ckpt = ocp.StandardCheckpointer()
     ckpt.save(tmp_path / "prepared", saved)
     ckpt.wait_until_finished()

@@ -1,4 +1,4 @@
-"""Frozen storage of a :class:`jax_nvfp4.MoEWeights` for the framework modules (no framework needed).
+"""Frozen storage of a :class:`jax_nvfp4.MoEWeights` for the framework modules (no framework).
 
 :class:`FrozenMoEWeights` holds every array of the weights as its raw bits in an unsigned integer
 dtype of the same width (float8 block scales as uint8, float32 router and global scales as
