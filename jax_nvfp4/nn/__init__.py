@@ -5,8 +5,10 @@
 * :mod:`jax_nvfp4.nn.eqx`: ``MoE``, an ``equinox.Module``.
 
 Install the frameworks with ``pip install "jax_nvfp4[frameworks]"`` (flax, equinox). Every module
-holds a :class:`jax_nvfp4.MoEWeights` as frozen state (never trained: see each module for how its
-framework's optimizers skip it), takes ``x`` of shape ``[..., H]`` (and ``token_ids`` shaped like
+holds a :class:`jax_nvfp4.MoEWeights` as frozen state, a
+:class:`jax_nvfp4.nn.frozen.FrozenMoEWeights` (integer bits, the layout in the key paths: never
+selected by a framework's usual filter of what trains, restored only into a target of the same
+layout; see each module), takes ``x`` of shape ``[..., H]`` (and ``token_ids`` shaped like
 x's leading axes for hash-routed layers), keeps the :class:`jax_nvfp4.MoEConfig` static, and is
 differentiable with respect to x (:func:`jax_nvfp4.moe`: straight-through GEMM inputs, frozen
 weights).

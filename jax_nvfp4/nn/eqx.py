@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 
 from . import require
+from .frozen import FrozenMoEWeights
 
 equinox = require("equinox", "equinox")
 
@@ -15,36 +16,48 @@ from ..moe_params import MoEConfig, MoEWeights  # noqa: E402
 class MoE(equinox.Module):
     """The NVFP4 MoE layer (:func:`jax_nvfp4.moe`) with frozen weights.
 
-    ``weights`` is an ordinary (array) field, so the module goes through ``eqx.filter_jit`` and
-    ``jax.jit`` as a pytree and the weights are traced arguments, not compile-time constants;
-    ``config`` and ``backend`` are static fields. ``__call__`` applies ``jax.lax.stop_gradient``
-    to the weights (the Equinox idiom for buffers), so their gradients are zero. The weights hold
-    inexact leaves (float32 router, float8 scales), so an optimizer that moves parameters without
-    a gradient (weight decay) must not see them: partition with :func:`trainable` as the filter
-    (``eqx.partition(model, trainable(model))``).
+    Args:
+      weights: :class:`jax_nvfp4.MoEWeights` (or a :class:`jax_nvfp4.nn.frozen.FrozenMoEWeights`),
+        held as ``self.weights``, a :class:`~jax_nvfp4.nn.frozen.FrozenMoEWeights`: every array
+        as its integer bits (uint8 codes and block scales, uint32 float32 scales and router).
+      config: :class:`jax_nvfp4.MoEConfig`, a static field.
+      backend: grouped GEMM backend (``"auto"``, ``"ffi"``, ``"reference"``), static.
 
-    Call: ``layer(x, token_ids=None)`` with x ``[..., H]``; returns x's shape and dtype.
+    The weights are ordinary pytree leaves, so the module goes through ``eqx.filter_jit`` and
+    ``jax.jit`` as an argument and they are traced, not compile-time constants. Being integer
+    arrays, ``eqx.is_inexact_array`` does not select them: ``eqx.filter(model,
+    eqx.is_inexact_array)`` / ``eqx.partition`` with it, ``eqx.filter_grad`` and any optimizer
+    over that filter (weight decay and momentum included) leave them bit for bit as they are, and
+    ``eqx.tree_serialise_leaves`` / ``tree_deserialise_leaves`` round-trip them exactly.
+    Nothing of this module trains; the surrounding model's layers do (gradients flow through x).
+
+    Call: ``layer(x, token_ids=None)`` with x ``[..., H]`` float (``token_ids`` int, x's leading
+    axes, for hash-routed layers); returns x's shape and dtype.
     """
 
-    weights: MoEWeights
+    weights: FrozenMoEWeights
     config: MoEConfig = equinox.field(static=True)
     backend: str = equinox.field(static=True, default="auto")
 
-    def __check_init__(self):
-        if not isinstance(self.weights, MoEWeights):
-            raise TypeError(f"weights: expected a jax_nvfp4.MoEWeights, got "
-                            f"{type(self.weights).__name__}")
-        if not isinstance(self.config, MoEConfig):
-            raise TypeError(f"config: expected a jax_nvfp4.MoEConfig, got "
-                            f"{type(self.config).__name__}")
+    def __init__(self, weights, config: MoEConfig, backend: str = "auto"):
+        if not isinstance(config, MoEConfig):
+            raise TypeError(f"config: expected a jax_nvfp4.MoEConfig, got {type(config).__name__}")
+        self.weights = FrozenMoEWeights.freeze(weights)
+        self.config = config
+        self.backend = backend
+
+    @property
+    def moe_weights(self) -> MoEWeights:
+        """The layer's :class:`jax_nvfp4.MoEWeights` (bit-cast back from the stored bits)."""
+        return self.weights.weights()
 
     def __call__(self, x: jax.Array, token_ids=None, *, key=None) -> jax.Array:
-        w = jax.lax.stop_gradient(self.weights)
-        return moe(x, w, self.config, token_ids=token_ids, backend=self.backend)
+        return moe(x, self.moe_weights, self.config, token_ids=token_ids, backend=self.backend)
 
 
 def trainable(model):
-    """A filter spec for ``eqx.partition``: ``eqx.is_inexact_array`` for every leaf of ``model``
-    except the weights of any :class:`MoE` inside it (False)."""
-    return jax.tree.map(lambda v: False if isinstance(v, MoEWeights) else equinox.is_inexact_array(v),
-                        model, is_leaf=lambda v: isinstance(v, MoEWeights))
+    """A filter spec for ``eqx.partition``: ``eqx.is_inexact_array`` on every leaf of ``model``.
+
+    The same as ``eqx.is_inexact_array`` itself (an :class:`MoE`'s weights are integer leaves);
+    kept as a name for code that partitions with it."""
+    return jax.tree.map(equinox.is_inexact_array, model)

@@ -6,10 +6,10 @@ import jax
 import jax.numpy as jnp
 
 from . import require
+from .frozen import FrozenMoEWeights
 
 nn = require("flax.linen", "flax")
 
-from ..formats import NVFP4Tensor  # noqa: E402
 from ..moe import moe  # noqa: E402
 from ..moe_params import MoEConfig, MoEWeights  # noqa: E402
 
@@ -17,40 +17,32 @@ COLLECTION = "nvfp4"
 """The variable collection holding the weights (not ``"params"``: optimizers over params skip it)."""
 
 
-def placeholder_weights(config: MoEConfig) -> MoEWeights:
-    """All-zero :class:`jax_nvfp4.MoEWeights` of ``config``'s shapes (global scales 1): what
-    ``init`` puts in the collection, to be replaced by the real weights."""
-    e, h, i = config.num_experts, config.hidden_size, config.intermediate_size
-
-    def zeros(*shape):
-        lead = shape[:-1]
-        return NVFP4Tensor(jnp.zeros(lead + (shape[-1] // 2,), jnp.uint8),
-                           jnp.zeros(lead + (shape[-1] // 16,), jnp.float8_e4m3fn),
-                           jnp.ones(lead[:1] if len(lead) > 1 else (), jnp.float32))
-
-    shared = config.n_shared_experts * i
-    return MoEWeights(router_weight=jnp.zeros((e, h), jnp.float32), w13=zeros(e, 2 * i, h),
-                      w2=zeros(e, h, i),
-                      shared_w13=zeros(2 * shared, h) if shared else None,
-                      shared_w2=zeros(h, shared) if shared else None)
+def freeze(weights: MoEWeights) -> FrozenMoEWeights:
+    """The value to put in the :data:`COLLECTION` for a :class:`MoE`: ``weights`` (a
+    :class:`jax_nvfp4.MoEWeights`, either layout) stored as integer bits with the layout in the
+    key paths (:class:`~jax_nvfp4.nn.frozen.FrozenMoEWeights`)."""
+    return FrozenMoEWeights.freeze(weights)
 
 
 class MoE(nn.Module):
     """The NVFP4 MoE layer (:func:`jax_nvfp4.moe`) with frozen weights.
 
     The weights live in the ``"nvfp4"`` variable collection (:data:`COLLECTION`) under the name
-    ``"weights"``, not in ``"params"``: ``init`` fills it with :func:`placeholder_weights`; put the
-    real :class:`jax_nvfp4.MoEWeights` there before ``apply``, e.g.
-    ``variables["nvfp4"]["moe"]["weights"] = weights`` for a submodule named ``moe`` (or
-    ``{"nvfp4": {"weights": weights}}`` for the layer alone). Gradients and optimizers over
-    ``"params"`` never see them, and ``apply`` stops their gradient anyway.
+    ``"weights"``, not in ``"params"``, as :func:`freeze` ``(weights)``: e.g.
+    ``variables["nvfp4"] = {"moe": {"weights": freeze(weights)}}`` for a submodule named ``moe``
+    (``{"nvfp4": {"weights": freeze(weights)}}`` for the layer alone). ``init`` does not create
+    them (there is nothing to initialize: an all-zero layer would silently output zeros), and its
+    output for this layer is zeros of x's shape; ``apply`` without them raises ValueError.
+    Gradients and optimizers over ``"params"`` never see them (integer leaves, another
+    collection). A restore (orbax) into a target built with weights of another layout is a
+    path mismatch: the layout is part of each leaf's key.
 
     Attributes:
       config: :class:`jax_nvfp4.MoEConfig` (static, hashable).
       backend: grouped GEMM backend (``"auto"``, ``"ffi"``, ``"reference"``).
 
-    Call: ``layer(x, token_ids=None)`` with x ``[..., H]``; returns x's shape and dtype,
-    differentiable with respect to x.
+    Call: ``layer(x, token_ids=None)`` with x ``[..., H]`` float (``token_ids`` int, x's leading
+    axes, for hash-routed layers); returns x's shape and dtype, differentiable with respect to x.
     """
 
     config: MoEConfig
@@ -58,9 +50,29 @@ class MoE(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array, token_ids=None) -> jax.Array:
-        weights = self.variable(COLLECTION, "weights", placeholder_weights, self.config).value
-        if not isinstance(weights, MoEWeights):
-            raise TypeError(f'variables["{COLLECTION}"]...["weights"]: expected a '
-                            f"jax_nvfp4.MoEWeights, got {type(weights).__name__}")
-        w = jax.lax.stop_gradient(weights)
-        return moe(x, w, self.config, token_ids=token_ids, backend=self.backend)
+        if not isinstance(self.config, MoEConfig):
+            raise TypeError(f"config: expected a jax_nvfp4.MoEConfig, got "
+                            f"{type(self.config).__name__}")
+        if not self.has_variable(COLLECTION, "weights"):
+            if self.is_initializing():
+                return self._init_output(x)
+            raise ValueError(
+                f'variables["{COLLECTION}"]{self._where()}["weights"]: missing; this MoE\'s '
+                f"NVFP4 weights are not created by init: put "
+                f"jax_nvfp4.nn.linen.freeze(weights) there before apply")
+        stored = self.get_variable(COLLECTION, "weights")
+        if not isinstance(stored, FrozenMoEWeights):
+            raise TypeError(
+                f'variables["{COLLECTION}"]{self._where()}["weights"]: expected '
+                f"jax_nvfp4.nn.linen.freeze(weights) (a FrozenMoEWeights), got "
+                f"{type(stored).__name__}")
+        return moe(x, stored.weights(), self.config, token_ids=token_ids, backend=self.backend)
+
+    def _where(self) -> str:
+        return "".join(f'["{p}"]' for p in self.scope.path)
+
+    def _init_output(self, x):
+        x = jnp.asarray(x)
+        if x.ndim < 1 or x.shape[-1] != self.config.hidden_size:
+            raise ValueError(f"x: expected [..., {self.config.hidden_size}], got {x.shape}")
+        return jnp.zeros_like(x)
