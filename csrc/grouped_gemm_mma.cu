@@ -189,6 +189,16 @@ __device__ __forceinline__ int tile_group_warp(const int* prefix, int64_t G, int
 struct TileRows {
   int64_t row0, rend;
 };
+// The problem's sizes, read once per kernel: N, K, K/2 (packed bytes per row), K/16 (scales per row)
+// and the k-tiles.
+struct Dims {
+  int64_t N, K, KH, KS;
+  int KT;
+};
+__device__ __forceinline__ Dims problem_dims(const KParams& p) {
+  return Dims{p.N, p.K, p.K / 2, p.K / 16, static_cast<int>((p.K + kBK - 1) / kBK)};
+}
+
 template <int BT>
 __device__ __forceinline__ TileRows tile_rows(const Schedule& sch, int g, int tile) {
   return TileRows{sch.starts[g] + static_cast<int64_t>(tile - sch.prefix[g]) * BT, sch.ends[g]};
@@ -240,9 +250,10 @@ struct StageLoader {
   int64_t KS;
   int kt_vec;  // k-tiles whose 4 scale bytes are fetched with one 4-byte cp.async
 
-  __device__ __forceinline__ StageLoader(const KParams& p, int tid, int g, int64_t n0, const TileRows& tr) {
-    const int64_t N = p.N, K = p.K, KH = K / 2;
-    KS = K / 16;
+  __device__ __forceinline__ StageLoader(const KParams& p, const Dims& d, int tid, int g, int64_t n0,
+                                         const TileRows& tr) {
+    const int64_t N = d.N, K = d.K, KH = d.KH;
+    KS = d.KS;
     const uint8_t* rhs_g = p.rhs + static_cast<int64_t>(g) * N * KH;
     const uint8_t* rhs_s_g = p.rhs_scales + static_cast<int64_t>(g) * N * KS;
 #pragma unroll
@@ -521,7 +532,8 @@ template <int BT, int WARPS_T, int STAGES, bool A_FP4, bool SM90L>
 __device__ __forceinline__ void run_multistage(const KParams& p, uint8_t* smem) {
   using C = Cfg<BT, WARPS_T, A_FP4>;
   const Lanes ln = this_thread_lanes();
-  const int KT = static_cast<int>((p.K + kBK - 1) / kBK);
+  const Dims d = problem_dims(p);
+  const int KT = d.KT;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBW;
   const Schedule sch = wait_for_schedule(p);
   const float fp4_fix = A_FP4 ? 16384.0f : 128.0f;
@@ -529,7 +541,7 @@ __device__ __forceinline__ void run_multistage(const KParams& p, uint8_t* smem) 
   for (int tile = blockIdx.y; tile < sch.total_tiles; tile += gridDim.y) {
     const int g = tile_group_block<C::kThreads>(sch.prefix, p.G, tile, ln.tid);
     const TileRows tr = tile_rows<BT>(sch, g, tile);
-    const StageLoader<BT, WARPS_T, A_FP4, SM90L> loader(p, ln.tid, g, n0, tr);
+    const StageLoader<BT, WARPS_T, A_FP4, SM90L> loader(p, d, ln.tid, g, n0, tr);
     float acc[kMT][C::kNT][4];
     zero_acc(acc);
 #pragma unroll
@@ -575,10 +587,11 @@ struct StageRing {
 // k-tile is a whole 4096-byte block and every scale k-tile a whole 512-byte record; activation rows
 // past the group are zero-filled (never read past the lhs buffer).
 template <int BT, int STAGES>
-__device__ __forceinline__ void ws_produce_tile(const KParams& p, uint8_t* smem, StageRing& ring, int g, int64_t n0,
-                                                const TileRows& tr, int KT, int lane) {
+__device__ __forceinline__ void ws_produce_tile(const KParams& p, const Dims& d, uint8_t* smem, StageRing& ring, int g,
+                                                int64_t n0, const TileRows& tr, int lane) {
   using C = Cfg<BT, 1, false>;
-  const int64_t N = p.N, K = p.K, KH = K / 2, KS = K / 16;
+  const int64_t N = d.N, K = d.K, KH = d.KH, KS = d.KS;
+  const int KT = d.KT;
   const uint8_t* wsrc = p.rhs + static_cast<int64_t>(g) * N * KH + n0 * KH;
   const uint8_t* ssrc = p.rhs_scales + static_cast<int64_t>(g) * N * KS + n0 * KS;
   constexpr int kAPerLane = BT * 8 / 32;  // BT rows x 8 chunks of 16 bytes over 32 lanes
@@ -635,7 +648,7 @@ template <int BT, int STAGES>
 __device__ __forceinline__ void run_warp_specialized(const KParams& p, uint8_t* smem) {
   using C = Cfg<BT, 1, false>;
   const Lanes ln = this_thread_lanes();
-  const int KT = static_cast<int>((p.K + kBK - 1) / kBK);
+  const Dims d = problem_dims(p);
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBW;
   const Schedule sch = wait_for_schedule(p);
   StageRing ring{smem_u32(smem + STAGES * C::kStage), smem_u32(smem + STAGES * C::kStage) + STAGES * 8, 0, 0};
@@ -652,14 +665,14 @@ __device__ __forceinline__ void run_warp_specialized(const KParams& p, uint8_t* 
     const int g = tile_group_warp(sch.prefix, p.G, tile, ln.lane);
     const TileRows tr = tile_rows<BT>(sch, g, tile);
     if (ln.warp == kWarpsW) {
-      ws_produce_tile<BT, STAGES>(p, smem, ring, g, n0, tr, KT, ln.lane);
+      ws_produce_tile<BT, STAGES>(p, d, smem, ring, g, n0, tr, ln.lane);
       continue;
     }
     float acc[kMT][C::kNT][4];
     zero_acc(acc);
     // the second n8 token tile holds rows only when the tile has more than 8
-    if (C::kNT == 2 && tr.rend - tr.row0 <= 8) ws_consume_tile<BT, STAGES, 1>(acc, smem, ring, KT, ln);
-    else ws_consume_tile<BT, STAGES, C::kNT>(acc, smem, ring, KT, ln);
+    if (C::kNT == 2 && tr.rend - tr.row0 <= 8) ws_consume_tile<BT, STAGES, 1>(acc, smem, ring, d.KT, ln);
+    else ws_consume_tile<BT, STAGES, C::kNT>(acc, smem, ring, d.KT, ln);
     store_tile<C::kNT, C::kWT>(p, acc, g, n0, tr, ln, 128.0f);
   }
 }
