@@ -199,12 +199,12 @@ def _raw_fp8_call(**attrs):
     _, rhs, gs, _ = make_problem(np.random.default_rng(3), m, 16, k, [4, 4], False)
     out_t = jax.ShapeDtypeStruct((m, 16), jnp.float32)
     ws_t = jax.ShapeDtypeStruct((jn.gemm.workspace_bytes(2, k),), jnp.uint8)
-    base = dict(rhs_layout=np.int32(0), kernel=np.int32(3), token_tile=np.int32(32), stages=np.int32(15),
-                cluster=np.int32(1))
+    base = dict(rhs_layout=np.int32(0), kernel=np.int32(3), token_tile=np.int32(32),
+                stages=np.int32(15), cluster=np.int32(1))
     base.update(attrs)
     call = jax.ffi.ffi_call(jn.gemm.FP8_TARGET, (out_t, ws_t))
-    return jax.block_until_ready(call(jnp.ones((m, k), jnp.float8_e4m3fn), jnp.ones((k // 128, m), jnp.float32),
-                                      rhs.data, rhs.scales, rhs.global_scale, gs, **base))
+    lhs, lhs_scales = jnp.ones((m, k), jnp.float8_e4m3fn), jnp.ones((k // 128, m), jnp.float32)
+    return jax.block_until_ready(call(lhs, lhs_scales, rhs.data, rhs.scales, rhs.global_scale, gs, **base))
 
 
 @needs_ext
@@ -217,8 +217,9 @@ def test_handlers_check_the_mode_against_the_kernel(on_cpu):
                        match=r"jax_nvfp4_grouped_gemm: kernel 3 \(wgmma_fp8\) computes the FP8 mode"):
         _raw_call(kernel=np.int32(3), token_tile=np.int32(64), stages=np.int32(12))
     with pytest.raises(jax.errors.JaxRuntimeError,
-                       match=r"jax_nvfp4_grouped_gemm_fp8: attributes kernel=mma \(0\), token_tile=16, stages=4, "
-                             r"cluster=1 compute the exact mode: the FP8 call takes kernel 3 \(wgmma_fp8\) only"):
+                       match=r"jax_nvfp4_grouped_gemm_fp8: attributes kernel=mma \(0\), token_tile=16, "
+                             r"stages=4, cluster=1 compute the exact mode: the FP8 call takes kernel 3 "
+                             r"\(wgmma_fp8\) only"):
         _raw_fp8_call(kernel=np.int32(0), token_tile=np.int32(16), stages=np.int32(4))
 
 
@@ -287,12 +288,13 @@ def test_the_lowered_config_runs_or_the_call_fails(rng):
     mma_ws configuration on checkpoint-layout weights (mma_ws reads the sm90 layout) and a wgmma one
     with K % 64 != 0 are errors, never the mma kernel in their place."""
     dev, configs = _device_configs()
-    refused = [(c, k) for c, k in ((KernelConfig("mma_ws", 16, 8, 1), 128), (KernelConfig("wgmma", 128, 8, 1), 96))
-               if c in configs]
+    cases = ((KernelConfig("mma_ws", 16, 8, 1), 128), (KernelConfig("wgmma", 128, 8, 1), 96))
+    refused = [(c, k) for c, k in cases if c in configs]
     if not refused:
         pytest.skip("this device and build run neither mma_ws nor wgmma")
     for cfg, k in refused:
         lhs, rhs, gs, _ = make_problem(rng, 64, 128, k, [32, 32], False)
         lhs, rhs, gs = jax.device_put((lhs, rhs, gs), dev)
-        with pytest.raises(jax.errors.JaxRuntimeError, match=rf"kernel={cfg.family} .* does not compute this problem"):
+        with pytest.raises(jax.errors.JaxRuntimeError,
+                           match=rf"kernel={cfg.family} .* does not compute this problem"):
             jax.block_until_ready(jn.grouped_gemm(lhs, rhs, gs, backend="ffi", kernel=cfg))
