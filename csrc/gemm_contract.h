@@ -89,6 +89,9 @@ R WithConfigEntry(const KernelConfig& c, R none, Launch&& launch) {
   return WithConfigEntry(c, none, std::forward<Launch>(launch), std::make_integer_sequence<int, kNumKernelConfigs>{});
 }
 
+// Whether `family` computes the FP8 mode (fp8) or the exact mode: wgmma_fp8 alone computes FP8.
+inline constexpr bool FamilyComputesMode(KernelFamily f, bool fp8) { return (f == KernelFamily::kWgmmaFp8) == fp8; }
+
 // The first configuration of `family` with `token_tile` (the self-test's way to name one).
 inline constexpr KernelConfig DefaultConfigFor(KernelFamily family, int32_t token_tile) {
   for (const KernelConfig& k : kKernelConfigs)
@@ -148,7 +151,7 @@ inline constexpr int64_t AvgRowsPerGroup(const ProblemDesc& d) {
   return (rows + d.G - 1) / (d.G > 0 ? d.G : 1);
 }
 
-// Shape conditions of the wgmma kernel (buffer alignment is checked at launch).
+// Shape conditions of the wgmma kernel (its buffer alignment is a precondition: BufferAlignmentError).
 inline constexpr bool WgmmaShapeOk(const ProblemDesc& d) {
   if (d.a_fp4 || d.K <= 0 || d.K % 64 != 0) return false;
   if (d.M > INT32_MAX - 256) return false;
@@ -156,11 +159,12 @@ inline constexpr bool WgmmaShapeOk(const ProblemDesc& d) {
   return ((d.M + 63) / 64 + d.G) * ((d.N + 127) / 128) <= INT32_MAX;
 }
 
-// Shape conditions of the FP8-mode kernel: K % 128 == 0 (one promotion per 128-wide stage) and the
-// checkpoint weight layout (a thread reads 16 contiguous code bytes of one row per stage).
+// Shape conditions of the FP8-mode kernel: K % 128 == 0 (one promotion per 128-wide stage), the
+// checkpoint weight layout (a thread reads 16 contiguous code bytes of one row per stage) and
+// G * N within the int32 row coordinate of the weights' tensor map.
 inline constexpr bool WgmmaFp8ShapeOk(const ProblemDesc& d) {
   if (d.K <= 0 || d.K % 128 != 0 || d.layout != RhsLayout::kCheckpoint) return false;
-  if (d.M > INT32_MAX - 256) return false;
+  if (d.M > INT32_MAX - 256 || d.G * d.N > INT32_MAX) return false;  // G * N: the weight box's TMA row
   return ((d.M + 31) / 32 + d.G) * ((d.N + 127) / 128) <= INT32_MAX;
 }
 
@@ -223,7 +227,9 @@ struct GroupedGemmParams {
   bool out_f32 = false;  // f32 output when true, bf16 when false
   RhsLayout rhs_layout = RhsLayout::kCheckpoint;
   // FP8 mode: lhs is e4m3 [M, K] in the kernel k order (docs/design.md), lhs_chunk_scales f32
-  // [K/128, M] (power-of-two scale of row r's chunk c at c * M + r); lhs_scales unused.
+  // [K/128, M] (power-of-two scale of row r's chunk c at c * M + r); lhs_scales unused. The FFI layer
+  // sets it from the custom call's target and checks there that the configuration's family computes
+  // this mode (FamilyComputesMode); the launchers dispatch on the family alone.
   bool fp8 = false;
   const float* lhs_chunk_scales = nullptr;
   // SwiGLU epilogue (see the top of this file): alpha is f32 [G, 2], out [M, N/2]; row_scale f32 [M]
@@ -241,8 +247,9 @@ inline constexpr int64_t OutputColumns(const GroupedGemmParams& p) { return p.gl
 // The custom call's workspace output also holds K bytes for the CPU handler.
 inline constexpr size_t GroupedGemmWorkspaceBytes(int64_t G) { return 4096 + 32 * static_cast<size_t>(G); }
 
-// Checks the scalar parameters (shapes, alignment, workspace size). Returns nullptr if they are
-// fine, otherwise a static message describing the first problem.
+// Checks the scalar parameters (shapes, workspace size, pointers present). Returns nullptr if they
+// are fine, otherwise a static message describing the first problem. The FFI layer runs it once per
+// call; the launchers take its success as a precondition.
 inline const char* GroupedGemmCheckParams(const GroupedGemmParams& p) {
   if (p.M < 0 || p.N < 0 || p.K < 0 || p.G < 0) return "negative dimension";
   if (p.G < 1) return "need at least one group";
@@ -262,9 +269,52 @@ inline const char* GroupedGemmCheckParams(const GroupedGemmParams& p) {
       return "null pointer";
     if (p.a_fp4 && !p.lhs_scales) return "null lhs_scales";
     if (p.fp8 && !p.lhs_chunk_scales) return "null lhs_chunk_scales";
-    if ((reinterpret_cast<uintptr_t>(p.lhs) | reinterpret_cast<uintptr_t>(p.rhs)) & 15)
-      return "lhs/rhs must be 16-byte aligned";
-    if (reinterpret_cast<uintptr_t>(p.workspace) & 15) return "workspace must be 16-byte aligned";
+  }
+  return nullptr;
+}
+
+// The problem a launch computes, as the heuristic describes it (arch and families left unset).
+inline constexpr ProblemDesc ProblemOf(const GroupedGemmParams& p) {
+  ProblemDesc d;
+  d.M = p.M;
+  d.N = p.N;
+  d.K = p.K;
+  d.G = p.G;
+  d.a_fp4 = p.a_fp4;
+  d.layout = p.rhs_layout;
+  d.fp8 = p.fp8;
+  return d;
+}
+
+// XLA allocates every GPU buffer at least this aligned: entry parameters at 16 bytes
+// (kEntryParameterAlignBytes), its own temporaries and results at 128 (kXlaAllocatedBufferAlignBytes;
+// xla/service/gpu/gpu_constants.h). No kernel needs more, so the alignments below hold for every
+// buffer XLA hands the custom call; BufferAlignmentError turns a violation into an error, never
+// into another kernel.
+inline constexpr uintptr_t kXlaBufferAlignBytes = 16;
+
+// The buffer alignment configuration c reads p with: nullptr when p has it, otherwise a static
+// message naming the buffer. All kernels: 16-byte lhs and rhs rows (cp.async / TMA) and workspace.
+// mma_ws: 16-byte rhs_scales (bulk copies of the 512-byte scale records); wgmma: 4-byte rhs_scales,
+// 16-byte with the sm90 layout (bulk copies); wgmma_fp8: 8-byte rhs_scales and 4-byte lhs_scales
+// (cp.async of the block and chunk scales).
+inline const char* BufferAlignmentError(const GroupedGemmParams& p, const KernelConfig& c) {
+  auto misaligned = [](const void* ptr, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(ptr) & (bytes - 1)) != 0; };
+  if (misaligned(p.lhs, 16)) return "lhs must be 16-byte aligned";
+  if (misaligned(p.rhs, 16)) return "rhs_data must be 16-byte aligned";
+  if (misaligned(p.workspace, 16)) return "workspace must be 16-byte aligned";
+  switch (c.family) {
+    case KernelFamily::kMma:
+      return nullptr;
+    case KernelFamily::kMmaWs:
+      return misaligned(p.rhs_scales, 16) ? "rhs_scales must be 16-byte aligned for kernel mma_ws" : nullptr;
+    case KernelFamily::kWgmma:
+      if (p.rhs_layout == RhsLayout::kSm90 && misaligned(p.rhs_scales, 16))
+        return "rhs_scales must be 16-byte aligned for kernel wgmma with the sm90 layout";
+      return misaligned(p.rhs_scales, 4) ? "rhs_scales must be 4-byte aligned for kernel wgmma" : nullptr;
+    case KernelFamily::kWgmmaFp8:
+      if (misaligned(p.rhs_scales, 8)) return "rhs_scales must be 8-byte aligned for kernel wgmma_fp8";
+      return misaligned(p.lhs_chunk_scales, 4) ? "lhs_scales must be 4-byte aligned for kernel wgmma_fp8" : nullptr;
   }
   return nullptr;
 }

@@ -19,26 +19,27 @@ uint32_t BuildRunnableFamilies(int arch);
 const char* ConfigUnsupportedReason(const KernelConfig& c, int arch);
 
 // Enqueues the grouped GEMM with configuration c on `stream`: no allocation, no host
-// synchronisation, no device-to-host copy (CUDA-graph capturable). c must be a kKernelConfigs
-// entry that runs on `arch` (ConfigUnsupportedReason). wgmma and mma_ws need 16-byte aligned
-// buffers (XLA's are) and wgmma the driver's tensor-map encoder; where they are missing, the mma
-// kernel runs with the same token tile (64 for larger wgmma tiles). The FP8 mode (p.fp8) runs the
-// wgmma_fp8 configurations only, and those run nothing else. No CUDA kernel reads packed
-// e2m1 activations with sm90 weights (jax_nvfp4.grouped_gemm dequantizes W4A4 activations to bf16
-// first for them): cudaErrorNotSupported. Returns the first CUDA error (launch errors included),
-// or cudaErrorInvalidValue when GroupedGemmCheckParams rejects p.
+// synchronisation, no device-to-host copy (CUDA-graph capturable). Runs exactly c; it checks
+// nothing. Preconditions (the FFI handler, ffi/grouped_gemm_cuda.cc, checks each once per call):
+//   GroupedGemmCheckParams(p) == nullptr, and p.fp8 set exactly for the wgmma_fp8 family
+//     (FamilyComputesMode);
+//   ConfigUnsupportedReason(c, arch) == nullptr (c is a kKernelConfigs entry this build runs on
+//     `arch`, with the driver's tensor-map encoder for the wgmma families);
+//   FamilyHandles(c.family, ProblemOf(p)), and no packed e2m1 activations with sm90 weights (no CUDA
+//     kernel reads them; jax_nvfp4.grouped_gemm dequantizes such activations to bf16 first);
+//   BufferAlignmentError(p, c) == nullptr (every XLA buffer meets it).
+// Returns the first CUDA error (launch errors included).
 cudaError_t LaunchGroupedGemm(const GroupedGemmParams& p, const KernelConfig& c, int arch, cudaStream_t stream);
 
-// The family launchers LaunchGroupedGemm calls (csrc/grouped_gemm_mma.cu,
-// csrc/grouped_gemm_wgmma_sm90.cu). sm90_image: the device runs this build's sm_90a image, whose
-// kernels wait for programmatic dependent launches (and only those may be launched so).
+// The family launchers LaunchGroupedGemm calls, with its preconditions (csrc/grouped_gemm_mma.cu,
+// csrc/grouped_gemm_wgmma_sm90.cu, csrc/grouped_gemm_fp8_sm90.cu). sm90_image: the device runs this
+// build's sm_90a image, whose kernels wait for programmatic dependent launches (and only those may
+// be launched so); mma_ws configurations need it.
 cudaError_t LaunchGroupedGemmMma(const GroupedGemmParams& p, const KernelConfig& c, bool sm90_image,
                                  cudaStream_t stream);
-bool MmaWsBuffersOk(const GroupedGemmParams& p);
 cudaError_t LaunchGroupedGemmWgmma(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream);
-bool WgmmaBuffersOk(const GroupedGemmParams& p);
-// The FP8 mode (p.fp8; csrc/grouped_gemm_fp8_sm90.cu): configuration c of family wgmma_fp8, checkpoint
-// weights, K % 128 == 0; cudaErrorNotSupported for buffers it cannot read (misaligned scales).
 cudaError_t LaunchGroupedGemmFp8(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream);
+// Whether the driver provides cuTensorMapEncodeTiled (the wgmma families' tensor maps).
+bool TensorMapEncoderAvailable();
 
 }  // namespace jax_nvfp4

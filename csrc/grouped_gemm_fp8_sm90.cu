@@ -476,15 +476,9 @@ cudaError_t launch_config(const GroupedGemmParams& p, const KernelConfig& c, con
 
 }  // namespace
 
+// Preconditions: LaunchGroupedGemm's (csrc/grouped_gemm.h), c of family wgmma_fp8 (p.fp8; with
+// WgmmaFp8ShapeOk: K % kBK == 0, checkpoint weights, G * N within the tensor map's int32 rows).
 cudaError_t LaunchGroupedGemmFp8(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream) {
-  if (GroupedGemmCheckParams(p) != nullptr || !p.fp8) return cudaErrorInvalidValue;
-  if (c.family != KernelFamily::kWgmmaFp8 || !IsKnownConfig(c)) return cudaErrorInvalidValue;
-  if (p.rhs_layout != RhsLayout::kCheckpoint || p.K % kBK != 0) return cudaErrorNotSupported;
-  if (p.G * p.N > INT32_MAX) return cudaErrorNotSupported;  // TMA row coordinate of the weight box
-  // 8-byte cp.async of the block scales, 4-byte of the chunk scales
-  if ((reinterpret_cast<uintptr_t>(p.rhs_scales) & 7) || (reinterpret_cast<uintptr_t>(p.lhs_chunk_scales) & 3))
-    return cudaErrorNotSupported;
-  if (get_encode_fn() == nullptr) return cudaErrorNotSupported;
   if (p.M == 0 || p.N == 0) return cudaSuccess;
 
   int* ws = static_cast<int*>(p.workspace);

@@ -1,6 +1,5 @@
-// LaunchGroupedGemm: checks that a configuration runs on the device with this build, picks the
-// mma kernel where a wgmma or mma_ws configuration cannot use the buffers it was given, and calls
-// the family's launcher.
+// LaunchGroupedGemm: calls the launcher of the configuration's family; ConfigUnsupportedReason: whether
+// a configuration runs on a device with this build (the handler asks before it launches).
 #include "csrc/grouped_gemm.h"
 
 #include <atomic>
@@ -23,8 +22,8 @@ cudaError_t launch_fp8_if_built(const GroupedGemmParams& p, const KernelConfig& 
   else return cudaErrorNotSupported;
 }
 template <bool kBuilt>
-bool wgmma_buffers_ok_if_built(const GroupedGemmParams& p) {
-  if constexpr (kBuilt) return WgmmaBuffersOk(p);
+bool tensor_map_encoder_if_built() {
+  if constexpr (kBuilt) return TensorMapEncoderAvailable();
   else return false;
 }
 
@@ -50,25 +49,28 @@ uint32_t BuildRunnableFamilies(int arch) { return RunnableFamilies(arch, kBuiltC
 const char* ConfigUnsupportedReason(const KernelConfig& c, int arch) {
   if (!IsKnownConfig(c)) return "not one of the compiled kernel configurations (jax_nvfp4.kernel_configs())";
   if (!ArchSupported(arch)) return "the CUDA kernels need compute capability 8.0 or newer";
-  if (BuildRunnableFamilies(arch) & FamilyBit(c.family)) return nullptr;
-  if (!kBuiltSm90a) return "this build carries no sm_90a image (portable build): only the mma family runs";
-  return "the mma_ws, wgmma and wgmma_fp8 families run on compute capability 9.0 (Hopper) only";
+  if (!(BuildRunnableFamilies(arch) & FamilyBit(c.family))) {
+    if (!kBuiltSm90a) return "this build carries no sm_90a image (portable build): only the mma family runs";
+    return "the mma_ws, wgmma and wgmma_fp8 families run on compute capability 9.0 (Hopper) only";
+  }
+  const bool tma = c.family == KernelFamily::kWgmma || c.family == KernelFamily::kWgmmaFp8;
+  if (tma && !tensor_map_encoder_if_built<kBuiltSm90a>())
+    return "the CUDA driver does not provide cuTensorMapEncodeTiled (CUDA 12 or newer), which the wgmma "
+           "families' tensor maps need";
+  return nullptr;
 }
 
 cudaError_t LaunchGroupedGemm(const GroupedGemmParams& p, const KernelConfig& c, int arch, cudaStream_t stream) {
-  if (GroupedGemmCheckParams(p) != nullptr) return cudaErrorInvalidValue;
-  if (ConfigUnsupportedReason(c, arch) != nullptr) return cudaErrorNotSupported;
-  const bool sm90_image = kBuiltSm90a && arch == 90;
-  if (p.fp8 != (c.family == KernelFamily::kWgmmaFp8)) return cudaErrorInvalidValue;
-  if (p.fp8) return launch_fp8_if_built<kBuiltSm90a>(p, c, stream);
-  if (c.family == KernelFamily::kWgmma) {
-    if (wgmma_buffers_ok_if_built<kBuiltSm90a>(p)) return launch_wgmma_if_built<kBuiltSm90a>(p, c, stream);
-    return LaunchGroupedGemmMma(p, DefaultConfigFor(KernelFamily::kMma, c.token_tile < 64 ? c.token_tile : 64),
-                                sm90_image, stream);
+  switch (c.family) {
+    case KernelFamily::kWgmmaFp8:
+      return launch_fp8_if_built<kBuiltSm90a>(p, c, stream);
+    case KernelFamily::kWgmma:
+      return launch_wgmma_if_built<kBuiltSm90a>(p, c, stream);
+    case KernelFamily::kMma:
+    case KernelFamily::kMmaWs:
+      return LaunchGroupedGemmMma(p, c, /*sm90_image=*/kBuiltSm90a && arch == 90, stream);
   }
-  if (c.family == KernelFamily::kMmaWs && !MmaWsBuffersOk(p))
-    return LaunchGroupedGemmMma(p, DefaultConfigFor(KernelFamily::kMma, c.token_tile), sm90_image, stream);
-  return LaunchGroupedGemmMma(p, c, sm90_image, stream);
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace jax_nvfp4

@@ -45,7 +45,6 @@
 #include "csrc/mbarrier_sm90.cuh"
 
 #include <atomic>
-#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -124,111 +123,139 @@ __device__ __forceinline__ uint32_t scale_pair(uint8_t b) {
   return bits | (bits << 16);
 }
 
-// WS (warp-specialized; sm90 layout, bf16 activations only): one extra producer warp per CTA
-// copies each stage (the weight block and the scale record by two bulk copies from one lane, the
-// activation rows by 16-byte cp.async) and signals full[s]; the math warps wait on full[s], run
-// the same k-tile math, and release the stage on empty[s]. The math warps then issue no copies,
-// copy address arithmetic or block-wide barriers: their k-loop is 238 SASS instructions per warp
-// instead of 322 (16 tokens; nvcc 13.0). Each warp finds its tile's group by itself, so the
-// producer runs ahead into the next tile. Decode is bound by the math warps (the copies alone take
-// 0.19 ms at L1 192 rows, the math alone 0.26 ms, both 0.29 ms), which is what this variant trims.
-// A tile with at most 8 rows (most decode tiles) skips the second n8 token tile's activation loads
-// and mma.sync (8 of 16 HMMA and LDS per k-tile), through a second copy of the k-tile math chosen
-// per tile. WS uses sm_90 instructions (bulk copies, mbarrier transaction counts): on older
-// architectures its instantiation compiles to a trap, and the launcher never picks it there.
-template <int BT, int WARPS_T, int STAGES, bool A_FP4, int MIN_BLOCKS, bool SM90L, bool WS = false>
-__global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 : 0), MIN_BLOCKS)
-    grouped_gemm_kernel(const KParams p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  if constexpr (WS) {
-    __trap();  // sm_90 instructions; never launched on older devices
-  } else
-#endif
-  {
-  static_assert(!(SM90L && A_FP4), "the sm90 weight layout is read by the bf16-activation path only");
-  static_assert(!WS || (SM90L && WARPS_T == 1), "the warp-specialized variant is for sm90 weights, one token warp");
-  using C = Cfg<BT, WARPS_T, A_FP4>;
-  constexpr int NTH = C::kThreads;  // math threads (the WS producer warp comes after them)
-  constexpr int NT = C::kNT;
-  constexpr int WT = C::kWT;
-  extern __shared__ __align__(128) uint8_t smem[];
+// ---------------------------------------------------------------------------------------------
+// The pieces every variant is built from. The variants (template flags of grouped_gemm_kernel):
+//   checkpoint weights, bf16 activations (W4A16)      run_multistage<A_FP4 = false, SM90L = false>
+//   checkpoint weights, packed e2m1 activations (W4A4) run_multistage<A_FP4 = true,  SM90L = false>
+//   sm90 weights, bf16 activations                    run_multistage<A_FP4 = false, SM90L = true>
+//   sm90 weights, bf16 activations, warp-specialized  run_warp_specialized (the mma_ws family)
 
+// This thread's place in the CTA: weight-row warp wi (32 rows each), token warp wj, and its mma
+// fragment coordinates g8 (groupID) and t4 (thread in group).
+struct Lanes {
+  int tid, lane, warp, wi, wj, g8, t4;
+};
+__device__ __forceinline__ Lanes this_thread_lanes() {
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int wi = warp % kWarpsW;  // weight-row warp index
-  const int wj = warp / kWarpsW;  // token warp index
-  const int g8 = lane >> 2;       // groupID
-  const int t4 = lane & 3;        // thread in group
+  return Lanes{tid, lane, warp, warp % kWarpsW, warp / kWarpsW, lane >> 2, lane & 3};
+}
 
-  const int64_t N = p.N, K = p.K, G = p.G;
-  const int64_t KH = K / 2, KS = K / 16;
-  const int KT = static_cast<int>((K + kBK - 1) / kBK);
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBW;
-  const int* prefix = p.ws + kWsPrefix;
-  const int* starts = p.ws + ws_start_off(G);
-  const int* ends = p.ws + ws_end_off(G);
+// The schedule the setup kernel wrote into the workspace (csrc/grouped_gemm_schedule.cuh), read
+// after waiting for it.
+struct Schedule {
+  const int* prefix;  // per-group token-tile prefix sums [G + 1]
+  const int* starts;  // group row starts [G]
+  const int* ends;    // group row ends [G]
+  int total_tiles;
+};
+__device__ __forceinline__ Schedule wait_for_schedule(const KParams& p) {
+  Schedule s{p.ws + kWsPrefix, p.ws + ws_start_off(p.G), p.ws + ws_end_off(p.G), 0};
   pdl_wait();  // the setup kernel's workspace (a no-op unless launched as its programmatic dependent)
-  const int total_tiles = p.ws[kWsTotalTiles];
-  const float fp4_fix = A_FP4 ? 16384.0f : 128.0f;
-  // WS pipeline state: barriers full[s] (after the stages), empty[s]; stage s, phase ph persist
-  // across tiles
-  [[maybe_unused]] const uint32_t full0 = smem_u32(smem + STAGES * C::kStage);
-  [[maybe_unused]] const uint32_t empty0 = full0 + STAGES * 8;
-  [[maybe_unused]] int ws_s = 0;
-  [[maybe_unused]] uint32_t ws_ph = 0;
-  if constexpr (WS) {
-    if (tid == 0) {
-      for (int s = 0; s < STAGES; ++s) {
-        mbar_init(full0 + 8 * s, 1 + 32);      // expect_tx arrival + the producer lanes' cp.async arrivals
-        mbar_init(empty0 + 8 * s, kWarpsW);    // one per math warp
-      }
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
+  s.total_tiles = p.ws[kWsTotalTiles];
+  return s;
+}
+
+// The group of token tile `tile`: g = #{j in 1..G : prefix[j] <= tile}. prefix is nondecreasing, so a
+// round that is not full ends the count. Block-wide: __syncthreads_count counts threads, so each
+// thread tests one entry per round (the count is block-uniform).
+template <int NTH>
+__device__ __forceinline__ int tile_group_block(const int* prefix, int64_t G, int tile, int tid) {
+  int g = 0;
+  for (int64_t j0 = 1; j0 <= G; j0 += NTH) {
+    const int64_t j = j0 + tid;
+    const int c = __syncthreads_count(j <= G && prefix[j] <= tile);
+    g += c;
+    if (c < NTH) break;
   }
+  return g;
+}
+// The same count per warp, by ballots: no barrier ties the warp-specialized producer to the math
+// warps, so it runs ahead into the next tile's stages.
+__device__ __forceinline__ int tile_group_warp(const int* prefix, int64_t G, int tile, int lane) {
+  int g = 0;
+  for (int64_t j0 = 1; j0 <= G; j0 += 32) {
+    const int64_t j = j0 + lane;
+    const int c = __popc(__ballot_sync(0xffffffffu, j <= G && prefix[j] <= tile));
+    g += c;
+    if (c < 32) break;
+  }
+  return g;
+}
 
-  for (int tile = blockIdx.y; tile < total_tiles; tile += gridDim.y) {
-    // g = #{j in 1..G : prefix[j] <= tile}; prefix is nondecreasing, so a round that is not full
-    // ends the count. Block-wide: __syncthreads_count counts threads, so each thread tests one
-    // entry per round (c is block-uniform). WS: per warp by ballots, so that no barrier ties the
-    // producer to the math warps (it runs ahead into the next tile's stages).
-    int g = 0;
-    if constexpr (WS) {
-      for (int64_t j0 = 1; j0 <= G; j0 += 32) {
-        const int64_t j = j0 + lane;
-        const int c = __popc(__ballot_sync(0xffffffffu, j <= G && prefix[j] <= tile));
-        g += c;
-        if (c < 32) break;
-      }
-    } else {
-      for (int64_t j0 = 1; j0 <= G; j0 += NTH) {
-        const int64_t j = j0 + tid;
-        const int c = __syncthreads_count(j <= G && prefix[j] <= tile);
-        g += c;
-        if (c < NTH) break;
-      }
-    }
-    const int64_t row0 = starts[g] + static_cast<int64_t>(tile - prefix[g]) * BT;
-    const int64_t rend = ends[g];
+// The rows [row0, rend) of token tile `tile` of group g (rend is the group's end: rows at or past
+// it are outside the tile's group).
+struct TileRows {
+  int64_t row0, rend;
+};
+// The problem's sizes, read once per kernel: N, K, K/2 (packed bytes per row), K/16 (scales per row)
+// and the k-tiles.
+struct Dims {
+  int64_t N, K, KH, KS;
+  int KT;
+};
+__device__ __forceinline__ Dims problem_dims(const KParams& p) {
+  return Dims{p.N, p.K, p.K / 2, p.K / 16, static_cast<int>((p.K + kBK - 1) / kBK)};
+}
 
+template <int BT>
+__device__ __forceinline__ TileRows tile_rows(const Schedule& sch, int g, int tile) {
+  return TileRows{sch.starts[g] + static_cast<int64_t>(tile - sch.prefix[g]) * BT, sch.ends[g]};
+}
+
+template <int MT, int NT>
+__device__ __forceinline__ void zero_acc(float (&acc)[MT][NT][4]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[mt][nt][c] = 0.0f;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stage copies of the multistage variants (cp.async by every thread).
+
+// One copy chunk of a thread: src is a valid address for every k-tile (past lim the copy zero-fills
+// from src itself, offset 0, so the k loop needs no pointer select); lim: the k-tiles for which the
+// chunk is in bounds (0: zero-fill; -1: this thread has no such chunk); dst: its stage offset.
+struct Cp {
+  const uint8_t* src;
+  int lim;
+  int dst;
+};
+__device__ __forceinline__ int k_tiles_in_bounds(int64_t rem) {
+  return rem > 0 ? static_cast<int>((rem + kBK - 1) / kBK) : 0;
+}
+
+// A thread's copies of one tile's stages: the weight rows, their scales, the activation rows and
+// (W4A4) their scales. The assignments are fixed for the whole tile and only the k offset moves, so
+// the address and predicate arithmetic is done once per tile, not once per k-tile. Chunk counts that
+// divide the thread count give every thread its chunks: the "no chunk" test is then compiled out.
+template <int BT, int WARPS_T, bool A_FP4, bool SM90L>
+struct StageLoader {
+  using C = Cfg<BT, WARPS_T, A_FP4>;
+  static constexpr int NTH = C::kThreads;
+  static constexpr int kWCh = (kBW * 2 + NTH - 1) / NTH;
+  static constexpr int kWSr = (kBW + NTH - 1) / NTH;
+  static constexpr int kACh = A_FP4 ? (BT * 2 + NTH - 1) / NTH : (BT * 8 + NTH - 1) / NTH;
+  static constexpr int kASr = A_FP4 ? (BT + NTH - 1) / NTH : 1;
+  static constexpr bool kWAll = (kBW * 2) % NTH == 0, kWSAll = kBW % NTH == 0;
+  static constexpr bool kAAll = (A_FP4 ? BT * 2 : BT * 8) % NTH == 0, kASAll = BT % NTH == 0;
+  static constexpr int kWStep = SM90L ? 4096 : 32;  // global bytes per k-tile of one weight chunk
+  static constexpr int kAStep = A_FP4 ? 32 : 128;   // global bytes per k-tile of one activation row
+
+  Cp wcp[kWCh], wscp[kWSr], acp[kACh], ascp[kASr];
+  int64_t KS;
+  int kt_vec;  // k-tiles whose 4 scale bytes are fetched with one 4-byte cp.async
+
+  __device__ __forceinline__ StageLoader(const KParams& p, const Dims& d, int tid, int g, int64_t n0,
+                                         const TileRows& tr) {
+    const int64_t N = d.N, K = d.K, KH = d.KH;
+    KS = d.KS;
     const uint8_t* rhs_g = p.rhs + static_cast<int64_t>(g) * N * KH;
     const uint8_t* rhs_s_g = p.rhs_scales + static_cast<int64_t>(g) * N * KS;
-
-    // Per-thread copy assignments are fixed for the whole tile; only the k offset moves, so the
-    // address and predicate arithmetic is done once here, not once per k-tile.
-    // lim: number of k-tiles for which the chunk is in bounds (0: zero-fill; -1: no chunk).
-    struct Cp {
-      const uint8_t* src;
-      int lim;
-      int dst;
-    };
-    auto klim = [](int64_t rem) -> int { return rem > 0 ? static_cast<int>((rem + kBK - 1) / kBK) : 0; };
-    constexpr int kWCh = (kBW * 2 + NTH - 1) / NTH;
-    constexpr int kWSr = (kBW + NTH - 1) / NTH;
-    constexpr int kACh = A_FP4 ? (BT * 2 + NTH - 1) / NTH : (BT * 8 + NTH - 1) / NTH;
-    constexpr int kASr = A_FP4 ? (BT + NTH - 1) / NTH : 1;
-    Cp wcp[kWCh], wscp[kWSr], acp[kACh], ascp[kASr];
 #pragma unroll
     for (int j = 0; j < kWCh; ++j) {
       const int i = tid + j * NTH;
@@ -239,7 +266,7 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
       // (N % 128 == 0, so every row of the tile is valid); chunk i is bytes 16i.. of the block.
       if constexpr (SM90L) wcp[j].src = rhs_g + n0 * KH + i * 16;
       else wcp[j].src = rv ? rhs_g + n * KH + c * 16 : p.rhs;
-      wcp[j].lim = i < kBW * 2 ? (rv ? klim(K - c * 32) : 0) : -1;
+      wcp[j].lim = i < kBW * 2 ? (rv ? k_tiles_in_bounds(K - c * 32) : 0) : -1;
       wcp[j].dst = C::kWOff + row * 32 + c * 16;
     }
 #pragma unroll
@@ -258,314 +285,417 @@ __global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 :
       const int i = tid + j * NTH;
       if constexpr (A_FP4) {
         const int row = i >> 1, c = i & 1;
-        const int64_t r = row0 + row;
-        const bool rv = r < rend;
+        const int64_t r = tr.row0 + row;
+        const bool rv = r < tr.rend;
         acp[j].src = rv ? p.lhs + r * KH + c * 16 : p.lhs;
-        acp[j].lim = i < BT * 2 ? (rv ? klim(K - c * 32) : 0) : -1;
+        acp[j].lim = i < BT * 2 ? (rv ? k_tiles_in_bounds(K - c * 32) : 0) : -1;
         acp[j].dst = C::kAOff + row * 32 + c * 16;
       } else {
         const int row = i >> 3, c = i & 7;
-        const int64_t r = row0 + row;
-        const bool rv = r < rend;
+        const int64_t r = tr.row0 + row;
+        const bool rv = r < tr.rend;
         acp[j].src = rv ? p.lhs + (r * K + c * 8) * 2 : p.lhs;
-        acp[j].lim = i < BT * 8 ? (rv ? klim(K - c * 8) : 0) : -1;
+        acp[j].lim = i < BT * 8 ? (rv ? k_tiles_in_bounds(K - c * 8) : 0) : -1;
         acp[j].dst = C::kAOff + row * kActPitchBf16 + c * 16;
       }
     }
 #pragma unroll
     for (int j = 0; j < kASr; ++j) {
       const int i = tid + j * NTH;
-      const int64_t r = row0 + i;
-      const bool rv = r < rend;
+      const int64_t r = tr.row0 + i;
+      const bool rv = r < tr.rend;
       ascp[j].src = (A_FP4 && rv) ? p.lhs_scales + r * KS : p.lhs_scales;
       ascp[j].lim = (A_FP4 && i < BT) ? (rv ? 1 : 0) : -1;
       ascp[j].dst = C::kASOff + i * 4;
     }
-    // k-tiles whose 4 scale bytes can be fetched with one 4-byte cp.async
-    const int kt_vec = p.scales_vec ? static_cast<int>(KS / 4) : 0;
+    kt_vec = p.scales_vec ? static_cast<int>(KS / 4) : 0;
+  }
 
-    // A chunk's src is a valid address for every k-tile: past lim the copy zero-fills from src
-    // itself (offset 0), so the k loop needs no pointer select. Chunk counts that divide NTH give
-    // every thread its chunks (lim >= 0): the "no chunk" test is then compiled out.
-    constexpr bool kWAll = (kBW * 2) % NTH == 0, kWSAll = kBW % NTH == 0;
-    constexpr bool kAAll = (A_FP4 ? BT * 2 : BT * 8) % NTH == 0, kASAll = BT % NTH == 0;
-    auto load_scales = [&](uint8_t* st, const Cp& cp, int kt, bool all) {
-      if (!all && cp.lim < 0) return;
-      uint8_t* dst = st + cp.dst;
-      // a row's 4 scales of k-tile kt: at 4 kt (checkpoint), or in the 512-byte record kt of the
-      // stripe (sm90 weight scales; SM90L kernels have no activation scales)
-      if (kt < kt_vec) {
-        const bool v = cp.lim > 0;
-        cp4(dst, cp.src + (v ? (SM90L ? static_cast<int64_t>(kt) * 512 : kt * 4) : 0), v);
-      } else {
-        const int64_t kg0 = static_cast<int64_t>(kt) * 4;
-        uint32_t v = 0;
-        if (cp.lim > 0) {
+  // A row's 4 scales of k-tile kt: at 4 kt (checkpoint), or in the 512-byte record kt of the stripe
+  // (sm90 weight scales; SM90L kernels have no activation scales).
+  __device__ __forceinline__ void load_scales(uint8_t* st, const Cp& cp, int kt, bool all) const {
+    if (!all && cp.lim < 0) return;
+    uint8_t* dst = st + cp.dst;
+    if (kt < kt_vec) {
+      const bool v = cp.lim > 0;
+      cp4(dst, cp.src + (v ? (SM90L ? static_cast<int64_t>(kt) * 512 : kt * 4) : 0), v);
+    } else {
+      const int64_t kg0 = static_cast<int64_t>(kt) * 4;
+      uint32_t v = 0;
+      if (cp.lim > 0) {
 #pragma unroll
-          for (int q = 0; q < 4; ++q)
-            if (kg0 + q < KS)
-              v |= static_cast<uint32_t>(__ldg(cp.src + (SM90L ? static_cast<int64_t>(kt) * 512 : kg0) + q)) << (8 * q);
-        }
-        *reinterpret_cast<uint32_t*>(dst) = v;
+        for (int q = 0; q < 4; ++q)
+          if (kg0 + q < KS)
+            v |= static_cast<uint32_t>(__ldg(cp.src + (SM90L ? static_cast<int64_t>(kt) * 512 : kg0) + q)) << (8 * q);
       }
-    };
+      *reinterpret_cast<uint32_t*>(dst) = v;
+    }
+  }
 
-    auto load_stage = [&](int stage, int kt) {
-      uint8_t* st = smem + stage * C::kStage;
+  // Issues this thread's copies of k-tile kt into stage buffer st.
+  __device__ __forceinline__ void load(uint8_t* st, int kt) const {
 #pragma unroll
-      for (int j = 0; j < kWCh; ++j) {
-        if (!kWAll && wcp[j].lim < 0) continue;
-        const bool v = kt < wcp[j].lim;
-        constexpr int kWStep = SM90L ? 4096 : 32;  // global bytes per k-tile of one copy chunk
-        cp16(st + wcp[j].dst, wcp[j].src + (v ? static_cast<int64_t>(kt) * kWStep : 0), v);
-      }
+    for (int j = 0; j < kWCh; ++j) {
+      if (!kWAll && wcp[j].lim < 0) continue;
+      const bool v = kt < wcp[j].lim;
+      cp16(st + wcp[j].dst, wcp[j].src + (v ? static_cast<int64_t>(kt) * kWStep : 0), v);
+    }
 #pragma unroll
-      for (int j = 0; j < kWSr; ++j) load_scales(st, wscp[j], kt, kWSAll);
-      constexpr int kStep = A_FP4 ? 32 : 128;  // global bytes per k-tile of one activation row
+    for (int j = 0; j < kWSr; ++j) load_scales(st, wscp[j], kt, kWSAll);
 #pragma unroll
-      for (int j = 0; j < kACh; ++j) {
-        if (!kAAll && acp[j].lim < 0) continue;
-        const bool v = kt < acp[j].lim;
-        cp16(st + acp[j].dst, acp[j].src + (v ? static_cast<int64_t>(kt) * kStep : 0), v);
-      }
+    for (int j = 0; j < kACh; ++j) {
+      if (!kAAll && acp[j].lim < 0) continue;
+      const bool v = kt < acp[j].lim;
+      cp16(st + acp[j].dst, acp[j].src + (v ? static_cast<int64_t>(kt) * kAStep : 0), v);
+    }
+    if constexpr (A_FP4) {
+#pragma unroll
+      for (int j = 0; j < kASr; ++j) load_scales(st, ascp[j], kt, kASAll);
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// The k-tile math: one stage in shared memory into the accumulators.
+
+// The weight scales of this thread's rows rA and rA + 8 of each m16 tile, as bf16x2 factors.
+__device__ __forceinline__ void weight_scale_pairs(const uint8_t* sWS, const Lanes& ln, uint32_t (&scA)[kMT],
+                                                   uint32_t (&scB)[kMT]) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+    const int rA = ln.wi * kWM + mt * 16 + ln.g8;
+    scA[mt] = scale_pair(sWS[rA * 4 + ln.t4]);
+    scB[mt] = scale_pair(sWS[(rA + 8) * 4 + ln.t4]);
+  }
+}
+
+// Checkpoint-layout weights in the permuted k order (top of this file): per half h of the thread's
+// 8 weight bytes, the activation fragments of every n8 token tile (decoded e2m1 times its scale for
+// W4A4, one prmt per pair for bf16), then per k-block j the weight fragments and their mma.sync.
+template <int NT, int WT, bool A_FP4>
+__device__ __forceinline__ void ktile_checkpoint(float (&acc)[kMT][NT][4], const uint8_t* sW, const uint8_t* sA,
+                                                 const uint8_t* sAS, const uint32_t (&scA)[kMT],
+                                                 const uint32_t (&scB)[kMT], const Lanes& ln) {
+  uint32_t scT[NT];
+  if constexpr (A_FP4) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) scT[nt] = scale_pair(sAS[(ln.wj * WT + nt * 8 + ln.g8) * 4 + ln.t4]);
+  }
+  uint2 wa[kMT], wb[kMT];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+    const int rA = ln.wi * kWM + mt * 16 + ln.g8;
+    wa[mt] = *reinterpret_cast<const uint2*>(sW + rA * 32 + 8 * ln.t4);
+    wb[mt] = *reinterpret_cast<const uint2*>(sW + (rA + 8) * 32 + 8 * ln.t4);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint32_t qa[kMT], qb[kMT];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      qa[mt] = h ? wa[mt].y : wa[mt].x;
+      qb[mt] = h ? wb[mt].y : wb[mt].x;
+    }
+    uint32_t b0[NT][2], b1[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int c = ln.wj * WT + nt * 8 + ln.g8;
       if constexpr (A_FP4) {
-#pragma unroll
-        for (int j = 0; j < kASr; ++j) load_scales(st, ascp[j], kt, kASAll);
-      }
-    };
-
-    // WS: whether this warp's second n8 token tile holds rows
-    constexpr bool kSkipN8 = WS && NT == 2;
-    [[maybe_unused]] const bool two_n8 = rend - (row0 + wj * WT) > 8;
-    float acc[kMT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[mt][nt][c] = 0.0f;
-
-    if constexpr (!WS) {
-#pragma unroll
-      for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < KT) load_stage(s, s);
-        cute::cp_async_fence();
-      }
-    } else if (warp == kWarpsW) {
-      // WS producer. sm90 layout: K % 64 == 0 and N % 128 == 0, so every weight k-tile is a whole
-      // 4096-byte block and every scale k-tile a whole 512-byte record; activation rows past the
-      // group are zero-filled (never read past the lhs buffer).
-      const uint8_t* wsrc = rhs_g + n0 * KH;
-      const uint8_t* ssrc = rhs_s_g + n0 * KS;
-      constexpr int kAPerLane = BT * 8 / 32;  // BT rows x 8 chunks of 16 bytes over 32 lanes
-      const uint8_t* asrc[kAPerLane];
-      uint32_t abytes[kAPerLane];
-#pragma unroll
-      for (int i = 0; i < kAPerLane; ++i) {
-        const int chunk = lane + 32 * i, row = chunk >> 3, c = chunk & 7;
-        const int64_t r = row0 + row;
-        asrc[i] = r < rend ? p.lhs + (r * K + c * 8) * 2 : p.lhs;
-        abytes[i] = r < rend ? 16u : 0u;
-      }
-#pragma unroll 1
-      for (int kt = 0; kt < KT; ++kt) {
-        mbar_wait(empty0 + 8 * ws_s, ws_ph ^ 1);
-        const uint32_t full = full0 + 8 * ws_s;
-        const uint32_t st = smem_u32(smem + ws_s * C::kStage);
-        if (lane == 0) {
-          mbar_arrive_expect_tx(full, 4096 + 512);
-          bulk_load(st + C::kWOff, wsrc + static_cast<int64_t>(kt) * 4096, 4096, full);
-          bulk_load(st + C::kWSOff, ssrc + static_cast<int64_t>(kt) * 512, 512, full);
-        }
-#pragma unroll
-        for (int i = 0; i < kAPerLane; ++i) {
-          const int chunk = lane + 32 * i;
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                           st + C::kAOff + (chunk >> 3) * kActPitchBf16 + (chunk & 7) * 16),
-                       "l"(abytes[i] ? asrc[i] + kt * 128 : asrc[i]), "r"(abytes[i])
-                       : "memory");
-        }
-        cp_async_mbar_arrive(full);
-        advance_stage<STAGES>(ws_s, ws_ph);
+        const uint32_t q = *reinterpret_cast<const uint32_t*>(sA + c * 32 + 8 * ln.t4 + 4 * h);
+        b0[nt][0] = bf16x2_mul(e2m1_pair<0>(q), scT[nt]);
+        b1[nt][0] = bf16x2_mul(e2m1_pair<1>(q), scT[nt]);
+        b0[nt][1] = bf16x2_mul(e2m1_pair<2>(q), scT[nt]);
+        b1[nt][1] = bf16x2_mul(e2m1_pair<3>(q), scT[nt]);
+      } else {
+        const uint4 w = *reinterpret_cast<const uint4*>(sA + c * kActPitchBf16 + 32 * ln.t4 + 16 * h);
+        b0[nt][0] = prmt(w.y, w.w, 0x7632);
+        b1[nt][0] = prmt(w.y, w.w, 0x5410);
+        b0[nt][1] = prmt(w.x, w.z, 0x7632);
+        b1[nt][1] = prmt(w.x, w.z, 0x5410);
       }
     }
-
-    for (int kt = 0; kt < KT && (!WS || warp < kWarpsW); ++kt) {
-      const uint8_t* st;
-      if constexpr (WS) {
-        mbar_wait(full0 + 8 * ws_s, ws_ph);
-        st = smem + ws_s * C::kStage;
-      } else {
-        cute::cp_async_wait<STAGES - 2>();
-        __syncthreads();
-        {
-          const int nk = kt + STAGES - 1;
-          if (nk < KT) load_stage(nk % STAGES, nk);
-          cute::cp_async_fence();
-        }
-        st = smem + (kt % STAGES) * C::kStage;
-      }
-      const uint8_t* sW = st + C::kWOff;
-      const uint8_t* sWS = st + C::kWSOff;
-      const uint8_t* sA = st + C::kAOff;
-
-      uint32_t scA[kMT], scB[kMT];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
-        const int rA = wi * kWM + mt * 16 + g8;
-        scA[mt] = scale_pair(sWS[rA * 4 + t4]);
-        scB[mt] = scale_pair(sWS[(rA + 8) * 4 + t4]);
-      }
-      uint32_t scT[NT];
-      if constexpr (A_FP4) {
-        const uint8_t* sAS = st + C::kASOff;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) scT[nt] = scale_pair(sAS[(wj * WT + nt * 8 + g8) * 4 + t4]);
-      }
-
-      if constexpr (SM90L) {
-        // NTL: the n8 token tiles that hold rows of the group (kSkipN8: the second one is skipped
-        // when the tile has at most 8 rows; its activations are zero-fill and its outputs unused)
-        auto sm90_ktile = [&](auto ntl_c) {
-          constexpr int NTL = decltype(ntl_c)::value;
-          // sm90 layout (jax_nvfp4/layout.py): natural k order, k-block kb = physical k 16kb..16kb+15.
-          // The stage holds the 4096-byte layout block in its global byte order; m16 tile
-          // (2 wi + mt) of the block is 512 bytes, this lane's 4 words (k-blocks 0..3) 16 of them.
-          // Thread t4 converted the scale of block t4 above; the quad shares them by shuffles.
-          uint4 q[kMT];
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt)
-            q[mt] = *reinterpret_cast<const uint4*>(sW + (wi * (kWM / 16) + mt) * 512 + lane * 16);
-#pragma unroll
-          for (int kb = 0; kb < 4; ++kb) {
-            uint32_t b0[NTL], b1[NTL];  // natural k: (16kb + 2t, +1) and (16kb + 2t + 8, +9) of token g8
-#pragma unroll
-            for (int nt = 0; nt < NTL; ++nt) {
-              const uint8_t* a = sA + (wj * WT + nt * 8 + g8) * kActPitchBf16 + kb * 32 + 4 * t4;
-              b0[nt] = *reinterpret_cast<const uint32_t*>(a);
-              b1[nt] = *reinterpret_cast<const uint32_t*>(a + 16);
-            }
-            const int src = (lane & ~3) | kb;
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-              const uint32_t sa = __shfl_sync(0xffffffffu, scA[mt], src);
-              const uint32_t sb = __shfl_sync(0xffffffffu, scB[mt], src);
-              const uint32_t w = kb == 0 ? q[mt].x : kb == 1 ? q[mt].y : kb == 2 ? q[mt].z : q[mt].w;
-              uint32_t a0, a1, a2, a3;
-              e2m1_sm90_word(w, a0, a1, a2, a3);
-              a0 = e2m1_scale_mul(a0, sa);
-              a1 = e2m1_scale_mul(a1, sb);
-              a2 = e2m1_scale_mul(a2, sa);
-              a3 = e2m1_scale_mul(a3, sb);
-#pragma unroll
-              for (int nt = 0; nt < NTL; ++nt) {
-                float* d = acc[mt][nt];
-                Mma::fma(d[0], d[1], d[2], d[3], a0, a1, a2, a3, b0[nt], b1[nt], d[0], d[1], d[2], d[3]);
-              }
-            }
-          }
-        };
-        if constexpr (kSkipN8) {
-          if (two_n8) sm90_ktile(std::integral_constant<int, NT>{});
-          else sm90_ktile(std::integral_constant<int, 1>{});
+        uint32_t a0, a1, a2, a3;
+        if (j == 0) {
+          a0 = bf16x2_mul(e2m1_pair<0>(qa[mt]), scA[mt]);
+          a1 = bf16x2_mul(e2m1_pair<0>(qb[mt]), scB[mt]);
+          a2 = bf16x2_mul(e2m1_pair<1>(qa[mt]), scA[mt]);
+          a3 = bf16x2_mul(e2m1_pair<1>(qb[mt]), scB[mt]);
         } else {
-          sm90_ktile(std::integral_constant<int, NT>{});
-        }
-      } else {  // checkpoint layout
-        uint2 wa[kMT], wb[kMT];
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          const int rA = wi * kWM + mt * 16 + g8;
-          wa[mt] = *reinterpret_cast<const uint2*>(sW + rA * 32 + 8 * t4);
-          wb[mt] = *reinterpret_cast<const uint2*>(sW + (rA + 8) * 32 + 8 * t4);
+          a0 = bf16x2_mul(e2m1_pair<2>(qa[mt]), scA[mt]);
+          a1 = bf16x2_mul(e2m1_pair<2>(qb[mt]), scB[mt]);
+          a2 = bf16x2_mul(e2m1_pair<3>(qa[mt]), scA[mt]);
+          a3 = bf16x2_mul(e2m1_pair<3>(qb[mt]), scB[mt]);
         }
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          uint32_t qa[kMT], qb[kMT];
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) {
-            qa[mt] = h ? wa[mt].y : wa[mt].x;
-            qb[mt] = h ? wb[mt].y : wb[mt].x;
-          }
-          uint32_t b0[NT][2], b1[NT][2];
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            const int c = wj * WT + nt * 8 + g8;
-            if constexpr (A_FP4) {
-              const uint32_t q = *reinterpret_cast<const uint32_t*>(sA + c * 32 + 8 * t4 + 4 * h);
-              b0[nt][0] = bf16x2_mul(e2m1_pair<0>(q), scT[nt]);
-              b1[nt][0] = bf16x2_mul(e2m1_pair<1>(q), scT[nt]);
-              b0[nt][1] = bf16x2_mul(e2m1_pair<2>(q), scT[nt]);
-              b1[nt][1] = bf16x2_mul(e2m1_pair<3>(q), scT[nt]);
-            } else {
-              const uint4 w = *reinterpret_cast<const uint4*>(sA + c * kActPitchBf16 + 32 * t4 + 16 * h);
-              b0[nt][0] = prmt(w.y, w.w, 0x7632);
-              b1[nt][0] = prmt(w.y, w.w, 0x5410);
-              b0[nt][1] = prmt(w.x, w.z, 0x7632);
-              b1[nt][1] = prmt(w.x, w.z, 0x5410);
-            }
-          }
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-              uint32_t a0, a1, a2, a3;
-              if (j == 0) {
-                a0 = bf16x2_mul(e2m1_pair<0>(qa[mt]), scA[mt]);
-                a1 = bf16x2_mul(e2m1_pair<0>(qb[mt]), scB[mt]);
-                a2 = bf16x2_mul(e2m1_pair<1>(qa[mt]), scA[mt]);
-                a3 = bf16x2_mul(e2m1_pair<1>(qb[mt]), scB[mt]);
-              } else {
-                a0 = bf16x2_mul(e2m1_pair<2>(qa[mt]), scA[mt]);
-                a1 = bf16x2_mul(e2m1_pair<2>(qb[mt]), scB[mt]);
-                a2 = bf16x2_mul(e2m1_pair<3>(qa[mt]), scA[mt]);
-                a3 = bf16x2_mul(e2m1_pair<3>(qb[mt]), scB[mt]);
-              }
-#pragma unroll
-              for (int nt = 0; nt < NT; ++nt) {
-                float* d = acc[mt][nt];
-                Mma::fma(d[0], d[1], d[2], d[3], a0, a1, a2, a3, b0[nt][j], b1[nt][j], d[0], d[1], d[2], d[3]);
-              }
-            }
-          }
+        for (int nt = 0; nt < NT; ++nt) {
+          float* d = acc[mt][nt];
+          Mma::fma(d[0], d[1], d[2], d[3], a0, a1, a2, a3, b0[nt][j], b1[nt][j], d[0], d[1], d[2], d[3]);
         }
-      }
-      if constexpr (WS) {  // every lane's reads of the stage are done: release it to the producer
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty0 + 8 * ws_s);
-        advance_stage<STAGES>(ws_s, ws_ph);
       }
     }
-    if constexpr (!WS) cute::cp_async_wait<0>();
-
-    // Epilogue: acc[mt][nt] = {(n, r), (n, r+1), (n+8, r), (n+8, r+1)}, n % 16 < 8 (csrc/epilogue.cuh).
-    // Row scales (SwiGLU epilogue with p.row_scale) loaded ahead of the store loop: 2 NT per thread.
-    float mul_lo, mul_hi;
-    epilogue_factors(p, g, fp4_fix, mul_lo, mul_hi);
-    const bool scaled = p.glu && p.row_scale != nullptr;
-    float rs[NT][2];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int64_t r = row0 + wj * WT + nt * 8 + 2 * t4 + c;
-        rs[nt][c] = scaled && r < rend ? __ldg(p.row_scale + r) : 1.0f;
-      }
-#pragma unroll
-    for (int mt = 0; mt < kMT && (!WS || warp < kWarpsW); ++mt) {
-      const int64_t n = n0 + wi * kWM + mt * 16 + g8;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const int64_t r = row0 + wj * WT + nt * 8 + 2 * t4;
-#pragma unroll
-        for (int c = 0; c < 2; ++c)
-          if (r + c < rend)
-            store_pair(p, r + c, n, acc[mt][nt][c], acc[mt][nt][2 + c], mul_lo, mul_hi, rs[nt][c]);
-      }
-    }
-    // the next tile's prologue overwrites the stages (WS: the full/empty barriers order them)
-    if constexpr (!WS) __syncthreads();
   }
+}
+
+// sm90-layout weights (jax_nvfp4/layout.py) in the natural k order, k-block kb = physical k
+// 16kb..16kb+15. The stage holds the 4096-byte layout block in its global byte order; m16 tile
+// (2 wi + mt) of the block is 512 bytes, this lane's 4 words (k-blocks 0..3) 16 of them. Thread t4
+// converted the scale of k-block t4 (weight_scale_pairs); the quad shares them by shuffles. NTL: the
+// n8 token tiles that hold rows of the group (the rest of the NT accumulator tiles stay untouched).
+template <int NT, int NTL, int WT>
+__device__ __forceinline__ void ktile_sm90(float (&acc)[kMT][NT][4], const uint8_t* sW, const uint8_t* sA,
+                                           const uint32_t (&scA)[kMT], const uint32_t (&scB)[kMT], const Lanes& ln) {
+  uint4 q[kMT];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+    q[mt] = *reinterpret_cast<const uint4*>(sW + (ln.wi * (kWM / 16) + mt) * 512 + ln.lane * 16);
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb) {
+    uint32_t b0[NTL], b1[NTL];  // natural k: (16kb + 2t, +1) and (16kb + 2t + 8, +9) of token g8
+#pragma unroll
+    for (int nt = 0; nt < NTL; ++nt) {
+      const uint8_t* a = sA + (ln.wj * WT + nt * 8 + ln.g8) * kActPitchBf16 + kb * 32 + 4 * ln.t4;
+      b0[nt] = *reinterpret_cast<const uint32_t*>(a);
+      b1[nt] = *reinterpret_cast<const uint32_t*>(a + 16);
+    }
+    const int src = (ln.lane & ~3) | kb;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      const uint32_t sa = __shfl_sync(0xffffffffu, scA[mt], src);
+      const uint32_t sb = __shfl_sync(0xffffffffu, scB[mt], src);
+      const uint32_t w = kb == 0 ? q[mt].x : kb == 1 ? q[mt].y : kb == 2 ? q[mt].z : q[mt].w;
+      uint32_t a0, a1, a2, a3;
+      e2m1_sm90_word(w, a0, a1, a2, a3);
+      a0 = e2m1_scale_mul(a0, sa);
+      a1 = e2m1_scale_mul(a1, sb);
+      a2 = e2m1_scale_mul(a2, sa);
+      a3 = e2m1_scale_mul(a3, sb);
+#pragma unroll
+      for (int nt = 0; nt < NTL; ++nt) {
+        float* d = acc[mt][nt];
+        Mma::fma(d[0], d[1], d[2], d[3], a0, a1, a2, a3, b0[nt], b1[nt], d[0], d[1], d[2], d[3]);
+      }
+    }
+  }
+}
+
+// One k-tile of stage st for the weight layout and activation type of the variant.
+template <int BT, int WARPS_T, bool A_FP4, bool SM90L>
+__device__ __forceinline__ void ktile_mma(float (&acc)[kMT][Cfg<BT, WARPS_T, A_FP4>::kNT][4], const uint8_t* st,
+                                          const Lanes& ln) {
+  using C = Cfg<BT, WARPS_T, A_FP4>;
+  uint32_t scA[kMT], scB[kMT];
+  weight_scale_pairs(st + C::kWSOff, ln, scA, scB);
+  if constexpr (SM90L) ktile_sm90<C::kNT, C::kNT, C::kWT>(acc, st + C::kWOff, st + C::kAOff, scA, scB, ln);
+  else ktile_checkpoint<C::kNT, C::kWT, A_FP4>(acc, st + C::kWOff, st + C::kAOff, st + C::kASOff, scA, scB, ln);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Epilogue: acc[mt][nt] = {(n, r), (n, r+1), (n+8, r), (n+8, r+1)}, n % 16 < 8 (csrc/epilogue.cuh).
+// Row scales (SwiGLU epilogue with p.row_scale) are loaded ahead of the store loop: 2 NT per thread.
+// fp4_fix undoes the 2^-7 of each fp4 operand.
+template <int NT, int WT>
+__device__ __forceinline__ void store_tile(const KParams& p, const float (&acc)[kMT][NT][4], int g, int64_t n0,
+                                           const TileRows& tr, const Lanes& ln, float fp4_fix) {
+  float mul_lo, mul_hi;
+  epilogue_factors(p, g, fp4_fix, mul_lo, mul_hi);
+  const bool scaled = p.glu && p.row_scale != nullptr;
+  float rs[NT][2];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int64_t r = tr.row0 + ln.wj * WT + nt * 8 + 2 * ln.t4 + c;
+      rs[nt][c] = scaled && r < tr.rend ? __ldg(p.row_scale + r) : 1.0f;
+    }
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+    const int64_t n = n0 + ln.wi * kWM + mt * 16 + ln.g8;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int64_t r = tr.row0 + ln.wj * WT + nt * 8 + 2 * ln.t4;
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        if (r + c < tr.rend)
+          store_pair(p, r + c, n, acc[mt][nt][c], acc[mt][nt][2 + c], mul_lo, mul_hi, rs[nt][c]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The multistage variants (mma family): every thread issues its share of each stage's copies
+// STAGES - 1 k-tiles ahead (cp.async groups), then all run the k-tile math on the oldest stage.
+template <int BT, int WARPS_T, int STAGES, bool A_FP4, bool SM90L>
+__device__ __forceinline__ void run_multistage(const KParams& p, uint8_t* smem) {
+  using C = Cfg<BT, WARPS_T, A_FP4>;
+  const Lanes ln = this_thread_lanes();
+  const Dims d = problem_dims(p);
+  const int KT = d.KT;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBW;
+  const Schedule sch = wait_for_schedule(p);
+  const float fp4_fix = A_FP4 ? 16384.0f : 128.0f;
+
+  for (int tile = blockIdx.y; tile < sch.total_tiles; tile += gridDim.y) {
+    const int g = tile_group_block<C::kThreads>(sch.prefix, p.G, tile, ln.tid);
+    const TileRows tr = tile_rows<BT>(sch, g, tile);
+    const StageLoader<BT, WARPS_T, A_FP4, SM90L> loader(p, d, ln.tid, g, n0, tr);
+    float acc[kMT][C::kNT][4];
+    zero_acc(acc);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < KT) loader.load(smem + s * C::kStage, s);
+      cute::cp_async_fence();
+    }
+    for (int kt = 0; kt < KT; ++kt) {
+      cute::cp_async_wait<STAGES - 2>();
+      __syncthreads();
+      const int nk = kt + STAGES - 1;
+      if (nk < KT) loader.load(smem + (nk % STAGES) * C::kStage, nk);
+      cute::cp_async_fence();
+      ktile_mma<BT, WARPS_T, A_FP4, SM90L>(acc, smem + (kt % STAGES) * C::kStage, ln);
+    }
+    cute::cp_async_wait<0>();
+    store_tile<C::kNT, C::kWT>(p, acc, g, n0, tr, ln, fp4_fix);
+    __syncthreads();  // the next tile's prologue overwrites the stages
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The warp-specialized variant (mma_ws family; sm90 weights, bf16 activations, one token warp): one
+// extra producer warp per CTA copies each stage (the weight block and the scale record by two bulk
+// copies from one lane, the activation rows by 16-byte cp.async) and signals full[s]; the math warps
+// wait on full[s], run the same k-tile math, and release the stage on empty[s]. The math warps then
+// issue no copies, copy address arithmetic or block-wide barriers, which is what decode is bound by.
+// Each warp finds its tile's group by itself, so the producer runs ahead into the next tile. A tile
+// with at most 8 rows (most decode tiles) skips the second n8 token tile's activation loads and
+// mma.sync, through a second copy of the k-tile math chosen per tile.
+
+// The stage ring: barriers full[s] (after the stages) and empty[s]; stage s and phase ph persist
+// across tiles.
+struct StageRing {
+  uint32_t full0, empty0;
+  int s;
+  uint32_t ph;
+  __device__ __forceinline__ uint32_t full() const { return full0 + 8 * s; }
+  __device__ __forceinline__ uint32_t empty() const { return empty0 + 8 * s; }
+};
+
+// The producer warp's copies of one tile. sm90 layout: K % 64 == 0 and N % 128 == 0, so every weight
+// k-tile is a whole 4096-byte block and every scale k-tile a whole 512-byte record; activation rows
+// past the group are zero-filled (never read past the lhs buffer).
+template <int BT, int STAGES>
+__device__ __forceinline__ void ws_produce_tile(const KParams& p, const Dims& d, uint8_t* smem, StageRing& ring, int g,
+                                                int64_t n0, const TileRows& tr, int lane) {
+  using C = Cfg<BT, 1, false>;
+  const int64_t N = d.N, K = d.K, KH = d.KH, KS = d.KS;
+  const int KT = d.KT;
+  const uint8_t* wsrc = p.rhs + static_cast<int64_t>(g) * N * KH + n0 * KH;
+  const uint8_t* ssrc = p.rhs_scales + static_cast<int64_t>(g) * N * KS + n0 * KS;
+  constexpr int kAPerLane = BT * 8 / 32;  // BT rows x 8 chunks of 16 bytes over 32 lanes
+  const uint8_t* asrc[kAPerLane];
+  uint32_t abytes[kAPerLane];
+#pragma unroll
+  for (int i = 0; i < kAPerLane; ++i) {
+    const int chunk = lane + 32 * i, row = chunk >> 3, c = chunk & 7;
+    const int64_t r = tr.row0 + row;
+    asrc[i] = r < tr.rend ? p.lhs + (r * K + c * 8) * 2 : p.lhs;
+    abytes[i] = r < tr.rend ? 16u : 0u;
+  }
+#pragma unroll 1
+  for (int kt = 0; kt < KT; ++kt) {
+    mbar_wait(ring.empty(), ring.ph ^ 1);
+    const uint32_t full = ring.full();
+    const uint32_t st = smem_u32(smem + ring.s * C::kStage);
+    if (lane == 0) {
+      mbar_arrive_expect_tx(full, 4096 + 512);
+      bulk_load(st + C::kWOff, wsrc + static_cast<int64_t>(kt) * 4096, 4096, full);
+      bulk_load(st + C::kWSOff, ssrc + static_cast<int64_t>(kt) * 512, 512, full);
+    }
+#pragma unroll
+    for (int i = 0; i < kAPerLane; ++i) {
+      const int chunk = lane + 32 * i;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                       st + C::kAOff + (chunk >> 3) * kActPitchBf16 + (chunk & 7) * 16),
+                   "l"(abytes[i] ? asrc[i] + kt * 128 : asrc[i]), "r"(abytes[i])
+                   : "memory");
+    }
+    cp_async_mbar_arrive(full);
+    advance_stage<STAGES>(ring.s, ring.ph);
+  }
+}
+
+// A math warp's k-tiles of one tile: wait for each stage, run its math (NTL n8 token tiles), release it.
+template <int BT, int STAGES, int NTL>
+__device__ __forceinline__ void ws_consume_tile(float (&acc)[kMT][Cfg<BT, 1, false>::kNT][4], uint8_t* smem,
+                                                StageRing& ring, int KT, const Lanes& ln) {
+  using C = Cfg<BT, 1, false>;
+  for (int kt = 0; kt < KT; ++kt) {
+    mbar_wait(ring.full(), ring.ph);
+    const uint8_t* st = smem + ring.s * C::kStage;
+    uint32_t scA[kMT], scB[kMT];
+    weight_scale_pairs(st + C::kWSOff, ln, scA, scB);
+    ktile_sm90<C::kNT, NTL, C::kWT>(acc, st + C::kWOff, st + C::kAOff, scA, scB, ln);
+    __syncwarp();  // every lane's reads of the stage are done: release it to the producer
+    if (ln.lane == 0) mbar_arrive(ring.empty());
+    advance_stage<STAGES>(ring.s, ring.ph);
+  }
+}
+
+template <int BT, int STAGES>
+__device__ __forceinline__ void run_warp_specialized(const KParams& p, uint8_t* smem) {
+  using C = Cfg<BT, 1, false>;
+  const Lanes ln = this_thread_lanes();
+  const Dims d = problem_dims(p);
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBW;
+  const Schedule sch = wait_for_schedule(p);
+  StageRing ring{smem_u32(smem + STAGES * C::kStage), smem_u32(smem + STAGES * C::kStage) + STAGES * 8, 0, 0};
+  if (ln.tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(ring.full0 + 8 * s, 1 + 32);  // expect_tx arrival + the producer lanes' cp.async arrivals
+      mbar_init(ring.empty0 + 8 * s, kWarpsW);  // one per math warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  for (int tile = blockIdx.y; tile < sch.total_tiles; tile += gridDim.y) {
+    const int g = tile_group_warp(sch.prefix, p.G, tile, ln.lane);
+    const TileRows tr = tile_rows<BT>(sch, g, tile);
+    if (ln.warp == kWarpsW) {
+      ws_produce_tile<BT, STAGES>(p, d, smem, ring, g, n0, tr, ln.lane);
+      continue;
+    }
+    float acc[kMT][C::kNT][4];
+    zero_acc(acc);
+    // the second n8 token tile holds rows only when the tile has more than 8
+    if (C::kNT == 2 && tr.rend - tr.row0 <= 8) ws_consume_tile<BT, STAGES, 1>(acc, smem, ring, d.KT, ln);
+    else ws_consume_tile<BT, STAGES, C::kNT>(acc, smem, ring, d.KT, ln);
+    store_tile<C::kNT, C::kWT>(p, acc, g, n0, tr, ln, 128.0f);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernel: one instantiation per configuration, activation type and weight layout (launch_entry).
+// WS uses sm_90 instructions (bulk copies, mbarrier transaction counts): on older architectures its
+// instantiation compiles to a trap, and the launcher never picks it there.
+template <int BT, int WARPS_T, int STAGES, bool A_FP4, int MIN_BLOCKS, bool SM90L, bool WS = false>
+__global__ void __launch_bounds__(Cfg<BT, WARPS_T, A_FP4>::kThreads + (WS ? 32 : 0), MIN_BLOCKS)
+    grouped_gemm_kernel(const KParams p) {
+  static_assert(!(SM90L && A_FP4), "the sm90 weight layout is read by the bf16-activation path only");
+  static_assert(!WS || (SM90L && WARPS_T == 1 && !A_FP4),
+                "the warp-specialized variant is for sm90 weights, bf16 activations, one token warp");
+  extern __shared__ __align__(128) uint8_t smem[];
+  if constexpr (WS) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    __trap();
+#else
+    run_warp_specialized<BT, STAGES>(p, smem);
+#endif
+  } else {
+    run_multistage<BT, WARPS_T, STAGES, A_FP4, SM90L>(p, smem);
   }
 }
 
@@ -621,18 +751,9 @@ cudaError_t launch_config(const GroupedGemmParams& p, const KernelConfig& c, con
 
 }  // namespace
 
-bool MmaWsBuffersOk(const GroupedGemmParams& p) {
-  // the bulk copies of the 512-byte scale records need 16-byte aligned sources
-  return !p.a_fp4 && p.rhs_layout == RhsLayout::kSm90 && (reinterpret_cast<uintptr_t>(p.rhs_scales) & 15) == 0;
-}
-
+// Preconditions: LaunchGroupedGemm's (csrc/grouped_gemm.h), c of family mma or mma_ws.
 cudaError_t LaunchGroupedGemmMma(const GroupedGemmParams& p, const KernelConfig& c, bool sm90_image,
                                  cudaStream_t stream) {
-  if (GroupedGemmCheckParams(p) != nullptr) return cudaErrorInvalidValue;
-  if (c.family == KernelFamily::kWgmma || c.family == KernelFamily::kWgmmaFp8 || !IsKnownConfig(c) || p.fp8)
-    return cudaErrorInvalidValue;
-  if (c.family == KernelFamily::kMmaWs && (!sm90_image || !MmaWsBuffersOk(p))) return cudaErrorNotSupported;
-  if (p.a_fp4 && p.rhs_layout == RhsLayout::kSm90) return cudaErrorNotSupported;  // bf16 activations only
   if (p.M == 0 || p.N == 0) return cudaSuccess;
 
   int* ws = static_cast<int*>(p.workspace);

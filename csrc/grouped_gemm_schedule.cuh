@@ -6,8 +6,8 @@
 //
 // Programmatic dependent launch (sm_90): the setup kernel lets the mma GEMM kernel launch while it
 // runs; the dependent waits (griddepcontrol.wait) for its predecessor's completion and memory
-// before touching the workspace or the output, so only the launch latencies overlap (-1.5% at L1
-// 192 rows on the H200, noise from 1536 rows). griddepcontrol.wait is a no-op in a kernel launched
+// before touching the workspace or the output, so only the launch latencies overlap (which shows
+// at decode sizes). griddepcontrol.wait is a no-op in a kernel launched
 // without the attribute (the wgmma kernels are, and wait for the setup kernel as usual). Images for
 // older architectures have no griddepcontrol, so their launches must not use the attribute
 // (launch_maybe_pdl's pdl = false).

@@ -13,7 +13,7 @@
 //       and its 32 lanes fetch the 128 x 4 e4m3 scale bytes with 4-byte cp.async (sm90 layout:
 //       lane 0 bulk-copies them, one contiguous 512-byte record per k-tile);
 //     warp 3 loads the weight tile (128 rows x 32 bytes = 64 k of packed e2m1) with 16-byte
-//       cp.async (a TMA box of 128 x 32 B measured the same speed);
+//       cp.async;
 //     both arrive on full[s] through cp.async.mbarrier.arrive.noinc;
 //     warps 1-2 wait for full[s], convert the stage's scales to bf16x2 (s, s) words and arrive
 //       on ready[s].
@@ -56,8 +56,8 @@
 // workspace (LaunchGroupedGemmWgmma).
 //
 // The weights are converted inline by the consumers, not by a converter warpgroup feeding SS
-// wgmmas: one converter warpgroup cannot keep up with two consumer warpgroups (16-27% slower on
-// the H200; tools/lab/wgmma_microbench.cu conv mode measures it).
+// wgmmas: one converter warpgroup cannot keep up with two consumer warpgroups
+// (tools/lab/wgmma_microbench.cu conv mode measures it).
 
 #include "csrc/grouped_gemm.h"
 #include "csrc/grouped_gemm_schedule.cuh"
@@ -98,9 +98,9 @@ constexpr int kScaleWarps = 2;  // producer warps 1-2 convert the stage's scales
 // (m64n256, 128 f32 accumulators per thread: each converted weight fragment feeds twice the tensor
 // work) runs in pairs of CTAs (cluster 2) that take adjacent weight tiles of one (group, token
 // tile) and each TMA-multicast half of the activation boxes into both, halving the activation
-// reads from L2. The 256-token tile runs at the H200's power cap, where the activation loads are
-// ~40% of the energy, so pairing pays there (-6%); the 128-token tile is not power-capped at its
-// sizes, and pairing costs it 4-5%.
+// reads from L2. The 256-token tile runs at the H200's power cap, where the activation loads are a
+// large share of the energy, so pairing pays there; the smaller tiles are not power-capped at their
+// sizes, and pairing costs them time.
 
 // Workspace layout and the setup kernel (which also zeroes the tail rows): csrc/grouped_gemm_schedule.cuh.
 
@@ -297,7 +297,7 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
     uint64_t desc[4];
     // The descriptor's address field is (address >> 4) (shared addresses stay below 2^18, so the
     // mask of smem_desc_sw128 is a no-op): step it from stage 0's descriptor instead of rebuilding
-    // (97 SASS instructions per consumer k-tile instead of 111; 1.4-3.5% at 1536-24576 rows).
+    // it (fewer instructions per consumer k-tile).
     const uint32_t dlo = desc_lo0 + static_cast<uint32_t>(s) * (C::kStage >> 4);
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) {
@@ -335,6 +335,35 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
 }
 
 // ---------------------------------------------------------------------------------------------
+// The persistent tile walk: this CTA (CL = 2: its cluster) takes the linear tiles first_tile,
+// first_tile + tile_step, ...; next_tile looks tile L up (false past the last), and with clusters
+// gives CTA `rank` its n-tile of the pair. The CL = 1 kernels read blockIdx.x / gridDim.x where
+// they use them, not hoisted.
+struct TileWalk {
+  int total;
+  const int* prefix;
+  const int* starts;
+  const int* ends;
+  int G, NTc, rank;
+  int L0, Lstep;  // the cluster's first tile and step (CL = 2)
+};
+template <int CL>
+__device__ __forceinline__ int first_tile(const TileWalk& w) {
+  if constexpr (CL == 2) return w.L0;
+  else return static_cast<int>(blockIdx.x);
+}
+template <int CL>
+__device__ __forceinline__ int tile_step(const TileWalk& w) {
+  if constexpr (CL == 2) return w.Lstep;
+  else return static_cast<int>(gridDim.x);
+}
+template <int CL, int BTMAX>
+__device__ __forceinline__ bool next_tile(const TileWalk& w, int L, int& gcur, Tile& t) {
+  if (!find_tile(L, w.total, w.prefix, w.starts, w.ends, w.G, w.NTc, BTMAX, gcur, t)) return false;
+  if constexpr (CL == 2) t.n0 = t.n0 * CL + w.rank * kRowsW;
+  return true;
+}
+
 template <int BTMAX, int STAGES, bool SM90L, int CL>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tm_a,
@@ -380,19 +409,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int NTc = (p.NT + CL - 1) / CL;
   const int total = __ldcg(p.ws + kWsTotalTiles) * NTc;
   const int rank = CL == 2 ? static_cast<int>(cluster_ctarank()) : 0;
-  const int L0 = CL == 2 ? static_cast<int>(cluster_id_x()) : static_cast<int>(blockIdx.x);
-  const int Lstep = CL == 2 ? static_cast<int>(cluster_count_x()) : static_cast<int>(gridDim.x);
-  auto next_tile = [&](int L, int& gcur, Tile& t) {
-    if (!find_tile(L, total, prefix, starts, ends, G, NTc, BTMAX, gcur, t)) return false;
-    if constexpr (CL == 2) t.n0 = t.n0 * CL + rank * kRowsW;
-    return true;
-  };
-// The CL = 1 kernels use blockIdx.x / gridDim.x and find_tile directly: hoisting blockIdx.x or
-// calling the lambda gives ptxas a different (no better) schedule.
-#define FIRST_TILE (CL == 2 ? L0 : static_cast<int>(blockIdx.x))
-#define TILE_STEP (CL == 2 ? Lstep : static_cast<int>(gridDim.x))
-#define NEXT_TILE(L, gcur, t) \
-  (CL == 2 ? next_tile(L, gcur, t) : find_tile(L, total, prefix, starts, ends, G, NTc, BTMAX, gcur, t))
+  const TileWalk walk{total, prefix, starts, ends, G, NTc, rank,
+                      CL == 2 ? static_cast<int>(cluster_id_x()) : static_cast<int>(blockIdx.x),
+                      CL == 2 ? static_cast<int>(cluster_count_x()) : static_cast<int>(gridDim.x)};
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int KT = p.KT;
@@ -408,11 +427,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t ph = 0;
       int gcur = 0;
       Tile t;
-      for (int L = FIRST_TILE; NEXT_TILE(L, gcur, t); L += TILE_STEP) {
+      for (int L = first_tile<CL>(walk); next_tile<CL, BTMAX>(walk, L, gcur, t); L += tile_step<CL>(walk)) {
         // Checkpoint layout: lane pairs copy one row's 32 bytes (two 16-byte halves), 16 rows per
         // instruction. sm90 layout: the k-tile's block is 4096 contiguous bytes (the tile's blocks
-        // follow each other; N % 128 == 0), 512 per instruction, landing in the same order (one
-        // 4096-byte bulk copy per k-tile is no faster).
+        // follow each other; N % 128 == 0), 512 per instruction, landing in the same order.
         const int half = lane & 1;
         const int rows_ok = static_cast<int>(N - t.n0 < kRowsW ? N - t.n0 : kRowsW);  // <= 0: a cluster's spare n-tile
         const uint8_t* wtile = CL == 1 || rows_ok > 0 ? p.rhs + (static_cast<int64_t>(t.g) * N + t.n0) * KH : p.rhs;
@@ -447,7 +465,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t ph = 0;
       int gcur = 0;
       Tile t;
-      for (int L = FIRST_TILE; NEXT_TILE(L, gcur, t); L += TILE_STEP) {
+      for (int L = first_tile<CL>(walk); next_tile<CL, BTMAX>(walk, L, gcur, t); L += tile_step<CL>(walk)) {
         const int zbox = min(BTMAX, (t.rows + kBoxT - 1) / kBoxT * kBoxT);  // rows the TMA rewrites
 #pragma unroll 1
         for (int kt = 0; kt < KT; ++kt) {
@@ -469,11 +487,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (BTMAX == 256) {
             // Zero the activation rows the tile's N = 256 wgmmas read past the group's end (the
             // next group's rows, or a stale tile's), 128 bytes per row (the swizzle permutes
-            // 16-byte chunks within a row): this kernel runs at the H200's power cap (24576 rows)
-            // and the tensor cores draw less on zero operands, so through JAX it is 3-5% faster
-            // with bitwise-equal outputs. Rows [zbox, 256) stay zero after a stage's first visit
-            // in the tile; later visits zero only what the TMA boxes rewrite (zeroing every tile
-            // of every kernel at every k-tile would cost 9-15% at 1536 rows).
+            // 16-byte chunks within a row): this kernel runs at the H200's power cap and the
+            // tensor cores draw less on zero operands (outputs bitwise equal). Rows [zbox, 256)
+            // stay zero after a stage's first visit in the tile; later visits zero only what the
+            // TMA boxes rewrite.
             const int zhi = kt < STAGES ? BTMAX : zbox;
             for (int q = c; q < (zhi - t.rows) * 8; q += kScaleWarps * 32)
               asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(st + C::kActOff + (t.rows * 8 + q) * 16),
@@ -494,9 +511,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t ph = 0;
     int gcur = 0;
     Tile t;
-    for (int L = FIRST_TILE; NEXT_TILE(L, gcur, t); L += TILE_STEP) {
-      // Only the 32-row boxes that hold the tile's rows (8-row boxes for the last rows would mean more
-      // TMA issues: no faster at decode, 13% slower at 1536 rows).
+    for (int L = first_tile<CL>(walk); next_tile<CL, BTMAX>(walk, L, gcur, t); L += tile_step<CL>(walk)) {
+      // Only the 32-row boxes that hold the tile's rows.
       const int nb = (t.rows + kBoxT - 1) / kBoxT;
       // sm90 layout: the tile's k-tile scales are one 512-byte record (bulk copy, on the same bytes)
       const uint32_t bytes = nb * (kBoxT * kBK * 2) + (SM90L ? 512u : 0u);
@@ -555,13 +571,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t ph = 0;
     int gcur = 0;
     Tile t, nxt;
-    int L = FIRST_TILE;
-    bool have = NEXT_TILE(L, gcur, t);
+    int L = first_tile<CL>(walk);
+    bool have = next_tile<CL, BTMAX>(walk, L, gcur, t);
     while (have) {
       WGMMA_WITH_TILE_N(BTMAX, t.rows,
                         (consumer_mainloop<NN, BTMAX, STAGES, SM90L, CL>(acc, smem, bar_base, KT, r0, sel, s, ph)));
-      L += TILE_STEP;
-      const bool have_next = NEXT_TILE(L, gcur, nxt);
+      L += tile_step<CL>(walk);
+      const bool have_next = next_tile<CL, BTMAX>(walk, L, gcur, nxt);
       // undo the 2^-7 of the fp4 weights
       WGMMA_WITH_TILE_N(BTMAX, t.rows, (store_tile<NN>(acc, p, t, r0, 128.0f)));
       t = nxt;
@@ -573,10 +589,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 #endif
 }
-
-#undef FIRST_TILE
-#undef TILE_STEP
-#undef NEXT_TILE
 
 // ---------------------------------------------------------------------------------------------
 // Host side
@@ -646,29 +658,15 @@ cudaError_t launch_config(const GroupedGemmParams& p, const KernelConfig& c, con
 
 }  // namespace
 
-bool WgmmaBuffersOk(const GroupedGemmParams& p) {
-  if (reinterpret_cast<uintptr_t>(p.rhs_scales) & 3) return false;
-  // the sm90 layout's 512-byte scale records are bulk-copied: 16-byte aligned source
-  if (p.rhs_layout == RhsLayout::kSm90 && (reinterpret_cast<uintptr_t>(p.rhs_scales) & 15)) return false;
-  if (reinterpret_cast<uintptr_t>(p.rhs) & 15) return false;  // 16-byte cp.async of weight rows
-  return get_encode_fn() != nullptr;
-}
+bool TensorMapEncoderAvailable() { return get_encode_fn() != nullptr; }
 
+// Preconditions: LaunchGroupedGemm's (csrc/grouped_gemm.h), c of family wgmma.
 cudaError_t LaunchGroupedGemmWgmma(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream) {
-  if (GroupedGemmCheckParams(p) != nullptr) return cudaErrorInvalidValue;
-  if (c.family != KernelFamily::kWgmma || !IsKnownConfig(c)) return cudaErrorInvalidValue;
-  ProblemDesc d;
-  d.M = p.M;
-  d.N = p.N;
-  d.K = p.K;
-  d.G = p.G;
-  d.a_fp4 = p.a_fp4;
-  if (!WgmmaShapeOk(d) || !WgmmaBuffersOk(p)) return cudaErrorNotSupported;
   if (p.M == 0 || p.N == 0) return cudaSuccess;
 
   // The 256-token tile runs N = 256 wgmmas whatever its rows, so a group's last tile of at most
   // 128 rows goes to the 128-token kernel (N 32/64/128 by its rows), launched after it on a
-  // schedule of its own (H200, 48 groups: -3% to -7% at 24576 rows; docs/perf-log-layer.md).
+  // schedule of its own.
   const bool split = c.token_tile == 256;
   int* ws = static_cast<int*>(p.workspace);
   cudaError_t e = launch_setup(p, c.token_tile, ws, stream, split ? kSplitTile.token_tile : 0);

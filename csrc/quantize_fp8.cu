@@ -45,7 +45,7 @@ __device__ __forceinline__ uint4 load_bits(const QuantizeFp8Params& p, int64_t r
 // word, first value in the low byte. On sm_89 and later a float multiply and the hardware's
 // round-to-nearest-even conversion: the same bytes as the integer route (E4m3Scaled) while
 // subnormal operands are kept (nvcc's default; docs/design.md, "FP8 mode", gives the argument per
-// element), at a few instructions per value instead of ~30; before sm_89 (no e4m3 conversion
+// element), in a few instructions per value; before sm_89 (no e4m3 conversion
 // instruction) the integer route.
 __device__ __forceinline__ uint32_t codes_word(uint4 v, int e) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890

@@ -51,7 +51,7 @@ __device__ __forceinline__ void fence_acc(float (&acc)[N]) {
 // for the 256-token tile (the wgmma and wgmma_fp8 kernels' mainloops and epilogues alike; every branch
 // is warpgroup-uniform). A 256-token tile runs N = 256 whatever its rows: any second branch beside it
 // makes ptxas serialize the wgmmas (C7512). A macro, not a helper taking a lambda, so that ptxas sees
-// one straight-line mainloop per branch (it schedules the lambda version worse).
+// one straight-line mainloop per branch.
 #define WGMMA_WITH_TILE_N(BTMAX, rows, STMT)           \
   do {                                                 \
     if (BTMAX >= 256) {                                \
@@ -98,8 +98,7 @@ __device__ __forceinline__ bool find_tile(int L, int total, const int* __restric
   const int local = L - p0 * NT;
   // Single-CTA kernels (BTMAX <= 128) walk a group's tiles token-tile-major: n-tile-major with the
   // grid's even stride would give each CTA a fixed token-tile parity, so that in two-tile groups
-  // the even CTAs got every full first tile (busiest CTA 7.5% over the mean at 6144 rows, against
-  // 3.3% token-tile-major).
+  // the even CTAs got every full first tile (an imbalanced grid).
   // The paired 256-token kernel keeps n-tile-major: its groups have many token tiles, and a weight
   // tile's re-reads should stay in the same round of the walk (L2).
   const bool tmajor = BTMAX <= 128;
@@ -119,8 +118,8 @@ __device__ __forceinline__ bool find_tile(int L, int total, const int* __restric
 // accumulators (the WGMMA D fragment: column pair 8j + 2 (lane % 4), rows +0 / +8) through
 // store_pair (csrc/epilogue.cuh; rows inside the tile's group only), scaled by alpha times `fix`.
 // Row scales (SwiGLU epilogue with p.row_scale): lane l loads the tile's rows 32q + l up front and each
-// store takes its row's value by a shuffle: loads inside the store loop, behind its branches, waited one
-// after another and cost the fused gate/up GEMM 7% at 24576 rows on the H200.
+// store takes its row's value by a shuffle: loads inside the store loop, behind its branches, would
+// wait one after another.
 template <int NN, int ACC, typename KParams>
 __device__ __forceinline__ void store_tile(const float (&acc)[ACC], const KParams& p, const Tile& t, int r0,
                                            float fix) {

@@ -5,6 +5,11 @@
 // (csrc/gemm_contract.h). Both handlers accept and check the same attributes; the CPU handlers
 // ignore the kernel configuration once it is checked.
 //
+// The compute mode reaches C++ one way: the target. "jax_nvfp4_grouped_gemm_fp8" decodes its
+// operands as the FP8 mode's and sets GroupedGemmParams::fp8; the decoders check here, once, that the
+// kernel attribute's family computes the target's mode (FamilyComputesMode) and run
+// GroupedGemmCheckParams, once. What the handlers and launchers do after that takes both as given.
+//
 // Attributes (jax_nvfp4/gemm.py sets them; the lowered program shows them):
 //   rhs_layout  i32 enum RhsLayout      0 checkpoint, 1 sm90
 //   kernel      i32 enum KernelFamily   0 mma, 1 mma_ws, 2 wgmma (exact call); 3 wgmma_fp8 (FP8 call)
@@ -79,6 +84,32 @@ inline std::string ConfigToString(const KernelConfig& c) {
          ", cluster=" + std::to_string(c.cluster);
 }
 
+// Checks the attributes every call shares: rhs_layout, a compiled configuration, and that its family
+// computes the target's mode (fp8: the FP8 call).
+inline ffi::Error CheckAttributes(const std::string& target, const GemmAttrs& attrs, bool fp8) {
+  auto bad = [&target](const std::string& m) { return ffi::Error::InvalidArgument(target + ": " + m); };
+  if (attrs.rhs_layout != RhsLayout::kCheckpoint && attrs.rhs_layout != RhsLayout::kSm90)
+    return bad("attribute rhs_layout must be 0 (checkpoint) or 1 (sm90), got " +
+               std::to_string(static_cast<int>(attrs.rhs_layout)));
+  if (!IsKnownConfig(attrs.config()))
+    return bad("attributes " + ConfigToString(attrs.config()) +
+               " are not a compiled kernel configuration (jax_nvfp4.kernel_configs() lists them)");
+  if (!FamilyComputesMode(attrs.kernel, fp8))
+    return bad(fp8 ? "attributes " + ConfigToString(attrs.config()) +
+                         " compute the exact mode: the FP8 call takes kernel 3 (wgmma_fp8) only"
+                   : std::string("kernel 3 (wgmma_fp8) computes the FP8 mode: it belongs to jax_nvfp4_grouped_gemm_fp8"));
+  return ffi::Error::Success();
+}
+
+// The last check of every decoder: GroupedGemmCheckParams on the filled *p (a call without output
+// elements launches nothing and is not checked further).
+inline ffi::Error CheckParams(const std::string& target, const GroupedGemmParams& p) {
+  if (p.M > 0 && OutputColumns(p) > 0) {
+    if (const char* why = GroupedGemmCheckParams(p)) return ffi::Error::InvalidArgument(target + ": " + why);
+  }
+  return ffi::Error::Success();
+}
+
 // Bytes of the custom call's workspace output: the CUDA schedule's, plus K for the CPU handler's
 // one decoded weight row (jax_nvfp4.gemm.workspace_bytes).
 inline int64_t CustomCallWorkspaceBytes(int64_t G, int64_t K) {
@@ -135,22 +166,16 @@ inline ffi::Error CheckRhsAndOutputs(const std::string& target, U8Buffer3 rhs, f
   return ffi::Error::Success();
 }
 
-// Checks the attributes and buffers of one exact call and fills *p (device or host pointers alike);
-// glu: the SwiGLU call's shapes (alpha [2G], out [M, N/2]; DecodeGroupedGemmGlu checks the rest).
-inline ffi::Error DecodeGroupedGemm(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs,
-                                    ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
-                                    ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
-                                    const GemmAttrs& attrs, GroupedGemmParams* p, bool glu = false) {
+// The exact calls' attributes and operands into *p (device or host pointers alike), without the final
+// GroupedGemmCheckParams; glu: the SwiGLU call's shapes (alpha [2G], out [M, N/2]; DecodeGroupedGemmGlu
+// checks the rest).
+inline ffi::Error DecodeExactOperands(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs,
+                                      ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
+                                      ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
+                                      const GemmAttrs& attrs, GroupedGemmParams* p, bool glu) {
   const std::string target = glu ? "jax_nvfp4_grouped_gemm_glu" : "jax_nvfp4_grouped_gemm";
   auto bad = [&target](const std::string& m) { return ffi::Error::InvalidArgument(target + ": " + m); };
-  if (attrs.rhs_layout != RhsLayout::kCheckpoint && attrs.rhs_layout != RhsLayout::kSm90)
-    return bad("attribute rhs_layout must be 0 (checkpoint) or 1 (sm90), got " +
-                       std::to_string(static_cast<int>(attrs.rhs_layout)));
-  if (!IsKnownConfig(attrs.config()))
-    return bad("attributes " + ConfigToString(attrs.config()) +
-                       " are not a compiled kernel configuration (jax_nvfp4.kernel_configs() lists them)");
-  if (attrs.kernel == KernelFamily::kWgmmaFp8)
-    return bad("kernel 3 (wgmma_fp8) computes the FP8 mode: it belongs to jax_nvfp4_grouped_gemm_fp8");
+  if (ffi::Error err = CheckAttributes(target, attrs, /*fp8=*/false); err.failure()) return err;
 
   const auto rd = rhs.dimensions();
   const int64_t G = rd[0], N = rd[1], K = 2 * rd[2];
@@ -191,11 +216,21 @@ inline ffi::Error DecodeGroupedGemm(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale
   p->lhs = lhs.untyped_data();
   p->lhs_scales = a_fp4 ? static_cast<const uint8_t*>(lhs_scales.untyped_data()) : nullptr;
   p->a_fp4 = a_fp4;
+  p->fp8 = false;
   p->rhs_layout = attrs.rhs_layout;
-  if (M > 0 && N > 0) {
-    if (const char* why = GroupedGemmCheckParams(*p)) return bad(why);
-  }
   return ffi::Error::Success();
+}
+
+// The exact call "jax_nvfp4_grouped_gemm": checks its attributes and buffers and fills *p.
+inline ffi::Error DecodeGroupedGemm(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs,
+                                    ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
+                                    ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
+                                    const GemmAttrs& attrs, GroupedGemmParams* p) {
+  if (ffi::Error err = DecodeExactOperands(lhs, lhs_scales, rhs, rhs_scales, alpha, group_sizes, out, workspace,
+                                           attrs, p, /*glu=*/false);
+      err.failure())
+    return err;
+  return CheckParams("jax_nvfp4_grouped_gemm", *p);
 }
 
 // The SwiGLU call "jax_nvfp4_grouped_gemm_glu": the exact call's operands with gate/up-paired weight
@@ -210,8 +245,8 @@ inline ffi::Error DecodeGroupedGemmGlu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_sc
     return bad("the gate/up-paired weights need N = rhs_data.shape[1] % 16 == 0, got N = " + std::to_string(N));
   if (!(attrs.glu_limit > 0.0f))
     return bad("attribute glu_limit must be > 0 (+inf for no clamp), got " + std::to_string(attrs.glu_limit));
-  if (ffi::Error err = DecodeGroupedGemm(lhs, lhs_scales, rhs, rhs_scales, alpha, group_sizes, out, workspace,
-                                         attrs.gemm(), p, /*glu=*/true);
+  if (ffi::Error err = DecodeExactOperands(lhs, lhs_scales, rhs, rhs_scales, alpha, group_sizes, out, workspace,
+                                           attrs.gemm(), p, /*glu=*/true);
       err.failure())
     return err;
   const int64_t rs = row_scale.dimensions()[0];
@@ -221,10 +256,7 @@ inline ffi::Error DecodeGroupedGemmGlu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_sc
   p->glu = true;
   p->glu_limit = attrs.glu_limit;
   p->row_scale = rs ? row_scale.typed_data() : nullptr;
-  if (p->M > 0 && N > 0) {
-    if (const char* why = GroupedGemmCheckParams(*p)) return bad(why);
-  }
-  return ffi::Error::Success();
+  return CheckParams("jax_nvfp4_grouped_gemm_glu", *p);
 }
 
 // The FP8-mode call: lhs e4m3 [M, K] (kernel k order), lhs_scales f32 [K/128, M], rhs as for the
@@ -234,12 +266,7 @@ inline ffi::Error DecodeGroupedGemmFp8(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_sc
                                        ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
                                        const GemmAttrs& attrs, GroupedGemmParams* p) {
   auto bad = [](const std::string& m) { return ffi::Error::InvalidArgument("jax_nvfp4_grouped_gemm_fp8: " + m); };
-  if (attrs.rhs_layout != RhsLayout::kCheckpoint && attrs.rhs_layout != RhsLayout::kSm90)
-    return bad("attribute rhs_layout must be 0 (checkpoint) or 1 (sm90), got " +
-               std::to_string(static_cast<int>(attrs.rhs_layout)));
-  if (!IsKnownConfig(attrs.config()) || attrs.kernel != KernelFamily::kWgmmaFp8)
-    return bad("attributes " + ConfigToString(attrs.config()) +
-               " are not a compiled wgmma_fp8 configuration (jax_nvfp4.kernel_configs() lists them)");
+  if (ffi::Error err = CheckAttributes("jax_nvfp4_grouped_gemm_fp8", attrs, /*fp8=*/true); err.failure()) return err;
 
   const auto rd = rhs.dimensions();
   const int64_t G = rd[0], N = rd[1], K = 2 * rd[2];
@@ -268,10 +295,7 @@ inline ffi::Error DecodeGroupedGemmFp8(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_sc
   p->a_fp4 = false;
   p->fp8 = true;
   p->rhs_layout = attrs.rhs_layout;
-  if (M > 0 && N > 0) {
-    if (const char* why = GroupedGemmCheckParams(*p)) return bad(why);
-  }
-  return ffi::Error::Success();
+  return CheckParams("jax_nvfp4_grouped_gemm_fp8", *p);
 }
 
 }  // namespace jax_nvfp4

@@ -1,8 +1,10 @@
 // XLA FFI CUDA handlers for "jax_nvfp4_grouped_gemm", "jax_nvfp4_grouped_gemm_glu" (the same kernels
-// with the SwiGLU epilogue) and "jax_nvfp4_grouped_gemm_fp8": each checks
-// the call (ffi/gemm_ffi.h), checks that the kernel configuration it was lowered with runs on this
-// device with this build, and enqueues it (csrc/grouped_gemm.h). No allocation, no host sync. The configuration comes from
-// jax_nvfp4.grouped_gemm (ChooseKernelConfig at trace time, or the caller's explicit choice).
+// with the SwiGLU epilogue) and "jax_nvfp4_grouped_gemm_fp8": each checks the call (ffi/gemm_ffi.h),
+// checks that the kernel configuration it was lowered with runs on this device with this build,
+// computes this problem and can read these buffers, and enqueues exactly that configuration
+// (csrc/grouped_gemm.h): what the lowered attributes name is what runs, or the call fails. No
+// allocation, no host sync. The configuration comes from jax_nvfp4.grouped_gemm (ChooseKernelConfig
+// at trace time, or the caller's explicit choice).
 #include <cstdint>
 #include <string>
 
@@ -49,7 +51,15 @@ ffi::Error CheckAndLaunch(const jax_nvfp4::GroupedGemmParams& p, const jax_nvfp4
                             "(Ampere, Ada, Hopper, Blackwell); use backend='reference' on this device");
     return BadArgument(jax_nvfp4::ConfigToString(cfg) + " cannot run on " + device + ": " + why);
   }
+  if (!jax_nvfp4::FamilyHandles(cfg.family, jax_nvfp4::ProblemOf(p)))
+    return BadArgument(jax_nvfp4::ConfigToString(cfg) + " does not compute this problem (M = " + std::to_string(p.M) +
+                       ", N = " + std::to_string(p.N) + ", K = " + std::to_string(p.K) + ", G = " +
+                       std::to_string(p.G) + (p.a_fp4 ? ", packed e2m1 lhs" : "") +
+                       (p.rhs_layout == jax_nvfp4::RhsLayout::kSm90 ? ", sm90 weights" : "") +
+                       "); jax_nvfp4.kernel_config.choose picks one that does");
   if (p.M == 0 || p.N == 0) return ffi::Error::Success();
+  // XLA's buffers meet every kernel's alignment (csrc/gemm_contract.h, kXlaBufferAlignBytes)
+  if (const char* why = jax_nvfp4::BufferAlignmentError(p, cfg)) return BadArgument(why);
 
   e = jax_nvfp4::LaunchGroupedGemm(p, cfg, arch, stream);
   if (e != cudaSuccess) return CudaError("kernel launch failed", e);
@@ -104,9 +114,6 @@ ffi::Error GroupedGemmFp8CudaImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::
     return ffi::Error::InvalidArgument(
         "jax_nvfp4_grouped_gemm_fp8: the CUDA kernel reads checkpoint-layout weights only (rhs_layout 0), got "
         "rhs_layout 1 (sm90); use jax_nvfp4.prepare_weights(w, 'checkpoint') for the FP8 mode");
-  if ((reinterpret_cast<uintptr_t>(p.rhs_scales) & 7) || (reinterpret_cast<uintptr_t>(p.lhs_chunk_scales) & 3))
-    return ffi::Error::InvalidArgument("jax_nvfp4_grouped_gemm_fp8: rhs_scales must be 8-byte aligned and "
-                                       "lhs_scales 4-byte aligned");
   return CheckAndLaunch(p, attrs.config(), stream);
 }
 

@@ -193,6 +193,36 @@ def test_cpu_handler_rejects_invalid_attributes(on_cpu):
         _raw_call(token_tile=np.float32(16.5))              # typed: int32 only
 
 
+def _raw_fp8_call(**attrs):
+    """The FP8 custom call with hand-written attributes: e4m3 lhs [M, K], chunk scales [K/128, M]."""
+    m, k = 8, 128
+    _, rhs, gs, _ = make_problem(np.random.default_rng(3), m, 16, k, [4, 4], False)
+    out_t = jax.ShapeDtypeStruct((m, 16), jnp.float32)
+    ws_t = jax.ShapeDtypeStruct((jn.gemm.workspace_bytes(2, k),), jnp.uint8)
+    base = dict(rhs_layout=np.int32(0), kernel=np.int32(3), token_tile=np.int32(32),
+                stages=np.int32(15), cluster=np.int32(1))
+    base.update(attrs)
+    call = jax.ffi.ffi_call(jn.gemm.FP8_TARGET, (out_t, ws_t))
+    lhs, lhs_scales = jnp.ones((m, k), jnp.float8_e4m3fn), jnp.ones((k // 128, m), jnp.float32)
+    return jax.block_until_ready(call(lhs, lhs_scales, rhs.data, rhs.scales, rhs.global_scale, gs, **base))
+
+
+@needs_ext
+def test_handlers_check_the_mode_against_the_kernel(on_cpu):
+    """The compute mode reaches the handler as the target alone; the decoder checks once that the
+    kernel attribute's family computes it (wgmma_fp8 the FP8 mode, the others the exact mode)."""
+    platform_device("cpu")
+    assert np.all(np.isfinite(np.asarray(_raw_fp8_call()[0])))
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match=r"jax_nvfp4_grouped_gemm: kernel 3 \(wgmma_fp8\) computes the FP8 mode"):
+        _raw_call(kernel=np.int32(3), token_tile=np.int32(64), stages=np.int32(12))
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match=r"jax_nvfp4_grouped_gemm_fp8: attributes kernel=mma \(0\), token_tile=16, "
+                             r"stages=4, cluster=1 compute the exact mode: the FP8 call takes kernel 3 "
+                             r"\(wgmma_fp8\) only"):
+        _raw_fp8_call(kernel=np.int32(0), token_tile=np.int32(16), stages=np.int32(4))
+
+
 def _device_configs():
     devs = gpu_devices()
     if not devs:
@@ -251,3 +281,20 @@ def test_unsupported_family_on_this_device_is_a_clear_error(rng):
     lhs, rhs, gs = jax.device_put((lhs, jn.prepare_weights(rhs), gs), dev)
     with pytest.raises(jax.errors.JaxRuntimeError, match=r"cannot run on .*compute capability"):
         jax.block_until_ready(jn.grouped_gemm(lhs, rhs, gs, backend="ffi", kernel=missing[-1]))
+
+
+def test_the_lowered_config_runs_or_the_call_fails(rng):
+    """The CUDA handler runs the configuration the lowered attributes name, or fails naming it: an
+    mma_ws configuration on checkpoint-layout weights (mma_ws reads the sm90 layout) and a wgmma one
+    with K % 64 != 0 are errors, never the mma kernel in their place."""
+    dev, configs = _device_configs()
+    cases = ((KernelConfig("mma_ws", 16, 8, 1), 128), (KernelConfig("wgmma", 128, 8, 1), 96))
+    refused = [(c, k) for c, k in cases if c in configs]
+    if not refused:
+        pytest.skip("this device and build run neither mma_ws nor wgmma")
+    for cfg, k in refused:
+        lhs, rhs, gs, _ = make_problem(rng, 64, 128, k, [32, 32], False)
+        lhs, rhs, gs = jax.device_put((lhs, rhs, gs), dev)
+        with pytest.raises(jax.errors.JaxRuntimeError,
+                           match=rf"kernel={cfg.family} .* does not compute this problem"):
+            jax.block_until_ready(jn.grouped_gemm(lhs, rhs, gs, backend="ffi", kernel=cfg))
