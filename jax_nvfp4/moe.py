@@ -43,12 +43,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from . import autodiff, fp8
 from .dispatch import dispatch_rows, dispatch_rows_dynamic
 from .formats import Fp8Rows, NVFP4Tensor
 from .gemm import grouped_gemm, grouped_gemm_swiglu
-from .moe_params import MoEConfig, MoEWeights
+from .moe_params import MoEConfig, MoEWeights, known_range
 from .quantization import MAX_GLOBAL_SCALE, MIN_GLOBAL_SCALE, dynamic_global_scale, quantize
 from .reference import GLU_ROW_BLOCK, round_to, split_paired
 from .routing import check_hash_table, route
@@ -511,8 +512,9 @@ def validate_moe(x, weights: MoEWeights, config: MoEConfig):
                          ("shared_w13_input_scale", [(), (1,)]),
                          ("shared_w2_input_scale", [(), (1,)])):
         v = _check_shape(getattr(weights, name), f"weights.{name}", shapes)
-        if v is not None and not isinstance(v, jax.core.Tracer) and v.size:
-            lo, hi = float(jnp.min(v)), float(jnp.max(v))
+        known = known_range(v)            # values checked when known (eager or closed over)
+        if known is not None:
+            lo, hi = known
             if not (MIN_GLOBAL_SCALE <= lo and hi <= MAX_GLOBAL_SCALE):  # False for NaN
                 raise ValueError(f"weights.{name}: static input scales must be finite and >= "
                                  f"2^-126, got values in [{lo}, {hi}]")
@@ -570,7 +572,10 @@ def moe(x, weights: MoEWeights, config: MoEConfig, *, token_ids=None, backend="a
         raise ValueError(f"x: expected [..., {config.hidden_size}], got {x.shape}")
     lead = x.shape[:-1]
     if token_ids is not None:
-        token_ids = jnp.asarray(token_ids)
+        # not jnp.asarray: inside a jit that would make closed-over numpy ids a tracer, whose
+        # values route() could then not check
+        if not isinstance(token_ids, jax.Array):
+            token_ids = np.asarray(token_ids)
         if token_ids.shape != lead:
             raise ValueError(f"token_ids: expected shape {list(lead)} (x's leading axes), got "
                              f"{list(token_ids.shape)}")
@@ -608,16 +613,17 @@ def quantize_moe(router_weight, w13, w2, *, router_bias=None, shared_w13=None, s
     """
     f32 = lambda v: None if v is None else jnp.asarray(v, jnp.float32)  # noqa: E731
     if hash_table is not None:
-        hash_table = jnp.asarray(hash_table)
+        if not isinstance(hash_table, jax.Array):
+            hash_table = np.asarray(hash_table)
         e = jnp.shape(router_weight)[0]
         if (not jnp.issubdtype(hash_table.dtype, jnp.integer) or hash_table.ndim != 2
                 or hash_table.size == 0):
             raise ValueError(f"hash_table: expected integer expert ids [vocab, top_k], got "
                              f"{hash_table.dtype} {tuple(hash_table.shape)}")
-        lo, hi = int(jnp.min(hash_table)), int(jnp.max(hash_table))
-        if lo < 0 or hi >= e:
+        known = known_range(hash_table)       # values checked when known (not traced)
+        if known is not None and (known[0] < 0 or known[1] >= e):
             raise ValueError(f"hash_table: expert ids must lie in [0, {e}) (E from "
-                             f"router_weight), got values in [{lo}, {hi}]")
+                             f"router_weight), got values in [{known[0]}, {known[1]}]")
     return MoEWeights(
         router_weight=jnp.asarray(router_weight, jnp.float32),
         w13=_quantize_experts(jnp.asarray(w13)),

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import operator
 from typing import Optional
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from .formats import NVFP4Tensor
 
@@ -14,6 +17,41 @@ SCORING_FUNCS = ("sqrtsoftplus", "sigmoid", "softmax")
 ACTIVATIONS = ("w4a4", "w4a16")
 ACTIVATION_SCALES = ("dynamic", "static")
 ROW_DTYPES = ("bfloat16", "float32")
+
+
+def known_range(v) -> Optional[tuple]:
+    """``(min, max)`` of the values of ``v`` as Python scalars when they are known while tracing,
+    else None (a traced value, or an empty one).
+
+    Known means anything but a tracer: numpy values and concrete jax Arrays, also those a
+    ``jax.jit`` closes over. Inside a jit trace a jnp reduction of such a constant is itself staged
+    (a tracer, which ``float`` cannot read), so the reductions of a jax Array run eagerly here;
+    they copy two scalars to the host, not ``v``. Floats come back as Python floats, both NaN
+    when any value is NaN (found by its own reduction, not left to min/max); integers as Python
+    ints (numpy values as they are, not first converted to a narrower jax dtype).
+    """
+    if v is None or isinstance(v, jax.core.Tracer):
+        return None
+    if isinstance(v, jax.Array):
+        with jax.ensure_compile_time_eval():
+            if v.size == 0:
+                return None
+            both = jnp.stack([jnp.min(v), jnp.max(v)])
+            if jnp.issubdtype(v.dtype, jnp.inexact):
+                both = jnp.where(jnp.any(jnp.isnan(v)), jnp.nan, both.astype(jnp.float32))
+            both = np.asarray(both)
+    else:
+        a = np.asarray(v)
+        if a.size == 0:
+            return None
+        if jnp.issubdtype(a.dtype, jnp.inexact):
+            a = a.astype(np.float64)
+        both = np.array([a.min(), a.max()])
+        if jnp.issubdtype(a.dtype, jnp.inexact) and np.isnan(a).any():
+            both[:] = np.nan
+    if jnp.issubdtype(both.dtype, jnp.inexact):
+        return tuple(float(b) for b in both)
+    return tuple(int(b) for b in both)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,17 +98,14 @@ class MoEConfig:
 
     def __post_init__(self):
         from .fp8 import CHUNK as FP8_CHUNK, PRECISIONS  # noqa: PLC0415  (fp8 -> layout -> here)
-        if self.scoring_func not in SCORING_FUNCS:
-            raise ValueError(f"scoring_func: expected one of {SCORING_FUNCS}, got {self.scoring_func!r}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {self.activation!r}")
-        if self.activation_scale not in ACTIVATION_SCALES:
-            raise ValueError(f"activation_scale: expected one of {ACTIVATION_SCALES}, "
-                             f"got {self.activation_scale!r}")
-        if not isinstance(self.precision, str) or self.precision not in PRECISIONS:
-            raise ValueError(f"precision: expected one of {PRECISIONS}, got {self.precision!r}")
-        if not isinstance(self.row_dtype, str) or self.row_dtype not in ROW_DTYPES:
-            raise ValueError(f"row_dtype: expected one of {ROW_DTYPES}, got {self.row_dtype!r}")
+        self._check_types()
+        for name, options in (("scoring_func", SCORING_FUNCS), ("activation", ACTIVATIONS),
+                              ("activation_scale", ACTIVATION_SCALES), ("precision", PRECISIONS),
+                              ("row_dtype", ROW_DTYPES)):
+            if getattr(self, name) not in options:
+                raise ValueError(f"{name}: expected one of {options}, got {getattr(self, name)!r}")
+        if self.num_experts < 1:
+            raise ValueError(f"num_experts: expected an int >= 1, got {self.num_experts}")
         if not 1 <= self.top_k <= self.num_experts:
             raise ValueError(f"top_k: expected 1 <= top_k <= num_experts={self.num_experts}, "
                              f"got {self.top_k}")
@@ -81,6 +116,8 @@ class MoEConfig:
                              f"got {self.topk_group}")
         if self.n_group > 1 and self.topk_group * (self.num_experts // self.n_group) < self.top_k:
             raise ValueError("topk_group: the kept groups hold fewer experts than top_k")
+        if self.n_shared_experts < 0:
+            raise ValueError(f"n_shared_experts: expected an int >= 0, got {self.n_shared_experts}")
         for name in ("hidden_size", "intermediate_size"):
             v = getattr(self, name)
             if v <= 0 or v % 32:
@@ -88,6 +125,46 @@ class MoEConfig:
             if self.precision == "fp8" and v % FP8_CHUNK:
                 raise ValueError(f"{name}: precision='fp8' needs a multiple of {FP8_CHUNK} (the "
                                  f"GEMMs' K), got {v}")
+        # The routing weights are multiplied by it: 0 zeroes the layer, a negative value flips
+        # its sign, NaN or inf poison every output.
+        f = self.routed_scaling_factor
+        with np.errstate(over="ignore"):
+            f32 = np.float32(f)                  # the value the router multiplies by
+        if not (np.isfinite(f32) and f32 > 0):
+            raise ValueError(f"routed_scaling_factor: expected a number > 0, finite in float32, "
+                             f"got {f!r}")
+        # The clamp min(gate, L), clip(up, -L, L): L <= 0 (or one that is 0 in float32) zeroes
+        # or flips the SwiGLU, NaN makes it NaN. inf means no clamp, as None does.
+        lim = self.swiglu_limit
+        if lim is not None and not np.float32(lim) > 0:     # False for NaN (inf: float32 inf)
+            raise ValueError(f"swiglu_limit: expected None or a number > 0 (float32), got {lim!r}")
+
+    def _check_types(self):
+        """TypeError naming the field for a value of the wrong type; numpy scalars of the right
+        kind are stored as the Python int, float or bool (so equal configs hash alike)."""
+        def put(name, v):
+            object.__setattr__(self, name, v)
+
+        for name in ("num_experts", "top_k", "hidden_size", "intermediate_size", "n_group",
+                     "topk_group", "n_shared_experts"):
+            v = getattr(self, name)
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
+                raise TypeError(f"{name}: expected an int, got {v!r:.100}")
+            put(name, int(v))
+        for name, optional in (("routed_scaling_factor", False), ("swiglu_limit", True)):
+            v = getattr(self, name)
+            if v is None and optional:
+                continue
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+                raise TypeError(f"{name}: expected a number{' or None' if optional else ''}, "
+                                f"got {v!r:.100}")
+            put(name, float(v))
+        if not isinstance(self.norm_topk_prob, (bool, np.bool_)):
+            raise TypeError(f"norm_topk_prob: expected a bool, got {self.norm_topk_prob!r:.100}")
+        put("norm_topk_prob", bool(self.norm_topk_prob))
+        for name in ("scoring_func", "activation", "activation_scale", "precision", "row_dtype"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"{name}: expected a str, got {getattr(self, name)!r:.100}")
 
     @classmethod
     def deepseek_v4_pro(cls, **overrides) -> "MoEConfig":

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from .moe_params import MoEConfig, MoEWeights
+from .moe_params import MoEConfig, MoEWeights, known_range
 from .reference import round_to
 
 
@@ -30,10 +31,18 @@ def router_logits(x: jax.Array, router_weight: jax.Array) -> jax.Array:
     """
     w = router_weight.astype(jnp.float32)
     if x.dtype != jnp.bfloat16:
-        return jnp.dot(x.astype(jnp.float32), w.T, precision=jax.lax.Precision.HIGHEST)
+        return _dot_rows(x.astype(jnp.float32), w, precision=jax.lax.Precision.HIGHEST)
     e = w.shape[0]
-    p = jnp.dot(x, _bf16_terms(w).T, preferred_element_type=jnp.float32)   # [T, 3E]
+    p = _dot_rows(x, _bf16_terms(w), preferred_element_type=jnp.float32)   # [T, 3E]
     return p[:, :e] + (p[:, e:2 * e] + p[:, 2 * e:])    # the small terms first
+
+
+def _dot_rows(a: jax.Array, b: jax.Array, **kw) -> jax.Array:
+    """``a [T, H] . b [E, H]^T -> [T, E]`` contracting both H axes, without a transpose op: with
+    ``b.T`` XLA's CPU dot sums in another order when b is an argument (the transpose folded into
+    the dot) than when it is a closed-over constant (the transpose folded into the constant) or
+    eager, so a jit would route differently from its closed-over and eager self by float32 ulps."""
+    return jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())), **kw)
 
 
 def router_scores(x: jax.Array, router_weight: jax.Array, scoring_func: str) -> jax.Array:
@@ -99,21 +108,29 @@ def _grouped_mask(choice: jax.Array, n_group: int, topk_group: int) -> jax.Array
     return jnp.repeat(gmask, e // n_group, axis=1)
 
 
+def _as_given(v):
+    """A jax Array (concrete or traced) as it is, anything else as a numpy array: not
+    ``jnp.asarray``, which inside a jit makes a traced copy of a concrete value, whose values
+    then could not be checked."""
+    return v if isinstance(v, jax.Array) else np.asarray(v)
+
+
 def check_hash_table(hash_table, config: MoEConfig) -> jax.Array:
     """``hash_table`` int ``[vocab, top_k]`` with entries in ``[0, E)`` (values checked when
     concrete); returns it as a jax array. Errors name ``weights.hash_table``."""
-    table = jnp.asarray(hash_table)
-    if not jnp.issubdtype(table.dtype, jnp.integer):
-        raise ValueError(f"weights.hash_table: expected an integer array, got {table.dtype}")
-    if table.ndim != 2 or table.shape[1] != config.top_k or table.shape[0] < 1:
+    hash_table = _as_given(hash_table)
+    dtype, shape = hash_table.dtype, hash_table.shape
+    if not jnp.issubdtype(dtype, jnp.integer):
+        raise ValueError(f"weights.hash_table: expected an integer array, got {dtype}")
+    if len(shape) != 2 or shape[1] != config.top_k or shape[0] < 1:
         raise ValueError(f"weights.hash_table: expected [vocab, top_k={config.top_k}] with "
-                         f"vocab >= 1, got {tuple(table.shape)}")
-    if not isinstance(table, jax.core.Tracer):
-        lo, hi = int(jnp.min(table)), int(jnp.max(table))   # two scalars: no table copy
-        if lo < 0 or hi >= config.num_experts:
-            raise ValueError(f"weights.hash_table: expert ids must lie in [0, "
-                             f"{config.num_experts}) (num_experts), got values in [{lo}, {hi}]")
-    return table
+                         f"vocab >= 1, got {tuple(shape)}")
+    # the values as given: inside a jit, jnp.asarray of a closed-over numpy table is a tracer
+    known = known_range(hash_table)
+    if known is not None and (known[0] < 0 or known[1] >= config.num_experts):
+        raise ValueError(f"weights.hash_table: expert ids must lie in [0, {config.num_experts}) "
+                         f"(num_experts), got values in [{known[0]}, {known[1]}]")
+    return jnp.asarray(hash_table)
 
 
 def check_token_ids(token_ids, table, num_tokens: int) -> jax.Array:
@@ -121,18 +138,18 @@ def check_token_ids(token_ids, table, num_tokens: int) -> jax.Array:
     if token_ids is None:
         raise ValueError("token_ids: this layer is hash-routed (weights.hash_table is set); "
                          "pass the input token ids [T]")
-    token_ids = jnp.asarray(token_ids)
-    if token_ids.shape != (num_tokens,):
-        raise ValueError(f"token_ids: expected shape [{num_tokens}], got {token_ids.shape}")
-    if not jnp.issubdtype(token_ids.dtype, jnp.integer):
-        raise ValueError(f"token_ids: expected integer ids, got {token_ids.dtype}")
+    token_ids = _as_given(token_ids)
+    dtype, shape = token_ids.dtype, token_ids.shape
+    if tuple(shape) != (num_tokens,):
+        raise ValueError(f"token_ids: expected shape [{num_tokens}], got {tuple(shape)}")
+    if not jnp.issubdtype(dtype, jnp.integer):
+        raise ValueError(f"token_ids: expected integer ids, got {dtype}")
     vocab = table.shape[0]
-    if not isinstance(token_ids, jax.core.Tracer) and num_tokens:
-        lo, hi = int(jnp.min(token_ids)), int(jnp.max(token_ids))
-        if lo < 0 or hi >= vocab:
-            raise ValueError(f"token_ids: expected ids in [0, {vocab}) (the hash table's "
-                             f"vocabulary), got values in [{lo}, {hi}]")
-    return token_ids
+    known = known_range(token_ids)      # as given: a closed-over numpy array is known too
+    if known is not None and (known[0] < 0 or known[1] >= vocab):
+        raise ValueError(f"token_ids: expected ids in [0, {vocab}) (the hash table's "
+                         f"vocabulary), got values in [{known[0]}, {known[1]}]")
+    return jnp.asarray(token_ids)
 
 
 def route(x: jax.Array, weights: MoEWeights, config: MoEConfig, token_ids=None):

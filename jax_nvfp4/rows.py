@@ -20,7 +20,9 @@ def _as_words_ok(a) -> bool:
 
 def _take_words(a, rows):
     per = 4 // jnp.dtype(a.dtype).itemsize
-    words = jax.lax.bitcast_convert_type(a.reshape(a.shape[0], -1, per), jnp.uint32)
+    # the word count spelled out: a reshape with -1 cannot infer it when a has no rows
+    words = jax.lax.bitcast_convert_type(a.reshape(a.shape[0], a.shape[1] // per, per),
+                                         jnp.uint32)
     out = jax.lax.bitcast_convert_type(words[rows], a.dtype)        # [R, C / per, per]
     return out.reshape(rows.shape[0], a.shape[1])
 

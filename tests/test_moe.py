@@ -1,5 +1,7 @@
 """The MoE layer against a float64 numpy MoE written here, routing, checkpoints, no host sync."""
 
+import dataclasses
+import os
 import re
 
 import jax
@@ -12,7 +14,7 @@ import jax_nvfp4 as jn
 from jax_nvfp4 import checkpoint
 from jax_nvfp4.moe import RANK_SORT_MAX_ROWS, rank_sort_rows, sort_rows
 from oracles import dequant64, rel_err
-from conftest import QUANTIZE, QUANTIZE_STACK
+from conftest import QUANTIZE, QUANTIZE_STACK, cpu_devices
 
 E, H, I, T = 8, 128, 64, 48
 
@@ -442,7 +444,6 @@ def test_checkpoint_round_trip_runs_the_same_layer(rng, tmp_path):
 def sm90_unpaired(w):
     """Each NVFP4 weight of w in the sm90 layout, gate/up rows left in the stored order (the
     layer then runs the unfused gate/up GEMM + SwiGLU on sm90 weights)."""
-    import dataclasses
     return dataclasses.replace(w, **{n: jn.prepare_weights(getattr(w, n)) for n in
                                      ("w13", "w2", "shared_w13", "shared_w2")})
 
@@ -742,7 +743,6 @@ def test_dispatch_quantizes_each_token_once(rng, backend):
 # ------------------------------------------------------------------ the fused SwiGLU epilogue
 def paired_checkpoint(w):
     """w with w13 and shared_w13 rows paired but left in the checkpoint layout (w13_paired)."""
-    import dataclasses
     return dataclasses.replace(w, w13=jn.layout.pair_gate_up(w.w13),
                                shared_w13=jn.layout.pair_gate_up(w.shared_w13), w13_paired=True)
 
@@ -857,3 +857,164 @@ def test_quantize_moe_equals_the_quantizer_per_expert(rng):
             assert np.asarray(t.global_scale[e]).tobytes() == np.asarray(one.global_scale).tobytes()
     one = jn.quantize(jnp.asarray(f["sw13"], jnp.float32))
     np.testing.assert_array_equal(np.asarray(w.shared_w13.data), np.asarray(one.data))
+
+
+# ------------------------------------------------------------------ closed-over weights (issue 46)
+QUARK_FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures",
+                             "quark-nvfp4-tiny-deepseek-v3")
+
+
+def static_hash_layer(rng, vocab=50):
+    """A W4A4 static layer with input scales, a shared expert and a hash table, its config and
+    token ids [T]."""
+    w = quantized(float_layer(rng), **static_f32(),
+                  hash_table=rng.integers(0, E, (vocab, 6)).astype(np.int32))
+    return w, cfg(activation_scale="static"), rng.integers(0, vocab, T).astype(np.int32)
+
+
+class TestClosedOverWeights:
+    """Issue 46 item 1: weights a jit closes over (the everyday ``jax.jit(lambda x: moe(x, w,
+    c))``) run, and their values are still checked, while inside a trace a jnp reduction of the
+    constant is itself traced."""
+
+    def test_quark_layer_closed_over_equals_quarks_forward(self):
+        # The loaded W4A4 static layer (input scales) of a real Quark export, closed over, against
+        # Quark's own forward (float32 rows: float32 math, rounding order only)
+        config = dataclasses.replace(jn.MoEConfig.from_hf_config(QUARK_FIXTURE),
+                                     row_dtype="float32")
+        w = checkpoint.load_moe(QUARK_FIXTURE, "model.layers.1.mlp", config)
+        x = np.load(os.path.join(QUARK_FIXTURE, "x.npy"))
+        quark = np.load(os.path.join(QUARK_FIXTURE, "quark_layer1_moe_out.npy"))
+        out = np.asarray(jax.jit(lambda x: jn.moe(x, w, config))(x))
+        np.testing.assert_allclose(out, quark, rtol=0, atol=1e-5 * np.abs(quark).max())
+
+    def test_static_hash_layer_closed_over(self, rng):
+        # jax and numpy fields (inside a jit jnp.asarray of a numpy constant is traced); one
+        # program for both. The argument and eager forms: tests/test_api_matrix.py.
+        w, c, tok = static_hash_layer(rng)
+        wn = dataclasses.replace(w, hash_table=np.asarray(w.hash_table),
+                                 **{k: np.asarray(getattr(w, k)) for k in STATIC_SCALES})
+        x = jnp.asarray(rng.standard_normal((T, H)), jnp.float32)
+        out, out_np, (ids, _) = jax.jit(lambda x: (jn.moe(x, w, c, token_ids=tok),
+                                                   jn.moe(x, wn, c, token_ids=tok),
+                                                   jn.route(x, w, c, token_ids=tok)))(x)
+        np.testing.assert_array_equal(np.asarray(ids), np.asarray(w.hash_table)[tok])
+        np.testing.assert_array_equal(np.asarray(out_np), np.asarray(out))
+        ref, _ = np_moe(np.asarray(x), w, c, token_ids=tok)
+        assert rel_err(out, ref) <= W4A4_TOL
+
+    @pytest.mark.parametrize("as_numpy", [False, True])
+    def test_bad_closed_over_values_are_errors(self, rng, as_numpy):
+        """A closed-over value is known: out-of-range table entries, input scales and token ids
+        are the eager ValueError inside the jit too (not NaN rows, not a tracer error)."""
+        w, c, tok = static_hash_layer(rng)
+        arr = np.asarray if as_numpy else jnp.asarray
+        x = jnp.ones((T, H), jnp.float32)
+        table = np.asarray(w.hash_table).copy()
+        table[3, 1] = E
+        bad = [(dataclasses.replace(w, hash_table=arr(table)), tok, "weights.hash_table: expert ids"),
+               (dataclasses.replace(w, w2_input_scale=arr(np.full(E, np.nan, np.float32))), tok,
+                "weights.w2_input_scale: static input scales must be finite"),
+               (dataclasses.replace(w, shared_w13_input_scale=arr(np.float32(-1.0))), tok,
+                "weights.shared_w13_input_scale: static input scales"),
+               (w, arr(np.where(np.arange(T) == 2, 50, tok).astype(np.int32)),
+                r"token_ids: expected ids in \[0, 50\)")]
+        for wb, tb, msg in bad:
+            with pytest.raises(ValueError, match=msg):
+                jax.jit(lambda x: jn.moe(x, wb, c, token_ids=tb, backend="reference"))(x)
+            with pytest.raises(ValueError, match=msg):
+                jn.moe(x, wb, c, token_ids=tb, backend="reference")
+
+    def test_one_nan_among_input_scales_is_found(self, rng):
+        w, c, tok = static_hash_layer(rng)
+        s = np.full(E, 0.01, np.float32)
+        s[5] = np.nan
+        for v in (s, jnp.asarray(s)):
+            with pytest.raises(ValueError, match=r"weights.w13_input_scale: .* \[nan, nan\]"):
+                jn.moe(jnp.ones((4, H)), dataclasses.replace(w, w13_input_scale=v), c,
+                       token_ids=tok[:4], backend="reference")
+
+    def test_quantize_moe_under_jit(self, rng):
+        f = float_layer(rng, e=2, h=32, i=32, shared=False)
+        table = np.asarray([[0, 1], [1, 1]], np.int32)
+        q = lambda t: jn.quantize_moe(f["router"], f["w13"], f["w2"], hash_table=t)  # noqa: E731
+        eager = q(table)
+        for got in (jax.jit(q)(table), jax.jit(lambda: q(jnp.asarray(table)))()):
+            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(eager)):
+                np.testing.assert_array_equal(np.asarray(a).view(np.uint8),
+                                              np.asarray(b).view(np.uint8))
+        bad = jnp.asarray(table + 1)          # made outside: a concrete array the jit closes over
+        with pytest.raises(ValueError, match=r"hash_table: expert ids must lie in \[0, 2\)"):
+            jax.jit(lambda: q(bad))()
+
+    def test_expert_parallel_closed_over(self, rng):
+        w, c, tok = static_hash_layer(rng)
+        mesh = jax.sharding.Mesh(np.array(cpu_devices(2)), ("ep",))
+        x = jnp.asarray(rng.standard_normal((T, H)), jnp.float32)
+        run = lambda x, w, t: jn.moe_expert_parallel(x, w, c, mesh, token_ids=t)  # noqa: E731
+        closed = jax.jit(lambda x: run(x, w, tok))(x)
+        args = jax.jit(run)(x, w, tok)
+        np.testing.assert_array_equal(np.asarray(closed), np.asarray(args))
+        ref, _ = np_moe(np.asarray(x), w, c, token_ids=tok)
+        assert rel_err(closed, ref) <= W4A4_TOL
+
+
+@pytest.mark.parametrize("lead", [(0,), (2, 0), (0, 3)])
+@pytest.mark.parametrize("precision", ["exact", "fp8"])
+def test_zero_tokens(rng, lead, precision):
+    """Issue 46 item 2: no tokens give an empty output of x's shape and dtype in both precisions,
+    bf16 and float32 tokens, dynamic and static (bf16 rows gathered as words) W4A4."""
+    c = cfg(intermediate_size=128, precision=precision, activation_scale="static")
+    w = quantized(float_layer(rng, i=128), **static_f32())
+    for dtype, scale in ((jnp.float32, "static"), (jnp.bfloat16, "static"),
+                         (jnp.bfloat16, "dynamic")):
+        cc = dataclasses.replace(c, activation_scale=scale)
+        x = jnp.zeros(lead + (H,), dtype)
+        out = jax.jit(lambda x, w: jn.moe(x, w, cc))(x, w)
+        assert out.shape == x.shape and out.dtype == dtype
+    eager = jn.moe(x, w, cc)
+    assert eager.shape == x.shape and eager.dtype == jnp.bfloat16
+
+
+# ------------------------------------------------------------------ MoEConfig fields (issue 46)
+@pytest.mark.parametrize("field,value", [
+    ("swiglu_limit", 0.0), ("swiglu_limit", -1.0), ("swiglu_limit", float("nan")),
+    ("swiglu_limit", 1e-50), ("routed_scaling_factor", float("nan")),
+    ("routed_scaling_factor", float("inf")), ("routed_scaling_factor", -2.5),
+    ("routed_scaling_factor", 0.0), ("routed_scaling_factor", 1e300),
+    ("n_shared_experts", -1), ("num_experts", 0)])
+def test_config_rejects_bad_values(field, value):
+    with pytest.raises(ValueError, match=f"^{field}: expected"):
+        cfg(**{field: value})
+
+
+@pytest.mark.parametrize("field,value", [
+    ("top_k", 2.0), ("hidden_size", True), ("num_experts", "8"), ("n_shared_experts", None),
+    ("norm_topk_prob", 1), ("norm_topk_prob", "yes"), ("routed_scaling_factor", "2.5"),
+    ("routed_scaling_factor", True), ("swiglu_limit", "10"), ("precision", 1),
+    ("scoring_func", None), ("activation", ["w4a4"]), ("row_dtype", jnp.float32)])
+def test_config_rejects_wrong_types(field, value):
+    with pytest.raises(TypeError, match=f"^{field}: expected"):
+        cfg(**{field: value})
+
+
+def test_config_numpy_scalars_equal_python_ones():
+    a = cfg(top_k=np.int64(4), swiglu_limit=np.float32(7.0), norm_topk_prob=np.bool_(False),
+            routed_scaling_factor=np.float64(2.5))
+    b = cfg(top_k=4, swiglu_limit=7.0, norm_topk_prob=False, routed_scaling_factor=2.5)
+    assert a == b and hash(a) == hash(b) and type(a.top_k) is int
+    assert cfg(swiglu_limit=float("inf")).swiglu_limit == float("inf")   # no clamp, as None
+
+
+@pytest.mark.parametrize("key,value", [("swiglu_limit", 0.0), ("swiglu_limit", -10.0),
+                                       ("swiglu_limit", float("nan")),
+                                       ("routed_scaling_factor", float("nan")),
+                                       ("routed_scaling_factor", float("inf")),
+                                       ("routed_scaling_factor", -2.5)])
+def test_from_hf_config_rejects_bad_values(key, value):
+    hf = {"model_type": "deepseek_v4", "hidden_size": 128, "moe_intermediate_size": 64,
+          "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
+          "norm_topk_prob": True, "routed_scaling_factor": 2.5, "swiglu_limit": 10.0}
+    jn.MoEConfig.from_hf_config(hf)                                  # the good config loads
+    with pytest.raises(ValueError, match=f"deepseek_v4.*{key}: expected"):
+        jn.MoEConfig.from_hf_config({**hf, key: value})

@@ -51,3 +51,12 @@ def test_take_rows_gradient_is_the_gathers(rng):
     t = jnp.ones_like(a)
     _, jvp = jax.jvp(lambda a: take_rows(a, rows), (a,), (t,))
     np.testing.assert_array_equal(np.asarray(jvp, np.float32), np.asarray(t[rows], np.float32))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.uint8, jnp.float8_e4m3fn])
+def test_take_rows_of_no_rows(dtype):
+    # the fp8 layer on zero tokens gathers from [0, K] e4m3 rows (issue 46 item 2)
+    a = jnp.zeros((0, 128), dtype)
+    got = jax.jit(take_rows)(a, jnp.zeros((0,), jnp.int32))
+    assert got.shape == (0, 128) and got.dtype == dtype
+    assert take_rows(jnp.ones((3, 128), dtype), jnp.zeros((0,), jnp.int32)).shape == (0, 128)
