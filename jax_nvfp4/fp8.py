@@ -30,7 +30,7 @@ import numpy as np
 from . import _extension, kernel_config
 from .autodiff import varying_type
 from .formats import FP8_K_ORDERS, Fp8Rows, NVFP4Tensor
-from .quantization import e2m1_scaled
+from .quantization import e2m1_scaled, refuse_derivative
 from .reference import check_group_sizes, group_bounds, row_groups, to_out_dtype, validate_gemm_args
 
 PRECISIONS = kernel_config.PRECISIONS
@@ -41,6 +41,13 @@ WEIGHT_SHIFT = 3
 """The weights enter e4m3 as ``e2m1 * scale * 2^-3``; the epilogue multiplies by ``2^3``."""
 QUANTIZE_TARGET = "jax_nvfp4_quantize_fp8"
 """The custom call of the activation quantizer in the kernel k order (csrc/quantize_fp8.h)."""
+FP8_NO_DERIVATIVE = (
+    "jax_nvfp4.fp8: quantizing activations to e4m3 (quantize_rows, quantize_activations_fp8) has "
+    "no derivative (the codes come from bit operations; it would be silently zero). For a "
+    "straight-through gradient pass the float activations to jax_nvfp4.grouped_gemm(..., "
+    "precision='fp8'), which quantizes inside its straight-through backward "
+    "(jax_nvfp4.autodiff); or quantize jax.lax.stop_gradient(x) when no gradient should flow.")
+"""The TypeError message of differentiating the fp8 activation quantizer."""
 _F32_SIGN = np.uint32(0x80000000)
 _F32_ABS = np.uint32(0x7FFFFFFF)
 
@@ -158,6 +165,9 @@ def quantize_activations_fp8(x: jax.Array):
       ``scale = 2^max(E - 135 + (F > 0x600000), -126)`` and ``codes = e4m3(x / scale)`` (round to
       nearest even, exact scaling, never saturating); an all-zero chunk has scale ``2^-126`` and
       zero codes (signs kept); a chunk holding an Inf or NaN has NaN codes (0x7F) and scale 1.
+
+    Not differentiable: differentiating with respect to x raises TypeError
+    (:data:`FP8_NO_DERIVATIVE`), rather than giving the zero derivative of the bit operations.
     """
     return _quantize_activations(x, "auto")
 
@@ -171,6 +181,7 @@ def _quantize_activations(x, route: str):
         raise ValueError(f"x: expected a floating-point array, got {x.dtype}")
     if x.ndim != 2:
         raise ValueError(f"x: expected [M, K], got shape {x.shape}")
+    x = refuse_derivative(x, FP8_NO_DERIVATIVE)
     if route not in ("auto", "exact", "float"):
         raise ValueError(f"route: expected 'auto', 'exact' or 'float', got {route!r}")
     m, k = x.shape
@@ -328,9 +339,14 @@ def quantize_rows(lhs, k_order: str = "logical", *, backend: str = "reference") 
 
     ``backend``: "reference" (jnp), "ffi" or "auto" (as :func:`jax_nvfp4.grouped_gemm` resolves
     it): with "kernel" order the custom call "jax_nvfp4_quantize_fp8" quantizes the lhs it takes
-    (:func:`quantize_kernel_order_ffi`), the same bytes in one pass."""
+    (:func:`quantize_kernel_order_ffi`), the same bytes in one pass.
+
+    Not differentiable: differentiating with respect to a float lhs raises TypeError
+    (:data:`FP8_NO_DERIVATIVE`)."""
     if k_order not in FP8_K_ORDERS:
         raise ValueError(f"k_order: expected one of {FP8_K_ORDERS}, got {k_order!r}")
+    if isinstance(lhs, (jax.Array, np.ndarray)) and jnp.issubdtype(lhs.dtype, jnp.floating):
+        lhs = refuse_derivative(lhs, FP8_NO_DERIVATIVE)
     from .gemm import _resolve_backend  # noqa: PLC0415  (gemm imports this module)
     use_ffi = _resolve_backend(backend) == "ffi"
     if k_order == "kernel":
