@@ -103,7 +103,7 @@ def test_quantize_refuses_differentiation(rng):
     x, rhs, gs, ct = problem(rng)
     x = jnp.asarray(x)
     no_derivative = pytest.raises(TypeError, match="no derivative with respect to x")
-    with no_derivative:                         # was a silent zero gradient
+    with no_derivative:                         # not a silent zero gradient
         jax.grad(lambda a: jnp.sum(jn.dequantize(jn.quantize(a))))(x)
     with no_derivative:
         jax.jit(jax.grad(lambda a: jnp.sum(jn.stage_activation(a)[2])))(x)
@@ -158,7 +158,7 @@ def test_forward_mode_is_a_clear_error(rng, backend):
     x, rhs, gs, _ = problem(rng, m=4)
     x = jnp.asarray(x)
     f = _layer_gemm(backend, rhs, gs)
-    # (the reference's used to name vmap: jacfwd runs the forward under vmap)
+    # (jacfwd runs the forward under vmap: the reference's vmap message must not show)
     for call in (lambda: jax.jacfwd(f)(x), lambda: jax.jit(jax.jacfwd(f))(x),
                  lambda: jax.jvp(f, (x,), (x,))):
         with pytest.raises(TypeError, match="reverse-mode derivative only"):
@@ -175,7 +175,7 @@ def test_second_order_is_a_clear_error(rng, backend):
     x = jnp.asarray(x)
     f = _layer_gemm(backend, rhs, gs)
     loss = lambda a: jnp.sum(f(a) ** 2)  # noqa: E731
-    # (the ffi backend's used to blame an NVFP4 lhs, the reference's "Linearization failed")
+    # (not the ffi op's message about an NVFP4 lhs, nor JAX's "Linearization failed")
     for call in (lambda: jax.grad(lambda a: jnp.sum(jax.grad(loss)(a) ** 2))(x),
                  lambda: jax.jit(jax.hessian(loss))(x)):
         with pytest.raises(TypeError, match="second-order derivatives") as info:
