@@ -15,6 +15,14 @@ Whatever quantizes or rounds the GEMM input inside the forward (the bf16 cast of
 quantization of W4A4) is treated as the identity in the backward: a straight-through estimator.
 The weights (codes, block scales, global scales), group sizes and any auxiliary inputs get zero
 cotangents.
+
+First-order reverse mode only. Forward mode (``jax.jvp``, ``jax.jacfwd``, ``jax.linearize``) and
+second order (grad of grad, ``jax.hessian``) raise TypeError (:data:`FORWARD_MODE`,
+:data:`SECOND_ORDER`): the backward is a rule for the first derivative, not a differentiable
+function of x.
+
+An input quantized *outside* the GEMM (:func:`jax_nvfp4.quantize`) has no derivative (raises): a
+straight-through estimator needs the float input, so pass x and quantize it inside ``forward``.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from .formats import Fp8Rows, NVFP4Tensor
-from .quantization import e2m1_scaled
+from .quantization import e2m1_scaled, refuse_derivative
 from .reference import check_group_sizes, group_bounds, row_groups
 
 
@@ -106,6 +114,27 @@ def sum_to_varying_axes_of(ct, primal):
     return jax.lax.psum(ct, tuple(sorted(extra))) if extra else ct
 
 
+FORWARD_MODE = (
+    "jax_nvfp4: a grouped GEMM with frozen NVFP4 weights has a reverse-mode derivative only "
+    "(jax.grad, jax.vjp, jax.jacrev; with respect to its float lhs). Forward mode (jax.jvp, "
+    "jax.jacfwd, jax.linearize) is not supported: use jax.jacrev for a Jacobian.")
+"""The TypeError message of forward-mode differentiation through :func:`frozen_weights`."""
+SECOND_ORDER = (
+    "jax_nvfp4: second-order derivatives (grad of grad, jax.hessian, jacfwd of grad) through a "
+    "grouped GEMM with frozen NVFP4 weights are not supported with respect to its float lhs: its "
+    "backward is a straight-through first-order rule (jax_nvfp4.autodiff), not a differentiable "
+    "function. First-order reverse mode (jax.grad, jax.vjp, jax.jacrev) works.")
+"""The TypeError message of differentiating :func:`frozen_weights`' own derivative."""
+
+
+def _is_forward_mode(x, error: Exception) -> bool:
+    """Whether ``error``, raised by the custom_vjp call on ``x``, comes from forward-mode
+    differentiation: JAX's own message for a custom_vjp under jvp, or x being a forward-mode
+    tracer (under ``jax.jacfwd`` the forward runs under vmap first and can fail there)."""
+    return ("forward-mode" in str(error) and "custom_vjp" in str(error)) or isinstance(
+        x, jax.interpreters.ad.JVPTracer)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _frozen(forward, x, rhs, group_sizes, aux, gather):
     return forward(x, rhs, group_sizes, aux)
@@ -115,6 +144,8 @@ def _frozen_fwd(forward, x, rhs, group_sizes, aux, gather):
     # Only x's row count, dtype and varying manual axes are needed in the backward: keep an
     # empty [M, 0] slice of x (it has x's type but holds nothing), not x.
     proto = x[:, :0]
+    # x carries a tangent here only when an outer transformation differentiates this rule.
+    x = refuse_derivative(x, SECOND_ORDER)
     return forward(x, rhs, group_sizes, aux), (rhs, group_sizes, proto, gather)
 
 
@@ -147,12 +178,18 @@ def frozen_weights(forward, x: jax.Array, rhs: NVFP4Tensor, group_sizes: jax.Arr
         it itself, e.g. after quantizing each row of x once, and returns ``[R, N]``): the rows'
         cotangents are then summed back into x's ``[M, K]``.
 
-    Reverse mode only (``jax.grad``, ``jax.vjp``); ``jax.jvp`` raises (a ``custom_vjp``). Under
+    First-order reverse mode only (``jax.grad``, ``jax.vjp``, ``jax.jacrev``): forward mode
+    raises TypeError(:data:`FORWARD_MODE`), second order TypeError(:data:`SECOND_ORDER`). Under
     ``jax.vmap`` the backward runs once per batch element (sequential, like the custom call).
     Inside ``jax.shard_map``, x's cotangent is summed over the manual axes along which it varies
     and x does not (:func:`sum_to_varying_axes_of`), e.g. a replicated x against sharded weights.
     """
-    return _frozen(forward, x, rhs, group_sizes, aux, gather)
+    try:
+        return _frozen(forward, x, rhs, group_sizes, aux, gather)
+    except (TypeError, NotImplementedError) as e:
+        if str(e) == SECOND_ORDER or not _is_forward_mode(x, e):
+            raise
+        raise TypeError(FORWARD_MODE) from e
 
 
 def differentiable_lhs(gemm):

@@ -1,6 +1,6 @@
 """The FP8 compute mode's arithmetic (``precision="fp8"``): e4m3 operands, power-of-two scales.
 
-Every backend computes the same numbers (docs/design.md, "FP8 mode"):
+Every backend computes this arithmetic (docs/design.md, "FP8 mode"), with the same operand bytes:
 
 1. Activations, per row and 128-wide k chunk: ``p = max(E - 135 + (F > 0x600000), -126)`` from the
    float32 bits (exponent E, fraction F) of the chunk's amax, i.e. the smallest power of two
@@ -9,6 +9,19 @@ Every backend computes the same numbers (docs/design.md, "FP8 mode"):
 2. Weights: ``w8 = e4m3(e2m1 * block_scale * 2^-3)`` (the product is exact; ``|w8| <= 336``).
 3. The GEMM: per chunk a float32 dot of the codes, folded as ``acc = fma(part, s, acc)``;
    ``out = acc * (alpha * 8)``.
+
+Only the order in which a chunk's 128 products (each exact in float32) are summed is left to the
+backend: the CPU handler adds them one by one in the kernel k order (:func:`to_kernel_k_order`),
+XLA's dot (the reference, eager or jitted) in an order of its own, the GPU's tensor cores with ~14
+significant bits. So the CPU handler and the reference, eager or jitted, are not bit-identical:
+for every output element (float32 output)
+
+    |a - b| <= 2 * (K/128 + 130) * 2^-24 * mag,   mag = |alpha * 8| * sum_k |q_k * s_k * w8_k|
+
+(each within half of that of the exact result: 127 roundings of a chunk's sum in any order, one
+per chunk fold, the epilogue, one to spare); bf16 output adds one bf16 rounding of each. Measured
+(Gaussian bf16 rows, K 512, 64 x 128 outputs): 19 of 8192 elements differ, by at most
+``6.2e-9 * mag`` (tests/test_fp8.py, ``test_cpu_handler_and_reference_within_stated_bound``).
 
 The quantizer finds each chunk's amax with integer operations on the float32 bit patterns (exact
 everywhere, NaN found whatever a float ``max`` does with it). It then scales by ``2^-p`` on one of
@@ -30,7 +43,7 @@ import numpy as np
 from . import _extension, kernel_config
 from .autodiff import varying_type
 from .formats import FP8_K_ORDERS, Fp8Rows, NVFP4Tensor
-from .quantization import e2m1_scaled
+from .quantization import e2m1_scaled, refuse_derivative
 from .reference import check_group_sizes, group_bounds, row_groups, to_out_dtype, validate_gemm_args
 
 PRECISIONS = kernel_config.PRECISIONS
@@ -41,6 +54,13 @@ WEIGHT_SHIFT = 3
 """The weights enter e4m3 as ``e2m1 * scale * 2^-3``; the epilogue multiplies by ``2^3``."""
 QUANTIZE_TARGET = "jax_nvfp4_quantize_fp8"
 """The custom call of the activation quantizer in the kernel k order (csrc/quantize_fp8.h)."""
+FP8_NO_DERIVATIVE = (
+    "jax_nvfp4.fp8: quantizing activations to e4m3 (quantize_rows, quantize_activations_fp8) has "
+    "no derivative (the codes come from bit operations; it would be silently zero). For a "
+    "straight-through gradient pass the float activations to jax_nvfp4.grouped_gemm(..., "
+    "precision='fp8'), which quantizes inside its straight-through backward "
+    "(jax_nvfp4.autodiff); or quantize jax.lax.stop_gradient(x) when no gradient should flow.")
+"""The TypeError message of differentiating the fp8 activation quantizer."""
 _F32_SIGN = np.uint32(0x80000000)
 _F32_ABS = np.uint32(0x7FFFFFFF)
 
@@ -158,6 +178,9 @@ def quantize_activations_fp8(x: jax.Array):
       ``scale = 2^max(E - 135 + (F > 0x600000), -126)`` and ``codes = e4m3(x / scale)`` (round to
       nearest even, exact scaling, never saturating); an all-zero chunk has scale ``2^-126`` and
       zero codes (signs kept); a chunk holding an Inf or NaN has NaN codes (0x7F) and scale 1.
+
+    Not differentiable: differentiating with respect to x raises TypeError
+    (:data:`FP8_NO_DERIVATIVE`), rather than giving the zero derivative of the bit operations.
     """
     return _quantize_activations(x, "auto")
 
@@ -171,6 +194,7 @@ def _quantize_activations(x, route: str):
         raise ValueError(f"x: expected a floating-point array, got {x.dtype}")
     if x.ndim != 2:
         raise ValueError(f"x: expected [M, K], got shape {x.shape}")
+    x = refuse_derivative(x, FP8_NO_DERIVATIVE)
     if route not in ("auto", "exact", "float"):
         raise ValueError(f"route: expected 'auto', 'exact' or 'float', got {route!r}")
     m, k = x.shape
@@ -328,9 +352,14 @@ def quantize_rows(lhs, k_order: str = "logical", *, backend: str = "reference") 
 
     ``backend``: "reference" (jnp), "ffi" or "auto" (as :func:`jax_nvfp4.grouped_gemm` resolves
     it): with "kernel" order the custom call "jax_nvfp4_quantize_fp8" quantizes the lhs it takes
-    (:func:`quantize_kernel_order_ffi`), the same bytes in one pass."""
+    (:func:`quantize_kernel_order_ffi`), the same bytes in one pass.
+
+    Not differentiable: differentiating with respect to a float lhs raises TypeError
+    (:data:`FP8_NO_DERIVATIVE`)."""
     if k_order not in FP8_K_ORDERS:
         raise ValueError(f"k_order: expected one of {FP8_K_ORDERS}, got {k_order!r}")
+    if isinstance(lhs, (jax.Array, np.ndarray)) and jnp.issubdtype(lhs.dtype, jnp.floating):
+        lhs = refuse_derivative(lhs, FP8_NO_DERIVATIVE)
     from .gemm import _resolve_backend  # noqa: PLC0415  (gemm imports this module)
     use_ffi = _resolve_backend(backend) == "ffi"
     if k_order == "kernel":

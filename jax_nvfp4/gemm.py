@@ -211,7 +211,9 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         mode"). A W4A4 lhs is dequantized exactly (without its global scale) and rounded the
         same way; a :class:`jax_nvfp4.formats.Fp8Rows` lhs (:func:`jax_nvfp4.fp8.quantize_rows`)
         is used as it is. On the GPU it needs an sm_90 device and checkpoint-layout weights (sm90
-        ones are a ValueError); the CPU handler and the reference compute the same numbers.
+        ones are a ValueError); the CPU handler and the reference use the same operand bytes and
+        differ only in the order of each chunk's float32 sum: within ``2 * (K/128 + 130) *
+        2^-24`` times the sum of the products' magnitudes (:mod:`jax_nvfp4.fp8`).
 
     On the GPU, W4A4 runs as a fused exact dequantization of the activations to bf16 followed by
     the W4A16 kernel (transient bf16 copy of lhs, ``2 * M * K`` bytes); on the CPU, and with

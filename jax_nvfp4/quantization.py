@@ -17,9 +17,22 @@ past the float32 range get a finite global scale and keep their precision).
 Non-finite inputs (E2M1 has no Inf or NaN): the dynamic amax ignores them; +-Inf saturates to the
 largest magnitude (its block scale becomes 448, its code +-6); a NaN makes its whole block's scale
 NaN (e4m3 0x7F), so the block dequantizes to NaN: visible, never silently a number.
+
+Derivatives: :func:`quantize` and :func:`stage_activation` have none. Their outputs are E2M1
+codes (uint8: an integer has no tangent) and block and global scales, which cannot carry a
+per-element derivative of ``x``, so a straight-through estimator cannot pass through an
+NVFP4Tensor; differentiating them with respect to ``x`` (or a traced static global scale) raises
+TypeError instead of returning zeros. Straight-through gradients are available where the float
+input is still at hand: :func:`jax_nvfp4.autodiff.frozen_weights` around a GEMM that quantizes
+its input, and ``xs = jax.lax.stop_gradient(x); x + (dequantize(quantize(xs)) - xs)`` for a
+fake-quantized value (the error comes from the tangent reaching quantize's input, even when its
+result is discarded or stopped later: quantize a stopped value). :func:`dequantize` itself is
+differentiable in the scales and the global scale.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +50,32 @@ def _as_float(x, name: str) -> jax.Array:
         raise ValueError(f"{name}: expected at least 1 axis [..., K], got a scalar")
     check_k(x.shape[-1], name)
     return x
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def refuse_derivative(x, message: str):
+    """``x`` unchanged; differentiating through it (forward or reverse mode, any order) raises
+    ``TypeError(message)`` at trace time. Operations whose derivative would otherwise come out
+    silently zero (integer codes, bit manipulation) guard their differentiable inputs with it.
+    A value that carries no tangent (constants, ``jax.lax.stop_gradient``, the primal inside a
+    ``custom_vjp``) passes without error."""
+    return x
+
+
+@refuse_derivative.defjvp
+def _refuse_derivative_jvp(message, primals, tangents):
+    # JAX calls a custom_jvp rule only for a nonzero (non-symbolic-zero) tangent.
+    raise TypeError(message)
+
+
+QUANTIZE_NO_DERIVATIVE = (
+    "jax_nvfp4.quantize / stage_activation: no derivative with respect to x or a static "
+    "global_scale (the result is integer E2M1 codes and block scales, which cannot carry a "
+    "per-element derivative; it would be silently zero). For a straight-through gradient keep the "
+    "float input: wrap a GEMM that quantizes its input in jax_nvfp4.autodiff.frozen_weights, or "
+    "use xs = jax.lax.stop_gradient(x); x + (dequantize(quantize(xs)) - xs); quantize "
+    "jax.lax.stop_gradient(x) whenever no gradient should flow through it.")
+"""The TypeError message of differentiating :func:`quantize` (:func:`refuse_derivative`)."""
 
 
 MIN_GLOBAL_SCALE = float(jnp.finfo(jnp.float32).smallest_normal)
@@ -173,8 +212,12 @@ def quantize(x: jax.Array, global_scale=None) -> NVFP4Tensor:
     Returns:
       NVFP4Tensor with data uint8 ``[..., K/2]``, scales float8_e4m3fn ``[..., K/16]`` and
       global_scale float32 ``[]``.
+
+    Not differentiable: ``jax.grad`` / ``jax.jvp`` with respect to ``x`` or a traced
+    ``global_scale`` raise TypeError (:data:`QUANTIZE_NO_DERIVATIVE`; the module docstring gives
+    the straight-through alternatives).
     """
-    x = _as_float(x, "x")
+    x = refuse_derivative(_as_float(x, "x"), QUANTIZE_NO_DERIVATIVE)
     if global_scale is None:
         gs = dynamic_global_scale(x)
     else:
@@ -183,6 +226,7 @@ def quantize(x: jax.Array, global_scale=None) -> NVFP4Tensor:
             raise ValueError(f"global_scale: expected a scalar, got shape {gs.shape} "
                              "(use jax.vmap for one scale per slice)")
         _check_static_scale(gs)
+        gs = refuse_derivative(gs, QUANTIZE_NO_DERIVATIVE)
     ct = _compute_dtype(x)
     bad_scale = ~((gs >= MIN_GLOBAL_SCALE) & (gs <= MAX_GLOBAL_SCALE))   # NaN compares False
     x = x.astype(ct)
@@ -251,6 +295,8 @@ def stage_activation(x: jax.Array, global_scale=None):
     Returns:
       ``(x_fp4, x_sf, input_global_scale)``: uint8 ``[M, K/2]``, float8_e4m3fn ``[M, K/16]``,
       float32 ``[]``. ``global_scale`` is None (dynamic, amax of x) or a static scalar.
+
+    Not differentiable (as :func:`quantize`: a TypeError, not a zero gradient).
     """
     x = _as_float(x, "x")
     if x.ndim != 2:

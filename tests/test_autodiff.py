@@ -95,3 +95,92 @@ def test_frozen_weights_is_straight_through(rng):
                                              backend="reference")
     got = jax.grad(lambda a: jnp.sum(autodiff.frozen_weights(fwd, a, rhs, gs) * ct))(jnp.asarray(x))
     assert rel_err(got, lhs_cotangent64(ct, rhs, SIZES)) <= 1e-6
+
+
+# --- what has no derivative raises, naming the way that has one ---------------------------------
+
+def test_quantize_refuses_differentiation(rng):
+    x, rhs, gs, ct = problem(rng)
+    x = jnp.asarray(x)
+    no_derivative = pytest.raises(TypeError, match="no derivative with respect to x")
+    with no_derivative:                         # not a silent zero gradient
+        jax.grad(lambda a: jnp.sum(jn.dequantize(jn.quantize(a))))(x)
+    with no_derivative:
+        jax.jit(jax.grad(lambda a: jnp.sum(jn.stage_activation(a)[2])))(x)
+    with no_derivative:                         # a traced static scale is refused too
+        jax.grad(lambda s: jnp.sum(jn.dequantize(jn.quantize(x, s))))(jnp.float32(0.01))
+    with no_derivative:
+        jax.jvp(jn.quantize, (x,), (x,))
+    for backend in ("reference", "ffi"):
+        with no_derivative:
+            jax.grad(lambda a: jnp.sum(jn.grouped_gemm(jn.quantize(a), rhs, gs, backend=backend,
+                                                       out_dtype=jnp.float32)))(x)
+    # no tangent reaching it: no error, and the value is unchanged
+    got = jax.grad(lambda a: jnp.sum(a) + jnp.sum(jn.dequantize(
+        jn.quantize(jax.lax.stop_gradient(a)))))(x)
+    np.testing.assert_array_equal(got, np.ones_like(x))
+
+
+def test_fp8_quantizers_refuse_differentiation(rng):
+    x = jnp.asarray(rng.standard_normal((3, 128)), jnp.float32)
+    for f in (lambda a: jn.fp8.quantize_rows(a).scales,
+              lambda a: jn.fp8.quantize_activations_fp8(a)[0].astype(jnp.float32)):
+        with pytest.raises(TypeError, match="no derivative"):
+            jax.grad(lambda a: jnp.sum(f(a)))(x)
+
+
+@pytest.mark.parametrize("backend", ["reference", "ffi"])
+def test_straight_through_recipe_against_float64(rng, backend):
+    # The documented straight-through way for W4A4: quantize inside frozen_weights' forward.
+    # Oracle: the straight-through cotangent gs_g * ct @ W_g in float64.
+    x, rhs, gs, ct = problem(rng)
+    fwd = lambda a, w, s, _: jn.grouped_gemm(jn.quantize(a), w, s, out_dtype=jnp.float32,  # noqa: E731
+                                             backend=backend)
+    loss = lambda a: jnp.sum(autodiff.frozen_weights(fwd, a, rhs, gs) * ct)  # noqa: E731
+    got = jax.jit(jax.grad(loss))(jnp.asarray(x))
+    assert rel_err(got, lhs_cotangent64(ct, rhs, SIZES)) <= 1e-6
+    # the fake-quantized value's idiom of quantization.py is the identity in the derivative
+    def fake(a):
+        stopped = jax.lax.stop_gradient(a)
+        return a + (jn.dequantize(jn.quantize(stopped)) - stopped)
+
+    np.testing.assert_array_equal(jax.grad(lambda a: jnp.sum(fake(a) * x))(jnp.asarray(x)), x)
+
+
+def _layer_gemm(backend, rhs, gs):
+    cast = jnp.bfloat16 if backend == "ffi" else jnp.float32     # the custom call takes bf16
+    return lambda a: jn.grouped_gemm(a.astype(cast), rhs, gs, out_dtype=jnp.float32,  # noqa: E731
+                                     backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["reference", "ffi"])
+def test_forward_mode_is_a_clear_error(rng, backend):
+    x, rhs, gs, _ = problem(rng, m=4)
+    x = jnp.asarray(x)
+    f = _layer_gemm(backend, rhs, gs)
+    # (jacfwd runs the forward under vmap: the reference's vmap message must not show)
+    for call in (lambda: jax.jacfwd(f)(x), lambda: jax.jit(jax.jacfwd(f))(x),
+                 lambda: jax.jvp(f, (x,), (x,))):
+        with pytest.raises(TypeError, match="reverse-mode derivative only"):
+            call()
+    # jit(jvp) fails when compiling the tangent, outside this package: JAX's own message
+    with pytest.raises(TypeError, match="forward-mode"):
+        jax.jit(lambda a: jax.jvp(f, (a,), (a,)))(x)
+    assert jax.jacrev(f)(x).shape == (4, 24, 4, 64)
+
+
+@pytest.mark.parametrize("backend", ["reference", "ffi"])
+def test_second_order_is_a_clear_error(rng, backend):
+    x, rhs, gs, _ = problem(rng, m=4)
+    x = jnp.asarray(x)
+    f = _layer_gemm(backend, rhs, gs)
+    loss = lambda a: jnp.sum(f(a) ** 2)  # noqa: E731
+    # (not the ffi op's message about an NVFP4 lhs, nor JAX's "Linearization failed")
+    for call in (lambda: jax.grad(lambda a: jnp.sum(jax.grad(loss)(a) ** 2))(x),
+                 lambda: jax.jit(jax.hessian(loss))(x)):
+        with pytest.raises(TypeError, match="second-order derivatives") as info:
+            call()
+        assert "NVFP4 lhs" not in str(info.value)
+    # under jax.checkpoint the derivative is still first order: no error
+    ref = jax.grad(loss)(x)
+    np.testing.assert_array_equal(jax.grad(jax.checkpoint(loss))(x), ref)

@@ -9,7 +9,7 @@ import pytest
 
 import jax_nvfp4 as jn
 from jax_nvfp4.formats import pack_codes, unpack_codes
-from oracles import decode_e2m1_bytes, decode_e4m3, dequant64
+from oracles import decode_e2m1_bytes, decode_e4m3, dequant64, quantize64
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
@@ -323,6 +323,11 @@ class TestRoundTripAndApi:
         t = jn.quantize(x)
         np.testing.assert_array_equal(np.asarray(a), np.asarray(t.data))
         assert s.shape == (5, 6) and g.shape == ()
+        # every part of the triple against the numpy + ml_dtypes quantizer: the global scale
+        # bit for bit, the dequantized values exactly
+        want, want_gs = quantize64(np.asarray(x))
+        assert np.float32(g) == np.float32(want_gs)
+        np.testing.assert_array_equal(dequant64(a, s) * float(g), want * want_gs)
 
     def test_tensor_shape_and_pytree(self, rng):
         t = jn.quantize(jnp.asarray(rng.standard_normal((3, 64)).astype(np.float32)))
