@@ -5,11 +5,11 @@ See :mod:`jax_nvfp4.formats` for the storage convention.
 
 from importlib import metadata as _metadata
 
-from . import autodiff, checkpoint, fp8, kernel_config, layout, reference
+from . import autodiff, checkpoint, fp8, kernel_config, layout, options, reference
 from ._extension import ExtensionInfo, extension_info
 from .formats import LAYOUTS, NVFP4Tensor, scales_from_bytes
 from .gemm import grouped_gemm, grouped_gemm_swiglu
-from .layout import prepare_weights
+from .prepare import prepare_weights
 from .moe import moe, quantize_moe, swiglu
 from .moe_params import MoEConfig, MoEWeights
 from .routing import route
@@ -26,7 +26,7 @@ __all__ = [
     "ExtensionInfo", "LAYOUTS", "NVFP4Tensor", "MoEConfig", "MoEWeights", "autodiff", "checkpoint",
     "extension_info", "fp8", "kernel_config", "swiglu", "dequantize", "grouped_gemm",
     "grouped_gemm_swiglu",
-    "layout", "moe", "quantize", "moe_expert_parallel", "prepare_weights", "quantize_moe", "route",
+    "layout", "moe", "options", "quantize", "moe_expert_parallel", "prepare_weights", "quantize_moe", "route",
     "shard_moe_weights",
     "reference", "scales_from_bytes", "stage_activation", "swizzle_scales", "unswizzle_scales",
 ]

@@ -34,7 +34,8 @@ import jax.numpy as jnp
 
 from .formats import Fp8Rows, NVFP4Tensor
 from .quantization import e2m1_scaled, refuse_derivative
-from .reference import check_group_sizes, group_bounds, row_groups
+from .gemm_args import check_group_sizes, group_bounds, row_groups
+from .varying import varying_axes
 
 
 @jax.custom_batching.custom_vmap
@@ -80,30 +81,6 @@ def lhs_cotangent(dy: jax.Array, rhs: NVFP4Tensor, group_sizes: jax.Array) -> ja
     nan = jnp.isnan(w)
     dx = _ragged_dot(d, jnp.where(nan, 0.0, w), (ends - starts).astype(jnp.int32))
     return jnp.where((jnp.any(nan, axis=(1, 2))[gid] & valid)[:, None], jnp.nan, dx)
-
-
-def varying_axes(a) -> frozenset:
-    """The manual mesh axes (inside ``jax.shard_map``) along which ``a``'s type says it varies."""
-    aval = jax.typeof(a)
-    if hasattr(aval, "manual_axis_type"):          # jax >= 0.10
-        return frozenset(aval.manual_axis_type.varying)
-    return frozenset(getattr(aval, "vma", ()))      # older spelling
-
-
-def varying_type(args, shape, dtype):
-    """An ffi_call result type carrying the union of the inputs' varying manual axes.
-
-    Inside ``shard_map`` a bare ShapeDtypeStruct is typed invariant, and ``out_specs=P()`` would
-    then silently return one shard's values (jax_ffi notes, section 2). Summing one element of
-    each input gives a scalar whose type has the union of their axes; its type is updated to
-    the result's shape and dtype.
-    """
-    probe = sum(jnp.sum(a.reshape(-1)[:1].astype(jnp.float32)) for a in args)
-    aval = jax.typeof(probe)
-    base = jax.typeof(jnp.zeros((), jnp.float32)).update(shape=shape, dtype=jnp.dtype(dtype))
-    if hasattr(aval, "manual_axis_type"):          # jax >= 0.10
-        return base.update_manual_axis_type(aval.manual_axis_type)
-    return base.update(vma=aval.vma)               # older spelling
 
 
 def sum_to_varying_axes_of(ct, primal):

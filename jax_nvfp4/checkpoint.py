@@ -87,7 +87,7 @@ import numpy as np
 
 from .hf_folder import open_checkpoint, where_looked
 from .formats import BLOCK_SIZE, E2M1_VALUES, E4M3_MAX, E2M1_MAX, K_MULTIPLE, LAYOUTS, NVFP4Tensor
-from .layout import prepare_weights
+from .prepare import prepare_weights
 from .moe_params import MoEConfig, MoEWeights
 from .safetensors_io import (SafetensorsReader, read_safetensors, read_safetensors_metadata,
                              save_safetensors)

@@ -5,7 +5,7 @@ and a CUDA kernel sharing the per-block arithmetic), beside its jnp reference.
 
 The XLA route it replaces writes more: for W4A4 a quantizer pass (codes and block scales), a gather
 of the packed codes fused with their decode to bf16, each row read once per copy; for W4A16 a
-gather that reads each token row once per copy (docs/perf-log-layer.md).
+gather that reads each token row once per copy (docs/archive/perf-log-layer.md).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import jax
 import jax.numpy as jnp
 
 from . import _extension
-from .autodiff import varying_type
-from .gemm import _resolve_backend
+from .options import resolve_backend
 from .quantization import dynamic_global_scale, e2m1_scaled, quantize
 from .rows import take_rows
+from .varying import varying_type
 
 
 DISPATCH_TARGET = "jax_nvfp4_dispatch_rows"
@@ -36,7 +36,7 @@ def dispatch_rows_reference(x: jax.Array, gather=None, row_scale=None) -> jax.Ar
 
 def _use_ffi(backend: str) -> bool:
     # the grouped GEMM's resolution: the layer's dispatch and GEMMs take the same route
-    return _resolve_backend(backend) == "ffi"
+    return resolve_backend(backend) == "ffi"
 
 
 def _dispatch_ffi(x, scatter, rows, row_scale, dynamic=False):

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .options import LAYOUTS
 from .rows import take_rows
 
 BLOCK_SIZE = 16
@@ -40,8 +41,6 @@ K_MULTIPLE = 32
 E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
                         -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=np.float32)
 """Value of each 4-bit code 0..15."""
-LAYOUTS = ("checkpoint", "sm90")
-"""Byte layouts of ``NVFP4Tensor.data`` (see :mod:`jax_nvfp4.layout`)."""
 SM90_BLOCK_N, SM90_BLOCK_K = 128, 64
 """The sm90 layout permutes codes within blocks of 128 rows x 64 k: N and K must divide."""
 

@@ -40,15 +40,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _extension, kernel_config
-from .autodiff import varying_type
+from . import _extension
 from .formats import FP8_K_ORDERS, Fp8Rows, NVFP4Tensor
 from .quantization import e2m1_scaled, refuse_derivative
-from .reference import check_group_sizes, group_bounds, row_groups, to_out_dtype, validate_gemm_args
+from .gemm_args import check_group_sizes, group_bounds, row_groups, to_out_dtype, validate_gemm_args
+from .options import FP8_CHUNK, check_precision, resolve_backend
+from .varying import varying_type
 
-PRECISIONS = kernel_config.PRECISIONS
-"""Values of the ``precision`` argument of :func:`jax_nvfp4.grouped_gemm` and ``MoEConfig``."""
-CHUNK = 128
+CHUNK = FP8_CHUNK
 """k values per activation scale (and per float32 promotion of the kernel's accumulator)."""
 WEIGHT_SHIFT = 3
 """The weights enter e4m3 as ``e2m1 * scale * 2^-3``; the epilogue multiplies by ``2^3``."""
@@ -63,17 +62,6 @@ FP8_NO_DERIVATIVE = (
 """The TypeError message of differentiating the fp8 activation quantizer."""
 _F32_SIGN = np.uint32(0x80000000)
 _F32_ABS = np.uint32(0x7FFFFFFF)
-
-
-def check_precision(precision, k: int | None = None, name: str = "precision") -> str:
-    """Return ``precision`` if it is one of :data:`PRECISIONS`, else raise ValueError; in fp8
-    mode ``k`` (when given) must be a multiple of 128 (ValueError naming K)."""
-    if not isinstance(precision, str) or precision not in PRECISIONS:
-        raise ValueError(f"{name}: expected one of {PRECISIONS}, got {precision!r}")
-    if precision == "fp8" and k is not None and k % CHUNK:
-        raise ValueError(f"K={k}: precision='fp8' needs K to be a multiple of {CHUNK} (one "
-                         "activation scale per 128-wide k chunk)")
-    return precision
 
 
 def _f32_bits(x: jax.Array) -> jax.Array:
@@ -360,8 +348,7 @@ def quantize_rows(lhs, k_order: str = "logical", *, backend: str = "reference") 
         raise ValueError(f"k_order: expected one of {FP8_K_ORDERS}, got {k_order!r}")
     if isinstance(lhs, (jax.Array, np.ndarray)) and jnp.issubdtype(lhs.dtype, jnp.floating):
         lhs = refuse_derivative(lhs, FP8_NO_DERIVATIVE)
-    from .gemm import _resolve_backend  # noqa: PLC0415  (gemm imports this module)
-    use_ffi = _resolve_backend(backend) == "ffi"
+    use_ffi = resolve_backend(backend) == "ffi"
     if k_order == "kernel":
         return Fp8Rows(*kernel_lhs(lhs, use_ffi=use_ffi), k_order=k_order)
     return Fp8Rows(*fp8_lhs(lhs), k_order=k_order)
@@ -410,7 +397,7 @@ def grouped_gemm_fp8_reference(lhs, rhs: NVFP4Tensor, group_sizes, *, out_dtype=
     return to_out_dtype(out, out_dtype)
 
 
-__all__ = ["CHUNK", "Fp8Rows", "PRECISIONS", "check_precision", "fp8_lhs", "from_kernel_k_order",
+__all__ = ["CHUNK", "Fp8Rows", "fp8_lhs", "from_kernel_k_order",
            "grouped_gemm_fp8_reference", "kernel_lhs", "quantize_activations_fp8",
            "quantize_kernel_order_ffi", "quantize_rows",
            "to_kernel_k_order", "weights_fp8"]

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import functools
-import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _extension, autodiff, fp8, kernel_config, quantization, reference
+from . import _extension, autodiff, fp8, gemm_args, kernel_config, quantization, reference
 from .formats import NVFP4Tensor
 from .kernel_config import KernelConfig
+from .options import BACKENDS, check_precision, resolve_backend
+from .varying import varying_type
 
-BACKENDS = ("auto", "ffi", "reference")
 RHS_LAYOUT_CODES = {"checkpoint": 0, "sm90": 1}
 """The custom call's ``rhs_layout`` attribute for each ``NVFP4Tensor.layout``."""
 FP8_TARGET = "jax_nvfp4_grouped_gemm_fp8"
@@ -32,8 +32,8 @@ def _ffi_call(target, args, out_cols, out_dtype, rows_decoded, config, rhs_layou
     out ``[M, out_cols]`` out_dtype, and the workspace for ``rows_decoded`` weight rows of the CPU
     handler (K bytes each; rhs_data's last axis is K/2)."""
     m, g, k = args[0].shape[0], args[2].shape[0], 2 * args[2].shape[2]
-    out_t = autodiff.varying_type(args, (m, out_cols), out_dtype)
-    ws_t = autodiff.varying_type(args, (workspace_bytes(g, rows_decoded * k),), jnp.uint8)
+    out_t = varying_type(args, (m, out_cols), out_dtype)
+    ws_t = varying_type(args, (workspace_bytes(g, rows_decoded * k),), jnp.uint8)
     out, _ = jax.ffi.ffi_call(target, (out_t, ws_t), vmap_method="sequential")(
         *args, rhs_layout=np.int32(rhs_layout), **config.attributes(), **attrs)
     return out
@@ -132,29 +132,6 @@ def _w4a4_routes(out_dtype, native_config, bf16_config, rhs_layout="checkpoint")
     return native, via_bf16
 
 
-_warned_fallback = False
-
-
-def _resolve_backend(backend: str) -> str:
-    global _warned_fallback
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    if backend != "auto":
-        if backend == "ffi" and not _extension.available():
-            raise RuntimeError(f"backend='ffi': {_extension.not_built_message()}")
-        return backend
-    on_gpu = jax.default_backend() == "gpu"
-    if _extension.available() and (not on_gpu or _extension.has_cuda()):
-        return "ffi"
-    if not _warned_fallback:
-        _warned_fallback = True
-        why = ("the extension was built without the CUDA handler (no nvcc at build time)"
-               if _extension.available() else _extension.not_built_message())
-        warnings.warn(f"jax_nvfp4: grouped_gemm falls back to the pure-jnp reference (slow): {why}",
-                      RuntimeWarning, stacklevel=3)
-    return "reference"
-
-
 def _mma_requested(lhs, rhs, kernel) -> bool:
     """Whether kernel 'mma' is requested (argument or JAX_NVFP4_KERNEL). Under it W4A4 stays
     native (packed e2m1 activations), which no kernel reads with sm90 weights: that pairing is a
@@ -233,19 +210,19 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         rows_hint = 0
     elif isinstance(rows_hint, bool) or not isinstance(rows_hint, (int, np.integer)) or rows_hint < 0:
         raise ValueError(f"rows_hint: expected a static int >= 0 or None, got {rows_hint!r}")
-    fp8.check_precision(precision)
-    reference.check_lhs_precision(lhs, precision)
-    backend = _resolve_backend(backend)
+    check_precision(precision)
+    gemm_args.check_lhs_precision(lhs, precision)
+    backend = resolve_backend(backend)
     if backend == "reference":
         return reference.grouped_gemm(lhs, rhs, group_sizes, out_dtype=out_dtype,
                                       precision=precision)
     # fp8 quantizes the activations before the GEMM call (the quantizer's custom call, or jnp for
     # an lhs it does not take): any float lhs dtype works.
-    m, k, g, n = reference.validate_gemm_args(
+    m, k, g, n = gemm_args.validate_gemm_args(
         lhs, rhs, group_sizes, out_dtype,
         float_lhs_dtypes=None if precision == "fp8" else (jnp.bfloat16,))
-    fp8.check_precision(precision, k)
-    group_sizes = reference.check_group_sizes(group_sizes, g)
+    check_precision(precision, k)
+    group_sizes = gemm_args.check_group_sizes(group_sizes, g)
     rows_hint = min(int(rows_hint), m)            # a hint at or past M means M (as the kernels read it)
     if precision == "fp8":
         if m == 0:
@@ -346,13 +323,13 @@ def grouped_gemm_swiglu(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, row_sc
         rows_hint = 0
     elif isinstance(rows_hint, bool) or not isinstance(rows_hint, (int, np.integer)) or rows_hint < 0:
         raise ValueError(f"rows_hint: expected a static int >= 0 or None, got {rows_hint!r}")
-    backend = _resolve_backend(backend)
+    backend = resolve_backend(backend)
     if backend == "reference":
         return reference.grouped_gemm_swiglu(lhs, rhs, group_sizes, row_scale=row_scale,
                                              limit=limit, out_dtype=out_dtype)
-    m, k, g, n, alpha2, row_scale, lim = reference.validate_swiglu_args(
+    m, k, g, n, alpha2, row_scale, lim = gemm_args.validate_swiglu_args(
         lhs, rhs, group_sizes, out_dtype, row_scale, limit, float_lhs_dtypes=(jnp.bfloat16,))
-    group_sizes = reference.check_group_sizes(group_sizes, g)
+    group_sizes = gemm_args.check_group_sizes(group_sizes, g)
     rows_hint = min(int(rows_hint), m)
     mma = _mma_requested(lhs, rhs, kernel)
     out_dtype = jnp.dtype(out_dtype)

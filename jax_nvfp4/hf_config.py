@@ -53,16 +53,14 @@ import os
 from collections.abc import Mapping
 from typing import Any, Optional, Union
 
-from .moe_params import MoEConfig
-
-__all__ = ["read_hf_config", "moe_config_from_hf", "quantization_from_hf", "HF_MODEL_TYPES"]
+__all__ = ["read_hf_config", "moe_config_fields_from_hf", "quantization_from_hf", "HF_MODEL_TYPES"]
 
 CONFIG_NAME = "config.json"
 MODELOPT_QUANT_NAME = "hf_quant_config.json"
 
 _DEEPSEEK_TYPES = ("deepseek_v3", "deepseek_v32", "kimi_k2")
 HF_MODEL_TYPES = _DEEPSEEK_TYPES + ("deepseek_v4", "glm4_moe", "qwen3_moe")
-"""``model_type`` values :func:`moe_config_from_hf` understands."""
+"""``model_type`` values :func:`moe_config_fields_from_hf` understands."""
 
 
 def read_hf_config(path_or_dict: Union[str, os.PathLike, Mapping[str, Any]]
@@ -314,19 +312,22 @@ def quantization_from_hf(cfg: Mapping[str, Any], folder: Optional[str] = None
     return _quark(qc)
 
 
-def moe_config_from_hf(path_or_dict: Union[str, os.PathLike, Mapping[str, Any]],
-                       **overrides) -> MoEConfig:
-    """Build the :class:`MoEConfig` of a model's routed MoE layers from its Hugging Face config.
+def moe_config_fields_from_hf(path_or_dict: Union[str, os.PathLike, Mapping[str, Any]],
+                              overrides: Mapping[str, Any]) -> tuple[dict, str]:
+    """The :class:`~jax_nvfp4.MoEConfig` fields of a model's routed MoE layers, from its Hugging
+    Face config (:meth:`jax_nvfp4.MoEConfig.from_hf_config` builds the config from them).
 
     Args:
       path_or_dict: a ``config.json`` path, the model folder holding it (ModelOpt's
         ``hf_quant_config.json`` beside it is read too), or the parsed dict.
-      **overrides: MoEConfig fields that replace the mapped values (e.g.
-        ``activation_scale="dynamic"``). When both ``activation`` and ``activation_scale`` are
-        given, the quantization config is not consulted.
+      overrides: fields that replace the mapped values (e.g. ``activation_scale="dynamic"``).
+        When both ``activation`` and ``activation_scale`` are given, the quantization config is
+        not consulted.
 
     Returns:
-      MoEConfig (see the module docstring for the key mapping per ``model_type``).
+      ``(fields, where)``: the keyword arguments of MoEConfig (see the module docstring for the
+      key mapping per ``model_type``) and a description of the config they came from, for
+      messages.
 
     Raises:
       ValueError naming the config key and value the layer cannot express, a missing required
@@ -351,11 +352,5 @@ def moe_config_from_hf(path_or_dict: Union[str, os.PathLike, Mapping[str, Any]],
         q = quantization_from_hf(cfg, folder)
         if q is not None:
             kw["activation"], kw["activation_scale"] = q["activation"], q["activation_scale"]
-    unknown = set(overrides) - {f for f in MoEConfig.__dataclass_fields__}
-    if unknown:
-        raise TypeError(f"overrides: {sorted(unknown)} are not MoEConfig fields")
     kw.update(overrides)
-    try:
-        return MoEConfig(**kw)
-    except ValueError as e:
-        raise ValueError(f"{where} (model_type {model_type!r}): {e}") from None
+    return kw, f"{where} (model_type {model_type!r})"

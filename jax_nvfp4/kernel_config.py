@@ -28,19 +28,18 @@ import dataclasses
 import os
 
 import jax
+import numpy as np
 
 from . import _extension
+from .options import check_precision
 
 FAMILIES = ("mma", "mma_ws", "wgmma", "wgmma_fp8")
 """Kernel families, in the order of the custom call's ``kernel`` attribute codes (0, 1, 2, 3)."""
-PRECISIONS = ("exact", "fp8")
-"""Compute modes: ``"exact"`` (the exact bf16 path) and ``"fp8"`` (e4m3 tensor cores, docs/design.md)."""
 
 
-def _check_precision(precision):
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
-    return precision == "fp8"
+def _is_fp8(precision) -> bool:
+    return check_precision(precision) == "fp8"
+
 
 ENV_OVERRIDE = "JAX_NVFP4_KERNEL"
 
@@ -63,7 +62,6 @@ class KernelConfig:
 
     def attributes(self) -> dict:
         """The custom call's typed attributes for this configuration (int32 scalars)."""
-        import numpy as np  # noqa: PLC0415
         return {"kernel": np.int32(FAMILIES.index(self.family)), "token_tile": np.int32(self.token_tile),
                 "stages": np.int32(self.stages), "cluster": np.int32(self.cluster)}
 
@@ -111,7 +109,7 @@ def choose(m: int, n: int, k: int, groups: int, *, rows_hint: int = 0, w4a4: boo
       families: the families the device may run (default: those this build runs on ``arch``).
       precision: "exact" or "fp8" (the FP8 mode has one family, ``wgmma_fp8``).
     """
-    fp8 = _check_precision(precision)
+    fp8 = _is_fp8(precision)
     if arch is None:
         arch = device_arch()
     mask = -1 if families is None else sum(1 << FAMILIES.index(f) for f in families)
@@ -124,7 +122,7 @@ def for_family(family: str, m: int, n: int, k: int, groups: int, *, rows_hint: i
     """``family``'s configuration for a problem (its token-tile rule), or None where that family
     does not handle it (wgmma: packed activations or K % 64 != 0; mma_ws: not sm90 weights;
     wgmma_fp8: not the FP8 mode, K % 128 != 0 or sm90 weights; the exact families: the FP8 mode)."""
-    fp8 = _check_precision(precision)
+    fp8 = _is_fp8(precision)
     if family not in FAMILIES:
         raise ValueError(f"kernel: expected one of {FAMILIES} or a KernelConfig, got {family!r}")
     c = _ext().config_for_family(family, int(m), int(n), int(k), int(groups), int(rows_hint), bool(w4a4),
@@ -158,7 +156,7 @@ def resolve(kernel, m: int, n: int, k: int, groups: int, *, rows_hint: int = 0, 
     does not compute ``precision``); an explicit family at its token-tile rule (ValueError where it
     does not handle the problem); the ``JAX_NVFP4_KERNEL`` family likewise, falling back to the
     heuristic; else the heuristic."""
-    fp8 = _check_precision(precision)
+    fp8 = _is_fp8(precision)
     from_env = kernel is None
     req = requested_family(kernel)
     if isinstance(req, KernelConfig):

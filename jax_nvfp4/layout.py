@@ -1,6 +1,6 @@
 """The "sm90" load-time layout of NVFP4 weight codes for the CUDA kernels (mma.sync and wgmma).
 
-Use it through :func:`prepare_weights` (``jax_nvfp4.prepare_weights``): it re-lays-out the
+Use it through :func:`jax_nvfp4.prepare_weights`: it re-lays-out the
 ``data`` of an NVFP4Tensor (or of every NVFP4 weight of a :class:`~jax_nvfp4.MoEWeights`) and
 marks the tensor ``layout="sm90"``; every consumer (the custom call's CPU and CUDA handlers, the
 pure-jnp reference, dequantization, checkpoint export) then reads the codes accordingly. The GPU
@@ -56,7 +56,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from .formats import LAYOUTS, SM90_BLOCK_K, SM90_BLOCK_N, NVFP4Tensor
-from .moe_params import MoEWeights
 
 BLOCK_ROWS = SM90_BLOCK_N   # weight rows per layout block (128)
 BLOCK_K = SM90_BLOCK_K      # k per layout block (64: 32 bytes of codes per row)
@@ -246,7 +245,10 @@ def _on_each_shard(fn, x, what):
     return jax.shard_map(fn, mesh=sh.mesh, in_specs=p, out_specs=p)(x)
 
 
-def _relayout(t: NVFP4Tensor, layout: str, name: str) -> NVFP4Tensor:
+def relayout(t: NVFP4Tensor, layout: str, name: str = "t") -> NVFP4Tensor:
+    """``t`` with its codes and block scales in ``layout`` (``"checkpoint"`` or ``"sm90"``; same
+    shapes and dtypes, global scale untouched); ``t`` itself when already there. ``name`` names the
+    tensor in errors. Jittable; :func:`jax_nvfp4.prepare_weights` is the public entry point."""
     t.validate(name)
     if t.layout == layout:                       # idempotent: nothing to move
         return t
@@ -301,14 +303,14 @@ def _pair(t: NVFP4Tensor, name: str, inverse: bool) -> NVFP4Tensor:
     if layout != "checkpoint":
         # The sm90 layout interleaves rows within 128-row stripes: permute whole rows in the
         # checkpoint order, then lay out again.
-        t = _relayout(t, "checkpoint", name)
+        t = relayout(t, "checkpoint", name)
     perm = lambda a: _pair_rows(a, inverse)  # noqa: E731
     t = dataclasses.replace(t, data=_on_each_shard(perm, t.data, f"{name}.data"),
                             scales=_on_each_shard(perm, t.scales, f"{name}.scales"))
-    return _relayout(t, layout, name)
+    return relayout(t, layout, name)
 
 
-def pair_gate_up(t: NVFP4Tensor) -> NVFP4Tensor:
+def pair_gate_up(t: NVFP4Tensor, name: str = "t") -> NVFP4Tensor:
     """Gate/up weights ``[..., 2I, K]`` (rows ``0..I-1`` gate, ``I..2I-1`` up) -> the paired order.
 
     Physical row ``16 b + i`` (``i < 8``) of the result holds gate feature ``8 b + i`` and row
@@ -327,65 +329,9 @@ def pair_gate_up(t: NVFP4Tensor) -> NVFP4Tensor:
       still means (gate, up)). Jittable. Nothing records the order: :class:`~jax_nvfp4.MoEWeights`
       carries it as ``w13_paired``.
     """
-    return _pair(t, "t", inverse=False)
+    return _pair(t, name, inverse=False)
 
 
-def unpair_gate_up(t: NVFP4Tensor) -> NVFP4Tensor:
+def unpair_gate_up(t: NVFP4Tensor, name: str = "t") -> NVFP4Tensor:
     """The inverse of :func:`pair_gate_up`: paired rows -> gate rows then up rows (same layout)."""
-    return _pair(t, "t", inverse=True)
-
-
-def prepare_weights(x, layout: str = "sm90"):
-    """Re-lay-out NVFP4 weights' code bytes for a kernel, once, at load time.
-
-    Args:
-      x: an :class:`~jax_nvfp4.NVFP4Tensor` ``[..., N, K]`` (data uint8 ``[..., N, K/2]``, scales
-        float8_e4m3fn ``[..., N, K/16]``, global_scale float32), or a
-        :class:`~jax_nvfp4.MoEWeights` (each NVFP4Tensor field is converted: w13 ``[E, 2I, H]``,
-        w2 ``[E, H, I]``, shared_w13 ``[2Is, H]``, shared_w2 ``[H, Is]``; other fields kept).
-      layout: ``"sm90"`` (default; the Hopper kernels' layout, needs N % 128 == 0 and
-        K % 64 == 0 on each tensor's last two axes) or ``"checkpoint"`` (back to the stored order).
-
-    Returns:
-      The same type with ``data`` and ``scales`` permuted (same shapes and dtypes) and ``layout``
-      set; global scales are untouched. A tensor already in ``layout`` is returned as is.
-      For a MoEWeights, ``"sm90"`` also puts the rows of w13 and shared_w13 in the paired
-      gate/up order (:func:`pair_gate_up`, ``w13_paired=True``), so that the layer runs the
-      SwiGLU in the gate/up GEMM's epilogue; ``"checkpoint"`` restores the stored row order
-      (``w13_paired=False``).
-
-    Why: the kernels' mainloops are bound by turning E2M1 codes into bf16 MMA fragments and by
-    streaming the weights; the sm90 layout stores each thread's codes contiguously with their bits
-    pre-placed, each 128 x 64 block as one 4 KB run and each k-tile's 128 x 4 scales as one
-    512-byte run (module docstring): faster than the checkpoint layout at every size on an H200
-    (docs/benchmarks.md). It is a
-    one-time cost at load time, moves the same bytes (no extra memory once done), and is a
-    bijection: ``prepare_weights(w, "checkpoint")`` recovers the checkpoint bytes exactly
-    (``checkpoint.save_moe`` does that itself). Jittable (``layout`` is static). Stacks are
-    converted one matrix at a time (``lax.map``): transient memory about twice one expert's
-    ``data``. Stacks split over devices along the expert axis (e.g. by
-    :func:`jax_nvfp4.shard_moe_weights`) are converted where they lie (``shard_map``), keeping
-    their sharding, when called eagerly (as at load time) or under ``jit`` with explicit mesh
-    axes; under ``jit`` with Auto axes a tracer carries no sharding and XLA places the result.
-    A split along N or K is a ValueError.
-    """
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
-    if isinstance(x, NVFP4Tensor):
-        return _relayout(x, layout, "x")
-    if isinstance(x, MoEWeights):
-        paired = layout == "sm90"
-        new = {}
-        for f in dataclasses.fields(x):
-            v = getattr(x, f.name)
-            if not isinstance(v, NVFP4Tensor):
-                continue
-            name = f"x.{f.name}"
-            if f.name in ("w13", "shared_w13") and x.w13_paired != paired:
-                if paired:      # pair in the checkpoint layout, then lay out once
-                    v = _relayout(_pair(v, name, inverse=False), layout, name)
-                else:           # back to checkpoint bytes first, then the stored row order
-                    v = _pair(_relayout(v, layout, name), name, inverse=True)
-            new[f.name] = _relayout(v, layout, name)
-        return dataclasses.replace(x, w13_paired=paired, **new)
-    raise ValueError(f"x: expected an NVFP4Tensor or a MoEWeights, got {type(x).__name__}")
+    return _pair(t, name, inverse=True)

@@ -49,9 +49,10 @@ from . import autodiff, fp8
 from .dispatch import dispatch_rows, dispatch_rows_dynamic
 from .formats import Fp8Rows, NVFP4Tensor
 from .gemm import grouped_gemm, grouped_gemm_swiglu
+from .gemm_args import GLU_ROW_BLOCK, round_to
 from .moe_params import MoEConfig, MoEWeights, known_range
 from .quantization import MAX_GLOBAL_SCALE, MIN_GLOBAL_SCALE, dynamic_global_scale, quantize
-from .reference import GLU_ROW_BLOCK, round_to, split_paired
+from .reference import split_paired
 from .routing import check_hash_table, route
 from .rows import take_rows
 

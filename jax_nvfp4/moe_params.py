@@ -11,12 +11,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import hf_config
 from .formats import NVFP4Tensor
-
-SCORING_FUNCS = ("sqrtsoftplus", "sigmoid", "softmax")
-ACTIVATIONS = ("w4a4", "w4a16")
-ACTIVATION_SCALES = ("dynamic", "static")
-ROW_DTYPES = ("bfloat16", "float32")
+from .options import (ACTIVATION_SCALES, ACTIVATIONS, FP8_CHUNK, PRECISIONS, ROW_DTYPES,
+                      SCORING_FUNCS, check_choice)
 
 
 def known_range(v) -> Optional[tuple]:
@@ -97,13 +95,11 @@ class MoEConfig:
     row_dtype: str = "bfloat16"
 
     def __post_init__(self):
-        from .fp8 import CHUNK as FP8_CHUNK, PRECISIONS  # noqa: PLC0415  (fp8 -> layout -> here)
         self._check_types()
-        for name, options in (("scoring_func", SCORING_FUNCS), ("activation", ACTIVATIONS),
+        for name, choices in (("scoring_func", SCORING_FUNCS), ("activation", ACTIVATIONS),
                               ("activation_scale", ACTIVATION_SCALES), ("precision", PRECISIONS),
                               ("row_dtype", ROW_DTYPES)):
-            if getattr(self, name) not in options:
-                raise ValueError(f"{name}: expected one of {options}, got {getattr(self, name)!r}")
+            check_choice(getattr(self, name), choices, name)
         if self.num_experts < 1:
             raise ValueError(f"num_experts: expected an int >= 1, got {self.num_experts}")
         if not 1 <= self.top_k <= self.num_experts:
@@ -196,8 +192,14 @@ class MoEConfig:
         express is a ValueError naming the config key and its value. The key mapping is in
         :mod:`jax_nvfp4.hf_config`.
         """
-        from .hf_config import moe_config_from_hf
-        return moe_config_from_hf(path_or_dict, **overrides)
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise TypeError(f"overrides: {sorted(unknown)} are not MoEConfig fields")
+        fields, where = hf_config.moe_config_fields_from_hf(path_or_dict, overrides)
+        try:
+            return cls(**fields)
+        except (ValueError, TypeError) as e:
+            raise type(e)(f"{where}: {e}") from None
 
 
 @jax.tree_util.register_dataclass

@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .gemm_args import round_to
 from .moe_params import MoEConfig, MoEWeights, known_range
-from .reference import round_to
 
 
 def _bf16_terms(w: jax.Array) -> jax.Array:

@@ -28,10 +28,10 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .autodiff import varying_axes
 from .moe import routed_experts, shared_expert, validate_moe
 from .moe_params import MoEConfig, MoEWeights
 from .routing import check_token_ids, route
+from .varying import varying_axes
 
 COMBINES = ("psum", "psum_scatter")
 DEFAULT_CAPACITY_FACTOR = 1.25

@@ -214,9 +214,16 @@ def test_grouped_gemm_matrix(lhs_kind, layout, precision, backend, platform):
         eager = run(lhss, rhs, sizes)
     assert [a.shape for a in args] == [(0, N), (1, N), (40, N)]
     assert_same(args, closed, "jit with the weights as arguments vs closed over")
-    assert_same(args, all_closed, "jit with every operand closed over")
     assert_same(args, eager, "jit vs eager")
     want, mag = gemm_oracle(lhss[2], rhs, np.asarray(sizes[2]), precision)
+    if backend == "reference" and platform == "gpu":
+        # With every operand a constant, XLA:GPU evaluates the pure-jnp GEMM at compile time on
+        # the host, summing in the host's order (float32 ulps from the GPU's ragged_dot; seen on
+        # the H200): the same bound as the GPU's own result, not bit for bit.
+        assert [a.shape for a in all_closed] == [a.shape for a in args]
+        assert_within_f32_accumulation(all_closed[2], want, mag, K, "every operand closed over")
+    else:
+        assert_same(args, all_closed, "jit with every operand closed over")
     if platform == "gpu" and precision == "fp8":
         # the GPU's FP8 MMA sums each 128-k chunk with ~14 bits (test_fp8's CUDA bound)
         assert np.all(np.abs(np.asarray(args[2], np.float64) - want) <= 2.0**-9 * mag + 1e-30)

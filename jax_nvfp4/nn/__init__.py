@@ -15,9 +15,11 @@ weights).
 """
 
 
+import importlib
+
+
 def require(module: str, package: str):
     """Import ``module`` or raise an ImportError naming the extra that installs ``package``."""
-    import importlib  # noqa: PLC0415
     try:
         return importlib.import_module(module)
     except ImportError as e:

@@ -17,7 +17,7 @@ import statistics
 
 import jax
 
-from jax_nvfp4 import bench, fp8, gemm, layout
+from jax_nvfp4 import bench, fp8, gemm, prepare
 from jax_nvfp4.bench_common import time_ms
 
 
@@ -37,7 +37,7 @@ def main(argv=None):
         k, n = shapes[layer]
         x, rhs, sizes = bench.make_case(int(rows), k, n, seed=int(rows))
         q = quant(x)
-        rhs_sm90 = jax.jit(layout.prepare_weights)(rhs)
+        rhs_sm90 = jax.jit(prepare.prepare_weights)(rhs)
         runs = {"exact_sm90_ms": (ffi, (x, rhs_sm90, sizes)), "fp8_api_ms": (ffi8, (x, rhs, sizes)),
                 "fp8_prequantized_ms": (ffi8, (q, rhs, sizes)), "quantizer_ms": (quant, (x,))}
         samples = {name: [] for name in runs}

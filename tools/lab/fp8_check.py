@@ -21,7 +21,7 @@ import ml_dtypes
 import numpy as np
 
 import jax_nvfp4
-from jax_nvfp4 import gemm, kernel_config, layout, quantization
+from jax_nvfp4 import gemm, kernel_config, prepare, quantization
 
 E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float64)
 
@@ -147,7 +147,7 @@ def run_case(rows, k, n, groups, seed, device, do_time, tiles, check_rows=64, ex
         xb = put(jnp.asarray(x))
         ex = jax.jit(lambda a, r, sz: gemm.grouped_gemm(a, r, sz, backend="ffi"))
         res["exact_w4a16_ms"] = time_ms(ex, xb, args[2], args[4])
-        rs = jax.jit(layout.prepare_weights)(args[2])
+        rs = jax.jit(prepare.prepare_weights)(args[2])
         res["exact_w4a16_sm90_ms"] = time_ms(ex, xb, rs, args[4])
         # the activation quantization a caller pays on top (fused jnp, spec section 1 + k order)
         def quant(a):

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from jax_nvfp4 import gemm, kernel_config, layout
+from jax_nvfp4 import gemm, kernel_config, prepare
 from jax_nvfp4.formats import NVFP4Tensor
 
 E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float64)
@@ -91,7 +91,7 @@ def main(argv=None):
     scales = rng.integers(0x20, 0x41, (g, n, k // 16), dtype=np.uint8)   # e4m3 2^-4 .. 2^1
     w_ck = NVFP4Tensor(jnp.asarray(data), jnp.asarray(scales).view(jnp.float8_e4m3fn),
                        jnp.ones((g,), jnp.float32))
-    w_sm = layout.prepare_weights(w_ck, "sm90")
+    w_sm = prepare.prepare_weights(w_ck, "sm90")
     alpha2 = rng.uniform(0.5, 2.0, 2 * g).astype(np.float32)
     limit = 10.0
     print(f"{jax.devices()[0].device_kind}; G {g}, N {n}, K {k}")

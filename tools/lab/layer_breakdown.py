@@ -20,7 +20,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jax_nvfp4 import gemm, layout
+from jax_nvfp4 import gemm, prepare
 from jax_nvfp4.moe import moe as moe_layer, swiglu
 from jax_nvfp4.bench_common import random_layer, time_ms
 from jax_nvfp4.bench_layer import layer_config
@@ -106,7 +106,7 @@ def main(argv=None):
     tokens = (16,) if a.small else tuple(int(v) for v in a.tokens.split(","))
     timing = dict(target_s=0.02, repeats=3) if a.small else dict(target_s=0.25, repeats=5)
     base = layer_config(experts, hidden, inter, 6, "w4a4")
-    weights = layout.prepare_weights(random_layer(base, seed=0), "sm90")
+    weights = prepare.prepare_weights(random_layer(base, seed=0), "sm90")
     print(f"{jax.devices()[0].device_kind}; w13 paired: {getattr(weights, 'w13_paired', False)}")
     for t in tokens:
         x = jax.random.normal(jax.random.key(t), (t, hidden), jnp.bfloat16)

@@ -22,7 +22,7 @@ import tempfile
 import jax
 import jax.numpy as jnp
 
-from jax_nvfp4 import layout
+from jax_nvfp4 import prepare
 from jax_nvfp4.bench_common import random_layer, run_info, time_ms, write_json
 from jax_nvfp4.bench_layer import layer_config
 from jax_nvfp4.moe import moe as moe_layer
@@ -74,7 +74,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     experts, hidden, inter = (8, 128, 64) if a.small else (48, 7168, 3072)
     base = layer_config(experts, hidden, inter, 6, "w4a4")
-    weights = layout.prepare_weights(random_layer(base, seed=0), "sm90")
+    weights = prepare.prepare_weights(random_layer(base, seed=0), "sm90")
     results = []
     for t in (int(v) for v in a.tokens.split(",")):
         x = jax.random.normal(jax.random.key(t), (t, hidden), jnp.bfloat16)

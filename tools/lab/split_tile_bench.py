@@ -2,7 +2,7 @@
 
 The 256-token tile always runs N = 256 wgmmas, so a group's last, partial tile costs a full
 tile's tensor work. This times, on the same rows and group sizes (it simulated the split before
-the launcher made it; docs/perf-log-layer.md has both runs):
+the launcher made it; docs/archive/perf-log-layer.md has both runs):
 
 - ``t256``: the 256-token configuration alone (cluster 2; since the split went into the kernel,
   it runs its groups' short last tiles on the 128-token kernel itself);
@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_nvfp4 import gemm, layout, quantization
+from jax_nvfp4 import gemm, prepare, quantization
 from jax_nvfp4.bench import EXPERTS, skewed_group_sizes
 from jax_nvfp4.bench_common import run_info, time_ms, write_json
 from jax_nvfp4.kernel_config import KernelConfig
@@ -96,7 +96,7 @@ def main(argv=None):
     key = jax.random.key(0)
     for label, n, k in (("L1", 6144, 7168), ("L2", 7168, 3072)):
         w = jax.random.normal(key, (EXPERTS, n, k), jnp.bfloat16)
-        rhs = layout.prepare_weights(jax.jit(jax.vmap(quantization.quantize))(w))
+        rhs = prepare.prepare_weights(jax.jit(jax.vmap(quantization.quantize))(w))
         del w
         for rows in (int(r) for r in args.rows.split(",")):
             x = jax.random.normal(jax.random.key(rows), (rows, k), jnp.bfloat16)

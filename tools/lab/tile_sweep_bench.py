@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_nvfp4 import gemm, layout, quantization
+from jax_nvfp4 import gemm, prepare, quantization
 from jax_nvfp4.bench import EXPERTS, skewed_group_sizes
 from jax_nvfp4.bench_common import run_info, time_ms, write_json
 from jax_nvfp4.kernel_config import KernelConfig
@@ -37,7 +37,7 @@ def main(argv=None):
     results = []
     for label, n, k in (("L1", 6144, 7168), ("L2", 7168, 3072)):
         w = jax.random.normal(jax.random.key(0), (EXPERTS, n, k), jnp.bfloat16)
-        rhs = layout.prepare_weights(jax.jit(jax.vmap(quantization.quantize))(w))
+        rhs = prepare.prepare_weights(jax.jit(jax.vmap(quantization.quantize))(w))
         del w
         for avg in (int(a) for a in args.avg.split(",")):
             rows = avg * EXPERTS

@@ -1,0 +1,86 @@
+"""The library's options and their validation: one place for every choice a caller makes.
+
+This module sits at the bottom of the package (it imports only :mod:`jax_nvfp4._extension`): every
+module above it takes its option names and checks from here, and each option is checked once,
+where it enters the public API.
+
+* ``backend``: how a grouped GEMM (and the dispatch and FP8 quantizer calls) runs. ``"ffi"`` is
+  the custom call on whichever platform the arrays live (CPU handler or CUDA kernels),
+  ``"reference"`` the pure-jnp definition, ``"auto"`` the custom call when the extension is built
+  (with the CUDA handler on a GPU), else the reference with a one-time warning.
+* ``precision``: the GEMMs' compute mode, ``"exact"`` (bf16 tensor cores, the exact NVFP4
+  product) or ``"fp8"`` (e4m3 operands, K a multiple of :data:`FP8_CHUNK`).
+* ``layout``: the byte order of NVFP4 weight codes and block scales, ``"checkpoint"`` (as stored)
+  or ``"sm90"`` (:func:`jax_nvfp4.prepare_weights`).
+* The MoE layer's: ``activation``, ``activation_scale``, ``scoring_func``, ``row_dtype``
+  (:class:`jax_nvfp4.MoEConfig`).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+
+from . import _extension
+
+BACKENDS = ("auto", "ffi", "reference")
+PRECISIONS = ("exact", "fp8")
+LAYOUTS = ("checkpoint", "sm90")
+ACTIVATIONS = ("w4a4", "w4a16")
+ACTIVATION_SCALES = ("dynamic", "static")
+SCORING_FUNCS = ("sqrtsoftplus", "sigmoid", "softmax")
+ROW_DTYPES = ("bfloat16", "float32")
+
+FP8_CHUNK = 128
+"""k per FP8-mode promotion chunk: the activations' scale granularity, and the K multiple the
+mode needs."""
+
+
+def check_choice(value, choices: tuple[str, ...], name: str) -> str:
+    """``value`` if it is one of ``choices`` (strings), else a ValueError naming ``name``."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name}: expected one of {choices}, got {value!r:.100}")
+    return value
+
+
+def check_precision(precision, k: int | None = None, name: str = "precision") -> str:
+    """``precision`` if it is one of :data:`PRECISIONS`; with ``"fp8"`` and a reduction size
+    ``k``, also checks ``k % FP8_CHUNK == 0``. ValueError naming the argument otherwise."""
+    check_choice(precision, PRECISIONS, name)
+    if precision == "fp8" and k is not None and k % FP8_CHUNK:
+        raise ValueError(f"K={k}: {name}='fp8' needs K to be a multiple of {FP8_CHUNK} (one "
+                         "activation scale per 128-wide k chunk)")
+    return precision
+
+
+def check_layout(layout, name: str = "layout") -> str:
+    """``layout`` if it is one of :data:`LAYOUTS`, else a ValueError naming ``name``."""
+    return check_choice(layout, LAYOUTS, name)
+
+
+_warned_fallback = False
+
+
+def resolve_backend(backend) -> str:
+    """The backend a call runs, ``"ffi"`` or ``"reference"``, for the option ``backend``.
+
+    ``"ffi"`` without a built extension is a RuntimeError saying why; ``"auto"`` falls back to the
+    reference (with a one-time RuntimeWarning) where the custom call cannot run: no extension, or
+    a GPU default backend with an extension built without the CUDA handler."""
+    global _warned_fallback
+    check_choice(backend, BACKENDS, "backend")
+    if backend != "auto":
+        if backend == "ffi" and not _extension.available():
+            raise RuntimeError(f"backend='ffi': {_extension.not_built_message()}")
+        return backend
+    on_gpu = jax.default_backend() == "gpu"
+    if _extension.available() and (not on_gpu or _extension.has_cuda()):
+        return "ffi"
+    if not _warned_fallback:
+        _warned_fallback = True
+        why = ("the extension was built without the CUDA handler (no nvcc at build time)"
+               if _extension.available() else _extension.not_built_message())
+        warnings.warn(f"jax_nvfp4: grouped_gemm falls back to the pure-jnp reference (slow): {why}",
+                      RuntimeWarning, stacklevel=3)
+    return "reference"
