@@ -82,6 +82,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, Iterable, Optional, Sequence
 
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
@@ -284,11 +285,13 @@ def _deq_amax_over_gs(data: np.ndarray, scales: np.ndarray) -> float:
 
 def _check_conventions(name: str, groups: list[tuple[str, np.ndarray, np.ndarray]],
                        ws2: dict[str, np.ndarray], inputs: dict[str, np.ndarray],
-                       sample: dict[str, tuple[np.ndarray, np.ndarray, float]]) -> None:
+                       sample: dict[str, tuple[np.ndarray, np.ndarray, float]],
+                       stacklevel: int = 3) -> None:
     """Warn (once per layer) when the scales do not look like the ModelOpt convention.
 
     groups: (label, scale bytes [E, ...] of tensors sharing one weight_scale_2, labels per expert)
     ws2/inputs: label -> float32 [E] values; sample: label -> (data, scales, ws2) of one tensor.
+    stacklevel: passed to warnings.warn, so that the warning names the caller's line.
     """
     problems: list[str] = []
     lo, hi = E4M3_MAX / 4, E4M3_MAX
@@ -324,7 +327,7 @@ def _check_conventions(name: str, groups: list[tuple[str, np.ndarray, np.ndarray
     if problems:
         warnings.warn(f"{name}: the NVFP4 scales do not look like the ModelOpt/Quark convention "
                       "(x = e2m1 * weight_scale * weight_scale_2):\n  " + "\n  ".join(problems),
-                      stacklevel=3)
+                      stacklevel=stacklevel)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -395,51 +398,96 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
       mismatch, or a weight_scale_2 / input scale that is not finite and positive;
       FileNotFoundError for a path that is neither a file nor a folder.
     """
-    import jax.numpy as jnp
-
     if layout not in LAYOUTS:   # before reading gigabytes
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
     src = _as_source(source)
     prefix = prefix.rstrip(".")
-    E, H, I = config.num_experts, config.hidden_size, config.intermediate_size
-    for what, v in (("hidden_size", H), ("intermediate_size", I)):
+    _check_dims(config)
+    ids = _expert_ids(experts, config.num_experts)
+    fmt = _pick_format(format, src, prefix)
+    in_name = _INPUT_SCALE[fmt] if fmt else None
+    router, bias, hash_table = _load_router(src, prefix, config)
+    routed = _load_routed(src, prefix, ids, config, in_name)
+    shared = _load_shared(src, prefix, config, in_name)
+    if check:
+        _check_loaded(prefix, config.intermediate_size, routed, shared)
+    weights = _assemble(router, bias, hash_table, ids, config.num_experts, routed, shared)
+    return weights if layout == "checkpoint" else prepare_weights(weights, layout)
+
+
+def _check_dims(config: MoEConfig) -> None:
+    """Raise ValueError unless H and I are multiples of K_MULTIPLE; return None."""
+    for what, v in (("hidden_size", config.hidden_size), ("intermediate_size", config.intermediate_size)):
         if v % K_MULTIPLE:
             raise ValueError(f"config.{what} = {v} is not a multiple of {K_MULTIPLE}")
+
+
+def _expert_ids(experts: Optional[Sequence[int]], E: int) -> list[int]:
+    """Return the expert ids to load: ``experts`` checked (distinct, in [0, E)), or all E."""
     ids = list(range(E)) if experts is None else [int(e) for e in experts]
     if not ids or any(not 0 <= e < E for e in ids) or len(set(ids)) != len(ids):
         raise ValueError(f"experts: expected a non-empty list of distinct ids in [0, {E}), got "
                          f"{ids[:8]}...")
+    return ids
 
+
+def _pick_format(format: str, src: Mapping, prefix: str) -> Optional[str]:
+    """Return the checkpoint format (one of FORMATS, or None for weight-only) for ``format``."""
     if format == "auto":
-        fmt = detect_format(src.keys(), prefix)
-    elif format in FORMATS:
-        fmt = format
-    else:
-        raise ValueError(f"format: expected 'auto' or one of {FORMATS}, got {format!r}")
-    in_name = _INPUT_SCALE[fmt] if fmt else None
+        return detect_format(src.keys(), prefix)
+    if format in FORMATS:
+        return format
+    raise ValueError(f"format: expected 'auto' or one of {FORMATS}, got {format!r}")
 
-    # --- router ------------------------------------------------------------------------------
+
+def _load_router(src: Mapping, prefix: str, config: MoEConfig):
+    """Return (router float32 [E, H], bias float32 [E] or None, hash table int32 [vocab, top_k] or None)."""
+    E, H = config.num_experts, config.hidden_size
     router = _router_tensor(src, f"{prefix}.gate.weight", (E, H), f"[E, H] with E={E}, H={H}")
     bias = None
     for bname in (f"{prefix}.gate.e_score_correction_bias", f"{prefix}.gate.bias"):
         if bname in src:
             bias = _router_tensor(src, bname, (E,), f"[E] with E={E}")
             break
-    hash_table = None
     hname = f"{prefix}.gate.tid2eid"
-    if hname in src:
-        hash_table = _get(src, hname)
-        if hash_table.ndim != 2 or hash_table.shape[1] != config.top_k:
-            raise ValueError(f"{hname}: expected shape [vocab, top_k={config.top_k}], found "
-                             f"{tuple(hash_table.shape)}")
-        if not np.issubdtype(hash_table.dtype, np.integer):
-            raise ValueError(f"{hname}: expected integer expert ids, got dtype {hash_table.dtype}")
-        if hash_table.size and (hash_table.min() < 0 or hash_table.max() >= E):
-            raise ValueError(f"{hname}: expert ids must lie in [0, {E}), found "
-                             f"[{hash_table.min()}, {hash_table.max()}]")
-        hash_table = hash_table.astype(np.int32)
+    hash_table = _hash_table(src, hname, E, config.top_k) if hname in src else None
+    return router, bias, hash_table
 
-    # --- routed experts ----------------------------------------------------------------------
+
+def _hash_table(src: Mapping, hname: str, E: int, top_k: int) -> np.ndarray:
+    """Return the hash-routing table ``hname`` as int32 [vocab, top_k], ids checked in [0, E)."""
+    hash_table = _get(src, hname)
+    if hash_table.ndim != 2 or hash_table.shape[1] != top_k:
+        raise ValueError(f"{hname}: expected shape [vocab, top_k={top_k}], found "
+                         f"{tuple(hash_table.shape)}")
+    if not np.issubdtype(hash_table.dtype, np.integer):
+        raise ValueError(f"{hname}: expected integer expert ids, got dtype {hash_table.dtype}")
+    if hash_table.size and (hash_table.min() < 0 or hash_table.max() >= E):
+        raise ValueError(f"{hname}: expert ids must lie in [0, {E}), found "
+                         f"[{hash_table.min()}, {hash_table.max()}]")
+    return hash_table.astype(np.int32)
+
+
+class _Routed:
+    """The routed experts as loaded (numpy, n = len(ids) rows): w13 data u8 [n, 2I, H/2] and
+    scales e4m3 [n, 2I, H/16] (gate rows then up rows), w2 data u8 [n, H, I/2] and scales
+    e4m3 [n, H, I/16], gs13 float32 [n, 2] (gate, up), gs2 float32 [n], input scales float32 [n]
+    or None, the tensor base names per expert, and ``split`` (some expert's gate and up
+    weight_scale_2 differ)."""
+
+    __slots__ = ("w13_d", "w13_s", "w2_d", "w2_s", "gs13", "gs2", "w13_in", "w2_in", "names",
+                 "split")
+
+    def __init__(self, w13_d, w13_s, w2_d, w2_s, gs13, gs2, w13_in, w2_in, names):
+        self.w13_d, self.w13_s, self.w2_d, self.w2_s = w13_d, w13_s, w2_d, w2_s
+        self.gs13, self.gs2, self.w13_in, self.w2_in, self.names = gs13, gs2, w13_in, w2_in, names
+        self.split = bool(np.any(gs13[:, 0] != gs13[:, 1]))
+
+
+def _load_routed(src: Mapping, prefix: str, ids: list[int], config: MoEConfig,
+                 in_name: Optional[str]) -> _Routed:
+    """Return the routed experts ``ids`` stacked in that order (see :class:`_Routed`)."""
+    H, I = config.hidden_size, config.intermediate_size
     n = len(ids)
     w13_d = np.empty((n, 2 * I, H // 2), np.uint8)
     w13_s = np.empty((n, 2 * I, H // BLOCK_SIZE), ml_dtypes.float8_e4m3fn)
@@ -462,97 +510,112 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
         for r, (lin, role) in enumerate(((g, "gate"), (u, "up"), (d, "down"))):
             in13[r].append(lin.inp)
             in_names[r].append(f"{bases[role]}.{in_name}")
-    w13_in = w2_in = None
-    if in_name:
-        ig = _input_scales("routed gate", in13[0], in_names[0])
-        iu = _input_scales("routed up", in13[1], in_names[1])
-        w2_in = _input_scales("routed down", in13[2], in_names[2])
-        if (ig is None) != (iu is None) or (ig is None) != (w2_in is None):
-            some = [nm[0] for nm, v in zip(in_names, (ig, iu, w2_in)) if v is None]
-            raise KeyError(f"missing tensor {some[0]} (other routed input scales are present)")
-        w13_in = None if ig is None else np.maximum(ig, iu)
-    split = bool(np.any(gs13[:, 0] != gs13[:, 1]))
+    w13_in, w2_in = _routed_input_scales(in13, in_names) if in_name else (None, None)
+    return _Routed(w13_d, w13_s, w2_d, w2_s, gs13, gs2, w13_in, w2_in, names_per_expert)
 
-    # --- shared experts ----------------------------------------------------------------------
-    sh = None
-    shared_present = any(k.startswith(f"{prefix}.shared_experts.") for k in src.keys())
-    if config.n_shared_experts > 0:
-        Is = I * config.n_shared_experts
-        sbases = _resolve_proj(src, f"{prefix}.shared_experts")
-        sg, su, sd = _load_mlp(src, sbases, Is, H, in_name)
-        sh_in = [lin.inp for lin in (sg, su, sd)]
-        if any(v is not None for v in sh_in) and not all(v is not None for v in sh_in):
-            role = ("gate", "up", "down")[[v is None for v in sh_in].index(True)]
-            raise KeyError(f"missing tensor {sbases[role]}.{in_name} (other shared-expert input "
-                           "scales are present)")
-        sh = (sbases, sg, su, sd)
-    elif shared_present:
-        raise ValueError(f"{prefix}.shared_experts.*: the checkpoint has shared-expert tensors but "
-                         "config.n_shared_experts == 0")
 
-    # --- convention checks -------------------------------------------------------------------
-    if check:
-        groups = []
-        if split:
-            groups.append(("gate", w13_s[:, :I].view(np.uint8), [b["gate"] for b in names_per_expert]))
-            groups.append(("up", w13_s[:, I:].view(np.uint8), [b["up"] for b in names_per_expert]))
+def _routed_input_scales(values: list[list], names: list[list[str]]):
+    """Return (w13 input scales = max(gate, up), w2 input scales), float32 [n] each, or (None, None)."""
+    ig = _input_scales("routed gate", values[0], names[0])
+    iu = _input_scales("routed up", values[1], names[1])
+    w2_in = _input_scales("routed down", values[2], names[2])
+    if (ig is None) != (iu is None) or (ig is None) != (w2_in is None):
+        some = [nm[0] for nm, v in zip(names, (ig, iu, w2_in)) if v is None]
+        raise KeyError(f"missing tensor {some[0]} (other routed input scales are present)")
+    return (None if ig is None else np.maximum(ig, iu)), w2_in
+
+
+def _load_shared(src: Mapping, prefix: str, config: MoEConfig, in_name: Optional[str]):
+    """Return the shared experts as (base names, gate, up, down :class:`_Linear`), or None."""
+    if config.n_shared_experts <= 0:
+        if any(k.startswith(f"{prefix}.shared_experts.") for k in src.keys()):
+            raise ValueError(f"{prefix}.shared_experts.*: the checkpoint has shared-expert tensors "
+                             "but config.n_shared_experts == 0")
+        return None
+    Is = config.intermediate_size * config.n_shared_experts
+    sbases = _resolve_proj(src, f"{prefix}.shared_experts")
+    sg, su, sd = _load_mlp(src, sbases, Is, config.hidden_size, in_name)
+    sh_in = [lin.inp for lin in (sg, su, sd)]
+    if any(v is not None for v in sh_in) and not all(v is not None for v in sh_in):
+        role = ("gate", "up", "down")[[v is None for v in sh_in].index(True)]
+        raise KeyError(f"missing tensor {sbases[role]}.{in_name} (other shared-expert input "
+                       "scales are present)")
+    return sbases, sg, su, sd
+
+
+def _check_loaded(prefix: str, I: int, rt: _Routed, sh) -> None:
+    """Warn when the loaded scales break the ModelOpt/Quark convention; return None."""
+    names = rt.names
+    groups = []
+    if rt.split:
+        groups.append(("gate", rt.w13_s[:, :I].view(np.uint8), [b["gate"] for b in names]))
+        groups.append(("up", rt.w13_s[:, I:].view(np.uint8), [b["up"] for b in names]))
+    else:
+        groups.append(("gate/up", rt.w13_s.view(np.uint8), [b["gate"] + " + up" for b in names]))
+    groups.append(("down", rt.w2_s.view(np.uint8), [b["down"] for b in names]))
+    ws2 = {"routed gate/up": rt.gs13.reshape(-1), "routed down": rt.gs2}
+    inputs = {}
+    if rt.w13_in is not None:
+        inputs = {"routed gate/up": rt.w13_in, "routed down": rt.w2_in}
+    b0 = names[0]
+    sample = {b0["down"]: (rt.w2_d[0], rt.w2_s[0], float(rt.gs2[0]))}  # exact check on expert ids[0]
+    if rt.split:
+        sample[b0["gate"]] = (rt.w13_d[0, :I], rt.w13_s[0, :I], float(rt.gs13[0, 0]))
+        sample[b0["up"]] = (rt.w13_d[0, I:], rt.w13_s[0, I:], float(rt.gs13[0, 1]))
+    else:
+        sample[b0["gate"] + " + up"] = (rt.w13_d[0], rt.w13_s[0], float(rt.gs13[0, 0]))
+    if sh is not None:
+        sbases, sg, su, sd = sh
+        if sg.ws2 == su.ws2:
+            groups.append(("shared gate/up",
+                           np.concatenate([sg.scales, su.scales]).view(np.uint8)[None],
+                           [sbases["gate"] + " + up"]))
         else:
-            groups.append(("gate/up", w13_s.view(np.uint8), [b["gate"] + " + up" for b in names_per_expert]))
-        groups.append(("down", w2_s.view(np.uint8), [b["down"] for b in names_per_expert]))
-        ws2 = {"routed gate/up": gs13.reshape(-1), "routed down": gs2}
-        inputs = {}
-        if w13_in is not None:
-            inputs = {"routed gate/up": w13_in, "routed down": w2_in}
-        b0 = names_per_expert[0]
-        sample = {b0["down"]: (w2_d[0], w2_s[0], float(gs2[0]))}  # exact check on expert ids[0]
-        if split:
-            sample[b0["gate"]] = (w13_d[0, :I], w13_s[0, :I], float(gs13[0, 0]))
-            sample[b0["up"]] = (w13_d[0, I:], w13_s[0, I:], float(gs13[0, 1]))
-        else:
-            sample[b0["gate"] + " + up"] = (w13_d[0], w13_s[0], float(gs13[0, 0]))
-        if sh is not None:
-            sbases, sg, su, sd = sh
-            same = sg.ws2 == su.ws2
-            if same:
-                groups.append(("shared gate/up",
-                               np.concatenate([sg.scales, su.scales]).view(np.uint8)[None],
-                               [sbases["gate"] + " + up"]))
-            else:
-                groups.append(("shared gate", sg.scales.view(np.uint8)[None], [sbases["gate"]]))
-                groups.append(("shared up", su.scales.view(np.uint8)[None], [sbases["up"]]))
-            groups.append(("shared down", sd.scales.view(np.uint8)[None], [sbases["down"]]))
-            ws2["shared"] = np.asarray([sg.ws2, su.ws2, sd.ws2], np.float32)
-            if sg.inp is not None:
-                inputs["shared"] = np.asarray([sg.inp, su.inp, sd.inp], np.float32)
-        _check_conventions(prefix, groups, ws2, inputs, sample)
+            groups.append(("shared gate", sg.scales.view(np.uint8)[None], [sbases["gate"]]))
+            groups.append(("shared up", su.scales.view(np.uint8)[None], [sbases["up"]]))
+        groups.append(("shared down", sd.scales.view(np.uint8)[None], [sbases["down"]]))
+        ws2["shared"] = np.asarray([sg.ws2, su.ws2, sd.ws2], np.float32)
+        if sg.inp is not None:
+            inputs["shared"] = np.asarray([sg.inp, su.inp, sd.inp], np.float32)
+    # stacklevel: warn at the line calling load_moe (_check_loaded <- load_moe <- caller)
+    _check_conventions(prefix, groups, ws2, inputs, sample, stacklevel=4)
 
-    # --- assemble ----------------------------------------------------------------------------
+
+def _assemble(router, bias, hash_table, ids: list[int], E: int, rt: _Routed, sh) -> MoEWeights:
+    """Return the loaded arrays as :class:`MoEWeights` of jax arrays (checkpoint layout)."""
     j = jnp.asarray
-    w13 = NVFP4Tensor(j(w13_d), j(w13_s), j(gs13 if split else gs13[:, 0].copy()))
-    w2 = NVFP4Tensor(j(w2_d), j(w2_s), j(gs2))
+    w13 = NVFP4Tensor(j(rt.w13_d), j(rt.w13_s), j(rt.gs13 if rt.split else rt.gs13[:, 0].copy()))
+    w2 = NVFP4Tensor(j(rt.w2_d), j(rt.w2_s), j(rt.gs2))
     fields: dict[str, Any] = dict(
         router_weight=j(router), w13=w13, w2=w2,
         router_bias=None if bias is None else j(bias),
-        w13_input_scale=None if w13_in is None else j(w13_in),
-        w2_input_scale=None if w2_in is None else j(w2_in),
+        w13_input_scale=None if rt.w13_in is None else j(rt.w13_in),
+        w2_input_scale=None if rt.w2_in is None else j(rt.w2_in),
         hash_table=None if hash_table is None else j(hash_table),
         expert_ids=None if ids == list(range(E)) else tuple(ids),
     )
     if sh is not None:
-        _, sg, su, sd = sh
-        sgs = (np.float32(sg.ws2) if sg.ws2 == su.ws2
-               else np.asarray([sg.ws2, su.ws2], np.float32))
-        fields["shared_w13"] = NVFP4Tensor(j(np.concatenate([sg.data, su.data])),
-                                           j(np.concatenate([sg.scales, su.scales])),
-                                           j(np.asarray(sgs, np.float32)))
-        fields["shared_w2"] = NVFP4Tensor(j(np.ascontiguousarray(sd.data)),
-                                          j(np.ascontiguousarray(sd.scales)),
-                                          j(np.asarray(sd.ws2, np.float32)))
-        if sg.inp is not None:
-            fields["shared_w13_input_scale"] = j(np.asarray(max(sg.inp, su.inp), np.float32))
-            fields["shared_w2_input_scale"] = j(np.asarray(sd.inp, np.float32))
-    weights = MoEWeights(**fields)
-    return weights if layout == "checkpoint" else prepare_weights(weights, layout)
+        fields.update(_shared_fields(*sh[1:]))
+    return MoEWeights(**fields)
+
+
+def _shared_fields(sg: _Linear, su: _Linear, sd: _Linear) -> dict[str, Any]:
+    """Return the MoEWeights shared_* fields (jax arrays) built from the shared gate, up, down."""
+    j = jnp.asarray
+    sgs = (np.float32(sg.ws2) if sg.ws2 == su.ws2
+           else np.asarray([sg.ws2, su.ws2], np.float32))
+    fields: dict[str, Any] = {
+        "shared_w13": NVFP4Tensor(j(np.concatenate([sg.data, su.data])),
+                                  j(np.concatenate([sg.scales, su.scales])),
+                                  j(np.asarray(sgs, np.float32))),
+        "shared_w2": NVFP4Tensor(j(np.ascontiguousarray(sd.data)),
+                                 j(np.ascontiguousarray(sd.scales)),
+                                 j(np.asarray(sd.ws2, np.float32))),
+    }
+    if sg.inp is not None:
+        fields["shared_w13_input_scale"] = j(np.asarray(max(sg.inp, su.inp), np.float32))
+        fields["shared_w2_input_scale"] = j(np.asarray(sd.inp, np.float32))
+    return fields
 
 
 # ------------------------------------------------------------------------------------------------
@@ -662,14 +725,22 @@ def save_moe(weights: MoEWeights, config: MoEConfig, prefix: str, format: str = 
         raise ValueError(f"names: expected 'hf' or 'deepseek', got {names!r}")
     col = 0 if names == "hf" else 1
     proj = {r: v[col] for r, v in _PROJ_NAMES.items()}
-    in_name = _INPUT_SCALE[format]
-    I = config.intermediate_size
-    out: dict[str, np.ndarray] = {}
     # Checkpoints store the plain code order, and gate/up are split below by slicing rows,
     # which is only meaningful in that order.
     weights = prepare_weights(weights, "checkpoint")
     ids = _check_weights_for_save(weights, config)
+    out: dict[str, np.ndarray] = {}
+    put = _linear_writer(out, _INPUT_SCALE[format], scalar_shape)
+    _save_router(out, prefix, weights)
+    _save_routed(put, prefix, weights, ids, proj, config.intermediate_size)
+    if weights.shared_w13 is not None:
+        _save_shared(put, f"{prefix}.shared_experts", weights, proj,
+                     config.intermediate_size * config.n_shared_experts)
+    return out
 
+
+def _linear_writer(out: dict[str, np.ndarray], in_name: str, scalar_shape: tuple[int, ...]):
+    """Return put(base, data, scales, ws2, inp), which stores one NVFP4 linear's tensors in ``out``."""
     def sc(v) -> np.ndarray:
         return np.asarray(v, np.float32).reshape(scalar_shape)
 
@@ -679,13 +750,21 @@ def save_moe(weights: MoEWeights, config: MoEConfig, prefix: str, format: str = 
         out[f"{base}.weight_scale_2"] = sc(ws2)
         if inp is not None:
             out[f"{base}.{in_name}"] = sc(inp)
+    return put
 
+
+def _save_router(out: dict[str, np.ndarray], prefix: str, weights: MoEWeights) -> None:
+    """Store the router weight, bias and hash table (when present) in ``out``; return None."""
     out[f"{prefix}.gate.weight"] = np.asarray(weights.router_weight, np.float32)
     if weights.router_bias is not None:
         out[f"{prefix}.gate.e_score_correction_bias"] = np.asarray(weights.router_bias, np.float32)
     if weights.hash_table is not None:
         out[f"{prefix}.gate.tid2eid"] = np.asarray(weights.hash_table, np.int32)
 
+
+def _save_routed(put, prefix: str, weights: MoEWeights, ids: list[int], proj: dict[str, str],
+                 I: int) -> None:
+    """Store row j of the routed experts as expert ``ids[j]`` through ``put``; return None."""
     d13, s13 = np.asarray(weights.w13.data), np.asarray(weights.w13.scales)
     g13 = np.asarray(weights.w13.global_scale, np.float32)
     d2, s2 = np.asarray(weights.w2.data), np.asarray(weights.w2.scales)
@@ -700,20 +779,19 @@ def save_moe(weights: MoEWeights, config: MoEConfig, prefix: str, format: str = 
         put(f"{base}.{proj['up']}", d13[r, I:], s13[r, I:], g13[r, 1], None if i13 is None else i13[r])
         put(f"{base}.{proj['down']}", d2[r], s2[r], g2[r], None if i2 is None else i2[r])
 
-    if weights.shared_w13 is not None:
-        Is = I * config.n_shared_experts
-        sd13, ss13 = np.asarray(weights.shared_w13.data), np.asarray(weights.shared_w13.scales)
-        sg13 = np.broadcast_to(np.asarray(weights.shared_w13.global_scale, np.float32).reshape(-1), (2,))
-        si13 = (None if weights.shared_w13_input_scale is None
-                else np.asarray(weights.shared_w13_input_scale, np.float32))
-        si2 = (None if weights.shared_w2_input_scale is None
-               else np.asarray(weights.shared_w2_input_scale, np.float32))
-        base = f"{prefix}.shared_experts"
-        put(f"{base}.{proj['gate']}", sd13[:Is], ss13[:Is], sg13[0], si13)
-        put(f"{base}.{proj['up']}", sd13[Is:], ss13[Is:], sg13[1], si13)
-        put(f"{base}.{proj['down']}", np.asarray(weights.shared_w2.data),
-            np.asarray(weights.shared_w2.scales), np.asarray(weights.shared_w2.global_scale), si2)
-    return out
+
+def _save_shared(put, base: str, weights: MoEWeights, proj: dict[str, str], Is: int) -> None:
+    """Store the shared experts (gate/up rows split at ``Is``) under ``base`` through ``put``; return None."""
+    sd13, ss13 = np.asarray(weights.shared_w13.data), np.asarray(weights.shared_w13.scales)
+    sg13 = np.broadcast_to(np.asarray(weights.shared_w13.global_scale, np.float32).reshape(-1), (2,))
+    si13 = (None if weights.shared_w13_input_scale is None
+            else np.asarray(weights.shared_w13_input_scale, np.float32))
+    si2 = (None if weights.shared_w2_input_scale is None
+           else np.asarray(weights.shared_w2_input_scale, np.float32))
+    put(f"{base}.{proj['gate']}", sd13[:Is], ss13[:Is], sg13[0], si13)
+    put(f"{base}.{proj['up']}", sd13[Is:], ss13[Is:], sg13[1], si13)
+    put(f"{base}.{proj['down']}", np.asarray(weights.shared_w2.data),
+        np.asarray(weights.shared_w2.scales), np.asarray(weights.shared_w2.global_scale), si2)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -407,9 +407,11 @@ def test_inverted_weight_scale_2_warns():
     lin, extra = reference(seed=13)
     for t in lin.values():
         t["ws2"] = np.float32(1.0 / t["ws2"])
-    with pytest.warns(UserWarning, match="inverse 2688/amax"):
+    with pytest.warns(UserWarning, match="inverse 2688/amax") as rec:
         w = ckpt.load_moe(tensors_from(lin, extra), PREFIX, cfg())
     check_loaded(w, lin, extra)  # still loaded as stored
+    # the warning points at the line calling load_moe, not inside the package
+    assert [r.filename for r in rec] == [__file__]
     lin, extra = reference(seed=13)
     for t in lin.values():
         t["inp"] = np.float32(1.0 / t["inp"])
