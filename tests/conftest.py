@@ -71,11 +71,24 @@ def pytest_sessionstart(session):
         pytest.exit(f"jax_nvfp4 tests: {msg}", returncode=4)
 
 
+SLOW_TESTS_FILE = os.path.join(os.path.dirname(__file__), "slow_tests.txt")
+
+
+def measured_slow_tests() -> set:
+    """Node ids (``tests/test_x.py::name[params]``) listed in tests/slow_tests.txt."""
+    with open(SLOW_TESTS_FILE) as f:
+        return {line.strip() for line in f if line.strip() and not line.startswith("#")}
+
+
 def pytest_collection_modifyitems(config, items):
     """Marks (registered in pyproject.toml): ``gpu`` for tests that need a GPU (they skip
-    without one), ``multidevice`` for tests on 8 CPU devices (``cpu_devices``) or several GPUs."""
+    without one), ``multidevice`` for tests on 8 CPU devices (``cpu_devices``) or several GPUs,
+    ``slow`` for the tests measured slowest on a 2-core CPU (tests/slow_tests.txt)."""
     import inspect  # noqa: PLC0415
+    slow = measured_slow_tests()
     for item in items:
+        if "tests/" + item.nodeid.split("tests/", 1)[-1] in slow:
+            item.add_marker(pytest.mark.slow)
         params = getattr(getattr(item, "callspec", None), "params", {})
         name = item.nodeid.lower()
         on_gpu = any(isinstance(v, str) and v == "gpu" for v in params.values())  # (arrays too)
