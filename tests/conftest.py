@@ -80,12 +80,44 @@ def measured_slow_tests() -> set:
         return {line.strip() for line in f if line.strip() and not line.startswith("#")}
 
 
+COLLECTED: set = set()
+"""Every node id this process collected, before ``-m`` deselects any (test_tiers.py)."""
+
+
+def pairwise(axes: dict, seed=()) -> list:
+    """A covering array of strength two: tuples, one value per axis, such that every pair of
+    values of any two axes occurs in at least one tuple. Starts from the tuples in ``seed``
+    (e.g. the quick tier's cases), then adds greedily the tuple of the full product that covers
+    the most uncovered pairs (the first one on ties): deterministic, and for the matrices here a
+    tenth of the full product. What it leaves out are interactions of three or more axes."""
+    import itertools  # noqa: PLC0415
+    values = list(axes.values())
+    n = len(values)
+
+    def pairs(t):
+        return {(i, t[i], j, t[j]) for i in range(n) for j in range(i + 1, n)}
+
+    todo = set().union(*(pairs(t) for t in itertools.product(*values)))
+    chosen = []
+    for t in seed:
+        chosen.append(tuple(t))
+        todo -= pairs(t)
+    candidates = list(itertools.product(*values))
+    while todo:
+        best = max(candidates, key=lambda t: len(pairs(t) & todo))
+        chosen.append(best)
+        todo -= pairs(best)
+    return chosen
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Marks (registered in pyproject.toml): ``gpu`` for tests that need a GPU (they skip
     without one), ``multidevice`` for tests on 8 CPU devices (``cpu_devices``) or several GPUs,
     ``slow`` for the tests measured slowest on a 2-core CPU (tests/slow_tests.txt)."""
     import inspect  # noqa: PLC0415
     slow = measured_slow_tests()
+    COLLECTED.update("tests/" + item.nodeid.split("tests/", 1)[-1] for item in items)
     for item in items:
         if "tests/" + item.nodeid.split("tests/", 1)[-1] in slow:
             item.add_marker(pytest.mark.slow)

@@ -165,7 +165,8 @@ def route64(x, router, bias, cfg, table=None, token_ids=None):
     return ids, w * cfg.routed_scaling_factor
 
 
-def _swiglu_halves(h, limit):
+def swiglu64(h, limit):
+    """SwiGLU of the halves ``[gate | up]`` of ``h`` (float64), the clamp first when ``limit``."""
     gate, up = np.split(h, 2, -1)
     if limit is not None:
         gate, up = np.minimum(gate, limit), np.clip(up, -limit, limit)
@@ -193,7 +194,7 @@ def mlp64(a, w13, w2, cfg, s1=None, s2=None):
     the requantized activation, its product rounded to the row dtype, then its row factor."""
     rows = bf16_64 if cfg.row_dtype == "bfloat16" else (lambda v: v)
     v, f = _gemm_in64(a, cfg, s1)
-    act = rows(_swiglu_halves((v @ w13.T) * f[:, None], cfg.swiglu_limit))
+    act = rows(swiglu64((v @ w13.T) * f[:, None], cfg.swiglu_limit))
     v, f = _gemm_in64(act, cfg, s2)
     return rows(v @ w2.T) * f[:, None]
 

@@ -2,13 +2,14 @@
 their option matrix, each jitted with the weights as arguments, jitted with the weights closed
 over, and eagerly, on 0, 1 and many tokens and a ``[B, S, H]`` input. The three must agree bit
 for bit; one input per case is also checked against a float64 oracle, so that the matrix cannot
-pass with every form equally wrong.
+pass with every form equally wrong. On the CPU the option axes are covered pairwise
+(conftest.pairwise): every pair of option values together in at least one case.
 
 Bit for bit holds on the CPU between the weights as arguments and closed over (the router's dot
 contracts both operands' H axes, routing.router_logits, so XLA sums it in the same order whether
 the router weight is an argument or a folded constant), and for grouped_gemm also eagerly. The
 exception: the layer eagerly against jitted, float32 ulps (see test_layer_matrix). The default tier runs a diagonal that takes every value of every
-axis; the full cross product is marked slow.
+axis; the pairwise cases are marked slow.
 """
 
 import dataclasses
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 
 import jax_nvfp4 as jn
-from conftest import QUANTIZE, gpu_devices, skip_or_fail
+from conftest import QUANTIZE, gpu_devices, pairwise, skip_or_fail
 from oracles import dequant64, grouped_gemm64, rel_err
 from test_fp8 import assert_within_f32_accumulation, oracle_gemm, oracle_quantize, oracle_weights
 from test_moe import W4A4_TOL, W4A16_TOL, float_layer, np_moe, quantized
@@ -58,7 +59,9 @@ LAYER_DIAGONAL = [("w4a4", "static", "fp8", "hash", False, "prepared"),
 """Two complementary cases: every value of every axis in the default tier (the layer run eagerly,
 op by op, is slow on the CPU)."""
 LAYER_CASES = [pytest.param(*c, marks=() if c in LAYER_DIAGONAL else pytest.mark.slow)
-               for c in itertools.product(*LAYER_AXES.values())]
+               for c in pairwise(LAYER_AXES, seed=LAYER_DIAGONAL)]
+"""The diagonal, then every pair of option values (slow): a layer run eagerly and closed over
+costs ~1-3 min of CPU per case."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -178,11 +181,12 @@ def gemm_oracle(lhs, rhs, sizes, precision):
 GEMM_DIAGONAL = [("bf16", "checkpoint", "exact", "ffi"), ("nvfp4", "sm90", "exact", "ffi"),
                  ("float32", "checkpoint", "fp8", "ffi"), ("nvfp4", "checkpoint", "fp8", "reference"),
                  ("bf16", "sm90", "fp8", "reference"), ("float32", "sm90", "exact", "reference")]
-GEMM_CASES = [pytest.param(*c, marks=() if c[-1] == "gpu" or c[:-1] in GEMM_DIAGONAL
-                           else pytest.mark.slow)
-              for c in itertools.product(*GEMM_AXES.values())]
-"""On the CPU a diagonal taking every value of every axis (the reference backend runs slowly op
-by op when eager); the rest slow. Every GPU case runs (skipped without a GPU)."""
+GEMM_CASES = ([pytest.param(*c, "cpu", marks=() if c in GEMM_DIAGONAL else pytest.mark.slow)
+               for c in pairwise(dict(list(GEMM_AXES.items())[:-1]), seed=GEMM_DIAGONAL)]
+              + [pytest.param(*c, "gpu") for c in itertools.product(*list(GEMM_AXES.values())[:-1])])
+"""On the CPU a diagonal taking every value of every axis, then every pair of values (slow; the
+reference backend runs slowly op by op when eager). On the GPU (skipped without one) the full
+product."""
 
 
 @pytest.mark.parametrize("lhs_kind,layout,precision,backend,platform", GEMM_CASES)

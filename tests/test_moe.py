@@ -13,7 +13,7 @@ import pytest
 import jax_nvfp4 as jn
 from jax_nvfp4 import checkpoint
 from jax_nvfp4.moe import RANK_SORT_MAX_ROWS, rank_sort_rows, sort_rows
-from oracles import dequant64, rel_err
+from oracles import dequant64, rel_err, route64, swiglu64
 from conftest import QUANTIZE, QUANTIZE_STACK, cpu_devices
 
 E, H, I, T = 8, 128, 64, 48
@@ -52,38 +52,10 @@ def quantized(f, per_half=False, **scales):
 
 
 # ------------------------------------------------------------------ float64 numpy reference
-def np_route(x, router, bias, c, table=None, token_ids=None):
-    logits = x.astype(np.float64) @ router.astype(np.float64).T
-    if c.scoring_func == "sqrtsoftplus":
-        s = np.sqrt(np.logaddexp(0, logits))
-    elif c.scoring_func == "sigmoid":
-        s = 1 / (1 + np.exp(-logits))
-    else:
-        s = np.exp(logits - logits.max(1, keepdims=True))
-        s /= s.sum(1, keepdims=True)
-    if table is not None:
-        ids = table[token_ids]
-    else:
-        choice = s + (0 if bias is None else bias)
-        if c.n_group > 1:
-            g = choice.reshape(len(x), c.n_group, -1)
-            gscore = np.sort(g, -1)[..., -2:].sum(-1)
-            keep = np.argsort(-gscore, 1, kind="stable")[:, :c.topk_group]
-            mask = np.zeros_like(gscore, bool)
-            np.put_along_axis(mask, keep, True, 1)
-            choice = np.where(np.repeat(mask, g.shape[-1], 1), choice, -np.inf)
-        ids = np.argsort(-choice, 1, kind="stable")[:, :c.top_k]
-    w = np.take_along_axis(s, ids, 1)
-    if c.norm_topk_prob:
-        w = w / w.sum(1, keepdims=True)
-    return ids, w * c.routed_scaling_factor
+np_route = route64          # float64 routing (tests/oracles.py)
 
 
-def np_swiglu(hh, limit):
-    gate, up = np.split(hh, 2, -1)
-    if limit is not None:
-        gate, up = np.minimum(gate, limit), np.clip(up, -limit, limit)
-    return gate / (1 + np.exp(-gate)) * up
+np_swiglu = swiglu64
 
 
 def np_act_in(a, c, static_scale, exact=False, split=False):

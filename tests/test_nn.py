@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import jax_nvfp4 as jn
+from conftest import pairwise
 from jax_nvfp4.nn.frozen import FrozenMoEWeights
 
 E, VOCAB = 4, 50
@@ -302,20 +303,13 @@ def check_framework(rng, framework, leads=LEADS, dtype=jnp.float32, **layer):
         assert got.size == 0 or err <= 1e-3, (framework, "jit(closed over)", lead, err)
 
 
-# Quick: one config through the three modules and the four input shapes; a representative set
-# of configs (each feature on and off) is marked slow with the full product: the eager calls of
-# a new config cost ~10 s of CPU each.
+# Quick: one config through the three modules and the four input shapes (the eager calls of a
+# new config cost ~10 s of CPU each); test_framework_matches_moe_full (slow) covers the options.
 W4A16 = dict(activation="w4a16", scale="dynamic", routing="score", shared=False)
 CASES = [
     ("nnx", W4A16, [(2, 3)]),
     ("linen", W4A16, [(0,), ()]),
     ("eqx", W4A16, [(7,)]),
-    pytest.param("eqx", dict(activation="w4a4", scale="static", routing="score", shared=True),
-                 [(0,), (2, 3)], marks=pytest.mark.slow),
-    pytest.param("linen", dict(activation="w4a4", scale="dynamic", routing="hash", shared=True),
-                 [(), (7,)], marks=pytest.mark.slow),
-    pytest.param("nnx", dict(activation="w4a16", precision="fp8", routing="hash", shared=False),
-                 [(0,), ()], marks=pytest.mark.slow),
 ]
 
 
@@ -326,15 +320,20 @@ def test_framework_matches_moe(rng, framework, layer, leads):
     check_framework(rng, framework, leads, **layer)
 
 
-FULL = [dict(activation=a, scale=s, precision=p, routing=r, shared=sh, layout=lay)
-        for a, s in (("w4a4", "dynamic"), ("w4a4", "static"), ("w4a16", "dynamic"))
-        for p in ("exact", "fp8") for r in ("score", "hash") for sh in (True, False)
-        for lay in ("checkpoint", "sm90")]
+FULL_AXES = dict(framework=("eqx", "nnx", "linen"),
+                 activation_scale=(("w4a4", "dynamic"), ("w4a4", "static"), ("w4a16", "dynamic")),
+                 precision=("exact", "fp8"), routing=("score", "hash"), shared=(True, False),
+                 layout=("checkpoint", "sm90"))
+FULL = [pytest.param(f, dict(activation=a, scale=sc, precision=p, routing=r, shared=sh, layout=lay),
+                     id=f"{f}-{a}-{sc}-{p}-{r}-{sh}-{lay}")
+        for f, (a, sc), p, r, sh, lay in pairwise(FULL_AXES)]
+"""Every pair of option values (the framework with each of the layer's options included) on the
+four input shapes: the frameworks only carry the weights and the call, the layer's own option
+matrix is test_api_matrix's."""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("framework", ["eqx", "nnx", "linen"])
-@pytest.mark.parametrize("layer", FULL, ids=lambda v: "-".join(str(x) for x in v.values()))
+@pytest.mark.parametrize("framework,layer", FULL)
 def test_framework_matches_moe_full(rng, framework, layer):
     check_framework(rng, framework, **layer)
 
