@@ -244,8 +244,14 @@ inline constexpr int64_t OutputColumns(const GroupedGemmParams& p) { return p.gl
 
 // Bytes of workspace the CUDA launchers need: 4096 + 32 * G (two schedules of prefix sums and group
 // bounds: the 256-token wgmma tile leaves each group's short last tile to the 128-token kernel).
-// The custom call's workspace output also holds K bytes for the CPU handler.
 inline constexpr size_t GroupedGemmWorkspaceBytes(int64_t G) { return 4096 + 32 * static_cast<size_t>(G); }
+
+// Bytes of the custom call's workspace output: the CUDA launchers', plus `cpu_row_bytes` for the
+// CPU handlers' decoded weight rows (K, or 2K with the SwiGLU epilogue). Python sizes the output
+// with this function (the extension's `workspace_bytes`), the handlers check it.
+inline constexpr int64_t CustomCallWorkspaceBytes(int64_t G, int64_t cpu_row_bytes) {
+  return static_cast<int64_t>(GroupedGemmWorkspaceBytes(G)) + cpu_row_bytes;
+}
 
 // Checks the scalar parameters (shapes, workspace size, pointers present). Returns nullptr if they
 // are fine, otherwise a static message describing the first problem. The FFI layer runs it once per

@@ -110,12 +110,6 @@ inline ffi::Error CheckParams(const std::string& target, const GroupedGemmParams
   return ffi::Error::Success();
 }
 
-// Bytes of the custom call's workspace output: the CUDA schedule's, plus K for the CPU handler's
-// one decoded weight row (jax_nvfp4.gemm.workspace_bytes).
-inline int64_t CustomCallWorkspaceBytes(int64_t G, int64_t K) {
-  return static_cast<int64_t>(GroupedGemmWorkspaceBytes(G)) + K;
-}
-
 // Checks all calls share (their error messages start with `target`): rhs_scales [G, N, K/16]
 // e4m3, alpha and group_sizes [G], out [M, N] f32/bf16, the workspace size; with glu (the SwiGLU
 // call) alpha [2G] and out [M, N/2]. On success fills the pointers, sizes and out_f32 of *p that do
@@ -149,8 +143,8 @@ inline ffi::Error CheckRhsAndOutputs(const std::string& target, U8Buffer3 rhs, f
   const int64_t ws_rows = glu ? 2 : 1;
   const int64_t ws_bytes = workspace->dimensions()[0];
   if (ws_bytes < CustomCallWorkspaceBytes(G, ws_rows * K))
-    return bad("workspace has " + std::to_string(ws_bytes) + " bytes, needs 4096 + 32*G + " +
-               (glu ? "2*K" : "K") + " = " + std::to_string(CustomCallWorkspaceBytes(G, ws_rows * K)));
+    return bad("workspace has " + std::to_string(ws_bytes) + " bytes, needs " +
+               std::to_string(CustomCallWorkspaceBytes(G, ws_rows * K)));
   p->rhs = rhs.typed_data();
   p->rhs_scales = static_cast<const uint8_t*>(rhs_scales.untyped_data());
   p->alpha = alpha.typed_data();

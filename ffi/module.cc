@@ -76,6 +76,10 @@ NB_MODULE(_jax_nvfp4, m) {
   m.def("built_with_cuda", []() { return jax_nvfp4::kBuiltCuda; });
   m.def("cuda_targets", []() { return std::string(jax_nvfp4::kBuiltCudaTargets); },
         "The CUDA images in this build, e.g. 'sm_80 sm_90a compute_80' (empty without CUDA).");
+  m.def("workspace_bytes", [](int64_t g, int64_t cpu_row_bytes) {
+    return jax_nvfp4::CustomCallWorkspaceBytes(g, cpu_row_bytes);
+  }, nb::arg("g"), nb::arg("cpu_row_bytes"),
+        "Bytes of a grouped GEMM call's workspace output for g groups and the CPU handlers' decoded rows.");
   m.def("kernel_configs", []() {
     nb::list l;
     for (const jax_nvfp4::KernelConfig& c : jax_nvfp4::kKernelConfigs) l.append(ToTuple(c));

@@ -59,7 +59,7 @@ def _capacity_factor(text):
     return None if text.lower() == "none" else float(text)
 
 
-def main(argv=None):
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 epilog="Needs a GPU for meaningful numbers (the custom call's CUDA handler); "
                                        "--platform cpu runs on 8 CPU devices as a functional "
@@ -82,8 +82,48 @@ def main(argv=None):
                    help="moe_expert_parallel's capacity_factor (default: the layer's, "
                         f"{DEFAULT_CAPACITY_FACTOR}; 'none': all rows on every device)")
     p.add_argument("--out", default=None, help="folder for bench_ep.json")
-    args = p.parse_args(argv)
+    return p
 
+
+def _measure_combine(combine, config, mesh, ep, xr, sharded, ref, row_max, args, timer) -> dict:
+    """Times moe_expert_parallel with one combine and its collective alone, and compares the
+    output with the single-device layer's ``ref`` (relative to each row's largest |output|)."""
+    t = xr.shape[0]
+    f = jax.jit(lambda x, w: jn.moe_expert_parallel(
+        x, w, config, mesh, combine=combine, capacity_factor=args.capacity_factor))
+    out = np.asarray(f(xr, sharded))
+    diff = np.abs(out - ref)
+    rel = float((diff / row_max).max())         # NaN anywhere -> NaN -> not ok
+    ok = rel <= args.rtol
+    ms = timer(f, xr, sharded)
+    part = jax.device_put(jnp.ones((ep, t, config.hidden_size), jnp.float32),
+                          NamedSharding(mesh, P("ep")))
+    ms_coll = timer(collective_fn(mesh, combine), part)
+    print(f"  ep={ep} {combine:12s}: {ms:8.3f} ms, collective alone {ms_coll:7.3f} ms "
+          f"({100 * ms_coll / ms:4.1f}%), max |EP - single| {diff.max():.2e} "
+          f"(max rel {rel:.1e}, "
+          f"{'OK' if ok else 'FAIL'} at rtol {args.rtol:g})", flush=True)
+    return {"ms": round(ms, 4), "collective_ms": round(ms_coll, 4),
+            "collective_share": round(ms_coll / ms, 3), "max_abs_diff": float(diff.max()),
+            "max_rel_diff": rel, "within_rtol": ok}
+
+
+def _print_table(results, ep):
+    """The markdown table of the results."""
+    print(f"\n| T | single (ms) | ep={ep} psum (ms) | psum alone | ep={ep} psum_scatter (ms) "
+          f"| psum_scatter alone | max rel diff | ok |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        a, b = r.get("psum", {}), r.get("psum_scatter", {})
+        rel = max(a.get("max_rel_diff", 0), b.get("max_rel_diff", 0))
+        ok = a.get("within_rtol", True) and b.get("within_rtol", True)
+        print(f"| {r['tokens']} | {r['single_ms']:.3f} | {a.get('ms', float('nan')):.3f} | "
+              f"{a.get('collective_ms', float('nan')):.3f} | {b.get('ms', float('nan')):.3f} | "
+              f"{b.get('collective_ms', float('nan')):.3f} | {rel:.1e} | {ok} |")
+
+
+def _setup(p, args):
+    """(devices, ep, token counts, MoEConfig) from the arguments; argparse errors for bad ones."""
     try:
         devices = jax.devices(args.platform) if args.platform else jax.devices()
     except RuntimeError as e:
@@ -98,7 +138,15 @@ def main(argv=None):
         activation=args.activation)
     if config.num_experts % ep:
         p.error(f"--experts {config.num_experts} is not divisible by --ep {ep}")
-    dev0 = devices[0]
+    return devices, ep, tokens, config
+
+
+def main(argv=None):
+    p = _parser()
+    args = p.parse_args(argv)
+
+    devices, ep, tokens, config = _setup(p, args)
+    ndev, dev0 = len(devices), devices[0]
     print(f"devices: {ndev} x {dev0.device_kind} ({dev0.platform}), jax {jax.__version__}; "
           f"layer E={config.num_experts} top-{config.top_k} H={config.hidden_size} "
           f"I={config.intermediate_size} +{config.n_shared_experts} shared, {config.activation}, "
@@ -131,26 +179,8 @@ def main(argv=None):
             if combine == "psum_scatter" and t % ep:
                 print(f"  {combine}: skipped (T={t} not divisible by {ep})")
                 continue
-            f = jax.jit(lambda x, w, c=combine: jn.moe_expert_parallel(
-                x, w, config, mesh, combine=c, capacity_factor=args.capacity_factor))
-            out = np.asarray(f(xr, sharded))
-            diff = np.abs(out - ref)
-            rel = float((diff / row_max).max())         # NaN anywhere -> NaN -> not ok
-            ok = rel <= args.rtol
-            ms = timer(f, xr, sharded)
-            part = jax.device_put(jnp.ones((ep, t, config.hidden_size), jnp.float32),
-                                  NamedSharding(mesh, P("ep")))
-            ms_coll = timer(collective_fn(mesh, combine), part)
-            row[combine] = {"ms": round(ms, 4), "collective_ms": round(ms_coll, 4),
-                            "collective_share": round(ms_coll / ms, 3),
-                            "max_abs_diff": float(diff.max()),
-                            "max_rel_diff": rel,
-                            "within_rtol": ok}
-            print(f"  ep={ep} {combine:12s}: {ms:8.3f} ms, collective alone {ms_coll:7.3f} ms "
-                  f"({100 * ms_coll / ms:4.1f}%), max |EP - single| {diff.max():.2e} "
-                  f"(max rel {rel:.1e}, "
-                  f"{'OK' if ok else 'FAIL'} at rtol {args.rtol:g})", flush=True)
-            del part
+            row[combine] = _measure_combine(combine, config, mesh, ep, xr, sharded, ref, row_max,
+                                            args, timer)
         results.append(row)
     meta = {**run_info(dev0), "devices": ndev, "ep": ep, "config": {
                 "experts": config.num_experts, "top_k": config.top_k,
@@ -161,16 +191,7 @@ def main(argv=None):
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         write_json(os.path.join(args.out, "bench_ep.json"), meta)
-    print(f"\n| T | single (ms) | ep={ep} psum (ms) | psum alone | ep={ep} psum_scatter (ms) "
-          f"| psum_scatter alone | max rel diff | ok |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in results:
-        a, b = r.get("psum", {}), r.get("psum_scatter", {})
-        rel = max(a.get("max_rel_diff", 0), b.get("max_rel_diff", 0))
-        ok = a.get("within_rtol", True) and b.get("within_rtol", True)
-        print(f"| {r['tokens']} | {r['single_ms']:.3f} | {a.get('ms', float('nan')):.3f} | "
-              f"{a.get('collective_ms', float('nan')):.3f} | {b.get('ms', float('nan')):.3f} | "
-              f"{b.get('collective_ms', float('nan')):.3f} | {rel:.1e} | {ok} |")
+    _print_table(results, ep)
     if not all(r.get(c, {}).get("within_rtol", True) for r in results for c in COMBINES):
         raise SystemExit("expert-parallel output differs from the single-device layer")
     return meta

@@ -21,10 +21,11 @@ FP8_TARGET = "jax_nvfp4_grouped_gemm_fp8"
 
 
 def workspace_bytes(num_groups: int, k: int = 0) -> int:
-    """Bytes of the custom call's workspace output: ``4096 + 32 * num_groups`` for the CUDA
-    handler's schedules, plus ``k`` where the CPU handler decodes one weight row's codes (the
-    handlers allocate nothing themselves)."""
-    return 4096 + 32 * num_groups + k
+    """Bytes of the custom call's workspace output (the handlers allocate nothing themselves):
+    the CUDA handler's schedules for ``num_groups`` groups, plus ``k`` for the CPU handler's
+    decoded weight rows. The formula is the compiled extension's (csrc/gemm_contract.h), the
+    one the handlers check the buffer against."""
+    return int(_extension.load().workspace_bytes(num_groups, k))
 
 
 def _ffi_call(target, args, out_cols, out_dtype, rows_decoded, config, rhs_layout, **attrs):

@@ -170,6 +170,37 @@ def _gather_decisions_bwd(axis_name, devices, t, rw_proto, cts):
 _gather_decisions.defvjp(_gather_decisions_fwd, _gather_decisions_bwd)
 
 
+def _check_expert_parallel_args(x, weights, config, mesh, axis_name, combine, token_ids,
+                                capacity_factor) -> int:
+    """The checks of moe_expert_parallel's arguments beyond validate_moe's; returns the size of
+    the mesh axis."""
+    ep = _ep_size(mesh, axis_name)
+    if config.num_experts % ep:
+        raise ValueError(f"config.num_experts={config.num_experts} is not divisible by the "
+                         f"{ep} devices of mesh axis {axis_name!r}")
+    if combine not in COMBINES:
+        raise ValueError(f"combine: expected one of {COMBINES}, got {combine!r}")
+    t = x.shape[0]
+    if combine == "psum_scatter" and t % ep:
+        raise ValueError(f"x: combine='psum_scatter' needs T={t} divisible by {ep}")
+    if weights.hash_table is not None and token_ids is None:
+        raise ValueError("token_ids: this layer is hash-routed (weights.hash_table is set)")
+    if weights.hash_table is not None:                     # concrete ids: checked here, eagerly
+        check_token_ids(token_ids, weights.hash_table, t)
+    device_capacity(t, config.top_k, ep, capacity_factor)        # checks capacity_factor
+    return ep
+
+
+def _place_for_shard_map(mesh, specs, x, weights, tok):
+    """On an Explicit mesh shard_map's in_specs only assert: move the inputs where the specs say
+    (a token-sharded x from a previous psum_scatter, weights not yet sharded). Other meshes: as
+    they are."""
+    if not any(a == jax.sharding.AxisType.Explicit for a in getattr(mesh, "axis_types", ())):
+        return x, weights, tok
+    put = lambda v, s: jax.sharding.reshard(v, NamedSharding(mesh, s))  # noqa: E731
+    return put(x, P()), jax.tree.map(put, weights, specs), put(tok, P())
+
+
 def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sharding.Mesh, *,
                         axis_name: str = "ep", combine: str = "psum", token_ids=None,
                         backend: str = "auto",
@@ -207,20 +238,9 @@ def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sha
     reduce-scatters the routing weights' (``[T, top_k]`` float32).
     """
     x = validate_moe(x, weights, config)
-    ep = _ep_size(mesh, axis_name)
-    if config.num_experts % ep:
-        raise ValueError(f"config.num_experts={config.num_experts} is not divisible by the "
-                         f"{ep} devices of mesh axis {axis_name!r}")
-    if combine not in COMBINES:
-        raise ValueError(f"combine: expected one of {COMBINES}, got {combine!r}")
+    ep = _check_expert_parallel_args(x, weights, config, mesh, axis_name, combine, token_ids,
+                                     capacity_factor)
     t, h = x.shape
-    if combine == "psum_scatter" and t % ep:
-        raise ValueError(f"x: combine='psum_scatter' needs T={t} divisible by {ep}")
-    if weights.hash_table is not None and token_ids is None:
-        raise ValueError("token_ids: this layer is hash-routed (weights.hash_table is set)")
-    if weights.hash_table is not None:                     # concrete ids: checked here, eagerly
-        check_token_ids(token_ids, weights.hash_table, t)
-    device_capacity(t, config.top_k, ep, capacity_factor)        # checks capacity_factor
     tslice = -(-t // ep)                                   # tokens per device (padded T / ep)
     has_shared = weights.shared_w13 is not None
     tok = jnp.zeros((t,), jnp.int32) if token_ids is None else jnp.asarray(token_ids)
@@ -251,12 +271,7 @@ def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sha
         return out.astype(x.dtype)
 
     specs = weight_specs(weights, axis_name)
-    if any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ())):
-        # On an Explicit mesh in_specs only assert; move the inputs where the specs say (a
-        # token-sharded x from a previous psum_scatter, weights not yet sharded).
-        put = lambda v, s: jax.sharding.reshard(v, NamedSharding(mesh, s))  # noqa: E731
-        x, tok = put(x, P()), put(tok, P())
-        weights = jax.tree.map(put, weights, specs)
+    x, weights, tok = _place_for_shard_map(mesh, specs, x, weights, tok)
     f = jax.shard_map(body, mesh=mesh,
                       in_specs=(P(), specs, P()),
                       out_specs=P() if combine == "psum" else P(axis_name))
