@@ -92,7 +92,7 @@ step images 60 bash -c images
 # outrun the step (92% in 520 s): TESTS names what it runs (default: tests), so two calls can split
 # it, e.g. TESTS=tests/test_gemm.py, then the other files.
 # shellcheck disable=SC2086  # TESTS is a list of paths
-step tests 520 env JAX_NVFP4_SELFTEST="$main/gemm_selftest" python3 -P -m pytest -n 4 -v -p no:cacheprovider \
+step tests 520 env JAX_NVFP4_SELFTEST="$main/gemm_selftest" python3 -P -m pytest -n ${JOBS:-8} -v --durations=15 -p no:cacheprovider \
   -rfE ${TESTS:-tests}
 
 step portable_tests 240 env PYTHONPATH="$port_site" python3 -P -m pytest -n 4 -q -p no:cacheprovider \
