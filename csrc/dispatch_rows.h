@@ -88,7 +88,7 @@ JAX_NVFP4_HD float BlockScale(float amax, bool nan, float gs) {
 // E2M1 midpoint mu with at most 3, mu * s is an exact float32, and a float32 y != mu * s lies at
 // least one float32 step from it, which is more than half a quotient step near mu because s's
 // significand is below 2: so RN(y / s) lies on the same side of mu as y of mu * s, and the
-// rounding is counted from |y|'s comparisons with the seven mu * s (docs/design.md, "Dispatch").
+// rounding is counted from |y|'s comparisons with the seven mu * s (docs/design.md, "Routing and dispatch").
 struct E2m1Grid {
   float t[7];  // mu * s for mu = 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5
   float half;  // s / 2, the grid's step below 2 s

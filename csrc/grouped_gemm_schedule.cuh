@@ -2,7 +2,8 @@
 // csrc/grouped_gemm_wgmma_sm90.cu, csrc/grouped_gemm_fp8_sm90.cu): the workspace layout and the
 // setup kernel that turns the device-side group sizes into clamped row bounds and token-tile prefix
 // sums, and whose other blocks zero the output rows past the last group (the GEMM kernels never
-// write them), so a GEMM is two launches. Included by the .cu files (internal linkage).
+// write them), so a GEMM is two launches (three for the 256-token wgmma configuration, whose short
+// group tails go to the 128-token kernel). Included by the .cu files (internal linkage).
 //
 // Programmatic dependent launch (sm_90): the setup kernel lets the mma GEMM kernel launch while it
 // runs; the dependent waits (griddepcontrol.wait) for its predecessor's completion and memory

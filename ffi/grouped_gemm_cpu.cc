@@ -229,7 +229,8 @@ ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffe
                           ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
                           ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
                           jax_nvfp4::GemmAttrs attrs) {
-  // The kernel configuration is checked like the CUDA handler checks it, and then not used.
+  // The kernel configuration gets the decoders' checks (a compiled configuration of a family that
+  // computes this target's mode) and is then not used.
   jax_nvfp4::GroupedGemmParams p;
   if (ffi::Error err = jax_nvfp4::DecodeGroupedGemm(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, out,
                                                     workspace, attrs, &p);

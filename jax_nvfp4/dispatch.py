@@ -3,9 +3,9 @@ expert rows as the grouped GEMM's bf16 input (the row itself, or the values of i
 quantization), by the custom call "jax_nvfp4_dispatch_rows" (csrc/dispatch_rows.h: a CPU handler
 and a CUDA kernel sharing the per-block arithmetic), beside its jnp reference.
 
-The XLA route it replaces writes more: for W4A4 a quantizer pass (codes and block scales), a gather
-of the packed codes fused with their decode to bf16, each row read once per copy; for W4A16 a
-gather that reads each token row once per copy (docs/archive/perf-log-layer.md).
+An XLA route would write more: for W4A4 a quantizer pass (codes and block scales), a gather of the
+packed codes fused with their decode to bf16, each row read once per copy; for W4A16 a gather that
+reads each token row once per copy (measured in docs/archive/perf-log-layer.md).
 """
 
 from __future__ import annotations
