@@ -1146,3 +1146,48 @@ def test_grad_through_prepared_weights(rng):
         g = np.asarray(jax.jit(jax.grad(f))(x))
         assert rel_err(g, ref) <= 1e-6, backend
         assert (g[17:] == 0).all()
+
+
+def test_cuda_refuses_prepared_weights_until_the_kernel_is_built(rng):
+    """No CUDA kernel reads weights prepared as e4m3 in this build (the prototype has not been run
+    on a GPU: tools/lab/fp8_prepared/): on the GPU the ffi and auto backends refuse them at trace
+    time, naming the layout and the way out, for the GEMM and the layer; the reference backend
+    there gives the fp8 numbers (against float64, the bound of
+    test_cuda_kernel_against_cpu_handler_and_oracle)."""
+    gpus = gpu_devices()
+    if not gpus:
+        skip_or_fail("no GPU")
+    gpu = gpus[0]
+    lhs, rhs, gs, want, mag = gemm_case(rng, m=40, n=128, k=256, g=3, sizes=(9, 0, 25))
+    on = lambda t: jax.device_put(t, gpu)  # noqa: E731
+    lhs, prep, gs = on(lhs), on(jn.prepare_weights(rhs, "fp8")), on(gs)
+    why = r"rhs.layout: precision='fp8' on the GPU reads checkpoint-layout weights only, got 'fp8'.*" \
+          r"not built yet.*backend='reference'"
+    for backend in ("ffi", "auto"):
+        with pytest.raises(ValueError, match=why):
+            jn.grouped_gemm(lhs, prep, gs, backend=backend, precision="fp8")
+        with pytest.raises(ValueError, match=why):
+            jax.jit(lambda a, w, s: jn.grouped_gemm(a, w, s, backend=backend, precision="fp8"))(
+                lhs, prep, gs)
+    c, w, x, _ = moe_layer(rng, "w4a4")
+    c8 = jn.MoEConfig(**{**c.__dict__, "precision": "fp8"})
+    with pytest.raises(ValueError, match=why):
+        jax.jit(lambda x, w: jn.moe(x, w, c8, backend="ffi"))(on(x), on(jn.prepare_weights(w, "fp8")))
+    got = jax.jit(lambda a, w, s: jn.grouped_gemm(a, w, s, backend="reference", precision="fp8",
+                                                  out_dtype=jnp.float32))(lhs, prep, gs)
+    tol = 2.0**-9 * mag + 1e-30
+    assert np.all(np.abs(np.asarray(got, np.float64) - want) <= tol)
+
+
+def test_prepared_weights_refusal_on_gpu_decided_at_trace_time(rng, on_cpu, monkeypatch):
+    """The GPU refusal above, exercised here: the decision is gemm._on_gpu's (the platform the
+    arrays live on, else the default device), taken before anything is lowered."""
+    if not HAS_FFI:
+        pytest.skip("the extension is not built")
+    lhs, rhs, gs, _, _ = gemm_case(rng, m=8, n=32, k=128, g=2, sizes=(4, 4))
+    prep = jn.prepare_weights(rhs, "fp8")
+    monkeypatch.setattr(jn.gemm, "_on_gpu", lambda *a: True)
+    with pytest.raises(ValueError, match=r"got 'fp8' \(Fp8Weights\): the CUDA kernel for weights "
+                                         r"prepared as e4m3 is not built yet"):
+        jn.grouped_gemm(lhs, prep, gs, backend="ffi", precision="fp8")
+    jn.grouped_gemm(lhs, rhs, gs, backend="ffi", precision="fp8")         # checkpoint: runs
