@@ -8,6 +8,8 @@
 // power-of-two float32 scale per row and 128-wide k chunk, W is rounded to e4m3 as
 // e4m3(e2m1 * scale * 2^-3), each chunk's dot is promoted into the float32 accumulator times the
 // row's chunk scale, and the epilogue multiplies by alpha * 2^3 (docs/design.md, "FP8 mode").
+// With rhs_layout 2 (fp8-prepared weights) W arrives already rounded: e4m3 bytes [G, N, K], the same
+// e4m3(e2m1 * scale * 2^-3) values, k in the activations' kernel order inside each 128-wide chunk.
 // SwiGLU epilogue (the custom call "jax_nvfp4_grouped_gemm_glu", params.glu): W's rows are gate/up
 // paired (row 16b + i holds gate feature 8b + i, row 16b + 8 + i up feature 8b + i, i < 8: every
 // kernel's thread holds accumulator rows n and n + 8 for n % 16 < 8), alpha is [G, 2] (gate, up),
@@ -36,7 +38,13 @@ namespace jax_nvfp4 {
 enum class RhsLayout : int32_t {
   kCheckpoint = 0,  // [G, N, K/2] rows, element 2j in the low nibble of byte j; scales [G, N, K/16]
   kSm90 = 1,        // the load-time layout of jax_nvfp4/layout.py (N % 128 == 0, K % 64 == 0)
+  kFp8 = 2,         // FP8 call only: e4m3 [G, N, K], e4m3(e2m1 * scale * 2^-3) in the kernel k order of each
+                    // 128-chunk (jax_nvfp4.prepare_weights(w, "fp8")); no scales (rhs_scales [0])
 };
+
+inline constexpr bool IsKnownLayout(RhsLayout l) {
+  return l == RhsLayout::kCheckpoint || l == RhsLayout::kSm90 || l == RhsLayout::kFp8;
+}
 
 // Kernel families. Each is one kernel file; the table below lists its compiled configurations.
 enum class KernelFamily : int32_t {
@@ -44,6 +52,10 @@ enum class KernelFamily : int32_t {
   kMmaWs = 1,  // the same math, warp-specialized with bulk copies and mbarriers: sm_90, sm90 weights
   kWgmma = 2,  // wgmma with the weights as register operand, TMA, persistent (csrc/grouped_gemm_wgmma_sm90.cu)
   kWgmmaFp8 = 3,  // FP8 mode: e4m3 wgmma, weights decoded to e4m3 in registers (csrc/grouped_gemm_fp8_sm90.cu)
+  kWgmmaFp8Prepared = 4,  // FP8 mode on fp8-prepared weights (rhs_layout 2): both operands by TMA, SS wgmma.
+                          // Not in the build yet (no build runs it; the lab prototype is
+                          // tools/lab/fp8_prepared/): the CPU handler computes its calls, the CUDA
+                          // handler refuses them (ConfigUnsupportedReason).
 };
 
 struct KernelConfig {
@@ -66,6 +78,7 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     {KernelFamily::kMma, 128, 4, 1},  {KernelFamily::kMmaWs, 16, 8, 1},  {KernelFamily::kWgmma, 32, 20, 1},
     {KernelFamily::kWgmma, 64, 12, 1}, {KernelFamily::kWgmma, 128, 8, 1}, {KernelFamily::kWgmma, 256, 5, 2},
     {KernelFamily::kWgmmaFp8, 32, 15, 1}, {KernelFamily::kWgmmaFp8, 64, 12, 1}, {KernelFamily::kWgmmaFp8, 128, 8, 1},
+    {KernelFamily::kWgmmaFp8Prepared, 128, 6, 1},
 };
 inline constexpr int kNumKernelConfigs = static_cast<int>(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
 
@@ -89,8 +102,18 @@ R WithConfigEntry(const KernelConfig& c, R none, Launch&& launch) {
   return WithConfigEntry(c, none, std::forward<Launch>(launch), std::make_integer_sequence<int, kNumKernelConfigs>{});
 }
 
-// Whether `family` computes the FP8 mode (fp8) or the exact mode: wgmma_fp8 alone computes FP8.
-inline constexpr bool FamilyComputesMode(KernelFamily f, bool fp8) { return (f == KernelFamily::kWgmmaFp8) == fp8; }
+// Whether `family` computes the FP8 mode (fp8) or the exact mode: wgmma_fp8 and wgmma_fp8_prepared alone
+// compute FP8.
+inline constexpr bool IsFp8Family(KernelFamily f) {
+  return f == KernelFamily::kWgmmaFp8 || f == KernelFamily::kWgmmaFp8Prepared;
+}
+inline constexpr bool FamilyComputesMode(KernelFamily f, bool fp8) { return IsFp8Family(f) == fp8; }
+
+// The FP8 family that reads weights in `layout`: wgmma_fp8_prepared the fp8-prepared ones, wgmma_fp8 the
+// NVFP4 checkpoint layout (sm90 NVFP4 weights have none on the GPU).
+inline constexpr bool Fp8FamilyReadsLayout(KernelFamily f, RhsLayout layout) {
+  return (f == KernelFamily::kWgmmaFp8Prepared) == (layout == RhsLayout::kFp8);
+}
 
 // The first configuration of `family` with `token_tile` (the self-test's way to name one).
 inline constexpr KernelConfig DefaultConfigFor(KernelFamily family, int32_t token_tile) {
@@ -105,6 +128,7 @@ inline const char* FamilyName(KernelFamily f) {
     case KernelFamily::kMmaWs: return "mma_ws";
     case KernelFamily::kWgmma: return "wgmma";
     case KernelFamily::kWgmmaFp8: return "wgmma_fp8";
+    case KernelFamily::kWgmmaFp8Prepared: return "wgmma_fp8_prepared";
   }
   return "?";
 }
@@ -159,6 +183,15 @@ inline constexpr bool WgmmaShapeOk(const ProblemDesc& d) {
   return ((d.M + 63) / 64 + d.G) * ((d.N + 127) / 128) <= INT32_MAX;
 }
 
+// Shape conditions of the FP8-mode kernel on prepared weights: fp8-prepared weights, K % 128 == 0 (one
+// promotion per 128-wide stage), G * N within the int32 row coordinate of the weights' tensor map, and the
+// tile index of its 128-token tiles within int32.
+inline constexpr bool WgmmaFp8PreparedShapeOk(const ProblemDesc& d) {
+  if (d.K <= 0 || d.K % 128 != 0 || d.layout != RhsLayout::kFp8) return false;
+  if (d.M > INT32_MAX - 256 || d.G * d.N > INT32_MAX) return false;
+  return ((d.M + 127) / 128 + d.G) * ((d.N + 127) / 128) <= INT32_MAX;
+}
+
 // Shape conditions of the FP8-mode kernel: K % 128 == 0 (one promotion per 128-wide stage), the
 // checkpoint weight layout (a thread reads 16 contiguous code bytes of one row per stage) and
 // G * N within the int32 row coordinate of the weights' tensor map.
@@ -169,10 +202,16 @@ inline constexpr bool WgmmaFp8ShapeOk(const ProblemDesc& d) {
 }
 
 // Whether `family` computes this problem (mode, shapes, activation type, weight layout): in FP8
-// mode only wgmma_fp8 (K % 128 == 0, checkpoint weights); otherwise wgmma takes W4A16 with
-// K % 64 == 0, mma_ws sm90 weights with bf16 activations, mma everything.
+// mode only wgmma_fp8 (K % 128 == 0, checkpoint weights) and wgmma_fp8_prepared (K % 128 == 0,
+// fp8-prepared weights); otherwise wgmma takes W4A16 with K % 64 == 0, mma_ws sm90 weights with bf16
+// activations, mma everything but fp8-prepared weights (which belong to the FP8 mode).
 inline constexpr bool FamilyHandles(KernelFamily f, const ProblemDesc& d) {
-  if (d.fp8 || f == KernelFamily::kWgmmaFp8) return d.fp8 && f == KernelFamily::kWgmmaFp8 && WgmmaFp8ShapeOk(d);
+  if (d.fp8 || IsFp8Family(f)) {
+    if (!d.fp8) return false;
+    if (f == KernelFamily::kWgmmaFp8) return WgmmaFp8ShapeOk(d);
+    return f == KernelFamily::kWgmmaFp8Prepared && WgmmaFp8PreparedShapeOk(d);
+  }
+  if (d.layout == RhsLayout::kFp8) return false;
   if (f == KernelFamily::kWgmma) return WgmmaShapeOk(d);
   if (f == KernelFamily::kMmaWs) return d.layout == RhsLayout::kSm90 && !d.a_fp4;
   return true;
@@ -187,6 +226,10 @@ inline constexpr KernelConfig ConfigForFamily(KernelFamily f, const ProblemDesc&
   const int64_t avg = AvgRowsPerGroup(d);
   if (f == KernelFamily::kWgmma) return DefaultConfigFor(f, avg >= 128 ? 256 : avg <= 24 ? 64 : 128);
   if (f == KernelFamily::kWgmmaFp8) return DefaultConfigFor(f, avg <= 24 ? 32 : avg <= 64 ? 64 : 128);
+  // prepared weights: the 128-token tile at every size measured (its WGMMA N follows a tile's rows, so
+  // short tiles cost no MMA work; 32/64-token tiles were no faster at 4 rows per group and 10% slower at
+  // 32: docs/archive/fp8-prepared-lab.md)
+  if (f == KernelFamily::kWgmmaFp8Prepared) return DefaultConfigFor(f, 128);
   if (f == KernelFamily::kMmaWs) return DefaultConfigFor(f, 16);
   return DefaultConfigFor(f, avg <= 12 ? 16 : avg <= 40 ? 32 : 64);
 }
@@ -195,10 +238,12 @@ inline constexpr KernelConfig ConfigForFamily(KernelFamily f, const ProblemDesc&
 // weights faster: 0.35 ms against 0.51 ms at 4 rows per group on the H200, while from 32 rows up
 // wgmma is 1.3-1.8x faster); the warp-specialized mma variant for 16-token tiles of sm90 weights
 // (2-4% faster at decode); otherwise the mma kernel.
-// FP8 mode has one family: its configuration is returned whether or not the device runs it (the
-// handler then names the device).
+// FP8 mode has one family per weight layout (wgmma_fp8_prepared for fp8-prepared weights, wgmma_fp8
+// otherwise): its configuration is returned whether or not the device runs it (the handler then names
+// the device).
 inline constexpr KernelConfig ChooseKernelConfig(const ProblemDesc& d) {
-  if (d.fp8) return ConfigForFamily(KernelFamily::kWgmmaFp8, d);
+  if (d.fp8)
+    return ConfigForFamily(d.layout == RhsLayout::kFp8 ? KernelFamily::kWgmmaFp8Prepared : KernelFamily::kWgmmaFp8, d);
   auto usable = [&d](KernelFamily f) { return (d.families & FamilyBit(f)) && FamilyHandles(f, d); };
   if (usable(KernelFamily::kWgmma) && AvgRowsPerGroup(d) >= 16) return ConfigForFamily(KernelFamily::kWgmma, d);
   const KernelConfig c = ConfigForFamily(KernelFamily::kMma, d);
@@ -212,8 +257,8 @@ inline constexpr KernelConfig ChooseKernelConfig(const ProblemDesc& d) {
 struct GroupedGemmParams {
   const void* lhs = nullptr;            // bf16 [M, K]  or  u8 [M, K/2] packed e2m1 (a_fp4)
   const uint8_t* lhs_scales = nullptr;  // e4m3 [M, K/16] (a_fp4 only)
-  const uint8_t* rhs = nullptr;         // u8 [G, N, K/2] in `rhs_layout`
-  const uint8_t* rhs_scales = nullptr;  // e4m3 [G, N, K/16] in `rhs_layout`
+  const uint8_t* rhs = nullptr;         // u8 [G, N, K/2] in `rhs_layout` (kFp8: e4m3 [G, N, K])
+  const uint8_t* rhs_scales = nullptr;  // e4m3 [G, N, K/16] in `rhs_layout` (kFp8: none, null)
   const float* alpha = nullptr;         // f32 [G] ([G, 2] with the SwiGLU epilogue)
   const int32_t* group_sizes = nullptr; // s32 [G], device memory
   void* out = nullptr;                  // bf16 or f32 [M, N] ([M, N/2] with the SwiGLU epilogue)
@@ -263,16 +308,16 @@ inline const char* GroupedGemmCheckParams(const GroupedGemmParams& p) {
   if (p.M > INT32_MAX - 1 || p.N > INT32_MAX / 2 || p.K > INT32_MAX / 2) return "dimension too large";
   if (p.G > (1 << 20)) return "too many groups";
   if (p.workspace_bytes < GroupedGemmWorkspaceBytes(p.G)) return "workspace too small";
-  if (p.rhs_layout != RhsLayout::kCheckpoint && p.rhs_layout != RhsLayout::kSm90)
-    return "rhs_layout must be 0 (checkpoint) or 1 (sm90)";
+  if (!IsKnownLayout(p.rhs_layout)) return "rhs_layout must be 0 (checkpoint), 1 (sm90) or 2 (fp8)";
+  if (p.rhs_layout == RhsLayout::kFp8 && (!p.fp8 || p.glu)) return "fp8-prepared weights (rhs_layout 2) need the FP8 mode";
   if (p.rhs_layout == RhsLayout::kSm90 && (p.N % 128 != 0 || p.K % 64 != 0))
     return "the sm90 layout needs N % 128 == 0 and K % 64 == 0";
   if (p.fp8 && (p.K % 128 != 0 || p.a_fp4)) return "FP8 mode needs K % 128 == 0 and e4m3 activations";
   if (p.glu && (p.fp8 || p.N % 16 != 0 || !(p.glu_limit > 0.0f)))
     return "the SwiGLU epilogue needs the exact mode, N % 16 == 0 and glu_limit > 0";
   if (p.M > 0 && p.N > 0) {
-    if (!p.lhs || !p.rhs || !p.rhs_scales || !p.alpha || !p.group_sizes || !p.out || !p.workspace)
-      return "null pointer";
+    if (!p.lhs || !p.rhs || !p.alpha || !p.group_sizes || !p.out || !p.workspace) return "null pointer";
+    if (!p.rhs_scales && p.rhs_layout != RhsLayout::kFp8) return "null rhs_scales";
     if (p.a_fp4 && !p.lhs_scales) return "null lhs_scales";
     if (p.fp8 && !p.lhs_chunk_scales) return "null lhs_chunk_scales";
   }
@@ -321,6 +366,9 @@ inline const char* BufferAlignmentError(const GroupedGemmParams& p, const Kernel
     case KernelFamily::kWgmmaFp8:
       if (misaligned(p.rhs_scales, 8)) return "rhs_scales must be 8-byte aligned for kernel wgmma_fp8";
       return misaligned(p.lhs_chunk_scales, 4) ? "lhs_scales must be 4-byte aligned for kernel wgmma_fp8" : nullptr;
+    case KernelFamily::kWgmmaFp8Prepared:
+      return misaligned(p.lhs_chunk_scales, 4) ? "lhs_scales must be 4-byte aligned for kernel wgmma_fp8_prepared"
+                                               : nullptr;
   }
   return nullptr;
 }

@@ -51,7 +51,9 @@ const char* ConfigUnsupportedReason(const KernelConfig& c, int arch) {
   if (!ArchSupported(arch)) return "the CUDA kernels need compute capability 8.0 or newer";
   if (!(BuildRunnableFamilies(arch) & FamilyBit(c.family))) {
     if (!kBuiltSm90a) return "this build carries no sm_90a image (portable build): only the mma family runs";
-    return "the mma_ws, wgmma and wgmma_fp8 families run on compute capability 9.0 (Hopper) only";
+    if (c.family == KernelFamily::kWgmmaFp8Prepared && arch == 90)
+      return "this build carries no wgmma_fp8_prepared kernel";
+    return "the mma_ws, wgmma, wgmma_fp8 and wgmma_fp8_prepared families run on compute capability 9.0 (Hopper) only";
   }
   const bool tma = c.family == KernelFamily::kWgmma || c.family == KernelFamily::kWgmmaFp8;
   if (tma && !tensor_map_encoder_if_built<kBuiltSm90a>())
@@ -64,6 +66,8 @@ cudaError_t LaunchGroupedGemm(const GroupedGemmParams& p, const KernelConfig& c,
   switch (c.family) {
     case KernelFamily::kWgmmaFp8:
       return launch_fp8_if_built<kBuiltSm90a>(p, c, stream);
+    case KernelFamily::kWgmmaFp8Prepared:
+      return cudaErrorNotSupported;  // not in this build (ConfigUnsupportedReason says so first)
     case KernelFamily::kWgmma:
       return launch_wgmma_if_built<kBuiltSm90a>(p, c, stream);
     case KernelFamily::kMma:

@@ -731,7 +731,7 @@ template <int I>
 cudaError_t launch_entry(const GroupedGemmParams& p, const KParams& kp, bool pdl, cudaStream_t stream) {
   constexpr KernelConfig c = kKernelConfigs[I];
   constexpr int BT = c.token_tile, ST = c.stages, WT = warps_t_for(BT), MB = min_blocks_for(BT);
-  if constexpr (c.family == KernelFamily::kWgmma || c.family == KernelFamily::kWgmmaFp8) {
+  if constexpr (c.family != KernelFamily::kMma && c.family != KernelFamily::kMmaWs) {
     return cudaErrorInvalidValue;  // csrc/grouped_gemm_wgmma_sm90.cu, csrc/grouped_gemm_fp8_sm90.cu
   } else if constexpr (c.family == KernelFamily::kMmaWs) {
     return launch_gemm<BT, WT, ST, false, MB, true, true>(kp, p.M, p.G, pdl, stream);

@@ -88,16 +88,24 @@ inline std::string ConfigToString(const KernelConfig& c) {
 // computes the target's mode (fp8: the FP8 call).
 inline ffi::Error CheckAttributes(const std::string& target, const GemmAttrs& attrs, bool fp8) {
   auto bad = [&target](const std::string& m) { return ffi::Error::InvalidArgument(target + ": " + m); };
-  if (attrs.rhs_layout != RhsLayout::kCheckpoint && attrs.rhs_layout != RhsLayout::kSm90)
-    return bad("attribute rhs_layout must be 0 (checkpoint) or 1 (sm90), got " +
+  if (!IsKnownLayout(attrs.rhs_layout))
+    return bad("attribute rhs_layout must be 0 (checkpoint), 1 (sm90) or 2 (fp8), got " +
                std::to_string(static_cast<int>(attrs.rhs_layout)));
+  if (attrs.rhs_layout == RhsLayout::kFp8 && !fp8)
+    return bad("rhs_layout 2 (weights prepared as e4m3 by jax_nvfp4.prepare_weights(w, 'fp8')) belongs to the FP8 "
+               "call jax_nvfp4_grouped_gemm_fp8");
   if (!IsKnownConfig(attrs.config()))
     return bad("attributes " + ConfigToString(attrs.config()) +
                " are not a compiled kernel configuration (jax_nvfp4.kernel_configs() lists them)");
   if (!FamilyComputesMode(attrs.kernel, fp8))
     return bad(fp8 ? "attributes " + ConfigToString(attrs.config()) +
-                         " compute the exact mode: the FP8 call takes kernel 3 (wgmma_fp8) only"
-                   : std::string("kernel 3 (wgmma_fp8) computes the FP8 mode: it belongs to jax_nvfp4_grouped_gemm_fp8"));
+                         " compute the exact mode: the FP8 call takes kernels 3 (wgmma_fp8) and 4 (wgmma_fp8_prepared) only"
+                   : std::string("kernels 3 (wgmma_fp8) and 4 (wgmma_fp8_prepared) compute the FP8 mode: they "
+                                 "belong to jax_nvfp4_grouped_gemm_fp8"));
+  if (fp8 && !Fp8FamilyReadsLayout(attrs.kernel, attrs.rhs_layout))
+    return bad("attributes " + ConfigToString(attrs.config()) + " do not read rhs_layout " +
+               std::to_string(static_cast<int>(attrs.rhs_layout)) +
+               ": kernel 4 (wgmma_fp8_prepared) reads the fp8-prepared weights (rhs_layout 2) and only it");
   return ffi::Error::Success();
 }
 
@@ -111,21 +119,25 @@ inline ffi::Error CheckParams(const std::string& target, const GroupedGemmParams
 }
 
 // Checks all calls share (their error messages start with `target`): rhs_scales [G, N, K/16]
-// e4m3, alpha and group_sizes [G], out [M, N] f32/bf16, the workspace size; with glu (the SwiGLU
-// call) alpha [2G] and out [M, N/2]. On success fills the pointers, sizes and out_f32 of *p that do
-// not depend on the activation type.
+// e4m3 (prepared: [0], rhs_data holding one e4m3 byte per weight), alpha and group_sizes [G], out
+// [M, N] f32/bf16, the workspace size; with glu (the SwiGLU call) alpha [2G] and out [M, N/2]. On
+// success fills the pointers, sizes and out_f32 of *p that do not depend on the activation type.
 inline ffi::Error CheckRhsAndOutputs(const std::string& target, U8Buffer3 rhs, ffi::AnyBuffer rhs_scales,
                                      F32Buffer1 alpha, S32Buffer1 group_sizes, ffi::Result<ffi::AnyBuffer> out,
                                      ffi::Result<U8Buffer1> workspace, int64_t M, GroupedGemmParams* p,
-                                     bool glu = false) {
+                                     bool glu = false, bool prepared = false) {
   auto bad = [&](const std::string& m) { return ffi::Error::InvalidArgument(target + ": " + m); };
   const auto rd = rhs.dimensions();
-  const int64_t G = rd[0], N = rd[1], K = 2 * rd[2];
+  const int64_t G = rd[0], N = rd[1], K = prepared ? rd[2] : 2 * rd[2];
   if (rhs_scales.element_type() != ffi::DataType::F8E4M3FN) return bad("rhs_scales must be float8_e4m3fn");
   const auto rsd = rhs_scales.dimensions();
-  if (rsd.size() != 3 || rsd[0] != G || rsd[1] != N || rsd[2] != K / 16)
+  if (prepared) {
+    if (rsd.size() != 1 || rsd[0] != 0)
+      return bad("with fp8-prepared weights (rhs_layout 2) rhs_scales must have shape [0], got " + DimsToString(rsd));
+  } else if (rsd.size() != 3 || rsd[0] != G || rsd[1] != N || rsd[2] != K / 16) {
     return bad("rhs_scales shape " + DimsToString(rsd) + " does not match [G, N, K/16] = [" + std::to_string(G) +
                ", " + std::to_string(N) + ", " + std::to_string(K / 16) + "]");
+  }
   if (alpha.dimensions()[0] != (glu ? 2 * G : G))
     return bad(std::string(glu ? "alpha must have shape [2G] (gate, up per group) = [" : "alpha must have shape [G] = [") +
                std::to_string(glu ? 2 * G : G) + "], got " + DimsToString(alpha.dimensions()));
@@ -139,14 +151,15 @@ inline ffi::Error CheckRhsAndOutputs(const std::string& target, U8Buffer3 rhs, f
   if (od.size() != 2 || od[0] != M || od[1] != cols)
     return bad("out shape " + DimsToString(od) + " does not match " + (glu ? "[M, N/2]" : "[M, N]") + " = [" +
                std::to_string(M) + ", " + std::to_string(cols) + "]");
-  // the CPU handlers decode one weight row (two with glu: a gate row and its up row) into the workspace
-  const int64_t ws_rows = glu ? 2 : 1;
+  // the CPU handlers decode one weight row (two with glu: a gate row and its up row; none for prepared
+  // weights, read as they lie) into the workspace
+  const int64_t ws_rows = prepared ? 0 : glu ? 2 : 1;
   const int64_t ws_bytes = workspace->dimensions()[0];
   if (ws_bytes < CustomCallWorkspaceBytes(G, ws_rows * K))
     return bad("workspace has " + std::to_string(ws_bytes) + " bytes, needs " +
                std::to_string(CustomCallWorkspaceBytes(G, ws_rows * K)));
   p->rhs = rhs.typed_data();
-  p->rhs_scales = static_cast<const uint8_t*>(rhs_scales.untyped_data());
+  p->rhs_scales = prepared ? nullptr : static_cast<const uint8_t*>(rhs_scales.untyped_data());
   p->alpha = alpha.typed_data();
   p->group_sizes = group_sizes.typed_data();
   p->out = out->untyped_data();
@@ -254,7 +267,8 @@ inline ffi::Error DecodeGroupedGemmGlu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_sc
 }
 
 // The FP8-mode call: lhs e4m3 [M, K] (kernel k order), lhs_scales f32 [K/128, M], rhs as for the
-// exact call, kernel wgmma_fp8. Checks the attributes and buffers and fills *p.
+// exact call with kernel wgmma_fp8, or (rhs_layout 2) e4m3 bytes [G, N, K] in the kernel k order with
+// rhs_scales [0] and kernel wgmma_fp8_prepared. Checks the attributes and buffers and fills *p.
 inline ffi::Error DecodeGroupedGemmFp8(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs,
                                        ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
                                        ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
@@ -262,11 +276,13 @@ inline ffi::Error DecodeGroupedGemmFp8(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_sc
   auto bad = [](const std::string& m) { return ffi::Error::InvalidArgument("jax_nvfp4_grouped_gemm_fp8: " + m); };
   if (ffi::Error err = CheckAttributes("jax_nvfp4_grouped_gemm_fp8", attrs, /*fp8=*/true); err.failure()) return err;
 
+  const bool prepared = attrs.rhs_layout == RhsLayout::kFp8;
   const auto rd = rhs.dimensions();
-  const int64_t G = rd[0], N = rd[1], K = 2 * rd[2];
+  const int64_t G = rd[0], N = rd[1], K = prepared ? rd[2] : 2 * rd[2];
   if (G < 1) return bad("rhs_data must have at least one group, got shape " + DimsToString(rd));
-  if (K % 128 != 0) return bad("FP8 mode needs K = 2 * rhs_data.shape[2] to be a multiple of 128, got K = " +
-                               std::to_string(K));
+  if (K % 128 != 0)
+    return bad(std::string("FP8 mode needs K = ") + (prepared ? "rhs_data.shape[2]" : "2 * rhs_data.shape[2]") +
+               " to be a multiple of 128, got K = " + std::to_string(K));
   const auto ld = lhs.dimensions();
   if (lhs.element_type() != ffi::DataType::F8E4M3FN || ld.size() != 2 || ld[1] != K)
     return bad("lhs must be float8_e4m3fn [M, K] with K = " + std::to_string(K) + ", got shape " + DimsToString(ld));
@@ -277,7 +293,7 @@ inline ffi::Error DecodeGroupedGemmFp8(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_sc
                "], got shape " + DimsToString(lsd));
 
   if (ffi::Error err = CheckRhsAndOutputs("jax_nvfp4_grouped_gemm_fp8", rhs, rhs_scales, alpha, group_sizes, out,
-                                          workspace, M, p);
+                                          workspace, M, p, /*glu=*/false, prepared);
       err.failure())
     return err;
   if (attrs.rhs_layout == RhsLayout::kSm90 && N % 128 != 0)

@@ -12,6 +12,9 @@
 // The FP8-mode handler ("jax_nvfp4_grouped_gemm_fp8", same file) computes the arithmetic of
 // docs/design.md "FP8 mode": weights rounded to e4m3 as e4m3(e2m1 * scale * 2^-3), one float32 dot
 // per 128-wide chunk, promoted with fma(part, chunk scale, acc), the epilogue times alpha * 2^3.
+// Weights prepared as e4m3 (rhs_layout 2: those values, in the kernel k order inside each chunk) are
+// read as they lie; the products and their order are those of the NVFP4 weights' loop, so the result
+// is bitwise the same.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -272,13 +275,14 @@ ffi::Error GroupedGemmFp8Cpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Bu
   const int64_t N = p.N, K = p.K;
   const bool out_f32 = p.out_f32;
   const bool sm90 = p.rhs_layout == jax_nvfp4::RhsLayout::kSm90;
+  const bool prepared = p.rhs_layout == jax_nvfp4::RhsLayout::kFp8;
 
   float e4m3[256];
   for (int i = 0; i < 256; ++i) e4m3[i] = E4m3ToFloat(static_cast<uint8_t>(i));
   int logical[128];
   for (int s = 0; s < 128; ++s) logical[s] = KernelOrderToLogical(s);
-  const uint8_t* w = rhs_data.typed_data();
-  const uint8_t* ws = static_cast<const uint8_t*>(rhs_scales.untyped_data());
+  const uint8_t* w = p.rhs;
+  const uint8_t* ws = p.rhs_scales;
   const uint8_t* a8 = static_cast<const uint8_t*>(p.lhs);
   const float* xs = p.lhs_chunk_scales;
   const float* al = alpha.typed_data();
@@ -286,18 +290,26 @@ ffi::Error GroupedGemmFp8Cpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Bu
   uint16_t* ob = static_cast<uint16_t*>(out->untyped_data());
   const int64_t KB = K / 16, KC = K / 128;
 
-  // workspace: one weight row's codes, then (in place) its e4m3 weights, in k order
+  // workspace: one weight row's codes, then (in place) its e4m3 weights, in logical k order; prepared
+  // weights: the row itself, already in the kernel k order (position s of a chunk holds logical[s])
   uint8_t* wrow = workspace->typed_data();
+  int w_index[128];
+  for (int s = 0; s < 128; ++s) w_index[s] = prepared ? s : logical[s];
   ForEachGroup(p, [&](int64_t g, int64_t start, int64_t end) {
     for (int64_t n = 0; n < N && start < end; ++n) {
-      const uint8_t* wg = w + g * N * (K / 2);
-      if (sm90) RowCodesSm90(wg, K, n, wrow);
-      else RowCodesCheckpoint(wg, K, n, wrow);
-      const uint8_t* wsrow = sm90 ? ws + (g * N + n / 128 * 128) * KB + 4 * (n % 128) : ws + (g * N + n) * KB;
-      const int64_t qstride = sm90 ? 512 : 4;
-      for (int64_t k = 0; k < K; ++k) {  // e4m3(e2m1 * scale * 2^-3): the product is exact in float32
-        const float scale = e4m3[wsrow[qstride * (k / 64) + (k / 16) % 4]];
-        wrow[k] = FloatToE4m3(kE2m1[wrow[k]] * scale * 0.125f);
+      const uint8_t* w8 = wrow;
+      if (prepared) {
+        w8 = w + (g * N + n) * K;
+      } else {
+        const uint8_t* wg = w + g * N * (K / 2);
+        if (sm90) RowCodesSm90(wg, K, n, wrow);
+        else RowCodesCheckpoint(wg, K, n, wrow);
+        const uint8_t* wsrow = sm90 ? ws + (g * N + n / 128 * 128) * KB + 4 * (n % 128) : ws + (g * N + n) * KB;
+        const int64_t qstride = sm90 ? 512 : 4;
+        for (int64_t k = 0; k < K; ++k) {  // e4m3(e2m1 * scale * 2^-3): the product is exact in float32
+          const float scale = e4m3[wsrow[qstride * (k / 64) + (k / 16) % 4]];
+          wrow[k] = FloatToE4m3(kE2m1[wrow[k]] * scale * 0.125f);
+        }
       }
       const float mul = al[g] * 8.f;
       for (int64_t r = start; r < end; ++r) {
@@ -305,7 +317,7 @@ ffi::Error GroupedGemmFp8Cpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Bu
         for (int64_t c = 0; c < KC; ++c) {
           float part = 0.f;
           for (int s = 0; s < 128; ++s)
-            part += e4m3[a8[r * K + 128 * c + s]] * e4m3[wrow[128 * c + logical[s]]];
+            part += e4m3[a8[r * K + 128 * c + s]] * e4m3[w8[128 * c + w_index[s]]];
           acc = std::fma(part, xs[c * p.M + r], acc);
         }
         const float v = acc * mul;

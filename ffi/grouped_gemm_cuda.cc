@@ -100,7 +100,9 @@ ffi::Error GroupedGemmGluCudaImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::
   return CheckAndLaunch(p, attrs.gemm().config(), stream);
 }
 
-// The FP8 mode ("jax_nvfp4_grouped_gemm_fp8"): the wgmma_fp8 kernel, checkpoint-layout weights.
+// The FP8 mode ("jax_nvfp4_grouped_gemm_fp8"): the wgmma_fp8 kernel on checkpoint-layout weights.
+// fp8-prepared weights (rhs_layout 2) name the wgmma_fp8_prepared family, which this build does not
+// carry: CheckAndLaunch refuses it (ConfigUnsupportedReason), before anything is launched.
 ffi::Error GroupedGemmFp8CudaImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs,
                                   ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
                                   ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
@@ -110,7 +112,7 @@ ffi::Error GroupedGemmFp8CudaImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::
                                                        workspace, attrs, &p);
       err.failure())
     return err;
-  if (p.rhs_layout != jax_nvfp4::RhsLayout::kCheckpoint)
+  if (p.rhs_layout == jax_nvfp4::RhsLayout::kSm90)
     return ffi::Error::InvalidArgument(
         "jax_nvfp4_grouped_gemm_fp8: the CUDA kernel reads checkpoint-layout weights only (rhs_layout 0), got "
         "rhs_layout 1 (sm90); use jax_nvfp4.prepare_weights(w, 'checkpoint') for the FP8 mode");

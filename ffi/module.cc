@@ -33,13 +33,22 @@ static nb::capsule EncapsulateFfiHandler(Fn* fn) {
 
 using ConfigTuple = std::tuple<std::string, int, int, int>;  // (family, token_tile, stages, cluster)
 
+static constexpr jax_nvfp4::KernelFamily kFamilies[] = {
+    jax_nvfp4::KernelFamily::kMma, jax_nvfp4::KernelFamily::kMmaWs, jax_nvfp4::KernelFamily::kWgmma,
+    jax_nvfp4::KernelFamily::kWgmmaFp8, jax_nvfp4::KernelFamily::kWgmmaFp8Prepared};
+
 static ConfigTuple ToTuple(const jax_nvfp4::KernelConfig& c) {
   return {jax_nvfp4::FamilyName(c.family), c.token_tile, c.stages, c.cluster};
 }
 
 // The problem the heuristic sees, from the Python-side arguments.
+// rhs_layout: the custom call's attribute code (0 checkpoint, 1 sm90, 2 fp8-prepared).
 static jax_nvfp4::ProblemDesc Problem(int64_t m, int64_t n, int64_t k, int64_t g, int64_t rows_hint, bool a_fp4,
-                                      bool sm90_layout, bool fp8) {
+                                      int rhs_layout, bool fp8) {
+  const auto layout = static_cast<jax_nvfp4::RhsLayout>(rhs_layout);
+  if (!jax_nvfp4::IsKnownLayout(layout))
+    throw nb::value_error(("rhs_layout: expected 0 (checkpoint), 1 (sm90) or 2 (fp8), got " +
+                           std::to_string(rhs_layout)).c_str());
   jax_nvfp4::ProblemDesc d;
   d.M = m;
   d.N = n;
@@ -47,7 +56,7 @@ static jax_nvfp4::ProblemDesc Problem(int64_t m, int64_t n, int64_t k, int64_t g
   d.G = g;
   d.rows_hint = rows_hint;
   d.a_fp4 = a_fp4;
-  d.layout = sm90_layout ? jax_nvfp4::RhsLayout::kSm90 : jax_nvfp4::RhsLayout::kCheckpoint;
+  d.layout = layout;
   d.fp8 = fp8;
   return d;
 }
@@ -88,42 +97,42 @@ NB_MODULE(_jax_nvfp4, m) {
   m.def("runnable_families", [](int arch) {
     const uint32_t f = jax_nvfp4::RunnableFamilies(arch, jax_nvfp4::kBuiltCuda, jax_nvfp4::kBuiltSm90a);
     nb::list l;
-    for (auto fam : {jax_nvfp4::KernelFamily::kMma, jax_nvfp4::KernelFamily::kMmaWs, jax_nvfp4::KernelFamily::kWgmma,
-                     jax_nvfp4::KernelFamily::kWgmmaFp8})
+    for (auto fam : kFamilies)
       if (f & jax_nvfp4::FamilyBit(fam)) l.append(std::string(jax_nvfp4::FamilyName(fam)));
     return l;
   }, nb::arg("arch"), "The kernel families this build runs on compute capability arch (10 * major + minor).");
   m.def(
       "config_for_family",
       [](const std::string& family, int64_t m, int64_t n, int64_t k, int64_t g, int64_t rows_hint, bool a_fp4,
-         bool sm90_layout, bool fp8) -> nb::object {
-        jax_nvfp4::ProblemDesc d = Problem(m, n, k, g, rows_hint, a_fp4, sm90_layout, fp8);
-        for (auto fam : {jax_nvfp4::KernelFamily::kMma, jax_nvfp4::KernelFamily::kMmaWs, jax_nvfp4::KernelFamily::kWgmma,
-                     jax_nvfp4::KernelFamily::kWgmmaFp8})
+         int rhs_layout, bool fp8) -> nb::object {
+        jax_nvfp4::ProblemDesc d = Problem(m, n, k, g, rows_hint, a_fp4, rhs_layout, fp8);
+        for (auto fam : kFamilies)
           if (family == jax_nvfp4::FamilyName(fam)) {
             if (!jax_nvfp4::FamilyHandles(fam, d)) return nb::none();
             return nb::cast(ToTuple(jax_nvfp4::ConfigForFamily(fam, d)));
           }
         throw nb::value_error(
-            ("kernel: unknown family '" + family + "' (expected mma, mma_ws, wgmma or wgmma_fp8)").c_str());
+            ("kernel: unknown family '" + family + "' (expected mma, mma_ws, wgmma, wgmma_fp8 or wgmma_fp8_prepared)")
+                .c_str());
       },
       nb::arg("family"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("g"), nb::arg("rows_hint"),
-      nb::arg("a_fp4"), nb::arg("sm90_layout"), nb::arg("fp8") = false,
+      nb::arg("a_fp4"), nb::arg("rhs_layout"), nb::arg("fp8") = false,
       "The configuration of one family for this problem (its token-tile rule), or None where the family does not "
       "handle it.");
   m.def(
       "choose_kernel",
-      [](int arch, int64_t m, int64_t n, int64_t k, int64_t g, int64_t rows_hint, bool a_fp4, bool sm90_layout,
+      [](int arch, int64_t m, int64_t n, int64_t k, int64_t g, int64_t rows_hint, bool a_fp4, int rhs_layout,
          int64_t families, bool fp8) {
-        jax_nvfp4::ProblemDesc d = Problem(m, n, k, g, rows_hint, a_fp4, sm90_layout, fp8);
+        jax_nvfp4::ProblemDesc d = Problem(m, n, k, g, rows_hint, a_fp4, rhs_layout, fp8);
         d.arch = arch;
         d.families = families >= 0 ? static_cast<uint32_t>(families)
                                    : jax_nvfp4::RunnableFamilies(arch, jax_nvfp4::kBuiltCuda, jax_nvfp4::kBuiltSm90a);
         return ToTuple(jax_nvfp4::ChooseKernelConfig(d));
       },
       nb::arg("arch"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("g"), nb::arg("rows_hint"),
-      nb::arg("a_fp4"), nb::arg("sm90_layout"), nb::arg("families") = -1, nb::arg("fp8") = false,
-      "The kernel configuration ChooseKernelConfig picks, as (family, token_tile, stages, cluster). families: "
-      "a mask of 1 << family (0 mma, 1 mma_ws, 2 wgmma, 3 wgmma_fp8) the device can run; -1: this build's on "
-      "arch. fp8: the FP8 mode (the jax_nvfp4_grouped_gemm_fp8 call).");
+      nb::arg("a_fp4"), nb::arg("rhs_layout"), nb::arg("families") = -1, nb::arg("fp8") = false,
+      "The kernel configuration ChooseKernelConfig picks, as (family, token_tile, stages, cluster). rhs_layout: 0 "
+      "checkpoint, 1 sm90, 2 fp8-prepared. families: a mask of 1 << family (0 mma, 1 mma_ws, 2 wgmma, 3 wgmma_fp8, "
+      "4 wgmma_fp8_prepared) the device can run; -1: this build's on arch. fp8: the FP8 mode (the "
+      "jax_nvfp4_grouped_gemm_fp8 call).");
 }

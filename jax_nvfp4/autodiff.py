@@ -32,7 +32,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from .formats import Fp8Rows, NVFP4Tensor
+from .formats import FP8_WEIGHT_SHIFT, Fp8Rows, Fp8Weights, NVFP4Tensor
 from .quantization import e2m1_scaled, refuse_derivative
 from .gemm_args import check_group_sizes, group_bounds, row_groups
 from .varying import varying_axes
@@ -61,7 +61,9 @@ def lhs_cotangent(dy: jax.Array, rhs: NVFP4Tensor, group_sizes: jax.Array) -> ja
 
     Args:
       dy: float ``[M, N]``, the output cotangent.
-      rhs: NVFP4Tensor ``[G, N, K]`` (either layout), global_scale ``[G]`` or ``[]``.
+      rhs: NVFP4Tensor ``[G, N, K]`` (either layout), global_scale ``[G]`` or ``[]``; or
+        :class:`~jax_nvfp4.formats.Fp8Weights` (then ``W`` is its e4m3 values times 8, the
+        weights the fp8 forward computes with).
       group_sizes: int32 ``[G]`` (negative sizes count as 0, the running sum is clamped to M).
 
     Returns:
@@ -70,8 +72,11 @@ def lhs_cotangent(dy: jax.Array, rhs: NVFP4Tensor, group_sizes: jax.Array) -> ja
       NaN are NaN (as that group's forward rows are).
     """
     m = dy.shape[0]
-    g = rhs.data.shape[0]
-    w = e2m1_scaled(rhs, jnp.float32)                            # [G, N, K], exact
+    g = rhs.shape[0]
+    if isinstance(rhs, Fp8Weights):                  # the e4m3 weights the forward used, exact
+        w = rhs.logical_codes().astype(jnp.float32) * jnp.float32(2.0**FP8_WEIGHT_SHIFT)
+    else:
+        w = e2m1_scaled(rhs, jnp.float32)                        # [G, N, K], exact
     alpha = jnp.broadcast_to(rhs.global_scale.astype(jnp.float32), (g,))
     starts, ends = group_bounds(group_sizes, m)
     gid, valid = row_groups(ends, m)
@@ -176,10 +181,11 @@ def differentiable_lhs(gemm):
 
     @functools.wraps(gemm)
     def wrapped(lhs, rhs, group_sizes, **kwargs):
-        if isinstance(lhs, (NVFP4Tensor, Fp8Rows)) or not isinstance(rhs, NVFP4Tensor):
+        if isinstance(lhs, (NVFP4Tensor, Fp8Rows)) or not isinstance(rhs, (NVFP4Tensor,
+                                                                             Fp8Weights)):
             return gemm(lhs, rhs, group_sizes, **kwargs)   # (bad rhs: gemm raises the error)
         # Checked here, before custom_vjp turns them into an int32 array (a wrap).
-        group_sizes = check_group_sizes(group_sizes, rhs.data.shape[0])
+        group_sizes = check_group_sizes(group_sizes, rhs.shape[0])
         return frozen_weights(lambda a, w, gs, _: gemm(a, w, gs, **kwargs), lhs, rhs, group_sizes)
 
     return wrapped

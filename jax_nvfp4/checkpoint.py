@@ -87,7 +87,8 @@ import ml_dtypes
 import numpy as np
 
 from .hf_folder import open_checkpoint, where_looked
-from .formats import BLOCK_SIZE, E2M1_VALUES, E4M3_MAX, E2M1_MAX, K_MULTIPLE, LAYOUTS, NVFP4Tensor
+from .formats import BLOCK_SIZE, E2M1_VALUES, E4M3_MAX, E2M1_MAX, K_MULTIPLE, NVFP4Tensor
+from .options import WEIGHT_LAYOUTS
 from .prepare import prepare_weights
 from .moe_params import MoEConfig, MoEWeights
 from .safetensors_io import (SafetensorsReader, read_safetensors, read_safetensors_metadata,
@@ -379,7 +380,9 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
         vectorized over experts; see the module docstring).
       layout: ``"checkpoint"`` (the stored byte order) or ``"sm90"``: the NVFP4 weights come back
         through :func:`jax_nvfp4.prepare_weights` (the Hopper kernels' load-time layout, gate/up
-        rows paired: ``w13_paired``).
+        rows paired: ``w13_paired``); ``"fp8"``: through ``prepare_weights(w, "fp8")``, each
+        NVFP4 weight an :class:`~jax_nvfp4.formats.Fp8Weights` (``precision="fp8"`` only; 8 bits
+        per weight; stored row order).
 
     Returns:
       MoEWeights with (E = config.num_experts or len(experts), I = intermediate_size,
@@ -398,8 +401,8 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
       mismatch, or a weight_scale_2 / input scale that is not finite and positive;
       FileNotFoundError for a path that is neither a file nor a folder.
     """
-    if layout not in LAYOUTS:   # before reading gigabytes
-        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    if layout not in WEIGHT_LAYOUTS:   # before reading gigabytes
+        raise ValueError(f"layout: expected one of {WEIGHT_LAYOUTS}, got {layout!r}")
     src = _as_source(source)
     prefix = prefix.rstrip(".")
     _check_dims(config)

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .options import LAYOUTS
+from .options import FP8_CHUNK, FP8_LAYOUT, LAYOUTS
 from .rows import take_rows
 
 BLOCK_SIZE = 16
@@ -269,6 +269,105 @@ class Fp8Rows:
         if jnp.dtype(g.dtype) != jnp.float32 or g.ndim != 0:
             raise ValueError(f"{name}.global_scale: expected a float32 scalar, got {g.dtype} "
                              f"{list(g.shape)}")
+        return self
+
+
+def to_kernel_k_order(q: jax.Array) -> jax.Array:
+    """``[..., K]`` -> ``[..., K]``: inside each 128-wide chunk, position ``32j + 16h + 4t + i``
+    holds logical k ``32t + 8j + 4h + i`` (t, j in 0..3, h in 0..1, i in 0..3), the order the
+    CUDA kernel's fp8 fragments read. Any dtype; K % 128 == 0."""
+    lead, k = q.shape[:-1], q.shape[-1]
+    if k % FP8_CHUNK:
+        raise ValueError(f"q: K={k} is not a multiple of {FP8_CHUNK}")
+    n = len(lead)
+    v = q.reshape(lead + (k // FP8_CHUNK, 4, 4, 2, 4))               # (t, j, h, i)
+    v = jnp.transpose(v, tuple(range(n + 1)) + tuple(n + 1 + a for a in (1, 2, 0, 3)))
+    return v.reshape(lead + (k,))                                    # (j, h, t, i)
+
+
+def from_kernel_k_order(q: jax.Array) -> jax.Array:
+    """The inverse of :func:`to_kernel_k_order`."""
+    lead, k = q.shape[:-1], q.shape[-1]
+    if k % FP8_CHUNK:
+        raise ValueError(f"q: K={k} is not a multiple of {FP8_CHUNK}")
+    n = len(lead)
+    v = q.reshape(lead + (k // FP8_CHUNK, 4, 2, 4, 4))               # (j, h, t, i)
+    v = jnp.transpose(v, tuple(range(n + 1)) + tuple(n + 1 + a for a in (2, 0, 1, 3)))
+    return v.reshape(lead + (k,))                                    # (t, j, h, i)
+
+
+FP8_WEIGHT_SHIFT = 3
+"""Weights prepared for the FP8 mode hold ``e2m1 * scale * 2^-3`` (at most 336, inside e4m3's 448);
+the GEMM epilogue multiplies by ``2^3``."""
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True)
+class Fp8Weights:
+    """NVFP4 weights prepared once as e4m3 for the FP8 compute mode (``precision="fp8"``), the
+    layout ``"fp8"`` of :func:`jax_nvfp4.prepare_weights`: a grouped GEMM rhs and a MoE layer
+    weight, like an :class:`NVFP4Tensor` in the other layouts.
+
+    Attributes:
+      codes: float8_e4m3fn ``[..., N, K]`` (K % 128 == 0), one byte per weight:
+        ``e4m3(e2m1 * float(block scale) * 2^-3)`` of the source NVFP4 weight (the operand the FP8
+        mode computes with on every backend; the product is exact in float32, the cast rounds to
+        nearest even, a NaN block scale gives NaN codes), with k in the kernel order inside each
+        128-wide chunk (:func:`to_kernel_k_order`: the order of the activations' codes, so the
+        CUDA kernel loads both operands as they lie).
+      global_scale: float32, the source tensor's global scale unchanged (``[]``, ``[G]``, or
+        ``[G, 2]`` for separate halves of N, as :class:`NVFP4Tensor`).
+
+    Value: ``codes[..., n, k] * 2^3 * global_scale`` (codes read in the logical k order). The GEMM
+    epilogue factor is ``global_scale * 2^3`` (times the lhs's global scale), as for NVFP4 weights
+    in the FP8 mode, so the prepared weights give that mode's numbers exactly.
+
+    Memory: 8 bits per weight, against NVFP4's 4.5 (codes plus one e4m3 scale per 16). The e4m3
+    rounding is not invertible (``e2m1 * scale`` can need 6 significant bits, e4m3 holds 4): keep
+    the NVFP4 weights to go back to the exact mode or to a checkpoint.
+    """
+
+    codes: jax.Array
+    global_scale: jax.Array
+
+    layout = FP8_LAYOUT
+    """Always ``"fp8"`` (a class constant, not a field: the type is the layout)."""
+
+    def tree_flatten(self):
+        return (self.codes, self.global_scale), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Logical shape ``[..., N, K]`` (the codes' shape)."""
+        return tuple(self.codes.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.codes.shape)
+
+    def logical_codes(self) -> jax.Array:
+        """float8_e4m3fn ``[..., N, K]``: the codes in the logical k order."""
+        return from_kernel_k_order(self.codes)
+
+    def validate(self, name: str = "tensor") -> "Fp8Weights":
+        """Check dtypes and shapes; raise ValueError naming ``name`` and what was expected."""
+        c, g = self.codes, self.global_scale
+        if c.dtype != jnp.float8_e4m3fn or c.ndim < 2 or c.shape[-1] == 0 or c.shape[-1] % FP8_CHUNK:
+            raise ValueError(f"{name}.codes: expected float8_e4m3fn [..., N, K] with K a positive "
+                             f"multiple of {FP8_CHUNK} (jax_nvfp4.prepare_weights(w, 'fp8')), got "
+                             f"{c.dtype} {list(c.shape)}")
+        if jnp.dtype(g.dtype) != jnp.float32:
+            raise ValueError(f"{name}.global_scale: expected float32, got {g.dtype}")
+        lead = tuple(c.shape[:-1])
+        if not _is_half_split(g.shape, lead) and (
+                g.ndim > len(lead) or any(a not in (1, b) for a, b in zip(g.shape, lead))):
+            raise ValueError(f"{name}.global_scale: shape {tuple(g.shape)} does not match the "
+                             f"leading axes {lead} (use [] for one tensor, [G] for [G, N, K], "
+                             f"[G, 2] for separate first/second halves of N)")
         return self
 
 

@@ -41,7 +41,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _extension
-from .formats import FP8_K_ORDERS, Fp8Rows, NVFP4Tensor
+from .formats import (FP8_K_ORDERS, FP8_WEIGHT_SHIFT, Fp8Rows, Fp8Weights, NVFP4Tensor,
+                      from_kernel_k_order, to_kernel_k_order)
+from .layout import _on_each_shard
 from .quantization import e2m1_scaled, refuse_derivative
 from .gemm_args import check_group_sizes, group_bounds, row_groups, to_out_dtype, validate_gemm_args
 from .options import FP8_CHUNK, check_precision, resolve_backend
@@ -49,7 +51,7 @@ from .varying import varying_type
 
 CHUNK = FP8_CHUNK
 """k values per activation scale (and per float32 promotion of the kernel's accumulator)."""
-WEIGHT_SHIFT = 3
+WEIGHT_SHIFT = FP8_WEIGHT_SHIFT
 """The weights enter e4m3 as ``e2m1 * scale * 2^-3``; the epilogue multiplies by ``2^3``."""
 QUANTIZE_TARGET = "jax_nvfp4_quantize_fp8"
 """The custom call of the activation quantizer in the kernel k order (csrc/quantize_fp8.h)."""
@@ -201,44 +203,62 @@ def _quantize_activations(x, route: str):
     return codes.reshape(m, k), scales
 
 
-def weights_fp8(rhs: NVFP4Tensor) -> jax.Array:
+def weights_fp8(rhs) -> jax.Array:
     """NVFP4 weights to the fp8 mode's e4m3 operand: ``e4m3(e2m1 * float(scale) * 2^-3)``.
 
     Args:
       rhs: NVFP4Tensor ``[..., N, K]`` in either layout (read through
-        :func:`jax_nvfp4.quantization.e2m1_scaled`); the global scale is not applied.
+        :func:`jax_nvfp4.quantization.e2m1_scaled`); the global scale is not applied. Or
+        :class:`Fp8Weights` (weights already prepared so): its codes, put back in logical order.
 
     Returns:
       float8_e4m3fn ``[..., N, K]`` (logical k order). The float32 product is exact and at most
       ``6 * 448 / 8 = 336``; a NaN block scale gives NaN for each code of its block.
     """
+    if isinstance(rhs, Fp8Weights):
+        return rhs.logical_codes()
     # e2m1 * e4m3 is exact in float32 and never subnormal (>= 0.5 * 2^-9), nor is its 2^-3.
     w = e2m1_scaled(rhs, jnp.float32) * jnp.float32(2.0**-WEIGHT_SHIFT)
     return w.astype(jnp.float8_e4m3fn)
 
 
-def to_kernel_k_order(q: jax.Array) -> jax.Array:
-    """``[..., K]`` -> ``[..., K]``: inside each 128-wide chunk, position ``32j + 16h + 4t + i``
-    holds logical k ``32t + 8j + 4h + i`` (t, j in 0..3, h in 0..1, i in 0..3), the order the
-    CUDA kernel's fp8 fragments read. Any dtype; K % 128 == 0."""
-    lead, k = q.shape[:-1], q.shape[-1]
-    if k % CHUNK:
-        raise ValueError(f"q: K={k} is not a multiple of {CHUNK}")
-    n = len(lead)
-    v = q.reshape(lead + (k // CHUNK, 4, 4, 2, 4))                   # (t, j, h, i)
-    v = jnp.transpose(v, tuple(range(n + 1)) + tuple(n + 1 + a for a in (1, 2, 0, 3)))
-    return v.reshape(lead + (k,))                                    # (j, h, t, i)
+def prepare_fp8(t: NVFP4Tensor, name: str = "x") -> Fp8Weights:
+    """NVFP4 weights ``[..., N, K]`` (either layout, K % 128 == 0) -> :class:`Fp8Weights`: the
+    codes :func:`weights_fp8` in the kernel k order, the global scale kept. ``name`` names the
+    tensor in errors. Jittable; the public entry point is ``jax_nvfp4.prepare_weights(w, "fp8")``.
 
-
-def from_kernel_k_order(q: jax.Array) -> jax.Array:
-    """The inverse of :func:`to_kernel_k_order`."""
-    lead, k = q.shape[:-1], q.shape[-1]
+    A stack is converted one matrix at a time (``lax.map``: transient memory about 4 bytes per
+    weight of one matrix, the float32 products, next to the 1-byte result); a stack split over
+    devices along its leading axes is converted where it lies (``shard_map``, as
+    :func:`jax_nvfp4.layout.relayout`)."""
+    if not isinstance(t, NVFP4Tensor):
+        raise ValueError(f"{name}: expected an NVFP4Tensor [..., N, K], got {type(t).__name__}")
+    t.validate(name)
+    if t.data.ndim < 2:
+        raise ValueError(f"{name}: layout 'fp8' prepares weights [..., N, K], got data "
+                         f"{tuple(t.data.shape)}")
+    k = t.shape[-1]
     if k % CHUNK:
-        raise ValueError(f"q: K={k} is not a multiple of {CHUNK}")
-    n = len(lead)
-    v = q.reshape(lead + (k // CHUNK, 4, 2, 4, 4))                   # (j, h, t, i)
-    v = jnp.transpose(v, tuple(range(n + 1)) + tuple(n + 1 + a for a in (2, 0, 1, 3)))
-    return v.reshape(lead + (k,))                                    # (t, j, h, i)
+        raise ValueError(f"{name}: layout 'fp8' needs K % {CHUNK} == 0 (the FP8 mode's promotion "
+                         f"chunk), got K = {k}")
+    layout = t.layout
+
+    def one(data, scales):
+        w = NVFP4Tensor(data, scales, jnp.float32(1.0), layout)
+        return to_kernel_k_order(weights_fp8(w))
+
+    def convert(data, scales):
+        if data.ndim > 2 and data.shape[0] > 1:
+            lead = data.shape[:-2]
+            flat = (data.reshape((-1,) + data.shape[-2:]), scales.reshape((-1,) + scales.shape[-2:]))
+            return jax.lax.map(lambda a: one(*a), flat).reshape(lead + data.shape[-2:-1] + (k,))
+        return one(data, scales)
+
+    # sm90 blocks are 128 rows x 64 k of one matrix, kernel-order chunks 128 k of one row: the
+    # conversion never crosses a leading index
+    codes = _on_each_shard(convert, t.data, f"{name}.data", t.scales,
+                           needs="layout 'fp8' converts whole matrices")
+    return Fp8Weights(codes, t.global_scale)
 
 
 def fp8_lhs(lhs):
@@ -397,7 +417,7 @@ def grouped_gemm_fp8_reference(lhs, rhs: NVFP4Tensor, group_sizes, *, out_dtype=
     return to_out_dtype(out, out_dtype)
 
 
-__all__ = ["CHUNK", "Fp8Rows", "fp8_lhs", "from_kernel_k_order",
+__all__ = ["CHUNK", "Fp8Rows", "Fp8Weights", "fp8_lhs", "prepare_fp8", "from_kernel_k_order",
            "grouped_gemm_fp8_reference", "kernel_lhs", "quantize_activations_fp8",
            "quantize_kernel_order_ffi", "quantize_rows",
            "to_kernel_k_order", "weights_fp8"]

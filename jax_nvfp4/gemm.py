@@ -9,13 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _extension, autodiff, fp8, gemm_args, kernel_config, quantization, reference
-from .formats import NVFP4Tensor
+from .formats import Fp8Weights, NVFP4Tensor
 from .kernel_config import KernelConfig
 from .options import BACKENDS, check_precision, resolve_backend
 from .varying import varying_type
 
-RHS_LAYOUT_CODES = {"checkpoint": 0, "sm90": 1}
-"""The custom call's ``rhs_layout`` attribute for each ``NVFP4Tensor.layout``."""
+RHS_LAYOUT_CODES = {"checkpoint": 0, "sm90": 1, "fp8": 2}
+"""The custom call's ``rhs_layout`` attribute for each weight layout (``NVFP4Tensor.layout``, and
+``"fp8"`` for :class:`~jax_nvfp4.formats.Fp8Weights`: e4m3 bytes ``[G, N, K]``, fp8 call only)."""
 FP8_TARGET = "jax_nvfp4_grouped_gemm_fp8"
 """The fp8 mode's custom call (docs/design.md, "FP8 mode")."""
 
@@ -66,8 +67,10 @@ def _grouped_gemm_jvp(out_dtype, config, rhs_layout, primals, tangents):
 
 def _ffi_grouped_gemm_fp8(codes, scales_t, rhs_data, rhs_scales, alpha, group_sizes, out_dtype,
                           config, rhs_layout):
+    # prepared e4m3 weights (rhs_layout 2) are read as they lie: the CPU handler decodes no row
+    rows_decoded = 0 if rhs_layout == RHS_LAYOUT_CODES["fp8"] else 1
     return _ffi_call(FP8_TARGET, (codes, scales_t, rhs_data, rhs_scales, alpha, group_sizes),
-                     rhs_data.shape[1], out_dtype, 1, config, rhs_layout)
+                     rhs_data.shape[1], out_dtype, rows_decoded, config, rhs_layout)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(6, 7, 8))
@@ -99,16 +102,30 @@ def _on_gpu(*arrays) -> bool:
 
 def _fp8_ffi(lhs, rhs, group_sizes, rhs_gs, out_dtype, kernel, m, n, k, g, rows_hint):
     """The fp8 mode through the custom call: activations quantized by the quantizer's custom call
-    (fp8.kernel_lhs: the kernel k order, scales ``[K/128, M]``; jnp for an lhs it does not take)."""
-    if rhs.layout != "checkpoint" and _on_gpu(*jax.tree.leaves(lhs), rhs.data):
-        raise ValueError(f"rhs.layout: precision='fp8' on the GPU reads checkpoint-layout weights "
-                         f"only, got {rhs.layout!r}; use jax_nvfp4.prepare_weights(w, 'checkpoint') "
-                         "for fp8")
+    (fp8.kernel_lhs: the kernel k order, scales ``[K/128, M]``; jnp for an lhs it does not take).
+    Fp8Weights reach it as their e4m3 bytes ``[G, N, K]`` (rhs_layout 2, no block scales)."""
+    if isinstance(rhs, Fp8Weights):
+        if _on_gpu(*jax.tree.leaves(lhs), rhs.codes):
+            # The prepared-weights kernel (wgmma_fp8_prepared) is not in the build: it has not
+            # been run on a GPU yet (tools/lab/fp8_prepared/, docs/archive/fp8-prepared-lab.md).
+            raise ValueError("rhs.layout: precision='fp8' on the GPU reads checkpoint-layout "
+                             "weights only, got 'fp8' (Fp8Weights): the CUDA kernel for weights "
+                             "prepared as e4m3 is not built yet; on the GPU pass the NVFP4 weights "
+                             "in the checkpoint layout (the same numbers), or use "
+                             "backend='reference'")
+        rhs_data = jax.lax.bitcast_convert_type(rhs.codes, jnp.uint8)
+        rhs_scales = jnp.zeros((0,), jnp.float8_e4m3fn)
+    else:
+        if rhs.layout != "checkpoint" and _on_gpu(*jax.tree.leaves(lhs), rhs.data):
+            raise ValueError(f"rhs.layout: precision='fp8' on the GPU reads checkpoint-layout "
+                             f"weights only, got {rhs.layout!r}; use "
+                             "jax_nvfp4.prepare_weights(w, 'checkpoint') for fp8")
+        rhs_data, rhs_scales = rhs.data, rhs.scales
     config = kernel_config.resolve(kernel, m, n, k, g, rows_hint=rows_hint, rhs_layout=rhs.layout,
                                    precision="fp8")
     codes, scales_t, lhs_gs = fp8.kernel_lhs(lhs, use_ffi=True, scales_transposed=True)
     alpha = lhs_gs * rhs_gs
-    return _grouped_gemm_fp8_op(codes, scales_t, rhs.data, rhs.scales,
+    return _grouped_gemm_fp8_op(codes, scales_t, rhs_data, rhs_scales,
                                 alpha, group_sizes, out_dtype, config,
                                 RHS_LAYOUT_CODES[rhs.layout])
 
@@ -188,8 +205,12 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         products promoted to float32 every 128 k (:mod:`jax_nvfp4.fp8`; README, "FP8 compute
         mode"). A W4A4 lhs is dequantized exactly (without its global scale) and rounded the
         same way; a :class:`jax_nvfp4.formats.Fp8Rows` lhs (:func:`jax_nvfp4.fp8.quantize_rows`)
-        is used as it is. On the GPU it needs an sm_90 device and checkpoint-layout weights (sm90
-        ones are a ValueError); the CPU handler and the reference use the same operand bytes and
+        is used as it is. The rhs may then also be :class:`jax_nvfp4.formats.Fp8Weights`
+        (``prepare_weights(w, "fp8")``: the e4m3 weights made once; the same numbers as ``w``,
+        bit for bit on each backend; the CPU handler and the reference: the CUDA kernel for them
+        is not built yet, so on the GPU backend "ffi" refuses them). On the GPU it needs an sm_90
+        device and checkpoint-layout weights (sm90 ones are a ValueError); the CPU handler and
+        the reference use the same operand bytes and
         differ only in the order of each chunk's float32 sum: within ``2 * (K/128 + 130) *
         2^-24`` times the sum of the products' magnitudes (:mod:`jax_nvfp4.fp8`).
 
@@ -213,6 +234,7 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         raise ValueError(f"rows_hint: expected a static int >= 0 or None, got {rows_hint!r}")
     check_precision(precision)
     gemm_args.check_lhs_precision(lhs, precision)
+    gemm_args.check_rhs_precision(rhs, precision)
     backend = resolve_backend(backend)
     if backend == "reference":
         return reference.grouped_gemm(lhs, rhs, group_sizes, out_dtype=out_dtype,

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .formats import Fp8Rows, NVFP4Tensor
+from .formats import Fp8Rows, Fp8Weights, NVFP4Tensor
 
 OUT_DTYPES = (jnp.bfloat16, jnp.float32)
 INT32_MAX = 2**31 - 1
@@ -80,10 +80,14 @@ def check_group_sizes(group_sizes, g: int) -> jax.Array:
 
 def validate_gemm_args(lhs, rhs, group_sizes, out_dtype, *, float_lhs_dtypes=None):
     """Check the grouped GEMM's arguments; return ``(M, K, G, N)``. Errors name the argument."""
-    if not isinstance(rhs, NVFP4Tensor):
-        raise ValueError(f"rhs: expected an NVFP4Tensor [G, N, K], got {type(rhs).__name__}")
+    if not isinstance(rhs, (NVFP4Tensor, Fp8Weights)):
+        raise ValueError(f"rhs: expected an NVFP4Tensor [G, N, K] (or Fp8Weights from "
+                         f"jax_nvfp4.prepare_weights(w, 'fp8')), got {type(rhs).__name__}")
     rhs.validate("rhs")
-    if rhs.data.ndim != 3:
+    if isinstance(rhs, Fp8Weights):
+        if rhs.codes.ndim != 3:
+            raise ValueError(f"rhs: expected Fp8Weights [G, N, K], got codes {rhs.codes.shape}")
+    elif rhs.data.ndim != 3:
         raise ValueError(f"rhs: expected [G, N, K] (data [G, N, K/2]), got data {rhs.data.shape}")
     g, n, k = rhs.shape
     if g < 1 or n < 1:
@@ -128,6 +132,15 @@ def check_lhs_precision(lhs, precision: str):
                          f"precision='fp8', got precision={precision!r}")
 
 
+def check_rhs_precision(rhs, precision: str, name: str = "rhs", what: str = "precision"):
+    """Weights prepared as e4m3 (:class:`jax_nvfp4.formats.Fp8Weights`) are weights of the fp8
+    mode only: the exact mode needs the NVFP4 values, which the e4m3 rounding does not keep."""
+    if isinstance(rhs, Fp8Weights) and precision != "fp8":
+        raise ValueError(f"{name}: Fp8Weights (weights prepared by jax_nvfp4.prepare_weights(w, "
+                         f"'fp8')) need {what}='fp8', got {what}={precision!r}; pass the NVFP4 "
+                         "weights (checkpoint or sm90 layout) for the exact mode")
+
+
 def round_to(x: jax.Array, dtype) -> jax.Array:
     """float32 ``x`` rounded to the values of float dtype ``dtype`` (nearest even), still float32.
     A ``reduce_precision``, which holds inside any jit, where a narrowing convert that a widening
@@ -166,6 +179,10 @@ def validate_swiglu_args(lhs, rhs, group_sizes, out_dtype, row_scale, limit, *,
                          float_lhs_dtypes=None):
     """Check :func:`grouped_gemm_swiglu`'s arguments; return ``(M, K, G, N, alpha [G, 2] float32
     rhs global scales, row_scale float32 [M] or None, limit as float)``. Errors name the argument."""
+    if isinstance(rhs, Fp8Weights):
+        raise ValueError("rhs: Fp8Weights (weights prepared by jax_nvfp4.prepare_weights(w, 'fp8')) "
+                         "are weights of the fp8 mode; grouped_gemm_swiglu computes the exact mode "
+                         "only: pass the NVFP4 weights")
     if not isinstance(rhs, NVFP4Tensor):
         raise ValueError(f"rhs: expected an NVFP4Tensor [G, N, K], got {type(rhs).__name__}")
     if rhs.data.ndim != 3:

@@ -13,8 +13,11 @@ Families (docs/design.md describes each kernel):
 * ``"wgmma"``: Hopper's wgmma, persistent and warp-specialized, for 16 rows per expert and more;
   compute capability 9.0 only; bf16 activations, K a multiple of 64.
 * ``"wgmma_fp8"``: the FP8 mode (``precision="fp8"``): e4m3 wgmma with the weights rounded to e4m3
-  in registers; compute capability 9.0 only; K a multiple of 128, checkpoint-layout weights. It is
-  the only family of that mode, and computes nothing else.
+  in registers; compute capability 9.0 only; K a multiple of 128, checkpoint-layout weights.
+* ``"wgmma_fp8_prepared"``: the FP8 mode on weights prepared once as e4m3 (layout ``"fp8"``,
+  :class:`~jax_nvfp4.formats.Fp8Weights`): both operands loaded by TMA, e4m3 wgmma; compute
+  capability 9.0 only; K a multiple of 128. The two FP8 families compute that mode and nothing
+  else; the weights' layout decides which one runs.
 
 ``grouped_gemm(..., kernel=...)`` takes a family name (its token tile then follows the heuristic's
 rule for that family) or a :class:`KernelConfig` from :func:`kernel_configs`. The environment
@@ -33,12 +36,22 @@ import numpy as np
 from . import _extension
 from .options import check_precision
 
-FAMILIES = ("mma", "mma_ws", "wgmma", "wgmma_fp8")
-"""Kernel families, in the order of the custom call's ``kernel`` attribute codes (0, 1, 2, 3)."""
+FAMILIES = ("mma", "mma_ws", "wgmma", "wgmma_fp8", "wgmma_fp8_prepared")
+"""Kernel families, in the order of the custom call's ``kernel`` attribute codes (0 .. 4)."""
+FP8_FAMILIES = ("wgmma_fp8", "wgmma_fp8_prepared")
+"""The families that compute the FP8 mode (and nothing else)."""
+LAYOUT_CODES = {"checkpoint": 0, "sm90": 1, "fp8": 2}
+"""The weight layouts as the custom call's ``rhs_layout`` attribute (and the heuristic) code them."""
 
 
 def _is_fp8(precision) -> bool:
     return check_precision(precision) == "fp8"
+
+
+def _layout_code(rhs_layout) -> int:
+    if rhs_layout not in LAYOUT_CODES:
+        raise ValueError(f"rhs_layout: expected one of {tuple(LAYOUT_CODES)}, got {rhs_layout!r}")
+    return LAYOUT_CODES[rhs_layout]
 
 
 ENV_OVERRIDE = "JAX_NVFP4_KERNEL"
@@ -49,7 +62,7 @@ class KernelConfig:
     """One compiled kernel configuration (an entry of :func:`kernel_configs`).
 
     Attributes:
-      family: "mma", "mma_ws", "wgmma" or "wgmma_fp8".
+      family: one of :data:`FAMILIES`.
       token_tile: rows of one group per CTA tile.
       stages: pipeline depth.
       cluster: CTAs per cluster (2 for the 256-token wgmma tile).
@@ -104,29 +117,31 @@ def choose(m: int, n: int, k: int, groups: int, *, rows_hint: int = 0, w4a4: boo
       m, n, k, groups: lhs rows, output columns, reduction size, number of groups (experts).
       rows_hint: expected rows inside the groups (0: ``m``).
       w4a4: packed e2m1 activations reach the kernel (native W4A4).
-      rhs_layout: "checkpoint" or "sm90".
+      rhs_layout: "checkpoint", "sm90" or "fp8" (weights prepared as e4m3; the FP8 mode only).
       arch: compute capability as ``10 * major + minor`` (default: :func:`device_arch`).
       families: the families the device may run (default: those this build runs on ``arch``).
-      precision: "exact" or "fp8" (the FP8 mode has one family, ``wgmma_fp8``).
+      precision: "exact" or "fp8" (the FP8 mode's family follows the weights' layout:
+        ``wgmma_fp8_prepared`` for "fp8", ``wgmma_fp8`` otherwise).
     """
     fp8 = _is_fp8(precision)
     if arch is None:
         arch = device_arch()
     mask = -1 if families is None else sum(1 << FAMILIES.index(f) for f in families)
     return KernelConfig(*_ext().choose_kernel(int(arch), int(m), int(n), int(k), int(groups), int(rows_hint),
-                                              bool(w4a4), rhs_layout == "sm90", mask, fp8))
+                                              bool(w4a4), _layout_code(rhs_layout), mask, fp8))
 
 
 def for_family(family: str, m: int, n: int, k: int, groups: int, *, rows_hint: int = 0, w4a4: bool = False,
                rhs_layout: str = "checkpoint", precision: str = "exact") -> KernelConfig | None:
     """``family``'s configuration for a problem (its token-tile rule), or None where that family
     does not handle it (wgmma: packed activations or K % 64 != 0; mma_ws: not sm90 weights;
-    wgmma_fp8: not the FP8 mode, K % 128 != 0 or sm90 weights; the exact families: the FP8 mode)."""
+    wgmma_fp8: not the FP8 mode, K % 128 != 0 or not checkpoint weights; wgmma_fp8_prepared: not
+    the FP8 mode or not fp8-prepared weights; the exact families: the FP8 mode)."""
     fp8 = _is_fp8(precision)
     if family not in FAMILIES:
         raise ValueError(f"kernel: expected one of {FAMILIES} or a KernelConfig, got {family!r}")
     c = _ext().config_for_family(family, int(m), int(n), int(k), int(groups), int(rows_hint), bool(w4a4),
-                                 rhs_layout == "sm90", fp8)
+                                 _layout_code(rhs_layout), fp8)
     return None if c is None else KernelConfig(*c)
 
 
@@ -160,9 +175,14 @@ def resolve(kernel, m: int, n: int, k: int, groups: int, *, rows_hint: int = 0, 
     from_env = kernel is None
     req = requested_family(kernel)
     if isinstance(req, KernelConfig):
-        if (req.family == "wgmma_fp8") != fp8:
-            raise ValueError(f"kernel: {req} does not compute precision={precision!r} (wgmma_fp8 computes the "
-                             "FP8 mode, the other families the exact mode)")
+        if (req.family in FP8_FAMILIES) != fp8:
+            raise ValueError(f"kernel: {req} does not compute precision={precision!r} "
+                             f"({' and '.join(FP8_FAMILIES)} compute the FP8 mode, the other "
+                             "families the exact mode)")
+        if fp8 and (req.family == "wgmma_fp8_prepared") != (rhs_layout == "fp8"):
+            raise ValueError(f"kernel: {req} does not read {rhs_layout!r} weights "
+                             "(wgmma_fp8_prepared reads weights prepared by prepare_weights(w, "
+                             "'fp8'), wgmma_fp8 checkpoint-layout NVFP4)")
         return req
     shape = dict(rows_hint=rows_hint, w4a4=w4a4, rhs_layout=rhs_layout, precision=precision)
     if req is not None:
@@ -174,5 +194,6 @@ def resolve(kernel, m: int, n: int, k: int, groups: int, *, rows_hint: int = 0, 
                              f"{'W4A4' if w4a4 else 'W4A16'}, rhs layout {rhs_layout!r}, precision "
                              f"{precision!r}); wgmma needs bf16 activations and K % 64 == 0, mma_ws sm90 "
                              "weights and bf16 activations, wgmma_fp8 the FP8 mode with K % 128 == 0 and "
-                             "checkpoint weights; the exact families do not compute the FP8 mode")
+                             "checkpoint weights, wgmma_fp8_prepared the FP8 mode with fp8-prepared "
+                             "weights; the exact families do not compute the FP8 mode")
     return choose(m, n, k, groups, **shape)

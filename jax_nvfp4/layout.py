@@ -229,20 +229,21 @@ def _named_sharding(x):
     return None
 
 
-def _on_each_shard(fn, x, what):
-    """fn (shape-preserving, independent per index of the leading axes) applied to x where its
-    pieces lie: through shard_map when x is split over devices (only leading axes may be split:
-    the layout's blocks span the last two), else directly."""
+def _on_each_shard(fn, x, what, *more, needs="the sm90 layout needs whole 128 x 64 blocks"):
+    """fn (independent per index of the leading axes, its result of x's rank) applied to
+    ``(x, *more)`` where their pieces lie: through shard_map when x is split over devices (only
+    leading axes may be split: ``needs`` says why the last two may not; ``more`` arrays of x's
+    rank are split like x), else directly."""
     sh = _named_sharding(x)
     if sh is None:
-        return fn(x)
+        return fn(x, *more)
     spec = tuple(sh.spec) + (None,) * (x.ndim - len(tuple(sh.spec)))
     if spec[-2] is not None or spec[-1] is not None:
         raise ValueError(f"{what}: split over devices along its last two axes {spec[-2:]} (N, K); "
-                         "the sm90 layout needs whole 128 x 64 blocks: split only the leading "
-                         "(expert) axes, or convert before splitting")
+                         f"{needs}: split only the leading (expert) axes, or convert before "
+                         "splitting")
     p = jax.sharding.PartitionSpec(*spec)
-    return jax.shard_map(fn, mesh=sh.mesh, in_specs=p, out_specs=p)(x)
+    return jax.shard_map(fn, mesh=sh.mesh, in_specs=(p,) * (1 + len(more)), out_specs=p)(x, *more)
 
 
 def relayout(t: NVFP4Tensor, layout: str, name: str = "t") -> NVFP4Tensor:

@@ -47,9 +47,9 @@ import numpy as np
 
 from . import autodiff, fp8
 from .dispatch import dispatch_rows, dispatch_rows_dynamic
-from .formats import Fp8Rows, NVFP4Tensor
+from .formats import Fp8Rows, Fp8Weights, NVFP4Tensor
 from .gemm import grouped_gemm, grouped_gemm_swiglu
-from .gemm_args import GLU_ROW_BLOCK, round_to
+from .gemm_args import GLU_ROW_BLOCK, check_rhs_precision, round_to
 from .moe_params import MoEConfig, MoEWeights, known_range
 from .quantization import MAX_GLOBAL_SCALE, MIN_GLOBAL_SCALE, dynamic_global_scale, quantize
 from .reference import split_paired
@@ -131,10 +131,10 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
     """
     if gather is not None and not _dispatch_in_forward(x_rows, gather, scatter, in_scale, config):
         x_rows, gather, scatter = take_rows(x_rows, gather), None, None
-    g = w.data.shape[0]
+    g = w.shape[0]
     gs = w.global_scale.astype(jnp.float32)
     per_half = gs.ndim == 2                            # [G, 2]: gate and up differ
-    # replace keeps w.layout: prepared (sm90) weights reach the kernel as they are.
+    # replace keeps w.layout: prepared (sm90, fp8) weights reach the kernel as they are.
     w = dataclasses.replace(w, global_scale=jnp.ones((g,), jnp.float32) if per_half else gs)
 
     def forward(x_rows, w, group_sizes, aux):
@@ -419,7 +419,7 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
     if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
                                  or capacity < 1):
         raise ValueError(f"capacity: expected a static int >= 1 or None, got {capacity!r}")
-    num_local = weights.w13.data.shape[0]
+    num_local = weights.w13.shape[0]
     local = expert_ids.reshape(-1) - expert_offset       # global -> local ids
     is_local = (local >= 0) & (local < num_local)
     key = jnp.where(is_local, local, num_local).astype(jnp.int32)   # non-local pairs sort last
@@ -468,8 +468,8 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
 def shared_expert(x, weights: MoEWeights, config: MoEConfig, *, backend="auto"):
     """The shared expert (a plain SwiGLU MLP over all tokens), float32 ``[T, H]``."""
     t = x.shape[0]
-    one = lambda w: NVFP4Tensor(w.data[None], w.scales[None], w.global_scale[None],  # noqa: E731
-                                w.layout)  # a new leading axis: the [N, K] blocks are unchanged
+    # a new leading axis on every leaf (NVFP4Tensor or Fp8Weights): the [N, K] blocks are unchanged
+    one = lambda w: jax.tree.map(lambda a: a[None], w)  # noqa: E731
     zeros = jnp.zeros((t,), jnp.int32)
     sizes = jnp.full((1,), t, jnp.int32)
     in_scale = _static_scale(weights, "shared_w13_input_scale", config, (1,))
@@ -521,9 +521,17 @@ def validate_moe(x, weights: MoEWeights, config: MoEConfig):
                                  f"2^-126, got values in [{lo}, {hi}]")
     if weights.hash_table is not None:
         check_hash_table(weights.hash_table, config)
-    for name, w, shape in (("w13", weights.w13, (e, 2 * i, h)), ("w2", weights.w2, (e, h, i))):
-        if not isinstance(w, NVFP4Tensor):
-            raise ValueError(f"weights.{name}: expected an NVFP4Tensor, got {type(w).__name__}")
+    for name, w, shape in (("w13", weights.w13, (e, 2 * i, h)), ("w2", weights.w2, (e, h, i)),
+                           ("shared_w13", weights.shared_w13, None),
+                           ("shared_w2", weights.shared_w2, None)):
+        if w is None and shape is None:
+            continue
+        if not isinstance(w, (NVFP4Tensor, Fp8Weights)):
+            raise ValueError(f"weights.{name}: expected an NVFP4Tensor (or Fp8Weights with "
+                             f"precision='fp8'), got {type(w).__name__}")
+        check_rhs_precision(w, config.precision, f"weights.{name}", "config.precision")
+        if shape is None:
+            continue
         if w.shape != shape:
             raise ValueError(f"weights.{name}: expected logical shape {list(shape)}, got "
                              f"{list(w.shape)}")
@@ -548,7 +556,10 @@ def moe(x, weights: MoEWeights, config: MoEConfig, *, token_ids=None, backend="a
         have their gate/up rows paired (``w13_paired``) and, in exact precision, run the
         gate/up GEMM and the SwiGLU as one fused call (module docstring): the same result up to
         float32 ulps of the SwiGLU and its epilogue factors (a bf16 rounding or a requantized
-        W4A4 code can move by one step).
+        W4A4 code can move by one step). With ``config.precision="fp8"`` the weights may also be
+        prepared as e4m3 (``prepare_weights(w, "fp8")``, :class:`~jax_nvfp4.formats.Fp8Weights`):
+        the same numbers as the NVFP4 weights they come from, on each backend; with
+        ``precision="exact"`` such weights are a ValueError.
       config: :class:`MoEConfig` (static).
       token_ids: int, shaped like x's leading axes (``[T]``, ``[B, S]``): the input token ids,
         for hash-routed layers.

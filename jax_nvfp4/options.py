@@ -11,7 +11,8 @@ where it enters the public API.
 * ``precision``: the GEMMs' compute mode, ``"exact"`` (bf16 tensor cores, the exact NVFP4
   product) or ``"fp8"`` (e4m3 operands, K a multiple of :data:`FP8_CHUNK`).
 * ``layout``: the byte order of NVFP4 weight codes and block scales, ``"checkpoint"`` (as stored)
-  or ``"sm90"`` (:func:`jax_nvfp4.prepare_weights`).
+  or ``"sm90"`` (:func:`jax_nvfp4.prepare_weights`); ``"fp8"``, weights prepared once as e4m3 for
+  ``precision="fp8"`` (one byte per weight, :class:`jax_nvfp4.formats.Fp8Weights`).
 * The MoE layer's: ``activation``, ``activation_scale``, ``scoring_func``, ``row_dtype``
   (:class:`jax_nvfp4.MoEConfig`).
 """
@@ -27,6 +28,11 @@ from . import _extension
 BACKENDS = ("auto", "ffi", "reference")
 PRECISIONS = ("exact", "fp8")
 LAYOUTS = ("checkpoint", "sm90")
+FP8_LAYOUT = "fp8"
+"""The layout of NVFP4 weights prepared once as e4m3 for the FP8 mode
+(:class:`jax_nvfp4.formats.Fp8Weights`)."""
+WEIGHT_LAYOUTS = LAYOUTS + (FP8_LAYOUT,)
+"""What :func:`jax_nvfp4.prepare_weights` prepares: the NVFP4 byte layouts, and ``"fp8"``."""
 ACTIVATIONS = ("w4a4", "w4a16")
 ACTIVATION_SCALES = ("dynamic", "static")
 SCORING_FUNCS = ("sqrtsoftplus", "sigmoid", "softmax")

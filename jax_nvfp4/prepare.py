@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from .formats import NVFP4Tensor
+from .formats import Fp8Weights, NVFP4Tensor
+from .fp8 import prepare_fp8
 from .layout import pair_gate_up, relayout, unpair_gate_up
 from .moe_params import MoEWeights
-from .options import check_layout
+from .options import FP8_LAYOUT, WEIGHT_LAYOUTS, check_choice
 
 __all__ = ["prepare_weights"]
 
@@ -24,11 +25,26 @@ def prepare_weights(x, layout: str = "sm90"):
         :class:`~jax_nvfp4.MoEWeights` (each NVFP4Tensor field is converted: w13 ``[E, 2I, H]``,
         w2 ``[E, H, I]``, shared_w13 ``[2Is, H]``, shared_w2 ``[H, Is]``; other fields kept).
       layout: ``"sm90"`` (default; the Hopper kernels' layout, needs N % 128 == 0 and
-        K % 64 == 0 on each tensor's last two axes) or ``"checkpoint"`` (back to the stored order).
+        K % 64 == 0 on each tensor's last two axes), ``"checkpoint"`` (back to the stored order),
+        or ``"fp8"``: the weights of the FP8 compute mode (``precision="fp8"``) made once, as
+        e4m3 (:class:`~jax_nvfp4.formats.Fp8Weights`; needs K % 128 == 0).
 
     Returns:
-      The same type with ``data`` and ``scales`` permuted (same shapes and dtypes) and ``layout``
-      set; global scales are untouched. A tensor already in ``layout`` is returned as is.
+      For ``"sm90"`` and ``"checkpoint"``: the same type with ``data`` and ``scales`` permuted
+      (same shapes and dtypes) and ``layout`` set; global scales are untouched. A tensor already
+      in ``layout`` is returned as is.
+
+      For ``"fp8"``: each NVFP4 tensor becomes an :class:`~jax_nvfp4.formats.Fp8Weights`: codes
+      float8_e4m3fn ``[..., N, K]``, ``e4m3(e2m1 * block scale / 8)`` with k in the kernel order
+      inside each 128-wide chunk, and the same global scale (the epilogue multiplies by it times
+      8). A grouped GEMM or MoE layer in the FP8 mode gives the same numbers on them as on the
+      NVFP4 weights (bit for bit on each backend), and the CUDA kernel on them loads both
+      operands by TMA instead of decoding NVFP4 (faster for prefill-sized batches). They take 8
+      bits per weight against NVFP4's 4.5 and serve the FP8 mode only (the exact mode and
+      :func:`jax_nvfp4.grouped_gemm_swiglu` refuse them); the rounding is not invertible, so
+      converting them back (``"checkpoint"``, ``"sm90"``) is a ValueError: keep the NVFP4 weights
+      for that. A MoEWeights keeps its row order (``w13_paired`` unchanged). Tensors already
+      prepared are returned as they are.
       For a MoEWeights, ``"sm90"`` also puts the rows of w13 and shared_w13 in the paired
       gate/up order (:func:`jax_nvfp4.layout.pair_gate_up`, ``w13_paired=True``), so that the layer runs the
       SwiGLU in the gate/up GEMM's epilogue; ``"checkpoint"`` restores the stored row order
@@ -49,14 +65,21 @@ def prepare_weights(x, layout: str = "sm90"):
     axes; under ``jit`` with Auto axes a tracer carries no sharding and XLA places the result.
     A split along N or K is a ValueError.
     """
-    check_layout(layout)
-    if isinstance(x, NVFP4Tensor):
-        return relayout(x, layout, "x")
+    check_choice(layout, WEIGHT_LAYOUTS, "layout")
+    if isinstance(x, (NVFP4Tensor, Fp8Weights)):
+        return _prepare_tensor(x, layout, "x")
+    if isinstance(x, MoEWeights) and layout == FP8_LAYOUT:
+        new = {f.name: _prepare_tensor(getattr(x, f.name), layout, f"x.{f.name}")
+               for f in dataclasses.fields(x)
+               if isinstance(getattr(x, f.name), (NVFP4Tensor, Fp8Weights))}
+        return dataclasses.replace(x, **new)
     if isinstance(x, MoEWeights):
         paired = layout == "sm90"
         new = {}
         for f in dataclasses.fields(x):
             v = getattr(x, f.name)
+            if isinstance(v, Fp8Weights):
+                _prepare_tensor(v, layout, f"x.{f.name}")           # raises: not invertible
             if not isinstance(v, NVFP4Tensor):
                 continue
             name = f"x.{f.name}"
@@ -67,4 +90,18 @@ def prepare_weights(x, layout: str = "sm90"):
                     v = unpair_gate_up(relayout(v, layout, name), name)
             new[f.name] = relayout(v, layout, name)
         return dataclasses.replace(x, w13_paired=paired, **new)
-    raise ValueError(f"x: expected an NVFP4Tensor or a MoEWeights, got {type(x).__name__}")
+    raise ValueError(f"x: expected an NVFP4Tensor, Fp8Weights or a MoEWeights, got "
+                     f"{type(x).__name__}")
+
+
+def _prepare_tensor(t, layout: str, name: str):
+    """One tensor (NVFP4Tensor or Fp8Weights) in ``layout``; errors name it ``name``."""
+    if isinstance(t, Fp8Weights):
+        if layout != FP8_LAYOUT:
+            raise ValueError(f"{name}: Fp8Weights (weights prepared as e4m3 for precision='fp8') "
+                             f"cannot be converted to layout {layout!r}: their e4m3 rounding of "
+                             "e2m1 * block scale is not invertible; prepare from the NVFP4 weights")
+        return t.validate(name)
+    if layout == FP8_LAYOUT:
+        return prepare_fp8(t, name)
+    return relayout(t, layout, name)

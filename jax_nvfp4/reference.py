@@ -8,8 +8,9 @@ import numpy as np
 
 from . import fp8
 from .formats import Fp8Rows, NVFP4Tensor
-from .gemm_args import (GLU_ROW_BLOCK, check_group_sizes, check_lhs_precision, group_bounds,
-                        row_groups, to_out_dtype, validate_gemm_args, validate_swiglu_args)
+from .gemm_args import (GLU_ROW_BLOCK, check_group_sizes, check_lhs_precision,
+                        check_rhs_precision, group_bounds, row_groups, to_out_dtype,
+                        validate_gemm_args, validate_swiglu_args)
 from .options import check_precision
 from .quantization import e2m1_scaled
 
@@ -27,7 +28,9 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
       lhs: float ``[M, K]`` or an NVFP4Tensor ``[M, K]`` with a scalar global scale; with
         ``precision="fp8"`` also :class:`jax_nvfp4.formats.Fp8Rows` (rows already quantized).
       rhs: NVFP4Tensor ``[G, N, K]`` (data ``[G, N, K/2]``, scales ``[G, N, K/16]``, global_scale
-        ``[G]``), in either layout (``rhs.layout``, see :func:`jax_nvfp4.prepare_weights`).
+        ``[G]``), in either layout (``rhs.layout``, see :func:`jax_nvfp4.prepare_weights`); with
+        ``precision="fp8"`` also :class:`jax_nvfp4.formats.Fp8Weights` (``prepare_weights(w,
+        "fp8")``: the same numbers as the NVFP4 weights it was prepared from).
       group_sizes: int32 ``[G]``; see :func:`group_bounds` for negative sizes and sums past M.
       out_dtype: bfloat16 or float32.
       precision: "exact" (the product below) or "fp8" (K % 128 == 0: activations and weights
@@ -40,6 +43,7 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
     """
     check_precision(precision)
     check_lhs_precision(lhs, precision)
+    check_rhs_precision(rhs, precision)
     m, k, g, n = validate_gemm_args(lhs, rhs, group_sizes, out_dtype)
     if precision == "fp8":
         return fp8.grouped_gemm_fp8_reference(lhs, rhs, group_sizes, out_dtype=out_dtype)

@@ -67,7 +67,7 @@ def shard_moe_weights(weights: MoEWeights, mesh: jax.sharding.Mesh, axis_name: s
     (:func:`jax_nvfp4.prepare_weights`, whose blocks are 128 rows x 64 k of one expert) keep it.
     """
     ep = _ep_size(mesh, axis_name)
-    e = weights.w13.data.shape[0]
+    e = weights.w13.shape[0]
     if e % ep:
         raise ValueError(f"weights: {e} experts cannot be split evenly over {ep} devices "
                          f"(mesh axis {axis_name!r})")

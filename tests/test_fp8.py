@@ -940,3 +940,254 @@ def test_cpu_handler_and_reference_within_stated_bound(rng, on_cpu):
     # the docstring quotes 6.2e-9 * mag (19 of 8192 elements differ): an order difference shows,
     # far below the bound; 2x margin so that a change of summation order shows here
     assert 0 < worst <= 1.3e-8, worst
+
+
+# ------------------------------------------------------------------ weights prepared as e4m3
+def oracle_prepared_codes(data, scales):
+    """The bytes of prepare_weights(w, "fp8").codes from checkpoint bytes: the ml_dtypes e4m3
+    rounding of e2m1 * scale / 8 (oracle_weights), each 128-chunk permuted into the kernel order
+    by the docs' formula (kernel_k_order_oracle)."""
+    w8 = oracle_weights(data, scales)
+    k = w8.shape[-1]
+    perm = (np.arange(k) // 128 * 128) + kernel_k_order_oracle()[np.arange(k) % 128]
+    return w8[..., perm]
+
+
+def _as_checkpoint(w):
+    return jn.prepare_weights(w, "checkpoint")
+
+
+@pytest.mark.parametrize("layout", ["checkpoint", "sm90"])
+def test_prepare_fp8_codes_against_oracle(rng, layout):
+    """Every code under ordinary, extreme and NaN scale bytes, from either NVFP4 layout, eager, jit
+    with arguments and jit closed over: the oracle's bytes, the global scale untouched."""
+    w = nvfp4_weights(rng, 3, 128, 256)
+    sc = np.asarray(w.scales).view(np.uint8).copy()
+    sc[0, :16, 0] = np.arange(16) * 17                      # bytes 0x00, 0x11, .., 0xFF (-NaN)
+    sc[1, 5, 3], sc[2, 9, 1], sc[2, 10, 2] = 0x7F, 0xFF, 0x7E   # NaN, -NaN, the largest
+    w = jn.NVFP4Tensor(w.data, jn.scales_from_bytes(jnp.asarray(sc)),
+                       jnp.asarray([0.5, 2.0**-20, 3.0], jnp.float32))
+    want = oracle_prepared_codes(np.asarray(w.data), sc)
+    src = jn.prepare_weights(w) if layout == "sm90" else w
+    outs = {"eager": jn.prepare_weights(src, "fp8"),
+            "jit": jax.jit(lambda t: jn.prepare_weights(t, "fp8"))(src),
+            "closed": jax.jit(lambda: jn.prepare_weights(src, "fp8"))()}
+    nan = np.isnan(want.astype(np.float64))
+    assert nan.any()
+    for name, p in outs.items():
+        assert isinstance(p, fp8.Fp8Weights) and p.layout == "fp8", name
+        assert p.codes.dtype == jnp.float8_e4m3fn and p.shape == (3, 128, 256), name
+        got = np.asarray(p.codes)
+        np.testing.assert_array_equal(np.isnan(got.astype(np.float64)), nan, err_msg=name)
+        np.testing.assert_array_equal(got.view(np.uint8)[~nan], want.view(np.uint8)[~nan],
+                                      err_msg=name)
+        np.testing.assert_array_equal(np.asarray(p.global_scale), np.asarray(w.global_scale))
+    p = outs["eager"]
+    assert jn.prepare_weights(p, "fp8") is p                               # already prepared
+    # one matrix, and the logical order back
+    one = jn.prepare_weights(jn.NVFP4Tensor(w.data[1], w.scales[1], w.global_scale[1]), "fp8")
+    np.testing.assert_array_equal(np.asarray(one.codes).view(np.uint8)[~nan[1]],
+                                  want[1].view(np.uint8)[~nan[1]])
+    logical = np.asarray(p.logical_codes()).view(np.uint8)
+    w8 = oracle_weights(np.asarray(w.data), sc).view(np.uint8)
+    np.testing.assert_array_equal(logical[~nan], w8[~nan])
+
+
+def test_prepare_fp8_errors(rng):
+    w = nvfp4_weights(rng, 2, 32, 256)
+    p = jn.prepare_weights(w, "fp8")
+    for layout in ("checkpoint", "sm90"):
+        with pytest.raises(ValueError, match=r"x: Fp8Weights .* cannot be converted to layout "
+                                             f"'{layout}'.*not invertible"):
+            jn.prepare_weights(p, layout)
+    with pytest.raises(ValueError, match=r"x: layout 'fp8' needs K % 128 == 0.*K = 96"):
+        jn.prepare_weights(nvfp4_weights(rng, 2, 32, 96), "fp8")
+    with pytest.raises(ValueError, match=r"layout: expected one of \('checkpoint', 'sm90', 'fp8'\)"):
+        jn.prepare_weights(w, "e4m3")
+    with pytest.raises(ValueError, match="x: expected an NVFP4Tensor, Fp8Weights or a MoEWeights"):
+        jn.prepare_weights(np.zeros((2, 32, 256)), "fp8")
+    with pytest.raises(ValueError, match=r"rhs.codes: expected float8_e4m3fn \[..., N, K\]"):
+        jn.grouped_gemm(jnp.zeros((4, 256)), fp8.Fp8Weights(p.codes.astype(jnp.float32), p.global_scale),
+                        [2, 2], backend="reference", precision="fp8")
+    with pytest.raises(ValueError, match=r"rhs.global_scale: shape \(3,\)"):
+        jn.grouped_gemm(jnp.zeros((4, 256)), fp8.Fp8Weights(p.codes, jnp.ones((3,), jnp.float32)),
+                        [2, 2], backend="reference", precision="fp8")
+
+
+def test_prepared_weights_refused_outside_fp8(rng, on_cpu):
+    w = nvfp4_weights(rng, 2, 32, 256)
+    p = jn.prepare_weights(w, "fp8")
+    x = jnp.zeros((4, 256), jnp.bfloat16)
+    for backend in ["reference"] + (["ffi"] if HAS_FFI else []):
+        with pytest.raises(ValueError, match=r"rhs: Fp8Weights .* need precision='fp8', got "
+                                             r"precision='exact'"):
+            jn.grouped_gemm(x, p, [2, 2], backend=backend)
+        with pytest.raises(ValueError, match="rhs: Fp8Weights .* grouped_gemm_swiglu computes the "
+                                             "exact mode only"):
+            jn.grouped_gemm_swiglu(x, p, [2, 2], backend=backend)
+    with pytest.raises(ValueError, match=r"rhs: Fp8Weights .* need precision='fp8'"):
+        jn.reference.grouped_gemm(x, p, [2, 2])
+    if not HAS_FFI:
+        return
+    cfgs = {c.family: c for c in jn.kernel_config.kernel_configs()}
+    with pytest.raises(ValueError, match=r"kernel: .*wgmma_fp8'.* does not read 'fp8' weights"):
+        jn.grouped_gemm(x, p, [2, 2], backend="ffi", precision="fp8", kernel=cfgs["wgmma_fp8"])
+    with pytest.raises(ValueError, match=r"does not read 'checkpoint' weights"):
+        jn.grouped_gemm(x, w, [2, 2], backend="ffi", precision="fp8",
+                        kernel=cfgs["wgmma_fp8_prepared"])
+    with pytest.raises(ValueError, match=r"the 'wgmma_fp8' kernel does not handle this problem"):
+        jn.grouped_gemm(x, p, [2, 2], backend="ffi", precision="fp8", kernel="wgmma_fp8")
+
+
+PREPARED_CASES = [   # (m, n, k, g, sizes, w4a4): every shape class of the fp8 GEMM tests
+    (50, 128, 384, 5, (7, 0, -2, 30, 4), False),  # empty and negative groups, sizes below M
+    (50, 128, 384, 5, (7, 0, -2, 30, 4), True),   # the same, W4A4
+    (40, 96, 256, 3, (9, 0, 25), False),          # N % 128 != 0
+    (24, 64, 128, 2, (10, 30), False),            # sizes past M
+]
+BACKENDS = ["reference"] + (["ffi"] if HAS_FFI else [])
+
+
+def _fp8_both(backend):
+    """One jit: the fp8 GEMM of (lhs, w) and of (lhs, p), float32 and bf16 out."""
+    def f(a, w, p, s):
+        g = lambda r, d: jn.grouped_gemm(a, r, s, backend=backend, precision="fp8",  # noqa: E731
+                                         out_dtype=d)
+        return [g(r, d) for r in (w, p) for d in (jnp.float32, jnp.bfloat16)]
+    return jax.jit(f)
+
+
+@pytest.mark.parametrize("m,n,k,g,sizes,w4a4", PREPARED_CASES)
+def test_prepared_equals_checkpoint_fp8_every_backend(rng, on_cpu, m, n, k, g, sizes, w4a4):
+    """prepare_weights(w, "fp8") gives bit for bit the numbers of w in the fp8 mode on each backend
+    (the same operand values and products in the same order), float32 and bf16 out, within the
+    float64 oracle's bound."""
+    lhs, rhs, gs, want, mag = gemm_case(rng, m=m, n=n, k=k, g=g, sizes=sizes, w4a4=w4a4)
+    prep = jn.prepare_weights(rhs, "fp8")
+    end = min(sum(max(s, 0) for s in sizes), m)
+    for backend in BACKENDS:
+        w32, w16, p32, p16 = (np.asarray(v) for v in _fp8_both(backend)(lhs, rhs, prep, gs))
+        assert p32.dtype == np.float32 and p16.dtype == jnp.bfloat16 and p32.shape == (m, n)
+        np.testing.assert_array_equal(p32, w32, err_msg=backend)
+        np.testing.assert_array_equal(p16, w16, err_msg=backend)
+        assert_within_f32_accumulation(p32, want, mag, k, backend)
+        assert (p32[end:] == 0).all() and np.abs(p32[:end]).max() > 0
+
+
+def test_prepared_eager_closed_over_and_empty(rng, on_cpu):
+    """Eager, jit closed over (the weights constants) and M = 0, on each backend: the numbers of
+    the checkpoint-layout weights (closed over: within the stated bound, XLA may fold constants in
+    another order)."""
+    lhs, rhs, gs, want, mag = gemm_case(rng, m=20, n=64, k=128, g=2, sizes=(8, 0))
+    prep = jn.prepare_weights(rhs, "fp8")
+    for backend in BACKENDS:
+        f = lambda a, w, s: jn.grouped_gemm(a, w, s, backend=backend, precision="fp8",  # noqa: E731
+                                            out_dtype=jnp.float32)
+        base = np.asarray(jax.jit(f)(lhs, rhs, gs))
+        np.testing.assert_array_equal(np.asarray(f(lhs, prep, gs)), base, err_msg=backend)
+        closed = np.asarray(jax.jit(lambda: f(lhs, prep, gs))())
+        assert_within_f32_accumulation(closed, want, mag, 128, backend)
+        assert (closed[8:] == 0).all()
+        empty = f(jnp.zeros((0, 128), jnp.bfloat16), prep, gs)
+        assert empty.shape == (0, 64) and empty.dtype == jnp.float32
+
+
+@needs_ffi
+def test_prepared_cpu_handler_sequential_order_and_nan(rng, on_cpu):
+    """The CPU handler on prepared weights: the numpy sequential sum bit for bit (the order stated
+    in fp8.py), and a NaN block scale's NaN codes in their group's column only."""
+    k, sizes = 256, (5, 6)
+    lhs, rhs, gs, _, _ = gemm_case(rng, m=12, n=32, k=k, g=2, sizes=sizes)
+    sc = np.asarray(rhs.scales).view(np.uint8).copy()
+    sc[1, 7, 3] = 0xFF
+    rhs = jn.NVFP4Tensor(rhs.data, jn.scales_from_bytes(jnp.asarray(sc)), rhs.global_scale)
+    prep = jn.prepare_weights(rhs, "fp8")
+    got = np.asarray(jn.grouped_gemm(lhs, prep, gs, backend="ffi", precision="fp8",
+                                     out_dtype=jnp.float32))
+    q, s = oracle_quantize(np.asarray(lhs, np.float64))
+    w8 = oracle_weights(np.asarray(rhs.data), sc)
+    want = sequential_fp8_gemm(q, s, w8, np.asarray(rhs.global_scale), sizes)
+    np.testing.assert_array_equal(got, want)
+    nan = np.zeros_like(got, bool)
+    nan[5:11, 7] = True
+    np.testing.assert_array_equal(np.isnan(got), nan)
+
+
+@needs_ffi
+def test_prepared_lowering_names_layout_and_kernel(rng, on_cpu):
+    """The prepared weights reach the FP8 call as e4m3 bytes [G, N, K], rhs_layout 2, with the
+    heuristic's wgmma_fp8_prepared configuration in the attributes."""
+    lhs, rhs, gs, _, _ = gemm_case(rng, m=16, n=64, k=256, g=2, sizes=(8, 8))
+    prep = jn.prepare_weights(rhs, "fp8")
+    want = jn.kernel_config.choose(16, 64, 256, 2, rhs_layout="fp8", precision="fp8")
+    assert want.family == "wgmma_fp8_prepared"
+    text = jax.jit(lambda a, w, s: jn.grouped_gemm(a, w, s, backend="ffi", precision="fp8")).lower(
+        lhs, prep, gs).as_text()
+    assert "jax_nvfp4_grouped_gemm_fp8" in text
+    assert "rhs_layout = 2 : i32" in text and "kernel = 4 : i32" in text
+    assert f"token_tile = {want.token_tile} : i32" in text and "tensor<2x64x256xui8>" in text
+
+
+def test_grad_through_prepared_weights(rng):
+    """The straight-through backward with prepared weights: alpha_g * dy @ (8 * w8_g), against
+    float64; every backend."""
+    lhs, rhs, sizes, _, _ = gemm_case(rng, m=20, n=64, k=256, g=2, sizes=(8, 9))
+    prep = jn.prepare_weights(rhs, "fp8")
+    x = jnp.asarray(lhs, jnp.float32)
+    ct = jnp.asarray(rng.standard_normal((20, 64)), jnp.float32)
+    w8 = oracle_weights(np.asarray(rhs.data), np.asarray(rhs.scales)).astype(np.float64)
+    gsc = np.asarray(rhs.global_scale, np.float64)
+    ref = np.zeros((20, 256))
+    ref[:8] = gsc[0] * 8 * np.asarray(ct, np.float64)[:8] @ w8[0]
+    ref[8:17] = gsc[1] * 8 * np.asarray(ct, np.float64)[8:17] @ w8[1]
+    for backend in BACKENDS:
+        f = lambda x: jnp.sum(ct * jn.grouped_gemm(  # noqa: E731
+            x, prep, sizes, backend=backend, precision="fp8", out_dtype=jnp.float32))
+        g = np.asarray(jax.jit(jax.grad(f))(x))
+        assert rel_err(g, ref) <= 1e-6, backend
+        assert (g[17:] == 0).all()
+
+
+def test_cuda_refuses_prepared_weights_until_the_kernel_is_built(rng):
+    """No CUDA kernel reads weights prepared as e4m3 in this build (the prototype has not been run
+    on a GPU: tools/lab/fp8_prepared/): on the GPU the ffi and auto backends refuse them at trace
+    time, naming the layout and the way out, for the GEMM and the layer; the reference backend
+    there gives the fp8 numbers (against float64, the bound of
+    test_cuda_kernel_against_cpu_handler_and_oracle)."""
+    gpus = gpu_devices()
+    if not gpus:
+        skip_or_fail("no GPU")
+    gpu = gpus[0]
+    lhs, rhs, gs, want, mag = gemm_case(rng, m=40, n=128, k=256, g=3, sizes=(9, 0, 25))
+    on = lambda t: jax.device_put(t, gpu)  # noqa: E731
+    lhs, prep, gs = on(lhs), on(jn.prepare_weights(rhs, "fp8")), on(gs)
+    why = r"rhs.layout: precision='fp8' on the GPU reads checkpoint-layout weights only, got 'fp8'.*" \
+          r"not built yet.*backend='reference'"
+    for backend in ("ffi", "auto"):
+        with pytest.raises(ValueError, match=why):
+            jn.grouped_gemm(lhs, prep, gs, backend=backend, precision="fp8")
+        with pytest.raises(ValueError, match=why):
+            jax.jit(lambda a, w, s: jn.grouped_gemm(a, w, s, backend=backend, precision="fp8"))(
+                lhs, prep, gs)
+    c, w, x, _ = moe_layer(rng, "w4a4")
+    c8 = jn.MoEConfig(**{**c.__dict__, "precision": "fp8"})
+    with pytest.raises(ValueError, match=why):
+        jax.jit(lambda x, w: jn.moe(x, w, c8, backend="ffi"))(on(x), on(jn.prepare_weights(w, "fp8")))
+    got = jax.jit(lambda a, w, s: jn.grouped_gemm(a, w, s, backend="reference", precision="fp8",
+                                                  out_dtype=jnp.float32))(lhs, prep, gs)
+    tol = 2.0**-9 * mag + 1e-30
+    assert np.all(np.abs(np.asarray(got, np.float64) - want) <= tol)
+
+
+def test_prepared_weights_refusal_on_gpu_decided_at_trace_time(rng, on_cpu, monkeypatch):
+    """The GPU refusal above, exercised here: the decision is gemm._on_gpu's (the platform the
+    arrays live on, else the default device), taken before anything is lowered."""
+    if not HAS_FFI:
+        pytest.skip("the extension is not built")
+    lhs, rhs, gs, _, _ = gemm_case(rng, m=8, n=32, k=128, g=2, sizes=(4, 4))
+    prep = jn.prepare_weights(rhs, "fp8")
+    monkeypatch.setattr(jn.gemm, "_on_gpu", lambda *a: True)
+    with pytest.raises(ValueError, match=r"got 'fp8' \(Fp8Weights\): the CUDA kernel for weights "
+                                         r"prepared as e4m3 is not built yet"):
+        jn.grouped_gemm(lhs, prep, gs, backend="ffi", precision="fp8")
+    jn.grouped_gemm(lhs, rhs, gs, backend="ffi", precision="fp8")         # checkpoint: runs

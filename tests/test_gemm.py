@@ -499,7 +499,11 @@ class TestBadInput:
             lhs, no_sf, rhs.data, rhs.scales, rhs.global_scale, gs, jnp.dtype(jnp.float32), MMA16,
             code))
         with pytest.raises(jax.errors.JaxRuntimeError,
-                           match=r"rhs_layout must be 0 \(checkpoint\) or 1 \(sm90\), got 2"):
+                           match=r"rhs_layout must be 0 \(checkpoint\), 1 \(sm90\) or 2 \(fp8\), got 3"):
+            call(3)
+        with pytest.raises(jax.errors.JaxRuntimeError,
+                           match=r"jax_nvfp4_grouped_gemm: rhs_layout 2 \(weights prepared as e4m3 "
+                                 r".*belongs to the FP8 call"):
             call(2)
         with pytest.raises(jax.errors.JaxRuntimeError,
                            match=r"sm90 layout \(rhs_layout 1\) needs N % 128 == 0 and K % 64 == "

@@ -28,7 +28,7 @@ def test_config_table():
         KernelConfig("wgmma", 32, 20, 1), KernelConfig("wgmma", 64, 12, 1),
         KernelConfig("wgmma", 128, 8, 1), KernelConfig("wgmma", 256, 5, 2),
         KernelConfig("wgmma_fp8", 32, 15, 1), KernelConfig("wgmma_fp8", 64, 12, 1),
-        KernelConfig("wgmma_fp8", 128, 8, 1))
+        KernelConfig("wgmma_fp8", 128, 8, 1), KernelConfig("wgmma_fp8_prepared", 128, 6, 1))
     assert {c.family for c in configs} == set(FAMILIES)
 
 
@@ -52,6 +52,29 @@ def test_fp8_heuristic(rows_per_group, tile):
         kc.resolve(KernelConfig("wgmma", 128, 8, 1), 64, n, k, 1, precision="fp8")
     with pytest.raises(ValueError, match="does not compute precision='exact'"):
         kc.resolve(KernelConfig("wgmma_fp8", 128, 8, 1), 64, n, k, 1)
+
+
+@needs_ext
+@pytest.mark.parametrize("rows_per_group", [1, 4, 32, 128, 512])
+def test_fp8_heuristic_prepared_weights(rows_per_group):
+    """Weights prepared as e4m3 (layout "fp8") run wgmma_fp8_prepared, its 128-token tile at every
+    size (docs/archive/fp8-prepared-lab.md), on any device; no other family reads them, and that
+    family reads nothing else."""
+    g, n, k = 48, 6144, 7168
+    m = rows_per_group * g
+    fams = ALL + kc.FP8_FAMILIES
+    for arch, f in ((90, fams), (80, ("mma",)), (0, None)):
+        got = kc.choose(m, n, k, g, arch=arch, families=f, rhs_layout="fp8", precision="fp8")
+        assert got == KernelConfig("wgmma_fp8_prepared", 128, 6, 1)
+    assert kc.choose(m, n, k, g, arch=90, families=fams, precision="fp8").family == "wgmma_fp8"
+    assert kc.for_family("wgmma_fp8_prepared", m, n, k, g, precision="fp8") is None   # checkpoint
+    assert kc.for_family("wgmma_fp8_prepared", m, n, k, g, rhs_layout="fp8") is None   # exact mode
+    assert kc.for_family("wgmma_fp8_prepared", m, n, k - 64, g, rhs_layout="fp8", precision="fp8") is None
+    for fam in ALL + ("wgmma_fp8",):
+        for prec in ("exact", "fp8"):
+            assert kc.for_family(fam, m, n, k, g, rhs_layout="fp8", precision=prec) is None, (fam, prec)
+    with pytest.raises(ValueError, match="rhs_layout: expected one of"):
+        kc.choose(m, n, k, g, rhs_layout="e4m3", precision="fp8")
 
 
 @needs_ext
@@ -112,7 +135,8 @@ def test_for_family_and_resolve(monkeypatch):
     assert kc.for_family("mma_ws", *shape, rhs_layout="sm90") == KernelConfig("mma_ws", 16, 8, 1)
     assert kc.resolve("mma", *shape) == KernelConfig("mma", 64, 4, 1)
     assert kc.resolve(KernelConfig("wgmma", 32, 20, 1), *shape) == KernelConfig("wgmma", 32, 20, 1)
-    with pytest.raises(ValueError, match=r"kernel: expected one of \('mma', 'mma_ws', 'wgmma', 'wgmma_fp8'\)"):
+    with pytest.raises(ValueError, match=r"kernel: expected one of \('mma', 'mma_ws', 'wgmma', 'wgmma_fp8', "
+                                         r"'wgmma_fp8_prepared'\)"):
         kc.resolve("cutlass", *shape)
     with pytest.raises(ValueError, match="is not a compiled configuration"):
         kc.resolve(KernelConfig("mma", 24, 4, 1), *shape)
@@ -156,7 +180,7 @@ def test_cpu_handler_accepts_every_config_and_ignores_it(on_cpu):
     platform_device("cpu")
     lhs, rhs, gs, ref = make_problem(np.random.default_rng(1), 40, 128, 128, [30, 0, 10], False)
     outs = [np.asarray(jn.grouped_gemm(lhs, rhs, gs, out_dtype=jnp.float32, backend="ffi", kernel=c))
-            for c in kc.kernel_configs() if c.family != "wgmma_fp8"]     # the exact call's families
+            for c in kc.kernel_configs() if c.family not in kc.FP8_FAMILIES]     # the exact call's families
     assert rel_err(outs[0], ref) <= 1e-5
     for o in outs[1:]:
         np.testing.assert_array_equal(o, outs[0])
@@ -187,8 +211,11 @@ def test_cpu_handler_rejects_invalid_attributes(on_cpu):
         _raw_call(kernel=np.int32(7))
     with pytest.raises(jax.errors.JaxRuntimeError, match=r"kernel=wgmma \(2\), token_tile=256, stages=5, cluster=1"):
         _raw_call(kernel=np.int32(2), token_tile=np.int32(256), stages=np.int32(5))
-    with pytest.raises(jax.errors.JaxRuntimeError, match=r"rhs_layout must be 0 \(checkpoint\) or 1 \(sm90\), got 3"):
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match=r"rhs_layout must be 0 \(checkpoint\), 1 \(sm90\) or 2 \(fp8\), got 3"):
         _raw_call(rhs_layout=np.int32(3))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"rhs_layout 2 .* belongs to the FP8 call"):
+        _raw_call(rhs_layout=np.int32(2))
     with pytest.raises(jax.errors.JaxRuntimeError, match="Wrong scalar data type"):
         _raw_call(token_tile=np.float32(16.5))              # typed: int32 only
 
@@ -214,13 +241,45 @@ def test_handlers_check_the_mode_against_the_kernel(on_cpu):
     platform_device("cpu")
     assert np.all(np.isfinite(np.asarray(_raw_fp8_call()[0])))
     with pytest.raises(jax.errors.JaxRuntimeError,
-                       match=r"jax_nvfp4_grouped_gemm: kernel 3 \(wgmma_fp8\) computes the FP8 mode"):
+                       match=r"jax_nvfp4_grouped_gemm: kernels 3 \(wgmma_fp8\) and 4 \(wgmma_fp8_prepared\) "
+                             r"compute the FP8 mode"):
         _raw_call(kernel=np.int32(3), token_tile=np.int32(64), stages=np.int32(12))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jax_nvfp4_grouped_gemm: kernels 3"):
+        _raw_call(kernel=np.int32(4), token_tile=np.int32(128), stages=np.int32(6))
     with pytest.raises(jax.errors.JaxRuntimeError,
                        match=r"jax_nvfp4_grouped_gemm_fp8: attributes kernel=mma \(0\), token_tile=16, "
-                             r"stages=4, cluster=1 compute the exact mode: the FP8 call takes kernel 3 "
-                             r"\(wgmma_fp8\) only"):
+                             r"stages=4, cluster=1 compute the exact mode: the FP8 call takes kernels 3 "
+                             r"\(wgmma_fp8\) and 4 \(wgmma_fp8_prepared\) only"):
         _raw_fp8_call(kernel=np.int32(0), token_tile=np.int32(16), stages=np.int32(4))
+    # the FP8 family must read the weights' layout: wgmma_fp8_prepared the prepared bytes alone
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match=r"kernel=wgmma_fp8_prepared \(4\), token_tile=128, stages=6, cluster=1 do not "
+                             r"read rhs_layout 0: kernel 4 \(wgmma_fp8_prepared\) reads the fp8-prepared"):
+        _raw_fp8_call(kernel=np.int32(4), token_tile=np.int32(128), stages=np.int32(6))
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match=r"kernel=wgmma_fp8 \(3\).* do not read rhs_layout 2"):
+        _raw_prepared_call(kernel=np.int32(3), stages=np.int32(8))
+    out = np.asarray(_raw_prepared_call()[0])
+    assert np.all(np.isfinite(out)) and np.abs(out).max() > 0
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match=r"with fp8-prepared weights \(rhs_layout 2\) rhs_scales must have shape \[0\]"):
+        _raw_prepared_call(scales=jnp.zeros((2, 16, 8), jnp.float8_e4m3fn))
+
+
+def _raw_prepared_call(scales=None, **attrs):
+    """The FP8 custom call on prepared e4m3 weights bytes [G, N, K] (rhs_layout 2, rhs_scales [0])."""
+    m, k = 8, 128
+    _, rhs, gs, _ = make_problem(np.random.default_rng(3), m, 16, k, [4, 4], False)
+    w8 = jax.lax.bitcast_convert_type(jn.prepare_weights(rhs, "fp8").codes, jnp.uint8)
+    out_t = jax.ShapeDtypeStruct((m, 16), jnp.float32)
+    ws_t = jax.ShapeDtypeStruct((jn.gemm.workspace_bytes(2, 0),), jnp.uint8)
+    base = dict(rhs_layout=np.int32(2), kernel=np.int32(4), token_tile=np.int32(128),
+                stages=np.int32(6), cluster=np.int32(1))
+    base.update(attrs)
+    call = jax.ffi.ffi_call(jn.gemm.FP8_TARGET, (out_t, ws_t))
+    lhs, lhs_scales = jnp.ones((m, k), jnp.float8_e4m3fn), jnp.ones((k // 128, m), jnp.float32)
+    sc = jnp.zeros((0,), jnp.float8_e4m3fn) if scales is None else scales
+    return jax.block_until_ready(call(lhs, lhs_scales, w8, sc, rhs.global_scale, gs, **base))
 
 
 def _device_configs():
@@ -230,7 +289,7 @@ def _device_configs():
     if not _extension.has_cuda():
         skip_or_fail("the extension was built without the CUDA handler")
     fams = kc.runnable_families(kc.device_arch(devs[0]))
-    return devs[0], [c for c in kc.kernel_configs() if c.family in fams and c.family != "wgmma_fp8"]
+    return devs[0], [c for c in kc.kernel_configs() if c.family in fams and c.family not in kc.FP8_FAMILIES]
 
 
 @pytest.mark.parametrize("rhs_layout", ["checkpoint", "sm90"])
@@ -274,7 +333,7 @@ def test_w4a4_native_mma_on_gpu(rng):
 def test_unsupported_family_on_this_device_is_a_clear_error(rng):
     """A family this device or build cannot run fails at call time naming the device."""
     dev, configs = _device_configs()
-    missing = [c for c in kc.kernel_configs() if c not in configs and c.family != "wgmma_fp8"]
+    missing = [c for c in kc.kernel_configs() if c not in configs and c.family not in kc.FP8_FAMILIES]
     if not missing:
         pytest.skip("this device and build run every configuration")
     lhs, rhs, gs, _ = make_problem(rng, 64, 128, 128, [32, 32], False)

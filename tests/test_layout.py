@@ -207,7 +207,7 @@ def test_prepare_weights_moe(rng):
 
 def test_prepare_weights_bad_input(rng):
     t = quantized(rng, (2, 128, 64))
-    with pytest.raises(ValueError, match=r"layout: expected one of \('checkpoint', 'sm90'\), "
+    with pytest.raises(ValueError, match=r"layout: expected one of \('checkpoint', 'sm90', 'fp8'\), "
                                          r"got 'sm100'"):
         jn.prepare_weights(t, "sm100")
     with pytest.raises(ValueError, match=r"x: layout 'sm90' needs .*got N = 96, K = 64"):
@@ -217,7 +217,8 @@ def test_prepare_weights_bad_input(rng):
     # a MoE layer names the field that does not fit: w13 [E, 128, 192] does, w2 [E, 192, 64] not
     with pytest.raises(ValueError, match=r"x\.w2: layout 'sm90' needs .*got N = 192, K = 64"):
         jn.prepare_weights(moe_weights(rng, h=192, i=64))
-    with pytest.raises(ValueError, match="x: expected an NVFP4Tensor or a MoEWeights, got ndarray"):
+    with pytest.raises(ValueError, match="x: expected an NVFP4Tensor, Fp8Weights or a MoEWeights, "
+                                         "got ndarray"):
         jn.prepare_weights(np.zeros((128, 32), np.uint8))
     with pytest.raises(ValueError, match=r"x\.data: expected uint8"):
         jn.prepare_weights(jn.NVFP4Tensor(t.data.astype(jnp.int32), t.scales, t.global_scale))

@@ -773,6 +773,107 @@ def test_fp8_precision_with_paired_weights_runs_unfused(rng):
         assert rel_err(got, want) <= 1e-2
 
 
+def unquantized64(x, f, w, c):
+    """The layer on the float weights f in float64, routed as the quantized layer routes
+    (jn.route on its weights): what the fp8 mode's published bound is measured against."""
+    ids, rw = (np.asarray(v) for v in jn.route(x, w, c))
+    x64 = np.asarray(x, np.float64)
+
+    def mlp(a, w13, w2):
+        gate, up = np.split(a @ w13.T, 2, axis=-1)
+        gate, up = np.minimum(gate, c.swiglu_limit), np.clip(up, -c.swiglu_limit, c.swiglu_limit)
+        return (gate / (1 + np.exp(-gate)) * up) @ w2.T
+
+    out = mlp(x64, f["sw13"], f["sw2"])
+    for e in range(c.num_experts):
+        tok, slot = np.nonzero(ids == e)
+        out[tok] += rw[tok, slot, None] * mlp(x64[tok], f["w13"][e], f["w2"][e])
+    return out
+
+
+@pytest.mark.parametrize("backend,activation,scale,full", [
+    ("ffi", "w4a4", "dynamic", True), ("ffi", "w4a16", "dynamic", False),
+    ("ffi", "w4a4", "static", False), ("reference", "w4a4", "dynamic", False)])
+def test_fp8_prepared_weights_give_the_fp8_layer(rng, backend, activation, scale, full):
+    """prepare_weights(w, "fp8") (every NVFP4 field an Fp8Weights): the fp8 layer of the NVFP4
+    weights bit for bit (same operands, same order), against the unquantized float64 layer within
+    the fp8 mode's published bound (README: within ~1.1x of the exact mode's error; 1.25x on this
+    small layer, as tests/test_fp8.py). ``full``: also closed over by jit, and prepared from sm90
+    weights with paired gate/up rows (their row order kept: the paired fp8 layer's numbers)."""
+    f = float_layer(rng, i=128, per_half=True)
+    w = quantized(f, per_half=True, **(STATIC_SCALES if scale == "static" else {}))
+    c8 = cfg(intermediate_size=128, activation=activation, activation_scale=scale, precision="fp8")
+    p = jn.prepare_weights(w, "fp8")
+    for name in ("w13", "w2", "shared_w13", "shared_w2"):
+        assert isinstance(getattr(p, name), jn.fp8.Fp8Weights), name
+        np.testing.assert_array_equal(np.asarray(getattr(p, name).global_scale),
+                                      np.asarray(getattr(w, name).global_scale))
+    assert not p.w13_paired and p.router_weight is w.router_weight
+    x = jnp.asarray(rng.standard_normal((T, H)).astype(np.float32))
+    ce = dataclasses.replace(c8, precision="exact")
+    # one program per weight type (in one program XLA may share and reorder the layers' sums)
+    run = jax.jit(lambda x, w, c: jn.moe(x, w, c, backend=backend), static_argnums=2)
+    got, want, exact = np.asarray(run(x, p, c8)), np.asarray(run(x, w, c8)), np.asarray(run(x, w, ce))
+    assert np.all(np.isfinite(got)) and np.abs(got).max() > 0
+    np.testing.assert_array_equal(got, want)
+    ref = unquantized64(x, f, w, c8)
+    assert rel_err(got, ref) <= 1.25 * rel_err(exact, ref), (rel_err(got, ref), rel_err(exact, ref))
+    if not full:
+        return
+    closed = np.asarray(jax.jit(lambda x: jn.moe(x, p, c8, backend=backend))(x))
+    # closed over: XLA may fold constants in another order (README, "Not refused")
+    assert rel_err(closed, got) <= 1e-5
+    sm90 = jn.prepare_weights(w)
+    paired = jn.prepare_weights(sm90, "fp8")                          # sm90, paired, then fp8
+    assert paired.w13_paired
+    np.testing.assert_array_equal(np.asarray(run(x, paired, c8)), np.asarray(run(x, sm90, c8)))
+
+
+def test_fp8_prepared_weights_errors(rng):
+    f = float_layer(rng, i=128)
+    w = quantized(f)
+    p = jn.prepare_weights(w, "fp8")
+    c = cfg(intermediate_size=128)
+    x = jnp.ones((4, H))
+    for name in ("w13", "w2", "shared_w13", "shared_w2"):
+        only = dataclasses.replace(w, **{name: getattr(p, name)})
+        with pytest.raises(ValueError, match=rf"weights.{name}: Fp8Weights .* need "
+                                             r"config.precision='fp8', got config.precision='exact'"):
+            jn.moe(x, only, c, backend="reference")
+    with pytest.raises(ValueError, match=r"x.w13: Fp8Weights .* cannot be converted to layout 'sm90'"):
+        jn.prepare_weights(p, "sm90")
+    with pytest.raises(ValueError, match=r"x.w2: Fp8Weights .* cannot be converted to layout "
+                                         r"'checkpoint'"):
+        jn.prepare_weights(dataclasses.replace(w, w2=p.w2), "checkpoint")
+    with pytest.raises(ValueError, match=r"x.w13: layout 'fp8' needs K % 128 == 0.*K = 64"):
+        jn.prepare_weights(quantized(float_layer(rng, h=64)), "fp8")
+    with pytest.raises(ValueError, match=r"x.w13: Fp8Weights .* not invertible"):
+        checkpoint.save_moe(p, c, "model.layers.5.mlp")
+    assert jn.prepare_weights(p, "fp8").w13 is p.w13
+    loaded = checkpoint.load_moe(checkpoint.save_moe(w, c, "model.layers.5.mlp"), "model.layers.5.mlp",
+                                 c, layout="fp8")
+    for name in ("w13", "w2", "shared_w13", "shared_w2"):
+        np.testing.assert_array_equal(np.asarray(getattr(loaded, name).codes).view(np.uint8),
+                                      np.asarray(getattr(p, name).codes).view(np.uint8), err_msg=name)
+
+
+def test_fp8_prepared_weights_expert_parallel(rng):
+    """Prepared on weights split over 8 devices (converted where they lie, sharding kept), then the
+    expert-parallel layer: the one-device layer's numbers."""
+    f = float_layer(rng, i=128)
+    w = quantized(f)
+    c8 = cfg(intermediate_size=128, precision="fp8")
+    devs = cpu_devices(8)
+    mesh = jax.make_mesh((8,), ("ep",), axis_types=(jax.sharding.AxisType.Explicit,), devices=devs)
+    x = jnp.asarray(rng.standard_normal((T, H)).astype(np.float32))
+    with jax.default_device(devs[0]):
+        one = np.asarray(jax.jit(lambda x, w: jn.moe(x, w, c8, backend="ffi"))(x, w))
+    ps = jn.prepare_weights(jn.shard_moe_weights(w, mesh), "fp8")
+    assert ps.w13.codes.sharding.spec[0] == "ep"
+    ep = np.asarray(jax.jit(lambda x, w: jn.moe_expert_parallel(x, w, c8, mesh, backend="ffi"))(x, ps))
+    np.testing.assert_allclose(ep, one, rtol=1e-5, atol=1e-5 * np.abs(one).max())
+
+
 @pytest.mark.parametrize("activation,scale", CASES[:2])
 def test_fused_swiglu_layer_grad_wrt_x(rng, activation, scale):
     """jax.grad through the fused layer (its backward recomputes the unfused path): the

@@ -39,8 +39,8 @@ def make_layer(rng, *, activation="w4a16", scale="dynamic", precision="exact", r
     weights = jn.quantize_moe(n(E, h), n(E, 2 * i, h), n(E, h, i), router_bias=n(E),
                               shared_w13=n(2 * i, h) if shared else None,
                               shared_w2=n(h, i) if shared else None, **extra)
-    if layout == "sm90":
-        weights = jn.prepare_weights(weights)
+    if layout in ("sm90", "fp8"):
+        weights = jn.prepare_weights(weights, layout)
     return weights, config
 
 
@@ -53,16 +53,19 @@ def same_bits(a, b):
                             for u, v in zip(la, lb))
 
 
-@pytest.mark.parametrize("layout", ["checkpoint", "sm90"])
+@pytest.mark.parametrize("layout", ["checkpoint", "sm90", "fp8"])
 def test_frozen_weights_hold_the_exact_bits_and_no_float(rng, layout):
-    w, _ = make_layer(rng, activation="w4a4", scale="static", routing="hash", layout=layout)
+    w, _ = make_layer(rng, activation="w4a4", scale="static", routing="hash", layout=layout,
+                      precision="fp8" if layout == "fp8" else "exact")
     frozen = FrozenMoEWeights.freeze(w)
     assert same_bits(frozen.weights(), w)
     for path, leaf in jax.tree_util.tree_flatten_with_path(frozen)[0]:
         assert not jnp.issubdtype(leaf.dtype, jnp.inexact), path
     keys = {p[0].key for p, _ in jax.tree_util.tree_flatten_with_path(frozen)[0]}
-    tag = "@sm90-paired" if layout == "sm90" else "@checkpoint"
-    assert f"w13.scales{tag}" in keys and "router_weight" in keys
+    tag = {"sm90": "@sm90-paired", "checkpoint": "@checkpoint", "fp8": "@fp8"}[layout]
+    part = "codes" if layout == "fp8" else "scales"
+    assert f"w13.{part}{tag}" in keys and "router_weight" in keys
+    assert frozen.layouts == {f: layout for f in ("w13", "w2", "shared_w13", "shared_w2")}
     # what a tree_map (an optimizer's zeros_like, a serializer) gives back is the same type
     assert same_bits(jax.tree.map(lambda v: v, frozen).weights(), w)
     with pytest.raises(TypeError, match="weights: expected a jax_nvfp4.MoEWeights"):
@@ -310,6 +313,8 @@ CASES = [
     ("nnx", W4A16, [(2, 3)]),
     ("linen", W4A16, [(0,), ()]),
     ("eqx", W4A16, [(7,)]),
+    ("linen", dict(activation="w4a4", scale="dynamic", precision="fp8", routing="score",
+                   shared=True, layout="fp8"), [(3,)]),
 ]
 
 

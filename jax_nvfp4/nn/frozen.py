@@ -9,7 +9,8 @@ uint32; codes and hash tables as they are). Why:
   float8 moments whose ``eps`` underflows to NaN.
 * Integer leaves round-trip bit for bit through every serializer (``np.save`` in Equinox's
   ``tree_serialise_leaves``, orbax, msgpack), float8 ones do not everywhere.
-* The leaves' key paths name the byte layout of each NVFP4 tensor (``"w13.data@sm90-paired"``),
+* The leaves' key paths name the byte layout of each NVFP4 tensor (``"w13.data@sm90-paired"``;
+  weights prepared as e4m3 are ``"w13.codes@fp8"``),
   so a checkpoint of sm90-prepared weights restored into a target built from checkpoint-layout
   weights (or the reverse) is a key mismatch, not the wrong layout read silently: the layout is
   pytree metadata (static), which a restore takes from the target, not from the saved file.
@@ -25,13 +26,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..formats import NVFP4Tensor
+from ..formats import Fp8Weights, NVFP4Tensor
 from ..moe_params import MoEWeights
 
 _ARRAY_FIELDS = tuple(f.name for f in dataclasses.fields(MoEWeights)
                       if not f.metadata.get("static"))
 _NVFP4_FIELDS = ("w13", "w2", "shared_w13", "shared_w2")
 _NVFP4_PARTS = ("data", "scales", "global_scale")
+_FP8_PARTS = ("codes", "global_scale")          # Fp8Weights (layout "fp8")
 _PAIRED_FIELDS = ("w13", "shared_w13")
 
 
@@ -53,6 +55,10 @@ def _from_bits(bits, dtype: str):
     if bits.dtype == np.dtype(dtype):
         return bits
     return jax.lax.bitcast_convert_type(bits, jnp.dtype(dtype))
+
+
+def _parts(layout: str) -> tuple:
+    return _FP8_PARTS if layout == Fp8Weights.layout else _NVFP4_PARTS
 
 
 def _tensor_key(field: str, part: str, layout: str, paired: bool) -> str:
@@ -87,9 +93,9 @@ class FrozenMoEWeights:
             value = getattr(weights, field)
             if value is None:
                 continue
-            if isinstance(value, NVFP4Tensor):
+            if isinstance(value, (NVFP4Tensor, Fp8Weights)):
                 layouts.append((field, value.layout))
-                for part in _NVFP4_PARTS:
+                for part in _parts(value.layout):
                     key = _tensor_key(field, part, value.layout, weights.w13_paired)
                     bits[key] = _to_bits(getattr(value, part))
                     dtypes.append(str(jnp.asarray(getattr(value, part)).dtype))
@@ -106,14 +112,16 @@ class FrozenMoEWeights:
         values = {k: _from_bits(self.bits[k], d) for k, d in zip(keys, dtypes)}
         fields = {}
         for field, layout in layouts:
-            parts = [values[_tensor_key(field, p, layout, paired)] for p in _NVFP4_PARTS]
-            fields[field] = NVFP4Tensor(*parts, layout=layout)
+            parts = [values[_tensor_key(field, p, layout, paired)] for p in _parts(layout)]
+            fields[field] = (Fp8Weights(*parts) if layout == Fp8Weights.layout
+                             else NVFP4Tensor(*parts, layout=layout))
         fields.update((k, v) for k, v in values.items() if "." not in k)
         return MoEWeights(**fields, expert_ids=expert_ids, w13_paired=paired)
 
     @property
     def layouts(self) -> dict:
-        """``{field: layout}`` of the NVFP4 tensors, e.g. ``{"w13": "sm90", "w2": "sm90"}``."""
+        """``{field: layout}`` of the weight tensors, e.g. ``{"w13": "sm90", "w2": "sm90"}``
+        (``"fp8"`` for weights prepared as e4m3)."""
         return dict(self.meta[4])
 
     def tree_flatten_with_keys(self):
