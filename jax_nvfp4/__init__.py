@@ -7,7 +7,7 @@ from importlib import metadata as _metadata
 
 from . import autodiff, checkpoint, fp8, kernel_config, layout, options, reference
 from ._extension import ExtensionInfo, extension_info
-from .formats import LAYOUTS, NVFP4Tensor, scales_from_bytes
+from .formats import LAYOUTS, Fp8Weights, NVFP4Tensor, scales_from_bytes
 from .gemm import grouped_gemm, grouped_gemm_swiglu
 from .prepare import prepare_weights
 from .moe import moe, quantize_moe, swiglu
@@ -23,7 +23,7 @@ except _metadata.PackageNotFoundError:     # running from a source tree that is 
     __version__ = "0+unknown"
 
 __all__ = [
-    "ExtensionInfo", "LAYOUTS", "NVFP4Tensor", "MoEConfig", "MoEWeights", "autodiff", "checkpoint",
+    "ExtensionInfo", "Fp8Weights", "LAYOUTS", "NVFP4Tensor", "MoEConfig", "MoEWeights", "autodiff", "checkpoint",
     "extension_info", "fp8", "kernel_config", "swiglu", "dequantize", "grouped_gemm",
     "grouped_gemm_swiglu",
     "layout", "moe", "options", "quantize", "moe_expert_parallel", "prepare_weights", "quantize_moe", "route",
