@@ -272,28 +272,27 @@ class Fp8Rows:
         return self
 
 
+def _permute_in_chunks(q: jax.Array, split: tuple, axes: tuple) -> jax.Array:
+    """Each 128-wide chunk of q's last axis reshaped to ``split`` and its axes transposed."""
+    lead, k = q.shape[:-1], q.shape[-1]
+    if k % FP8_CHUNK:
+        raise ValueError(f"q: K={k} is not a multiple of {FP8_CHUNK}")
+    n = len(lead)
+    v = q.reshape(lead + (k // FP8_CHUNK,) + split)
+    v = jnp.transpose(v, tuple(range(n + 1)) + tuple(n + 1 + a for a in axes))
+    return v.reshape(lead + (k,))
+
+
 def to_kernel_k_order(q: jax.Array) -> jax.Array:
     """``[..., K]`` -> ``[..., K]``: inside each 128-wide chunk, position ``32j + 16h + 4t + i``
     holds logical k ``32t + 8j + 4h + i`` (t, j in 0..3, h in 0..1, i in 0..3), the order the
     CUDA kernel's fp8 fragments read. Any dtype; K % 128 == 0."""
-    lead, k = q.shape[:-1], q.shape[-1]
-    if k % FP8_CHUNK:
-        raise ValueError(f"q: K={k} is not a multiple of {FP8_CHUNK}")
-    n = len(lead)
-    v = q.reshape(lead + (k // FP8_CHUNK, 4, 4, 2, 4))               # (t, j, h, i)
-    v = jnp.transpose(v, tuple(range(n + 1)) + tuple(n + 1 + a for a in (1, 2, 0, 3)))
-    return v.reshape(lead + (k,))                                    # (j, h, t, i)
+    return _permute_in_chunks(q, (4, 4, 2, 4), (1, 2, 0, 3))          # (t, j, h, i) -> (j, h, t, i)
 
 
 def from_kernel_k_order(q: jax.Array) -> jax.Array:
     """The inverse of :func:`to_kernel_k_order`."""
-    lead, k = q.shape[:-1], q.shape[-1]
-    if k % FP8_CHUNK:
-        raise ValueError(f"q: K={k} is not a multiple of {FP8_CHUNK}")
-    n = len(lead)
-    v = q.reshape(lead + (k // FP8_CHUNK, 4, 2, 4, 4))               # (j, h, t, i)
-    v = jnp.transpose(v, tuple(range(n + 1)) + tuple(n + 1 + a for a in (2, 0, 1, 3)))
-    return v.reshape(lead + (k,))                                    # (t, j, h, i)
+    return _permute_in_chunks(q, (4, 2, 4, 4), (2, 0, 1, 3))          # (j, h, t, i) -> (t, j, h, i)
 
 
 FP8_WEIGHT_SHIFT = 3

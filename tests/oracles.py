@@ -222,3 +222,21 @@ def moe64(x, w, cfg, token_ids=None):
                   else (None, None))
         out += mlp64(x, dequant_stack64(w.shared_w13), dequant_stack64(w.shared_w2), cfg, s1, s2)
     return out, ids
+
+
+def float_layer64(x, f, ids, rw, limit) -> np.ndarray:
+    """The MoE layer on unquantized float weights in float64, routed by ``ids, rw [T, top_k]``:
+    ``f`` holds ``w13 [E, 2I, H]``, ``w2 [E, H, I]``, ``sw13``, ``sw2`` (the shared MLP), each MLP
+    a SwiGLU with the clamp ``limit``."""
+    x64 = np.asarray(x, np.float64)
+
+    def mlp(a, w13, w2):
+        gate, up = np.split(a @ w13.T, 2, axis=-1)
+        gate, up = np.minimum(gate, limit), np.clip(up, -limit, limit)
+        return (gate / (1 + np.exp(-gate)) * up) @ w2.T
+
+    out = mlp(x64, f["sw13"], f["sw2"])
+    for e in range(len(f["w13"])):
+        tok, slot = np.nonzero(ids == e)
+        out[tok] += rw[tok, slot, None] * mlp(x64[tok], f["w13"][e], f["w2"][e])
+    return out

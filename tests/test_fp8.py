@@ -11,7 +11,7 @@ import pytest
 
 import jax_nvfp4 as jn
 from jax_nvfp4 import _extension, fp8
-from oracles import decode_e2m1_bytes, decode_e4m3, dequant64, rel_err
+from oracles import decode_e2m1_bytes, decode_e4m3, dequant64, float_layer64, rel_err
 from conftest import QUANTIZE_STACK, cpu_devices, gpu_devices, skip_or_fail
 
 E4M3 = ml_dtypes.float8_e4m3fn
@@ -729,18 +729,7 @@ def moe_layer(rng, activation):
 def float64_layer(x, w, c, f):
     """The layer on the original float weights in float64 (the quantized layer's routing)."""
     ids, rw = (np.asarray(v) for v in jn.route(x, w, c))
-    x64 = np.asarray(x, np.float64)
-
-    def mlp(a, w13, w2):
-        gate, up = np.split(a @ w13.T, 2, axis=-1)
-        gate, up = np.minimum(gate, c.swiglu_limit), np.clip(up, -c.swiglu_limit, c.swiglu_limit)
-        return (gate / (1 + np.exp(-gate)) * up) @ w2.T
-
-    out = mlp(x64, f["sw13"], f["sw2"])
-    for e in range(c.num_experts):
-        tok, slot = np.nonzero(ids == e)
-        out[tok] += rw[tok, slot, None] * mlp(x64[tok], f["w13"][e], f["w2"][e])
-    return out
+    return float_layer64(x, f, ids, rw, c.swiglu_limit)
 
 
 def test_moe_config_precision():

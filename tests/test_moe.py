@@ -13,7 +13,7 @@ import pytest
 import jax_nvfp4 as jn
 from jax_nvfp4 import checkpoint
 from jax_nvfp4.moe import RANK_SORT_MAX_ROWS, rank_sort_rows, sort_rows
-from oracles import dequant64, rel_err, route64, swiglu64
+from oracles import dequant64, float_layer64, rel_err, route64, swiglu64
 from conftest import QUANTIZE, QUANTIZE_STACK, cpu_devices
 
 E, H, I, T = 8, 128, 64, 48
@@ -777,18 +777,7 @@ def unquantized64(x, f, w, c):
     """The layer on the float weights f in float64, routed as the quantized layer routes
     (jn.route on its weights): what the fp8 mode's published bound is measured against."""
     ids, rw = (np.asarray(v) for v in jn.route(x, w, c))
-    x64 = np.asarray(x, np.float64)
-
-    def mlp(a, w13, w2):
-        gate, up = np.split(a @ w13.T, 2, axis=-1)
-        gate, up = np.minimum(gate, c.swiglu_limit), np.clip(up, -c.swiglu_limit, c.swiglu_limit)
-        return (gate / (1 + np.exp(-gate)) * up) @ w2.T
-
-    out = mlp(x64, f["sw13"], f["sw2"])
-    for e in range(c.num_experts):
-        tok, slot = np.nonzero(ids == e)
-        out[tok] += rw[tok, slot, None] * mlp(x64[tok], f["w13"][e], f["w2"][e])
-    return out
+    return float_layer64(x, f, ids, rw, c.swiglu_limit)
 
 
 @pytest.mark.parametrize("backend,activation,scale,full", [
