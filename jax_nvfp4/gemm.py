@@ -1,4 +1,5 @@
-"""The grouped NVFP4 GEMM as an XLA FFI custom call (CPU and CUDA handlers, one target name)."""
+"""The grouped NVFP4 GEMM as XLA FFI custom calls (CPU and CUDA handlers): the plain call, its FP8
+mode and the gate/up call with the SwiGLU epilogue."""
 
 from __future__ import annotations
 
@@ -104,22 +105,20 @@ def _fp8_ffi(lhs, rhs, group_sizes, rhs_gs, out_dtype, kernel, m, n, k, g, rows_
     """The fp8 mode through the custom call: activations quantized by the quantizer's custom call
     (fp8.kernel_lhs: the kernel k order, scales ``[K/128, M]``; jnp for an lhs it does not take).
     Fp8Weights reach it as their e4m3 bytes ``[G, N, K]`` (rhs_layout 2, no block scales)."""
-    if isinstance(rhs, Fp8Weights):
-        if _on_gpu(*jax.tree.leaves(lhs), rhs.codes):
-            # The prepared-weights kernel (wgmma_fp8_prepared) is not in the build: it has not
-            # been run on a GPU yet (tools/lab/fp8_prepared/, docs/archive/fp8-prepared-lab.md).
-            raise ValueError("rhs.layout: precision='fp8' on the GPU reads checkpoint-layout "
-                             "weights only, got 'fp8' (Fp8Weights): the CUDA kernel for weights "
-                             "prepared as e4m3 is not built yet; on the GPU pass the NVFP4 weights "
-                             "in the checkpoint layout (the same numbers), or use "
-                             "backend='reference'")
+    prepared = isinstance(rhs, Fp8Weights)
+    if rhs.layout != "checkpoint" and _on_gpu(*jax.tree.leaves(lhs), *jax.tree.leaves(rhs)):
+        # The prepared-weights kernel (wgmma_fp8_prepared) is not in the build: it has not
+        # been run on a GPU yet (tools/lab/fp8_prepared/, docs/archive/fp8-prepared-lab.md).
+        fix = (" (Fp8Weights): the CUDA kernel for weights prepared as e4m3 is not built yet; on "
+               "the GPU pass the NVFP4 weights in the checkpoint layout (the same numbers), or "
+               "use backend='reference'") if prepared else \
+            "; use jax_nvfp4.prepare_weights(w, 'checkpoint') for fp8"
+        raise ValueError(f"rhs.layout: precision='fp8' on the GPU reads checkpoint-layout weights "
+                         f"only, got {rhs.layout!r}{fix}")
+    if prepared:
         rhs_data = jax.lax.bitcast_convert_type(rhs.codes, jnp.uint8)
         rhs_scales = jnp.zeros((0,), jnp.float8_e4m3fn)
     else:
-        if rhs.layout != "checkpoint" and _on_gpu(*jax.tree.leaves(lhs), rhs.data):
-            raise ValueError(f"rhs.layout: precision='fp8' on the GPU reads checkpoint-layout "
-                             f"weights only, got {rhs.layout!r}; use "
-                             "jax_nvfp4.prepare_weights(w, 'checkpoint') for fp8")
         rhs_data, rhs_scales = rhs.data, rhs.scales
     config = kernel_config.resolve(kernel, m, n, k, g, rows_hint=rows_hint, rhs_layout=rhs.layout,
                                    precision="fp8")
@@ -195,15 +194,15 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
       kernel: which CUDA kernel configuration runs (backend "ffi"; see
         :mod:`jax_nvfp4.kernel_config`): None for the heuristic's choice for this device and
         problem (or the ``JAX_NVFP4_KERNEL`` environment variable's family, an override), a
-        family name ("mma", "mma_ws", "wgmma") at that family's token-tile rule, or a
+        family name ("mma", "mma_ws", "wgmma"; "wgmma_fp8" with precision="fp8") at that family's token-tile rule, or a
         :class:`~jax_nvfp4.kernel_config.KernelConfig` from ``kernel_configs()``. The choice is
         lowered into the custom call's attributes; the CPU handler checks it and ignores it.
         Results do not depend on it beyond float32 summation order.
       precision: "exact" (default: the products of the NVFP4 values, float32 accumulation) or
         "fp8" (K % 128 == 0): activations rounded to e4m3 with a power-of-two float32 scale per
         row and 128-wide k chunk, weights to e4m3 (``e2m1 * scale / 8``), FP8 tensor-core
-        products promoted to float32 every 128 k (:mod:`jax_nvfp4.fp8`; README, "FP8 compute
-        mode"). A W4A4 lhs is dequantized exactly (without its global scale) and rounded the
+        products promoted to float32 every 128 k (:mod:`jax_nvfp4.fp8`; docs/usage.md, "The FP8
+        compute mode"). A W4A4 lhs is dequantized exactly (without its global scale) and rounded the
         same way; a :class:`jax_nvfp4.formats.Fp8Rows` lhs (:func:`jax_nvfp4.fp8.quantize_rows`)
         is used as it is. The rhs may then also be :class:`jax_nvfp4.formats.Fp8Weights`
         (``prepare_weights(w, "fp8")``: the e4m3 weights made once; the same numbers as ``w``,
