@@ -818,6 +818,23 @@ def test_fp8_prepared_weights_give_the_fp8_layer(rng, backend, activation, scale
     np.testing.assert_array_equal(np.asarray(run(x, paired, c8)), np.asarray(run(x, sm90, c8)))
 
 
+@pytest.mark.parametrize("activation", ["w4a16", "w4a4"])
+def test_fp8_prepared_weights_eager_and_token_counts(rng, activation):
+    """The layer on fp8-prepared weights as users call it, eagerly and jitted, on no token, one
+    token ``[H]``, many and ``[B, S, H]``: the bits of the same call on the NVFP4 weights."""
+    w = quantized(float_layer(rng, i=128))
+    p = jn.prepare_weights(w, "fp8")
+    c8 = cfg(intermediate_size=128, activation=activation, precision="fp8")
+    jitted = jax.jit(lambda x, w: jn.moe(x, w, c8))
+    for lead in [(0,), (), (5,), (2, 3)]:
+        x = jnp.asarray(rng.standard_normal(lead + (H,)), jnp.float32)
+        for mode, f in (("eager", lambda x, w: jn.moe(x, w, c8)), ("jit", jitted)):
+            got, want = f(x, p), f(x, w)
+            assert got.shape == x.shape and got.dtype == x.dtype, (mode, lead)
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want),
+                                          err_msg=f"{mode} {lead}")
+
+
 def test_fp8_prepared_weights_errors(rng):
     f = float_layer(rng, i=128)
     w = quantized(f)
