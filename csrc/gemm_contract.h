@@ -146,13 +146,14 @@ inline constexpr bool FamilyRunsOn(KernelFamily f, int arch) {
 
 // The families a build can run on a device of compute capability `arch` (FamilyBit mask): mma
 // from sm_80 on (sm_80 machine code, and compute_80 PTX the driver compiles for newer devices);
-// mma_ws and wgmma on sm_90 when the build carries the sm_90a image.
+// mma_ws and the wgmma families on sm_90 when the build carries the sm_90a image.
 inline constexpr uint32_t RunnableFamilies(int arch, bool built_cuda, bool built_sm90a) {
   uint32_t f = 0;
   if (built_cuda && FamilyRunsOn(KernelFamily::kMma, arch)) f |= FamilyBit(KernelFamily::kMma);
   if (built_sm90a && FamilyRunsOn(KernelFamily::kMmaWs, arch)) f |= FamilyBit(KernelFamily::kMmaWs);
   if (built_sm90a && FamilyRunsOn(KernelFamily::kWgmma, arch)) f |= FamilyBit(KernelFamily::kWgmma);
   if (built_sm90a && FamilyRunsOn(KernelFamily::kWgmmaFp8, arch)) f |= FamilyBit(KernelFamily::kWgmmaFp8);
+  if (built_sm90a && FamilyRunsOn(KernelFamily::kWgmmaFp8Prepared, arch)) f |= FamilyBit(KernelFamily::kWgmmaFp8Prepared);
   return f;
 }
 

@@ -21,7 +21,7 @@ const char* ConfigUnsupportedReason(const KernelConfig& c, int arch);
 // Enqueues the grouped GEMM with configuration c on `stream`: no allocation, no host
 // synchronisation, no device-to-host copy (CUDA-graph capturable). Runs exactly c; it checks
 // nothing. Preconditions (the FFI handler, ffi/grouped_gemm_cuda.cc, checks each once per call):
-//   GroupedGemmCheckParams(p) == nullptr, and p.fp8 set exactly for the wgmma_fp8 family
+//   GroupedGemmCheckParams(p) == nullptr, and p.fp8 set exactly for the FP8 families
 //     (FamilyComputesMode);
 //   ConfigUnsupportedReason(c, arch) == nullptr (c is a kKernelConfigs entry this build runs on
 //     `arch`, with the driver's tensor-map encoder for the wgmma families);
@@ -32,13 +32,14 @@ const char* ConfigUnsupportedReason(const KernelConfig& c, int arch);
 cudaError_t LaunchGroupedGemm(const GroupedGemmParams& p, const KernelConfig& c, int arch, cudaStream_t stream);
 
 // The family launchers LaunchGroupedGemm calls, with its preconditions (csrc/grouped_gemm_mma.cu,
-// csrc/grouped_gemm_wgmma_sm90.cu, csrc/grouped_gemm_fp8_sm90.cu). sm90_image: the device runs this
+// csrc/grouped_gemm_wgmma_sm90.cu, csrc/grouped_gemm_fp8_sm90.cu, csrc/grouped_gemm_fp8_prepared_sm90.cu). sm90_image: the device runs this
 // build's sm_90a image, whose kernels wait for programmatic dependent launches (and only those may
 // be launched so); mma_ws configurations need it.
 cudaError_t LaunchGroupedGemmMma(const GroupedGemmParams& p, const KernelConfig& c, bool sm90_image,
                                  cudaStream_t stream);
 cudaError_t LaunchGroupedGemmWgmma(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream);
 cudaError_t LaunchGroupedGemmFp8(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream);
+cudaError_t LaunchGroupedGemmFp8Prepared(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream);
 // Whether the driver provides cuTensorMapEncodeTiled (the wgmma families' tensor maps).
 bool TensorMapEncoderAvailable();
 

@@ -9,7 +9,7 @@
 namespace jax_nvfp4 {
 namespace {
 
-// The wgmma launcher exists only in builds with the sm_90a image (a template, so that builds
+// The wgmma launchers exist only in builds with the sm_90a image (a template, so that builds
 // without it do not reference it).
 template <bool kBuilt>
 cudaError_t launch_wgmma_if_built(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream) {
@@ -19,6 +19,11 @@ cudaError_t launch_wgmma_if_built(const GroupedGemmParams& p, const KernelConfig
 template <bool kBuilt>
 cudaError_t launch_fp8_if_built(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream) {
   if constexpr (kBuilt) return LaunchGroupedGemmFp8(p, c, stream);
+  else return cudaErrorNotSupported;
+}
+template <bool kBuilt>
+cudaError_t launch_fp8_prepared_if_built(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream) {
+  if constexpr (kBuilt) return LaunchGroupedGemmFp8Prepared(p, c, stream);
   else return cudaErrorNotSupported;
 }
 template <bool kBuilt>
@@ -51,11 +56,9 @@ const char* ConfigUnsupportedReason(const KernelConfig& c, int arch) {
   if (!ArchSupported(arch)) return "the CUDA kernels need compute capability 8.0 or newer";
   if (!(BuildRunnableFamilies(arch) & FamilyBit(c.family))) {
     if (!kBuiltSm90a) return "this build carries no sm_90a image (portable build): only the mma family runs";
-    if (c.family == KernelFamily::kWgmmaFp8Prepared && arch == 90)
-      return "this build carries no wgmma_fp8_prepared kernel";
     return "the mma_ws, wgmma, wgmma_fp8 and wgmma_fp8_prepared families run on compute capability 9.0 (Hopper) only";
   }
-  const bool tma = c.family == KernelFamily::kWgmma || c.family == KernelFamily::kWgmmaFp8;
+  const bool tma = c.family == KernelFamily::kWgmma || IsFp8Family(c.family);
   if (tma && !tensor_map_encoder_if_built<kBuiltSm90a>())
     return "the CUDA driver does not provide cuTensorMapEncodeTiled (CUDA 12 or newer), which the wgmma "
            "families' tensor maps need";
@@ -67,7 +70,7 @@ cudaError_t LaunchGroupedGemm(const GroupedGemmParams& p, const KernelConfig& c,
     case KernelFamily::kWgmmaFp8:
       return launch_fp8_if_built<kBuiltSm90a>(p, c, stream);
     case KernelFamily::kWgmmaFp8Prepared:
-      return cudaErrorNotSupported;  // not in this build (ConfigUnsupportedReason says so first)
+      return launch_fp8_prepared_if_built<kBuiltSm90a>(p, c, stream);
     case KernelFamily::kWgmma:
       return launch_wgmma_if_built<kBuiltSm90a>(p, c, stream);
     case KernelFamily::kMma:

@@ -100,9 +100,9 @@ ffi::Error GroupedGemmGluCudaImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::
   return CheckAndLaunch(p, attrs.gemm().config(), stream);
 }
 
-// The FP8 mode ("jax_nvfp4_grouped_gemm_fp8"): the wgmma_fp8 kernel on checkpoint-layout weights.
-// fp8-prepared weights (rhs_layout 2) name the wgmma_fp8_prepared family, which this build does not
-// carry: CheckAndLaunch refuses it (ConfigUnsupportedReason), before anything is launched.
+// The FP8 mode ("jax_nvfp4_grouped_gemm_fp8"): the wgmma_fp8 kernel on checkpoint-layout weights, the
+// wgmma_fp8_prepared kernel on fp8-prepared weights (rhs_layout 2; the configuration names the family,
+// and the decoder checks that it reads the layout).
 ffi::Error GroupedGemmFp8CudaImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs,
                                   ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
                                   ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,

@@ -106,15 +106,12 @@ def _fp8_ffi(lhs, rhs, group_sizes, rhs_gs, out_dtype, kernel, m, n, k, g, rows_
     (fp8.kernel_lhs: the kernel k order, scales ``[K/128, M]``; jnp for an lhs it does not take).
     Fp8Weights reach it as their e4m3 bytes ``[G, N, K]`` (rhs_layout 2, no block scales)."""
     prepared = isinstance(rhs, Fp8Weights)
-    if rhs.layout != "checkpoint" and _on_gpu(*jax.tree.leaves(lhs), *jax.tree.leaves(rhs)):
-        # The prepared-weights kernel (wgmma_fp8_prepared) is not in the build: it has not
-        # been run on a GPU yet (tools/lab/fp8_prepared/, docs/archive/fp8-prepared-lab.md).
-        fix = (" (Fp8Weights): the CUDA kernel for weights prepared as e4m3 is not built yet; on "
-               "the GPU pass the NVFP4 weights in the checkpoint layout (the same numbers), or "
-               "use backend='reference'") if prepared else \
-            "; use jax_nvfp4.prepare_weights(w, 'checkpoint') for fp8"
-        raise ValueError(f"rhs.layout: precision='fp8' on the GPU reads checkpoint-layout weights "
-                         f"only, got {rhs.layout!r}{fix}")
+    if rhs.layout == "sm90" and _on_gpu(*jax.tree.leaves(lhs), *jax.tree.leaves(rhs)):
+        # No CUDA kernel computes the FP8 mode on sm90 NVFP4 weights (wgmma_fp8 reads the
+        # checkpoint layout, wgmma_fp8_prepared the e4m3 one).
+        raise ValueError("rhs.layout: precision='fp8' on the GPU reads checkpoint-layout NVFP4 "
+                         "weights or Fp8Weights, got 'sm90'; use jax_nvfp4.prepare_weights(w, "
+                         "'checkpoint') or jax_nvfp4.prepare_weights(w, 'fp8')")
     if prepared:
         rhs_data = jax.lax.bitcast_convert_type(rhs.codes, jnp.uint8)
         rhs_scales = jnp.zeros((0,), jnp.float8_e4m3fn)
@@ -206,10 +203,10 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         same way; a :class:`jax_nvfp4.formats.Fp8Rows` lhs (:func:`jax_nvfp4.fp8.quantize_rows`)
         is used as it is. The rhs may then also be :class:`jax_nvfp4.formats.Fp8Weights`
         (``prepare_weights(w, "fp8")``: the e4m3 weights made once; the same numbers as ``w``,
-        bit for bit on each backend; the CPU handler and the reference: the CUDA kernel for them
-        is not built yet, so on the GPU backend "ffi" refuses them). On the GPU it needs an sm_90
-        device and checkpoint-layout weights (sm90 ones are a ValueError); the CPU handler and
-        the reference use the same operand bytes and
+        bit for bit on the CPU handler and the reference; on the GPU their own kernel,
+        ``wgmma_fp8_prepared``, whose chunk sums run in the tensor cores as ``wgmma_fp8``'s do). On the GPU it needs an sm_90 device and
+        checkpoint-layout NVFP4 weights or Fp8Weights (sm90 ones are a ValueError); the CPU
+        handler and the reference use the same operand bytes and
         differ only in the order of each chunk's float32 sum: within ``2 * (K/128 + 130) *
         2^-24`` times the sum of the products' magnitudes (:mod:`jax_nvfp4.fp8`).
 

@@ -1137,46 +1137,93 @@ def test_grad_through_prepared_weights(rng):
         assert (g[17:] == 0).all()
 
 
-def test_cuda_refuses_prepared_weights_until_the_kernel_is_built(rng):
-    """No CUDA kernel reads weights prepared as e4m3 in this build (the prototype has not been run
-    on a GPU: tools/lab/fp8_prepared/): on the GPU the ffi and auto backends refuse them at trace
-    time, naming the layout and the way out, for the GEMM and the layer; the reference backend
-    there gives the fp8 numbers (against float64, the bound of
-    test_cuda_kernel_against_cpu_handler_and_oracle)."""
-    gpus = gpu_devices()
-    if not gpus:
-        skip_or_fail("no GPU")
-    gpu = gpus[0]
-    lhs, rhs, gs, want, mag = gemm_case(rng, m=40, n=128, k=256, g=3, sizes=(9, 0, 25))
+@pytest.mark.parametrize("m,n,k,g,sizes,w4a4", PREPARED_CASES)
+def test_cuda_prepared_kernel_against_checkpoint_fp8_and_oracle(rng, m, n, k, g, sizes, w4a4):
+    """The wgmma_fp8_prepared kernel on every shape class of the prepared-weights tests: against
+    float64 and the CPU handler within the bound of test_cuda_kernel_against_cpu_handler_and_oracle
+    (the tensor core's chunk sums), against the checkpoint-layout fp8 kernel (the same operands)
+    within the same bound, float32 and bf16 out; rows past the groups are zero; the heuristic names
+    the kernel in the lowered attributes."""
+    gpu = _gpu()
+    lhs, rhs, sz, want, mag = gemm_case(rng, m=m, n=n, k=k, g=g, sizes=sizes, w4a4=w4a4)
+    prep = jn.prepare_weights(rhs, "fp8")
     on = lambda t: jax.device_put(t, gpu)  # noqa: E731
-    lhs, prep, gs = on(lhs), on(jn.prepare_weights(rhs, "fp8")), on(gs)
-    why = r"rhs.layout: precision='fp8' on the GPU reads checkpoint-layout weights only, got 'fp8'.*" \
-          r"not built yet.*backend='reference'"
-    for backend in ("ffi", "auto"):
-        with pytest.raises(ValueError, match=why):
-            jn.grouped_gemm(lhs, prep, gs, backend=backend, precision="fp8")
-        with pytest.raises(ValueError, match=why):
-            jax.jit(lambda a, w, s: jn.grouped_gemm(a, w, s, backend=backend, precision="fp8"))(
-                lhs, prep, gs)
-    c, w, x, _ = moe_layer(rng, "w4a4")
-    c8 = jn.MoEConfig(**{**c.__dict__, "precision": "fp8"})
-    with pytest.raises(ValueError, match=why):
-        jax.jit(lambda x, w: jn.moe(x, w, c8, backend="ffi"))(on(x), on(jn.prepare_weights(w, "fp8")))
-    got = jax.jit(lambda a, w, s: jn.grouped_gemm(a, w, s, backend="reference", precision="fp8",
-                                                  out_dtype=jnp.float32))(lhs, prep, gs)
+    f = jax.jit(lambda a, w, s: jn.grouped_gemm(a, w, s, backend="ffi", precision="fp8",
+                                                out_dtype=jnp.float32))
+    assert "kernel = 4 : i32" in f.lower(on(lhs), on(prep), on(sz)).as_text()
+    got = np.asarray(f(on(lhs), on(prep), on(sz)), np.float64)
+    ckpt = np.asarray(f(on(lhs), on(rhs), on(sz)), np.float64)
+    cpu = jax.devices("cpu")[0]
+    host = np.asarray(f(*(jax.device_put(t, cpu) for t in (lhs, prep, sz))), np.float64)
     tol = 2.0**-9 * mag + 1e-30
-    assert np.all(np.abs(np.asarray(got, np.float64) - want) <= tol)
+    assert np.all(np.abs(got - want) <= tol), float(np.max(np.abs(got - want) / tol))
+    assert np.all(np.abs(got - host) <= tol)
+    assert np.all(np.abs(got - ckpt) <= tol)
+    end = min(sum(max(s, 0) for s in sizes), m)
+    assert (got[end:] == 0).all() and np.abs(got[:end]).max() > 0
+    got16 = np.asarray(jax.jit(lambda a, w, s: jn.grouped_gemm(
+        a, w, s, backend="ffi", precision="fp8"))(on(lhs), on(prep), on(sz)), np.float64)
+    assert np.all(np.abs(got16 - want) <= tol + 2.0**-8 * np.abs(want))
 
 
-def test_prepared_weights_refusal_on_gpu_decided_at_trace_time(rng, on_cpu, monkeypatch):
-    """The GPU refusal above, exercised here: the decision is gemm._on_gpu's (the platform the
-    arrays live on, else the default device), taken before anything is lowered."""
+def test_cuda_prepared_kernel_tile_edges_eager_closed_over_and_empty(rng):
+    """The prepared kernel's 128-token tile on groups that end inside and at the end of its WGMMA
+    N steps (32, 64, 128), one row, empty groups, N past a multiple of 128: against float64; eager
+    and with the weights closed over under jit (the same bound); M = 0 and all-empty groups give
+    zeros of the right shape."""
+    gpu = _gpu()
+    sizes = (700, 0, 256, 100, 300, 1, 64, 193, 129, 32, 33)
+    m = sum(sizes) + 7
+    lhs, rhs, sz, want, mag = gemm_case(rng, m=m, n=320, k=512, g=len(sizes), sizes=sizes)
+    lhs, prep, sz = (jax.device_put(t, gpu) for t in (lhs, jn.prepare_weights(rhs, "fp8"), sz))
+    f = lambda a, w, s: jn.grouped_gemm(a, w, s, backend="ffi", precision="fp8",  # noqa: E731
+                                        out_dtype=jnp.float32)
+    tol = 2.0**-9 * mag + 1e-30
+    for got in (f(lhs, prep, sz), jax.jit(f)(lhs, prep, sz), jax.jit(lambda: f(lhs, prep, sz))()):
+        got = np.asarray(got, np.float64)
+        assert np.all(np.abs(got - want) <= tol), float(np.max(np.abs(got - want) / tol))
+        assert (got[sum(sizes):] == 0).all()
+    empty = jax.jit(f)(jnp.zeros((0, 512), jnp.bfloat16), prep, sz)
+    assert empty.shape == (0, 320) and empty.dtype == jnp.float32
+    zeros = np.asarray(jax.jit(f)(lhs, prep, jnp.zeros_like(sz)))
+    assert zeros.shape == (m, 320) and (zeros == 0).all()
+
+
+def test_cuda_layer_on_prepared_weights(rng):
+    """The MoE layer in the FP8 mode on the GPU with weights prepared as e4m3 (the dispatch's e4m3
+    rows feed the prepared kernel): the checkpoint-layout weights' fp8 layer on the GPU and the
+    prepared weights' layer on the CPU handler within 1e-2 (the GEMMs agree within the tensor core's
+    chunk bound; a requantized activation may move one e2m1 step), both activations, 0 and 1 tokens."""
+    gpu = _gpu()
+    cpu = jax.devices("cpu")[0]
+    for activation in ("w4a16", "w4a4"):
+        c, w, x, _ = moe_layer(rng, activation)
+        c8 = jn.MoEConfig(**{**c.__dict__, "precision": "fp8"})
+        prep = jn.prepare_weights(w, "fp8")
+        f = jax.jit(lambda x, w: jn.moe(x, w, c8, backend="ffi"))
+        got = np.asarray(f(jax.device_put(x, gpu), jax.device_put(prep, gpu)), np.float64)
+        ckpt = np.asarray(f(jax.device_put(x, gpu), jax.device_put(w, gpu)), np.float64)
+        host = np.asarray(f(jax.device_put(x, cpu), jax.device_put(prep, cpu)), np.float64)
+        assert rel_err(got, ckpt) <= 1e-2, (activation, rel_err(got, ckpt))
+        assert rel_err(got, host) <= 1e-2, (activation, rel_err(got, host))
+        for t in (0, 1):
+            out = f(jax.device_put(x[:t], gpu), jax.device_put(prep, gpu))
+            assert out.shape == (t, HM) and bool(jnp.all(jnp.isfinite(out)))
+
+
+def test_prepared_weights_and_sm90_on_gpu_decided_at_trace_time(rng, on_cpu, monkeypatch):
+    """Where the computation runs is gemm._on_gpu's decision (the platform the arrays live on,
+    else the default device), taken before anything is lowered: with it forced to the GPU, sm90
+    NVFP4 weights in the FP8 mode are refused (no CUDA kernel reads them) while Fp8Weights and
+    checkpoint weights run as usual."""
     if not HAS_FFI:
         pytest.skip("the extension is not built")
-    lhs, rhs, gs, _, _ = gemm_case(rng, m=8, n=32, k=128, g=2, sizes=(4, 4))
+    lhs, rhs, gs, _, _ = gemm_case(rng, m=8, n=128, k=128, g=2, sizes=(4, 4))
     prep = jn.prepare_weights(rhs, "fp8")
     monkeypatch.setattr(jn.gemm, "_on_gpu", lambda *a: True)
-    with pytest.raises(ValueError, match=r"got 'fp8' \(Fp8Weights\): the CUDA kernel for weights "
-                                         r"prepared as e4m3 is not built yet"):
-        jn.grouped_gemm(lhs, prep, gs, backend="ffi", precision="fp8")
-    jn.grouped_gemm(lhs, rhs, gs, backend="ffi", precision="fp8")         # checkpoint: runs
+    with pytest.raises(ValueError, match=r"rhs.layout: precision='fp8' on the GPU reads "
+                                         r"checkpoint-layout NVFP4 weights or Fp8Weights, got 'sm90'"):
+        jn.grouped_gemm(lhs, jn.prepare_weights(rhs), gs, backend="ffi", precision="fp8")
+    np.testing.assert_array_equal(
+        np.asarray(jn.grouped_gemm(lhs, prep, gs, backend="ffi", precision="fp8")),
+        np.asarray(jn.grouped_gemm(lhs, rhs, gs, backend="ffi", precision="fp8")))

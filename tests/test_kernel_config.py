@@ -120,7 +120,7 @@ def test_runnable_families_follow_the_build():
     for arch in (80, 86, 89, 100, 120):
         assert kc.runnable_families(arch) == ("mma",)
     assert kc.runnable_families(75) == ()
-    assert kc.runnable_families(90) == (ALL + ("wgmma_fp8",) if "sm_90a" in targets else ("mma",))
+    assert kc.runnable_families(90) == (ALL + kc.FP8_FAMILIES if "sm_90a" in targets else ("mma",))
     # the heuristic on an H200 with this build
     want = "wgmma" if "sm_90a" in targets else "mma"
     assert kc.choose(500 * 48, 6144, 7168, 48, arch=90).family == want

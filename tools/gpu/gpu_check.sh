@@ -17,7 +17,8 @@
 #                 the portable build (the handler then runs the mma family: no sm_90a image);
 #   6. memcheck:  the kernel self-test's small shapes under compute-sanitizer memcheck, and the FP8
 #                 kernel's and the SwiGLU epilogue's small cases (tools/lab/fp8_check.py --small,
-#                 tools/lab/glu_check.py --small) likewise;
+#                 tools/lab/glu_check.py --small) and the prepared-weights kernel's tests
+#                 (tests/test_fp8.py -k cuda_prepared_kernel) likewise;
 #   7. bench:     python -m jax_nvfp4.bench with its usual arguments (plus any given to this script,
 #                 e.g. --impls w4a16,w4a16_sm90,w4a4,w4a4_sm90 to leave out the slow peers);
 #   8. bench_layer: python -m jax_nvfp4.bench_layer (the MoE layer against its grouped GEMMs);
@@ -105,6 +106,8 @@ memcheck() {
   done
   compute-sanitizer --tool memcheck --error-exitcode 1 python3 -P tools/lab/fp8_check.py --small || return 1
   compute-sanitizer --tool memcheck --error-exitcode 1 python3 -P tools/lab/glu_check.py --small || return 1
+  compute-sanitizer --tool memcheck --error-exitcode 1 python3 -P -m pytest -q -p no:cacheprovider \
+    tests/test_fp8.py -k "cuda_prepared_kernel" || return 1
 }
 export -f memcheck
 step memcheck 150 bash -c memcheck

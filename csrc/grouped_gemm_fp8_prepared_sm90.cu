@@ -1,0 +1,371 @@
+// Grouped GEMM for Hopper (sm_90a), FP8 mode on weights prepared once as e4m3 (rhs_layout kFp8):
+// both operands by TMA, e4m3 x e4m3 SS WGMMA, float32 promotion every 128 k.
+//
+// Contract: csrc/gemm_contract.h (params.fp8, RhsLayout::kFp8) and docs/design.md "FP8 mode" /
+// "Weights prepared as e4m3". The math is the FP8 mode's with the weight rounding done ahead of time:
+//     w8[g, n, k] = e4m3(e2m1 * block scale * 2^-3)                  (u8 [G, N, K], K contiguous)
+//     part_c      = sum_{k in chunk c} q[r, k] * w8[g, n, k]         (128-wide chunks)
+//     acc         = fma(part_c, xs[c, r], acc), c = 0 .. K/128 - 1   (float32)
+//     out[r, n]   = acc * (alpha[g] * 8)                             (bf16 or float32)
+// Activations are the FP8 mode's operands (e4m3 codes [M, K] in the kernel k order, float32 chunk
+// scales [K/128, M]); the weights are prepared in the same k order inside each chunk, and a chunk's dot
+// product is one sum, so the order needs no further handling here.
+//
+// D^T = W X^T as in csrc/grouped_gemm_fp8_sm90.cu, whose persistent schedule, tile walk, tile ring and
+// epilogue this kernel shares (csrc/wgmma_sm90_common.cuh, csrc/grouped_gemm_schedule.cuh): a CTA
+// tile is 128 weight rows x up to BTMAX tokens of one group; one pipeline stage is one 128-k chunk.
+//
+// Warp specialization (384 threads, 1 CTA per SM, persistent):
+//   warp 0: walks the schedule, publishes each tile to the consumers' ring, and per stage TMA-loads the
+//     weight box (128 rows x 128 bytes) and the activation boxes (32 tokens x 128 bytes, those that
+//     hold the tile's rows), both 128-byte swizzled as the WGMMA descriptors expect;
+//   warp 1: cp.asyncs the tile's BTMAX chunk scales of the stage (zero-filled past M);
+//   warpgroups 1, 2 (consumers, 64 weight rows each): per stage, wait full[s], four m64nNk32 SS wgmmas
+//     (A = weights, B = tokens, N = 32/64/128 by the tile's rows) into a chunk accumulator, wait,
+//     release the stage (empty[s]), promote acc = fma(part, scale[token], acc).
+// Out of bounds: every TMA box starts inside its tensor; parts past M (tokens) or past G*N (weight rows)
+// are zero-filled by TMA. Token columns past the group's end and weight rows past N (the next
+// group's) are computed and dropped by the epilogue.
+// Design, counts and measurements: docs/design.md; the configurations tried: docs/archive/fp8-prepared-lab.md.
+
+#include "csrc/grouped_gemm.h"
+#include "csrc/grouped_gemm_schedule.cuh"
+#include "csrc/mbarrier_sm90.cuh"
+#include "csrc/wgmma_sm90_common.cuh"
+
+#include <atomic>
+#include <cstdint>
+#include <utility>
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cute/arch/mma_sm90_gmma.hpp>
+
+namespace jax_nvfp4 {
+namespace {
+
+namespace gmma = cute::SM90::GMMA;
+
+constexpr int kBK = 128;       // k per stage = one promotion chunk = one 128-byte swizzle row of e4m3
+constexpr int kBoxT = 32;      // tokens per activation TMA box
+constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+constexpr int kConsumerWarps = 8;
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;
+constexpr int kTileSlots = 4;  // the schedule ring (as csrc/grouped_gemm_fp8_sm90.cu)
+
+template <int BTMAX, int STAGES>
+struct P8Cfg {
+  static constexpr int kActOff = 0;                        // e4m3 [BTMAX][128], 128B swizzle
+  static constexpr int kWOff = BTMAX * kBK;                // e4m3 [128][128], 128B swizzle
+  static constexpr int kStage = kWOff + kRowsW * kBK;      // a multiple of 1024 (swizzle atoms)
+  static constexpr int kXsOff = STAGES * kStage;           // f32 [STAGES][BTMAX] chunk scales
+  static constexpr int kBarOff = kXsOff + STAGES * BTMAX * 4;  // full[], empty[]
+  static constexpr int kTileOff = kBarOff + 2 * STAGES * 8;    // Tile [kTileSlots]
+  static constexpr int kTileBarOff = kTileOff + kTileSlots * 32;  // tile_full[], tile_empty[]
+  static constexpr int kSmem = kTileBarOff + 2 * kTileSlots * 8 + 1024;  // + slack for 1024B alignment
+  static_assert(kStage % 1024 == 0, "stage alignment");
+  static_assert(kSmem <= 232448, "shared memory");
+  static_assert(BTMAX % kBoxT == 0 && BTMAX <= 128, "token tile");
+  static_assert(sizeof(Tile) <= 32, "tile slot");
+};
+
+struct P8Params {
+  const uint8_t* rhs;         // (fill_common_params sets it; the kernel reads it through the tensor map)
+  const uint8_t* rhs_scales;  // (null: prepared weights carry no block scales)
+  const float* xs;            // [K/128, M]
+  const float* alpha;
+  void* out;
+  const int* ws;
+  int64_t M, N, K, G;
+  int NT;  // n-tiles per group
+  int KT;  // stages (k chunks)
+  bool out_f32;
+  bool glu;  // (always false: the FP8 mode has no SwiGLU epilogue; the shared epilogue reads it)
+  float glu_limit;
+  const float* row_scale;
+};
+
+__device__ __forceinline__ float2 lds64f(uint32_t a) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a));
+  return v;
+}
+
+// WGMMA m64nNk32 SS, e4m3 x e4m3 -> f32, both operands K-major from shared memory.
+template <int NN>
+struct P8Ops;
+template <>
+struct P8Ops<32> {
+  using SS = gmma::MMA_64x32x32_F32E4M3E4M3_SS_TN<>;
+};
+template <>
+struct P8Ops<64> {
+  using SS = gmma::MMA_64x64x32_F32E4M3E4M3_SS_TN<>;
+};
+template <>
+struct P8Ops<128> {
+  using SS = gmma::MMA_64x128x32_F32E4M3E4M3_SS_TN<>;
+};
+
+template <int NN, typename Acc, size_t... I>
+__device__ __forceinline__ void wgmma_ss(uint64_t da, uint64_t db, Acc& acc, gmma::ScaleOut sc,
+                                         std::index_sequence<I...>) {
+  P8Ops<NN>::SS::fma(da, db, acc[I]..., sc);
+}
+
+// Consumer: one tile's mainloop with WGMMA N = NN over KT stages starting at (s, ph); wg (0 or 1) is the
+// consumer warpgroup, which multiplies weight rows 64 wg .. 64 wg + 63 of the tile. The other
+// warpgroup's wgmmas overlap this one's promotion.
+template <int NN, int BTMAX, int STAGES>
+__device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
+                                                  int wg, int& s, uint32_t& ph) {
+  using C = P8Cfg<BTMAX, STAGES>;
+  const uint32_t full0 = bar_base;
+  const uint32_t empty0 = bar_base + STAGES * 8;
+  const int lane = threadIdx.x & 31;
+  const int t4 = lane & 3;
+  const uint32_t base = smem_u32(smem);
+  float part[NN / 2];
+  // descriptor low words of stage 0: a stage is kStage bytes further, a k32 step 32 bytes (+2)
+  const uint64_t desc_hi = smem_desc_sw128(0) & 0xFFFFFFFF00000000ull;
+  const uint32_t a_lo0 = static_cast<uint32_t>(smem_desc_sw128(base + C::kWOff + wg * 64 * kBK));
+  const uint32_t b_lo0 = static_cast<uint32_t>(smem_desc_sw128(base + C::kActOff));
+
+#pragma unroll 1
+  for (int kt = 0; kt < KT; ++kt) {
+    mbar_wait(full0 + s * 8, ph);
+    // this thread's token scales (columns 8 j8 + 2 t4 + {0, 1}), read before the stage is released
+    float2 xsc[NN / 8];
+    const uint32_t xs = base + C::kXsOff + s * (BTMAX * 4) + 8 * t4;
+#pragma unroll
+    for (int j8 = 0; j8 < NN / 8; ++j8) xsc[j8] = lds64f(xs + 32 * j8);
+    const uint32_t soff = static_cast<uint32_t>(s) * (C::kStage >> 4);
+    uint64_t da[4], db[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      da[j] = desc_hi | (a_lo0 + soff + j * 2);
+      db[j] = desc_hi | (b_lo0 + soff + j * 2);
+    }
+    uint32_t zero = 0u, one = 1u;
+    asm volatile("" : "+r"(zero), "+r"(one)::"memory");
+    fence_acc(part);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(j == 0 ? zero : one);
+      wgmma_ss<NN>(da[j], db[j], part, sc, std::make_index_sequence<NN / 2>{});
+    }
+    cute::warpgroup_commit_batch();
+    cute::warpgroup_wait<0>();
+    fence_acc(part);
+    // the stage (operand tiles and scales) is free once the wgmmas are done
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty0 + s * 8);
+#pragma unroll
+    for (int j8 = 0; j8 < NN / 8; ++j8) {
+      acc[4 * j8 + 0] = fmaf(part[4 * j8 + 0], xsc[j8].x, acc[4 * j8 + 0]);
+      acc[4 * j8 + 1] = fmaf(part[4 * j8 + 1], xsc[j8].y, acc[4 * j8 + 1]);
+      acc[4 * j8 + 2] = fmaf(part[4 * j8 + 2], xsc[j8].x, acc[4 * j8 + 2]);
+      acc[4 * j8 + 3] = fmaf(part[4 * j8 + 3], xsc[j8].y, acc[4 * j8 + 3]);
+    }
+    advance_stage<STAGES>(s, ph);
+  }
+}
+
+template <int BTMAX, int STAGES>
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_gemm_fp8_prepared_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_w,
+                                     const P8Params p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using C = P8Cfg<BTMAX, STAGES>;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+  const uint32_t bar_base = smem_u32(smem + C::kBarOff);
+  const uint32_t full0 = bar_base;
+  const uint32_t empty0 = bar_base + STAGES * 8;
+  const uint32_t tile_bar = smem_u32(smem + C::kTileBarOff);
+
+  if (threadIdx.x == 0) {
+#pragma unroll 1
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full0 + s * 8, 1 + 32);           // arrive.expect_tx + the cp.async warp's lanes
+      mbar_init(empty0 + s * 8, kConsumerWarps);  // one per consumer warp
+    }
+#pragma unroll 1
+    for (int i = 0; i < kTileSlots; ++i) {
+      mbar_init(tile_bar + i * 8, 1);                              // tile_full
+      mbar_init(tile_bar + (kTileSlots + i) * 8, kConsumerWarps);  // tile_empty
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_a)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_w)) : "memory");
+  }
+  __syncthreads();
+
+  const int G = static_cast<int>(p.G);
+  const int* prefix = p.ws + kWsPrefix;
+  const int* starts = p.ws + ws_start_off(p.G);
+  const int* ends = p.ws + ws_end_off(p.G);
+  const int NT = p.NT;
+  const int total = __ldcg(p.ws + kWsTotalTiles) * NT;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int KT = p.KT;
+
+  if (warp < 4) {
+    // ------------------------------- producer warpgroup -------------------------------
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    if (warp >= 2) return;
+    int s = 0;
+    uint32_t ph = 0;
+    int gcur = 0;
+    Tile t;
+    if (warp == 0) {
+      Tile* ring = reinterpret_cast<Tile*>(smem + C::kTileOff);
+      int ts = 0;
+      uint32_t tph = 0;
+      auto publish = [&](const Tile& v) {
+        if (lane == 0) {
+          mbar_wait(tile_bar + (kTileSlots + ts) * 8, tph ^ 1);
+          ring[ts] = v;
+          mbar_arrive(tile_bar + ts * 8);
+        }
+        advance_stage<kTileSlots>(ts, tph);
+      };
+      for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, NT, BTMAX, gcur, t); L += gridDim.x) {
+        publish(t);
+        const int nb = (t.rows + kBoxT - 1) / kBoxT;
+        const uint32_t bytes = nb * (kBoxT * kBK) + kRowsW * kBK;
+        const int row0 = static_cast<int>(t.row0);
+        const int wrow = static_cast<int>(static_cast<int64_t>(t.g) * p.N + t.n0);
+#pragma unroll 1
+        for (int kt = 0; kt < KT; ++kt) {
+          mbar_wait(empty0 + s * 8, ph ^ 1);
+          if (lane == 0) {
+            const uint32_t st = smem_u32(smem) + s * C::kStage;
+            const uint32_t full = full0 + s * 8;
+            mbar_arrive_expect_tx(full, bytes);
+            tma_load_2d(st + C::kWOff, &tm_w, full, kt * kBK, wrow);
+            for (int b = 0; b < nb; ++b)
+              tma_load_2d(st + C::kActOff + b * (kBoxT * kBK), &tm_a, full, kt * kBK, row0 + b * kBoxT);
+          }
+          advance_stage<STAGES>(s, ph);
+        }
+      }
+      publish(Tile{0, 0, 0, 0});  // the end: a tile of no rows
+    } else {
+      // warp 1: the tile's chunk scales, zero-filled past M
+      const int64_t M = p.M;
+      for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, NT, BTMAX, gcur, t); L += gridDim.x) {
+#pragma unroll 1
+        for (int kt = 0; kt < KT; ++kt) {
+          mbar_wait(empty0 + s * 8, ph ^ 1);
+          const uint32_t xs = smem_u32(smem) + C::kXsOff + s * (BTMAX * 4);
+#pragma unroll
+          for (int i = 0; i < BTMAX / 32; ++i) {
+            const int64_t tok = t.row0 + lane + 32 * i;
+            const bool ok = tok < M;
+            cp_async4(xs + (lane + 32 * i) * 4, p.xs + (ok ? kt * M + tok : 0), ok ? 4u : 0u);
+          }
+          cp_async_mbar_arrive(full0 + s * 8);
+          advance_stage<STAGES>(s, ph);
+        }
+      }
+    }
+  } else {
+    // ------------------------------- consumer warpgroups -------------------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+    const int cw = warp - 4;
+    const int wg = cw >> 2;
+    const int r0 = cw * 16 + (lane >> 2);  // tile rows r0 and r0 + 8 (the m64 D fragment of warp cw % 4)
+    float acc[BTMAX / 2];
+    int s = 0;
+    uint32_t ph = 0;
+    const Tile* ring = reinterpret_cast<const Tile*>(smem + C::kTileOff);
+    int ts = 0;
+    uint32_t tph = 0;
+    // the next tile from the TMA warp's ring; false at the end (a tile of no rows)
+    auto next_tile = [&](Tile& v) {
+      mbar_wait(tile_bar + ts * 8, tph);
+      v = ring[ts];
+      __syncwarp();
+      if (lane == 0) mbar_arrive(tile_bar + (kTileSlots + ts) * 8);
+      advance_stage<kTileSlots>(ts, tph);
+      return v.rows > 0;
+    };
+    Tile t, nxt;
+    bool have = next_tile(t);
+    while (have) {
+      // the epilogue's alpha into L1 now, so that its load after the mainloop does not wait on L2
+      asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p.alpha + t.g));
+#pragma unroll
+      for (int i = 0; i < BTMAX / 2; ++i) acc[i] = 0.0f;
+      WGMMA_WITH_TILE_N(BTMAX, t.rows, (consumer_mainloop<NN, BTMAX, STAGES>(acc, smem, bar_base, KT, wg, s, ph)));
+      const bool have_next = next_tile(nxt);
+      // undo the 2^-3 of the e4m3 weights (store_pair drops the rows past N)
+      WGMMA_WITH_TILE_N(BTMAX, t.rows, (store_tile<NN>(acc, p, t, r0, 8.0f)));
+      t = nxt;
+      have = have_next;
+    }
+  }
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side
+template <int BTMAX, int STAGES>
+cudaError_t launch_prepared(const GroupedGemmParams& p, const P8Params& fp, cudaStream_t stream) {
+  using C = P8Cfg<BTMAX, STAGES>;
+  auto kernel = grouped_gemm_fp8_prepared_kernel<BTMAX, STAGES>;
+  static std::atomic<uint64_t> done_mask{0};
+  cudaError_t e = set_smem_once(kernel, C::kSmem, done_mask);
+  if (e != cudaSuccess) return e;
+  CUtensorMap tm_a, tm_w;
+  // activations: e4m3 [M][K], box 128 k x 32 tokens, 128-byte swizzle (WGMMA K-major B)
+  e = encode_2d(&tm_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.lhs, p.K, p.M, 1, kBK, kBoxT, CU_TENSOR_MAP_SWIZZLE_128B);
+  if (e != cudaSuccess) return e;
+  // prepared weights: e4m3 [G * N][K], box 128 k x 128 rows, 128-byte swizzle (WGMMA K-major A)
+  e = encode_2d(&tm_w, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.rhs, p.K, p.G * p.N, 1, kBK, kRowsW,
+                CU_TENSOR_MAP_SWIZZLE_128B);
+  if (e != cudaSuccess) return e;
+  kernel<<<num_sms(), kThreads, C::kSmem, stream>>>(tm_a, tm_w, fp);
+  return cudaGetLastError();
+}
+
+template <int I>
+cudaError_t launch_entry(const GroupedGemmParams& p, const P8Params& fp, cudaStream_t stream) {
+  constexpr KernelConfig c = kKernelConfigs[I];
+  if constexpr (c.family != KernelFamily::kWgmmaFp8Prepared) {
+    return cudaErrorInvalidValue;
+  } else {
+    static_assert(c.cluster == 1, "the prepared-weights kernel runs one CTA per tile");
+    return launch_prepared<c.token_tile, c.stages>(p, fp, stream);
+  }
+}
+
+}  // namespace
+
+// Preconditions: LaunchGroupedGemm's (csrc/grouped_gemm.h), c of family wgmma_fp8_prepared (p.fp8,
+// fp8-prepared weights; with WgmmaFp8PreparedShapeOk: K % kBK == 0, G * N within the tensor map's
+// int32 rows).
+cudaError_t LaunchGroupedGemmFp8Prepared(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream) {
+  if (p.M == 0 || p.N == 0) return cudaSuccess;
+
+  int* ws = static_cast<int*>(p.workspace);
+  cudaError_t e = launch_setup(p, c.token_tile, ws, stream);
+  if (e != cudaSuccess) return e;
+
+  P8Params fp;
+  fill_common_params(fp, p, ws);
+  fp.xs = p.lhs_chunk_scales;
+  fp.NT = static_cast<int>((p.N + kRowsW - 1) / kRowsW);
+  fp.KT = static_cast<int>(p.K / kBK);
+
+  return WithConfigEntry(c, cudaErrorInvalidValue,
+                         [&](auto i) { return launch_entry<decltype(i)::value>(p, fp, stream); });
+}
+
+}  // namespace jax_nvfp4
