@@ -1,16 +1,41 @@
-"""Benchmark of the grouped NVFP4 GEMM on DeepSeek-V4-Pro per-GPU shapes against JAX peers.
+"""Benchmark of the grouped NVFP4 GEMM on DeepSeek-V4-Pro per-GPU shapes against JAX and
+PyTorch peers.
 
     python -m jax_nvfp4.bench [--out docs] [--cases L1-192,L2-6144] [--impls w4a16,ragged_dot]
     python -m jax_nvfp4.bench --small      # CPU-sized case and timing: a smoke test only
 
-Per case (48 experts, skewed random group sizes) it times: jax_nvfp4 W4A16 and W4A4 (the custom
-call) with checkpoint-layout weights and with weights prepared once, outside the timed call, in the
-sm90 layout (``w4a16_sm90``, ``w4a4_sm90``; :func:`jax_nvfp4.prepare_weights`),
-``jax.lax.ragged_dot`` on bf16 weights, XLA dequantize + ragged_dot, and the Pallas Mosaic-GPU
-ragged_dot on bf16 weights (best of a few tile configs), and the fp8 compute mode
-(``w4a16_fp8``, ``w4a4_fp8``: ``precision="fp8"``, checkpoint-layout weights). It prints median ms,
-TFLOP/s, weight GB/s and % of the floor (max of weight bytes / 4.05 TB/s and FLOPs / 711
-TFLOP/s, the HBM bandwidth and dense bf16 rate measured on an H200), writes JSON and a PNG plot.
+Per case (48 experts, skewed random group sizes) it times (``--impls``, default all):
+
+- jax_nvfp4, exact mode: W4A16 and W4A4 (the custom call) with checkpoint-layout weights and with
+  weights prepared once, outside the timed call, in the sm90 layout (``w4a16``, ``w4a4``,
+  ``w4a16_sm90``, ``w4a4_sm90``; :func:`jax_nvfp4.prepare_weights`);
+- jax_nvfp4, fp8 compute mode (``precision="fp8"``): on checkpoint-layout weights
+  (``w4a16_fp8``, ``w4a4_fp8``) and on weights prepared once as e4m3
+  (``w4a16_fp8_prepared``, ``w4a4_fp8_prepared``: ``jn.prepare_weights(w, "fp8")``, one byte
+  per weight). W4A4 rows take the NVFP4-quantized tokens; the calls quantize the activations
+  to e4m3 themselves (in the timed call);
+- JAX peers on bf16 weights: ``jax.lax.ragged_dot``, XLA dequantize + ragged_dot
+  (``dequant_ragged_dot``, NVFP4 weights), the Pallas Mosaic-GPU ragged_dot (``pallas_mgpu``,
+  best of a few tile configs);
+- uniform batched GEMMs (cuBLAS through XLA): ``cublas_fp8_uniform`` (e4m3 x e4m3, float32
+  accumulation, bf16 output, no scales) and ``cublas_bf16_uniform``: ``dot_general`` with a
+  batch dimension on the same rows split evenly over the experts (``[G, ceil(rows / G), K] x
+  [G, K, N]``). They ignore the raggedness (no group sizes, every expert's tile full), so they
+  are a bound, not a like-for-like peer;
+- PyTorch's grouped GEMMs on the same group sizes, where ``import torch`` works and it has a
+  CUDA device (else skipped, with the reason printed; torch is not a jax_nvfp4 dependency):
+  ``torch_fp8_grouped`` (``torch._scaled_grouped_mm``, e4m3 operands, row-wise float32 scales)
+  and ``torch_bf16_grouped`` (``torch._grouped_mm``); details in :mod:`jax_nvfp4.bench_torch`.
+  Their timed call is the GEMM alone (operands already e4m3: no activation quantization), timed
+  by CUDA events.
+
+It prints median ms, TFLOP/s (of the case's rows, also for the uniform peers), weight GB/s
+(weight bytes per element: NVFP4 0.5625, e4m3 1, bf16 2: :data:`WEIGHT_BYTES`) and % of the
+floor (max of NVFP4 weight bytes / 4.05 TB/s and FLOPs / 711 TFLOP/s, the HBM bandwidth and
+dense bf16 rate measured on an H200), writes JSON and a PNG plot. ``--check`` also prints
+relative differences: the exact kernels against ragged_dot, the fp8 mode against the exact one,
+the prepared fp8 weights against the checkpoint-layout ones (equal or nearly), the torch peers
+against the fp8 mode and ragged_dot.
 """
 
 from __future__ import annotations
@@ -24,19 +49,33 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_nvfp4 as jn
-from jax_nvfp4.bench_common import run_info, time_ms, write_json
+from jax_nvfp4.bench_common import rowwise_e4m3, run_info, time_ms, write_json
+from jax_nvfp4.bench_torch import TORCH_IMPLS, torch_peers
 
 EXPERTS = 48
 LAYERS = {"L1": (7168, 6144), "L2": (3072, 7168)}          # (K, N) per expert
 ROWS = (192, 1536, 6144, 24576)
 HBM_BYTES_PER_S = 4.05e12
 BF16_FLOPS = 711e12
-IMPLS = ("w4a16", "w4a16_sm90", "w4a4", "w4a4_sm90", "w4a16_fp8", "w4a4_fp8", "ragged_dot",
-         "dequant_ragged_dot", "pallas_mgpu")
+IMPLS = ("w4a16", "w4a16_sm90", "w4a4", "w4a4_sm90", "w4a16_fp8", "w4a4_fp8",
+         "w4a16_fp8_prepared", "w4a4_fp8_prepared", "ragged_dot", "dequant_ragged_dot",
+         "pallas_mgpu", "cublas_fp8_uniform", "cublas_bf16_uniform") + TORCH_IMPLS
 NVFP4_IMPLS = ("w4a16", "w4a16_sm90", "w4a4", "w4a4_sm90", "w4a16_fp8", "w4a4_fp8",
                "dequant_ragged_dot")                                          # 4.5-bit weights
-FP8_IMPLS = ("w4a16_fp8", "w4a4_fp8")
+FP8_IMPLS = ("w4a16_fp8", "w4a4_fp8", "w4a16_fp8_prepared", "w4a4_fp8_prepared")
 """The fp8 compute mode (``precision="fp8"``): e4m3 rounding of both operands, not the exact GEMM."""
+FP8_PREPARED = {"w4a16_fp8_prepared": "w4a16_fp8", "w4a4_fp8_prepared": "w4a4_fp8"}
+"""The fp8 mode on weights prepared once as e4m3, and its row on checkpoint-layout weights (the
+same numbers)."""
+UNIFORM_IMPLS = ("cublas_fp8_uniform", "cublas_bf16_uniform")
+"""Batched GEMMs on an even split of the rows over the experts: a bound, not the ragged GEMM."""
+WEIGHT_BYTES = {**{i: 0.5625 for i in NVFP4_IMPLS},
+                **{i: 1.0 for i in ("w4a16_fp8_prepared", "w4a4_fp8_prepared",
+                                    "cublas_fp8_uniform", "torch_fp8_grouped")},
+                **{i: 2.0 for i in ("ragged_dot", "pallas_mgpu", "cublas_bf16_uniform",
+                                    "torch_bf16_grouped")}}
+"""Bytes per weight element each implementation reads: NVFP4 (4 bits + an e4m3 scale per 16),
+e4m3, bf16."""
 
 
 def skewed_group_sizes(rows, groups, seed):
@@ -69,11 +108,20 @@ def make_case(rows, k, n, seed, experts=EXPERTS):
 
 
 def impl_fns(x, rhs, sizes):
-    """name -> (fn, args) for each implementation on one case."""
+    """``(fns, wb, rhs_fp8)`` on one case: ``fns`` name -> (jitted fn, args) for each
+    implementation but the Pallas and torch ones; ``wb`` the bf16 weights ``[G, K, N]`` and
+    ``rhs_fp8`` the :class:`jax_nvfp4.Fp8Weights` ``[G, N, K]`` they also run on.
+
+    ``x`` bf16 ``[R, K]``, ``rhs`` NVFP4 ``[G, N, K]`` (checkpoint layout), ``sizes`` int32
+    ``[G]``. Each output is bf16 ``[R, N]``, except the uniform peers' (:func:`uniform_fns`):
+    bf16 ``[G, ceil(R / G), N]``. Weight preparation and the tokens' NVFP4 quantization (W4A4)
+    happen here, once, outside the timed calls.
+    """
     fns = {}
     ffi = jax.jit(lambda a, w, s: jn.grouped_gemm(a, w, s, backend="ffi"))
     xq = jax.jit(jn.quantize)(x)
     rhs_sm90 = jax.jit(jn.prepare_weights)(rhs)       # load-time cost: not timed
+    rhs_fp8 = jax.jit(functools.partial(jn.prepare_weights, layout="fp8"))(rhs)
     fns["w4a16"] = (ffi, (x, rhs, sizes))
     fns["w4a16_sm90"] = (ffi, (x, rhs_sm90, sizes))
     fns["w4a4"] = (ffi, (xq, rhs, sizes))
@@ -81,6 +129,8 @@ def impl_fns(x, rhs, sizes):
     ffi8 = jax.jit(lambda a, w, s: jn.grouped_gemm(a, w, s, backend="ffi", precision="fp8"))
     fns["w4a16_fp8"] = (ffi8, (x, rhs, sizes))            # the fp8 kernel reads checkpoint weights
     fns["w4a4_fp8"] = (ffi8, (xq, rhs, sizes))
+    fns["w4a16_fp8_prepared"] = (ffi8, (x, rhs_fp8, sizes))        # e4m3 weights, read as they lie
+    fns["w4a4_fp8_prepared"] = (ffi8, (xq, rhs_fp8, sizes))
 
     def dequant_bf16(w):                                  # [G, N, K] -> [G, K, N] bf16
         return jnp.swapaxes(jn.dequantize(w, jnp.bfloat16), 1, 2)
@@ -91,7 +141,81 @@ def impl_fns(x, rhs, sizes):
     fns["dequant_ragged_dot"] = (jax.jit(lambda a, w, s: jax.lax.ragged_dot(
         a, dequant_bf16(w), s, preferred_element_type=jnp.float32).astype(jnp.bfloat16)),
         (x, rhs, sizes))
-    return fns, wb
+    fns.update(uniform_fns(x, rhs_fp8, wb))
+    return fns, wb, rhs_fp8
+
+
+def uniform_rows(x, groups):
+    """``x`` ``[R, K]`` split evenly over ``groups``: ``[groups, ceil(R / groups), K]``, the last
+    rows zero."""
+    m = -(-x.shape[0] // groups)
+    return jnp.pad(x, ((0, groups * m - x.shape[0]), (0, 0))).reshape(groups, m, x.shape[1])
+
+
+def _batched(a, w, contract_w):
+    """``a`` ``[G, M, K]`` times ``w`` (K on axis ``contract_w``), float32 accumulation, bf16
+    ``[G, M, N]``: one XLA dot_general with a batch dimension (cuBLAS on a GPU)."""
+    dims = (((2,), (contract_w,)), ((0,), (0,)))
+    return jax.lax.dot_general(a, w, dims, preferred_element_type=jnp.float32).astype(
+        jnp.bfloat16)
+
+
+def uniform_fns(x, rhs_fp8, wb):
+    """The uniform batched peers: ``{"cublas_fp8_uniform": (fn, (a8, w8)),
+    "cublas_bf16_uniform": (fn, (a16, wb))}``.
+
+    The case's rows split evenly over the experts (:func:`uniform_rows`, ``[G, M, K]``): in e4m3
+    (each row quantized on its own, :func:`jax_nvfp4.bench_common.rowwise_e4m3`, beforehand)
+    against the prepared e4m3 weights ``[G, N, K]`` in the logical k order (K contiguous in both:
+    the "TN" operands cuBLAS's FP8 GEMM takes), and in bf16 against ``wb`` ``[G, K, N]``. No
+    scales are applied (the tensor-core time only): a bound for the ragged GEMMs, which these
+    are not.
+    """
+    g = wb.shape[0]
+    a8 = jax.jit(lambda v: uniform_rows(rowwise_e4m3(v)[0], g))(x)
+    w8 = jax.jit(lambda w: w.logical_codes())(rhs_fp8)
+    a16 = jax.jit(lambda v: uniform_rows(v, g))(x)
+    return {"cublas_fp8_uniform": (jax.jit(lambda a, w: _batched(a, w, 2)), (a8, w8)),
+            "cublas_bf16_uniform": (jax.jit(lambda a, w: _batched(a, w, 1)), (a16, wb))}
+
+
+def uniform_ms(impl, f, args, log=print, **timing):
+    """``(median ms, config)`` of a uniform peer (:func:`uniform_fns`), or ``(None, None)`` with
+    the error logged where XLA cannot run it (a peer's failure never stops the benchmark)."""
+    try:
+        ms = time_ms(f, *args, **timing)
+    except Exception as e:  # noqa: BLE001
+        log(f"  {impl} skipped: {type(e).__name__}: {str(e)[:300]}")
+        return None, None
+    g, m = args[0].shape[:2]
+    return ms, f"uniform split, {g} x {m} rows, no scales"      # a bound: say what it ran
+
+
+def _rel(got, want):
+    """Relative L2 difference ``||got - want|| / ||want||`` in float32 (JAX or numpy arrays)."""
+    got, want = jnp.asarray(got, jnp.float32), jnp.asarray(want, jnp.float32)
+    return float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
+
+
+def check_case(case, fns, torch_rows, log=print):
+    """``--check``: log the relative differences of one case's implementations: the exact
+    kernels against ragged_dot, the fp8 mode against the exact kernel, the prepared fp8 weights
+    against the checkpoint-layout ones (the same numbers: 0 or float32 summation order), the
+    torch peers (``torch_rows`` of :func:`jax_nvfp4.bench_torch.torch_peers`) against the fp8
+    mode and ragged_dot."""
+    out = {name: fns[name][0](*fns[name][1]) for name in
+           ("w4a16", "w4a16_sm90", "ragged_dot", "w4a16_fp8", "w4a4_fp8", *FP8_PREPARED)}
+    for name in ("w4a16", "w4a16_sm90"):
+        rel = _rel(out[name], out["ragged_dot"])
+        log(f"  check {case}: rel err {name} vs ragged_dot {rel:.2e}")
+    log(f"  check {case}: rel diff w4a16_fp8 vs w4a16 {_rel(out['w4a16_fp8'], out['w4a16']):.2e} "
+        "(e4m3 rounding)")
+    for prepared, base in FP8_PREPARED.items():
+        log(f"  check {case}: rel diff {prepared} vs {base} {_rel(out[prepared], out[base]):.2e} "
+            "(same numbers)")
+    refs = {"torch_fp8_grouped": "w4a16_fp8", "torch_bf16_grouped": "ragged_dot"}
+    for impl, (_, _, got) in torch_rows.items():
+        log(f"  check {case}: rel diff {impl} vs {refs[impl]} {_rel(got, out[refs[impl]]):.2e}")
 
 
 def pallas_best(x, wb, sizes, log, **timing):
@@ -127,7 +251,9 @@ def main(argv=None):
     p.add_argument("--out", default="bench-out", help="folder for bench.json and bench.png")
     p.add_argument("--cases", default="", help="comma list like L1-192,L2-6144 (default all)")
     p.add_argument("--impls", default=",".join(IMPLS), help=f"comma list of {IMPLS}")
-    p.add_argument("--check", action="store_true", help="also check jax_nvfp4 vs ragged_dot")
+    p.add_argument("--check", action="store_true",
+                   help="also print relative differences: jax_nvfp4 vs ragged_dot, the fp8 mode "
+                        "vs exact, prepared fp8 weights vs checkpoint-layout ones, torch peers")
     p.add_argument("--small", action="store_true",
                    help=f"CPU-sized cases and timing, a smoke test: {SMALL}")
     args = p.parse_args(argv)
@@ -151,30 +277,29 @@ def main(argv=None):
         k, n = layers[layer]
         case = f"{layer} rows {rows}"
         x, rhs, sizes = make_case(rows, k, n, seed=ci, experts=experts)
-        fns, wb = impl_fns(x, rhs, sizes)
+        fns, wb, rhs_fp8 = impl_fns(x, rhs, sizes)
+        torch_rows = torch_peers(x, rhs_fp8, wb, sizes, impls, log=print, **timing)
         if args.check:
-            got = fns["w4a16"][0](*fns["w4a16"][1]).astype(jnp.float32)
-            want = fns["ragged_dot"][0](*fns["ragged_dot"][1]).astype(jnp.float32)
-            rel = float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
-            print(f"  check {case}: rel err w4a16 vs ragged_dot {rel:.2e}", flush=True)
-            got_sm90 = fns["w4a16_sm90"][0](*fns["w4a16_sm90"][1]).astype(jnp.float32)
-            rel = float(jnp.linalg.norm(got_sm90 - want) / jnp.linalg.norm(want))
-            print(f"  check {case}: rel err w4a16_sm90 vs ragged_dot {rel:.2e}", flush=True)
-            got_fp8 = fns["w4a16_fp8"][0](*fns["w4a16_fp8"][1]).astype(jnp.float32)
-            rel = float(jnp.linalg.norm(got_fp8 - got) / jnp.linalg.norm(got))
-            print(f"  check {case}: rel diff w4a16_fp8 vs w4a16 {rel:.2e} (e4m3 rounding)",
-                  flush=True)
+            check_case(case, fns, torch_rows)
         for impl in impls:
             extra = None
             if impl == "pallas_mgpu":
                 ms, extra = pallas_best(x, wb, sizes, print, **timing)
                 if ms is None:
                     continue
+            elif impl in TORCH_IMPLS:
+                if impl not in torch_rows:                     # skipped: the reason is printed
+                    continue
+                ms, extra, _ = torch_rows[impl]
+            elif impl in UNIFORM_IMPLS:
+                ms, extra = uniform_ms(impl, *fns[impl], log=print, **timing)
+                if ms is None:
+                    continue
             else:
                 f, a = fns[impl]
                 ms = time_ms(f, *a, **timing)
             flops = 2.0 * rows * k * n
-            wbytes = experts * n * k * (0.5625 if impl in NVFP4_IMPLS else 2.0)
+            wbytes = experts * n * k * WEIGHT_BYTES[impl]
             floor = floor_ms(rows, k, n, experts)
             r = {"case": case, "impl": impl, "ms": round(ms, 4),
                  "tflops": round(flops / ms / 1e9, 1), "weight_gbs": round(wbytes / ms / 1e6, 1),
@@ -184,15 +309,16 @@ def main(argv=None):
             results.append(r)
             print(f"  {case:16s} {impl:20s} {ms:9.3f} ms {r['tflops']:7.1f} TFLOP/s "
                   f"{r['weight_gbs']:8.1f} GB/s {r['pct_of_floor']:6.1f}% of floor", flush=True)
-        del x, rhs, wb, fns
+        del x, rhs, wb, rhs_fp8, fns, torch_rows
     meta = dict(run_info(dev), experts=experts, results=results)
     write_json(os.path.join(args.out, "bench.json"), meta)
     _plot(results, os.path.join(args.out, "bench.png"))
-    print(f"\n{'case':16s} " + " ".join(f"{i:>18s}" for i in impls))
+    w = max(len(i) for i in impls + ["ms per call"])             # one column per impl
+    print(f"\n{'case':16s} " + " ".join(f"{i:>{w}s}" for i in impls))
     for layer, rows in cases:
         case = f"{layer} rows {rows}"
         row = {r["impl"]: r["ms"] for r in results if r["case"] == case}
-        print(f"{case:16s} " + " ".join(f"{row.get(i, float('nan')):15.3f} ms" for i in impls))
+        print(f"{case:16s} " + " ".join(f"{row.get(i, float('nan')):{w - 3}.3f} ms" for i in impls))
     return results
 
 

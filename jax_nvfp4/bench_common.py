@@ -44,6 +44,17 @@ def time_ms(f, *args, target_s=0.25, repeats=5, wait_each=False):
     return statistics.median(samples)
 
 
+def rowwise_e4m3(x):
+    """Row-wise e4m3 quantization of float ``x`` ``[..., K]``: ``(codes, scale)``,
+    float8_e4m3fn ``[..., K]`` and float32 ``[...]`` with ``x ~= codes * scale[..., None]`` (each
+    row's amax mapped to 448, e4m3's largest finite value; an all-zero row gets scale 1). The
+    operands of the benchmarks' fp8 peers (cuBLAS through XLA, PyTorch); jittable."""
+    x = jnp.asarray(x).astype(jnp.float32)
+    amax = jnp.max(jnp.abs(x), axis=-1, initial=0.0)
+    scale = jnp.where(amax > 0, amax / 448.0, 1.0)
+    return (x / scale[..., None]).astype(jnp.float8_e4m3fn), scale
+
+
 def driver_version():
     """The NVIDIA driver version (one value: nvidia-smi prints a line per GPU), or None without
     nvidia-smi."""

@@ -3,14 +3,17 @@
     python -m jax_nvfp4.bench_layer [--out bench-layer-out] [--tokens 32,256,1024,4096]
                                     [--precision exact|fp8] [--unfused]
 
-``--precision fp8`` runs the layer's GEMMs in the FP8 mode (``MoEConfig.precision``) on
-checkpoint-layout weights (what its CUDA kernel reads) unless ``--layout`` says otherwise.
+``--precision fp8`` runs the layer's GEMMs in the FP8 mode (``MoEConfig.precision``) on weights
+prepared once as e4m3 (``--layout fp8``, the default there: :func:`jax_nvfp4.prepare_weights`
+with ``"fp8"``, one byte per weight, read by the CUDA kernel as they lie); ``--layout
+checkpoint`` times the mode on the NVFP4 checkpoint-layout weights instead (decoded in the
+kernel). ``--precision exact`` takes the NVFP4 layouts only (default sm90).
 
 Needs a GPU for meaningful numbers; on a CPU it runs at small sizes (``--small``) as a smoke test.
 
 Per-GPU DeepSeek-V4-Pro shard: 48 routed experts, top-6, H 7168, I 3072, SwiGLU limit 10, no
 shared expert (it is two more GEMMs of the same kind), random NVFP4 weights
-(:func:`jax_nvfp4.bench_common.random_layer`) prepared once in the sm90 layout
+(:func:`jax_nvfp4.bench_common.random_layer`) prepared once in ``--layout``
 (:func:`jax_nvfp4.prepare_weights`), bf16 tokens routed by a random router (real routing: uneven
 group sizes). For each token count and activation (W4A4 dynamic, W4A16) it times, in one run:
 
@@ -53,6 +56,10 @@ import jax_nvfp4 as jn
 from jax_nvfp4.bench_common import random_layer, run_info, time_ms, write_json
 
 ACTIVATIONS = ("w4a4", "w4a16")
+LAYOUTS = (*jn.LAYOUTS, jn.Fp8Weights.layout)
+"""``--layout``: the NVFP4 byte layouts and ``"fp8"`` (weights prepared as e4m3, fp8 mode only)."""
+DEFAULT_LAYOUT = {"exact": "sm90", "fp8": jn.Fp8Weights.layout}
+"""``--layout``'s default per ``--precision``: each mode's fastest weights."""
 SMALL = dict(tokens="16,48", experts=8, hidden=128, inter=64, reference_max_tokens=48,
              hlo_tokens=16, target_s=0.02, repeats=3)
 """``--small``: CPU-sized defaults (options given explicitly still win)."""
@@ -238,9 +245,10 @@ def _parser():
     p.add_argument("--top-k", type=int, default=6, help="experts per token")
     p.add_argument("--hidden", type=int, default=7168, help="H (model width)")
     p.add_argument("--inter", type=int, default=3072, help="I (expert width)")
-    p.add_argument("--layout", choices=jn.LAYOUTS, default=None,
-                   help="weight layout (sm90: prepared once at load time; default sm90, checkpoint "
-                        "with --precision fp8, whose CUDA kernel reads that layout)")
+    p.add_argument("--layout", choices=LAYOUTS, default=None,
+                   help="weights prepared once at load time (jax_nvfp4.prepare_weights): sm90 or "
+                        "checkpoint (NVFP4), or fp8 (e4m3, one byte per weight; --precision fp8 "
+                        "only); default: sm90 with --precision exact, fp8 with --precision fp8")
     p.add_argument("--unfused", action="store_true",
                    help="also time the layer without the fused gate/up + SwiGLU call (the same "
                         "sm90 weights with gate/up rows unpaired): layer_unfused_ms")
@@ -284,7 +292,10 @@ def main(argv=None):
     if args.top_k > args.experts:
         p.error(f"--top-k {args.top_k} > --experts {args.experts}")
     if args.layout is None:
-        args.layout = "checkpoint" if args.precision == "fp8" else "sm90"
+        args.layout = DEFAULT_LAYOUT[args.precision]
+    if args.layout == jn.Fp8Weights.layout and args.precision != "fp8":
+        p.error(f"--layout {args.layout}: weights prepared as e4m3 serve --precision fp8 only, "
+                f"got --precision {args.precision}")
     dev = jax.devices()[0]
     ext = jn.extension_info()
     print(f"device: {dev.device_kind} ({dev.platform}), jax {jax.__version__}, backend "

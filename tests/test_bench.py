@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jax_nvfp4 as jn
-from jax_nvfp4 import bench
+from jax_nvfp4 import bench, bench_torch
 from oracles import dequant64, grouped_gemm64, rel_err
 from conftest import QUANTIZE_STACK
 
@@ -22,8 +22,9 @@ def test_every_implementation_computes_the_same_gemm():
     rhs = QUANTIZE_STACK(jax.random.normal(key, (g, n, k), jnp.float32))
     x = jax.random.normal(jax.random.key(1), (rows, k), jnp.bfloat16)
     sizes = jnp.asarray(bench.skewed_group_sizes(rows, g, seed=2))
-    fns, _ = bench.impl_fns(x, rhs, sizes)
-    assert set(fns) == set(bench.IMPLS) - {"pallas_mgpu"}
+    fns, _, rhs_fp8 = bench.impl_fns(x, rhs, sizes)
+    assert isinstance(rhs_fp8, jn.Fp8Weights)
+    assert set(fns) == set(bench.IMPLS) - {"pallas_mgpu", *bench_torch.TORCH_IMPLS}
     w64 = dequant64(rhs.data, rhs.scales, rhs.global_scale)
     ref16 = grouped_gemm64(np.asarray(x, np.float64), w64, np.ones(g), np.asarray(sizes))
     xq = jn.quantize(x.astype(jnp.float32))
@@ -31,6 +32,14 @@ def test_every_implementation_computes_the_same_gemm():
                           np.asarray(sizes))
     for name, (f, args) in fns.items():
         out = np.asarray(f(*args), np.float64)
+        if name in bench.UNIFORM_IMPLS:
+            # a bound, not this GEMM: a batched GEMM of its own operands (the rows split evenly)
+            a, w = (np.asarray(v, np.float64) for v in args)
+            want = np.einsum("gmk,gnk->gmn" if name == "cublas_fp8_uniform" else "gmk,gkn->gmn",
+                             a, w)
+            assert out.shape == (g, 10, n), name
+            assert rel_err(out, want) <= 1e-2, name                 # bf16 output
+            continue
         assert out.shape == (rows, n), name
         ref = ref4 if name.startswith("w4a4") else ref16
         if name in bench.FP8_IMPLS:
@@ -42,6 +51,45 @@ def test_every_implementation_computes_the_same_gemm():
             assert rel_err(out, fp8_ref) <= 4e-3, name
         else:
             assert rel_err(out, ref) <= 1e-2, name          # bf16 outputs
+    for prepared, base in bench.FP8_PREPARED.items():       # the same numbers, bit for bit here
+        np.testing.assert_array_equal(np.asarray(fns[prepared][0](*fns[prepared][1])),
+                                      np.asarray(fns[base][0](*fns[base][1])), prepared)
+
+
+def test_uniform_rows_pads_the_last_group():
+    x = jnp.arange(7 * 3, dtype=jnp.float32).reshape(7, 3)
+    u = bench.uniform_rows(x, 3)                              # ceil(7 / 3) = 3 rows per group
+    assert u.shape == (3, 3, 3)
+    np.testing.assert_array_equal(np.asarray(u).reshape(9, 3)[:7], np.asarray(x))
+    assert not np.asarray(u).reshape(9, 3)[7:].any()
+
+
+def test_torch_fp8_operands_are_the_prepared_weights_values():
+    """The torch fp8 peer's operands (numpy, no torch needed): the weights times scale_b are the
+    prepared fp8 weights' values exactly, the row-wise e4m3 tokens times scale_a are the tokens
+    within e4m3 rounding, so its GEMM is the fp8 mode's within the activations' rounding."""
+    g, n, k, rows = 3, 64, 128, 24
+    rhs = QUANTIZE_STACK(jax.random.normal(jax.random.key(3), (g, n, k), jnp.float32))
+    w8 = jn.prepare_weights(rhs, "fp8")
+    x = jax.random.normal(jax.random.key(4), (rows, k), jnp.bfloat16)
+    a, scale_a, b, scale_b = bench_torch.fp8_operands(x, w8.logical_codes(), w8.global_scale)
+    assert a.dtype.name == b.dtype.name == "float8_e4m3fn"
+    assert a.shape == (rows, k) and b.shape == (g, n, k)
+    assert scale_a.shape == (rows,) and scale_b.shape == (g, n)
+    assert scale_a.dtype == scale_b.dtype == np.float32
+    w_value = b.astype(np.float64) * scale_b[..., None]
+    want = (np.asarray(w8.logical_codes(), np.float64) * 8.0
+            * np.asarray(w8.global_scale, np.float64)[:, None, None])
+    np.testing.assert_array_equal(w_value, want)
+    x64 = np.asarray(x, np.float64)
+    assert rel_err(a.astype(np.float64) * scale_a[:, None], x64) <= 0.04
+    assert np.abs(a.astype(np.float32)).max() <= 448
+
+
+def test_torch_padded_rows():
+    index, padded = bench_torch.padded_rows(np.array([3, 0, 17, 16], np.int32), 16)
+    np.testing.assert_array_equal(padded, [16, 0, 32, 16])
+    np.testing.assert_array_equal(index, [0, 1, 2, *range(16, 33), *range(48, 64)])
 
 
 def test_skewed_group_sizes():
@@ -58,17 +106,28 @@ def test_floor_is_the_larger_of_bytes_and_flops():
         2 * 24576 * 7168 * 6144 / 711e12 * 1e3)
 
 
-def test_small_run_writes_the_json(tmp_path):
-    """The CLI end to end at CPU size: one row per implementation (the Pallas one is GPU-only),
-    finite positive numbers, the derived columns computed from the measured ms."""
+def test_small_run_writes_the_json(tmp_path, capsys):
+    """The CLI end to end at CPU size: one row per implementation (the Pallas one is GPU-only;
+    the torch ones skipped, saying why, where torch does not import or has no GPU), finite
+    positive numbers, the derived columns computed from the measured ms, weight GB/s from each
+    implementation's bytes per weight (1 for the prepared fp8 weights)."""
     impls = [i for i in bench.IMPLS if i != "pallas_mgpu"]
     bench.main(["--small", "--check", "--impls", ",".join(impls), "--out", str(tmp_path)])
+    printed = capsys.readouterr().out
     saved = json.loads((tmp_path / "bench.json").read_text())
     for key in ("gpu", "platform", "driver", "jax", "experts", "results"):
         assert key in saved, key
     assert saved["jax"] == jax.__version__ and saved["experts"] == bench.SMALL["experts"]
-    assert [r["impl"] for r in saved["results"]] == impls
+    torch, reason = bench_torch.torch_or_reason()
+    ran = [i for i in impls if torch is not None or i not in bench_torch.TORCH_IMPLS]
+    assert [r["impl"] for r in saved["results"]] == ran
+    if torch is None:
+        for impl in bench_torch.TORCH_IMPLS:
+            assert f"{impl} skipped: {reason}" in printed
+    for prepared in bench.FP8_PREPARED:
+        assert f"rel diff {prepared} vs " in printed
     (k, n), = bench.SMALL["layers"].values()
+    experts = bench.SMALL["experts"]
     for r in saved["results"]:
         assert r["case"] == "S1 rows 40"
         assert r["ms"] > 0
@@ -76,6 +135,50 @@ def test_small_run_writes_the_json(tmp_path):
             assert math.isfinite(r[key]) and r[key] >= 0, key
         assert r["tflops"] == pytest.approx(2.0 * 40 * k * n / r["ms"] / 1e9, abs=0.06)
         assert r["floor_ms"] == pytest.approx(bench.floor_ms(40, k, n, 4), abs=1e-4)
+        assert r["weight_gbs"] == pytest.approx(
+            experts * n * k * bench.WEIGHT_BYTES[r["impl"]] / r["ms"] / 1e6, abs=0.06)
+    assert {i: bench.WEIGHT_BYTES[i] for i in ("w4a16_fp8", *bench.FP8_PREPARED)} == {
+        "w4a16_fp8": 0.5625, "w4a16_fp8_prepared": 1.0, "w4a4_fp8_prepared": 1.0}
+    assert "uniform split, 4 x 10 rows" in next(r["config"] for r in saved["results"]
+                                                if r["impl"] == "cublas_fp8_uniform")
+
+
+def test_a_torch_error_skips_that_row_only(monkeypatch):
+    """A torch peer that raises is skipped with the error printed; the benchmark goes on."""
+    class FakeTorch:
+        class cuda:  # noqa: N801 - torch.cuda's shape
+            @staticmethod
+            def empty_cache():
+                pass
+
+        @staticmethod
+        def from_numpy(a):
+            raise RuntimeError("no such device")
+
+    monkeypatch.setattr(bench_torch, "torch_or_reason", lambda: (FakeTorch, None))
+    logged = []
+    x = jnp.ones((8, 128), jnp.bfloat16)
+    w8 = jn.prepare_weights(QUANTIZE_STACK(jnp.ones((2, 32, 128), jnp.float32)), "fp8")
+    got = bench_torch.torch_peers(x, w8, jnp.ones((2, 128, 32), jnp.bfloat16),
+                                  jnp.array([3, 5], jnp.int32), bench.IMPLS, log=logged.append)
+    assert got == {}
+    assert logged == [f"  {impl} skipped: RuntimeError: no such device"
+                      for impl in bench_torch.TORCH_IMPLS]
+    assert bench_torch.torch_peers(x, w8, None, None, ["w4a16"], log=logged.append) == {}
+
+
+def test_prepared_fp8_rows_count_one_byte_per_weight(tmp_path, monkeypatch):
+    """With the timer replaced (1 us per call), weight GB/s shows the bytes per weight: 1 for the
+    weights prepared as e4m3, 0.5625 for NVFP4."""
+    monkeypatch.setattr(bench, "time_ms", lambda f, *a, **kw: 1e-3)
+    impls = ["w4a16_fp8", "w4a16_fp8_prepared", "w4a4_fp8_prepared"]
+    results = bench.main(["--small", "--impls", ",".join(impls), "--out", str(tmp_path)])
+    (k, n), = bench.SMALL["layers"].values()
+    elements = bench.SMALL["experts"] * n * k
+    gbs = {r["impl"]: r["weight_gbs"] for r in results}
+    assert gbs == {"w4a16_fp8": round(elements * 0.5625 / 1e3, 1),
+                   "w4a16_fp8_prepared": round(elements / 1e3, 1),
+                   "w4a4_fp8_prepared": round(elements / 1e3, 1)}
 
 
 def test_unknown_impl_is_an_error():

@@ -51,23 +51,26 @@ def test_runs_and_writes_the_json(tmp_path):
         assert 1 <= r["experts_with_rows"] <= 8 and r["max_group"] <= 16
 
 
-def test_fp8_precision_runs_on_checkpoint_weights(tmp_path):
-    """--precision fp8: the layer and its GEMMs in the FP8 mode, on checkpoint-layout weights by
-    default (the FP8 CUDA kernel reads that layout); the GEMMs timed are the layer's (fp8 ones)."""
+def test_fp8_precision_runs_on_prepared_weights(tmp_path):
+    """--precision fp8: the layer and its GEMMs in the FP8 mode, on weights prepared as e4m3 by
+    default (--layout fp8); the GEMMs timed are the layer's (fp8 ones, on the prepared weights:
+    rhs_layout 2 in the lowered call)."""
     meta = bench_layer.main(["--small", "--tokens", "16", "--activations", "w4a16", "--inter", "128",
                              "--hlo-tokens", "0", "--reference-max-tokens", "0",
                              "--precision", "fp8", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "bench_layer.json").read_text())
-    assert saved["layout"] == "checkpoint" and saved["precision"] == "fp8"
+    assert saved["layout"] == "fp8" and saved["precision"] == "fp8"
     (r,) = meta["results"]
     assert r["precision"] == "fp8" and r["layer_ms"] > 0 and r["gemm_ms"] > 0
     assert r["fused_swiglu"] is False              # the fused call is exact precision only
     cfg = bench_layer.layer_config(8, 128, 128, 6, "w4a16", "fp8")
-    w = random_layer(cfg, seed=0, device=jax.devices("cpu")[0])
+    w = jn.prepare_weights(random_layer(cfg, seed=0, device=jax.devices("cpu")[0]), "fp8")
+    assert isinstance(w.w13, jn.Fp8Weights) and isinstance(w.w2, jn.Fp8Weights)
     x = jax.random.normal(jax.random.key(2), (16, 128), jnp.bfloat16)
     token_of, sizes = jax.jit(bench_layer.routed_rows, static_argnums=2)(x, w, cfg)
     for g, a in bench_layer.gemm_cases(x, token_of, sizes, w, cfg, "ffi"):
-        assert "jax_nvfp4_grouped_gemm_fp8" in g.lower(*a).as_text()
+        text = g.lower(*a).as_text()
+        assert "jax_nvfp4_grouped_gemm_fp8" in text and "rhs_layout = 2 : i32" in text
 
 
 @pytest.mark.slow
@@ -97,12 +100,12 @@ def _tiny_layer(experts, inter=64, precision="exact", layout="sm90", seed=0):
 @pytest.mark.parametrize("activation,precision,layout", [
     ("w4a4", "exact", "sm90"), ("w4a16", "exact", "sm90"),
     pytest.param("w4a4", "exact", "checkpoint", marks=pytest.mark.slow),
-    ("w4a4", "fp8", "checkpoint")])
+    ("w4a4", "fp8", "checkpoint"), ("w4a16", "fp8", "fp8")])
 def test_the_timed_gemms_are_the_layers(activation, precision, layout):
     """The GEMMs timed alone, on the rows and group sizes the layer's routing made, give the
     layer's output once their rows are scaled, weighted and summed per token (float32 tokens: no
     final rounding): sm90 weights (the layer fuses the SwiGLU), checkpoint weights (it does not)
-    and the FP8 mode."""
+    and the FP8 mode on checkpoint-layout and on prepared e4m3 weights."""
     cfg, w = _tiny_layer(8, inter=128 if precision == "fp8" else 64, precision=precision,
                          layout=layout)
     cfg = dataclasses.replace(cfg, activation=activation)
@@ -131,7 +134,8 @@ def test_help_and_bad_arguments(capsys):
         bench_layer.main(["--help"])
     text = " ".join(capsys.readouterr().out.split())   # argparse wraps lines
     assert "GPU" in text and "(default: 32,256,1024,4096)" in text and "--reference-max-tokens" in text
+    assert "fp8 with --precision fp8" in text       # the fp8 mode's default layout
     for bad in (["--tokens", "8,x"], ["--tokens", "0"], ["--activations", "w8a8"],
-                ["--experts", "0"]):
+                ["--experts", "0"], ["--layout", "fp8"]):          # e4m3 weights: fp8 mode only
         with pytest.raises(SystemExit):
             bench_layer.main(TINY + bad)

@@ -36,3 +36,25 @@ def test_the_tables_follow_the_json(tmp_path):
     assert text != gen.render(ROOT / "docs")
     line = next(ln for ln in text.splitlines() if ln.startswith("| L1 rows 192 |"))
     assert line.split(" | ")[2] == "123.457"          # case, floor, then w4a16
+
+
+def test_new_implementations_get_their_notes(tmp_path):
+    """A grouped GEMM JSON with the fp8-prepared, uniform cuBLAS and torch rows: their columns,
+    and a note on each family (the uniform peers: a bound); none in the committed documents'
+    sections without those rows."""
+    gen = _generator()
+    for name in {s[1] for s in gen.SECTIONS}:
+        shutil.copy(ROOT / "docs" / name, tmp_path / name)
+    d = json.loads((tmp_path / "bench-h200-fp8-api.json").read_text())
+    base = next(r for r in d["results"] if r["impl"] == "w4a16_fp8")
+    for impl in ("w4a4_fp8_prepared", "cublas_bf16_uniform", "torch_fp8_grouped"):
+        d["results"].append(dict(base, impl=impl))             # placeholder rows for the test
+    (tmp_path / "bench-h200-fp8-api.json").write_text(json.dumps(d))
+    text = gen.render(tmp_path)
+    section = text.split("## Grouped GEMM, FP8 compute mode")[1].split("\n## ")[0]
+    for impl in ("w4a4_fp8_prepared", "cublas_bf16_uniform", "torch_fp8_grouped"):
+        assert f" {impl} |" in section, impl
+    assert "e4m3 (`jn.prepare_weights(w, \"fp8\")`, 1 byte per weight" in section
+    assert "a bound rather than a like-for-like peer" in section
+    assert "`torch._scaled_grouped_mm`" in section
+    assert "torch._scaled_grouped_mm" not in gen.render(ROOT / "docs")

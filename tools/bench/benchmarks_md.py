@@ -97,6 +97,33 @@ def ep_command(d):
             f"{'none' if cf is None else cf}")
 
 
+IMPL_NOTES = {
+    "w4a16_fp8_prepared": "`*_fp8_prepared`: `precision=\"fp8\"` on weights prepared once as "
+                          "e4m3 (`jn.prepare_weights(w, \"fp8\")`, 1 byte per weight against "
+                          "NVFP4's 0.5625)",
+    "cublas_fp8_uniform": "`cublas_*_uniform`: XLA `dot_general` with a batch dimension (cuBLAS) "
+                          "on the same rows split evenly over the experts, e4m3 (no scales) or "
+                          "bf16: it ignores the raggedness, a bound rather than a like-for-like "
+                          "peer",
+    "torch_fp8_grouped": "`torch_*_grouped`: PyTorch's grouped GEMMs on the same group sizes "
+                         "(`torch._scaled_grouped_mm`, e4m3 with row-wise scales; "
+                         "`torch._grouped_mm`, bf16), the GEMM alone (operands already e4m3), "
+                         "timed by CUDA events",
+}
+"""What a column of a grouped GEMM table means, for the implementations that need a word (keyed by
+the first of a family; shown in a section whose JSON has that implementation or its family)."""
+IMPL_FAMILIES = {"w4a4_fp8_prepared": "w4a16_fp8_prepared",
+                 "cublas_bf16_uniform": "cublas_fp8_uniform",
+                 "torch_bf16_grouped": "torch_fp8_grouped"}
+
+
+def impl_notes(d):
+    """The notes (:data:`IMPL_NOTES`) on the implementations in a grouped GEMM JSON, as one
+    sentence each (empty if none)."""
+    have = {IMPL_FAMILIES.get(r["impl"], r["impl"]) for r in d["results"]}
+    return " ".join(f"{IMPL_NOTES[i]}." for i in IMPL_NOTES if i in have)
+
+
 def gemm_command(d, impls_flag):
     impls = ",".join(dict.fromkeys(r["impl"] for r in d["results"]))
     return "python -m jax_nvfp4.bench" + (f" --impls {impls}" if impls_flag else "")
@@ -141,6 +168,8 @@ def render(docs=DOCS):
         d = json.loads((docs / name).read_text())
         if table is ep_share_table and not d.get("expert_parallel"):
             continue
+        if table is gemm_table and impl_notes(d):
+            what = f"{what} {impl_notes(d)}"
         lines += [f"## {title}", "",
                   f"{_where(d)}; `{name}`; command: `{command(d)}`.", "", what, ""]
         lines += table(d) + [""]
