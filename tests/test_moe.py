@@ -815,7 +815,12 @@ def test_fp8_prepared_weights_give_the_fp8_layer(rng, backend, activation, scale
     sm90 = jn.prepare_weights(w)
     paired = jn.prepare_weights(sm90, "fp8")                          # sm90, paired, then fp8
     assert paired.w13_paired
-    np.testing.assert_array_equal(np.asarray(run(x, paired, c8)), np.asarray(run(x, sm90, c8)))
+    if jax.default_backend() == "gpu":
+        # no CUDA kernel computes the fp8 mode on sm90 NVFP4 weights (a ValueError there); the
+        # paired rows' columns are the same dots as the unpaired ones
+        assert rel_err(np.asarray(run(x, paired, c8)), got) <= 1e-6
+    else:
+        np.testing.assert_array_equal(np.asarray(run(x, paired, c8)), np.asarray(run(x, sm90, c8)))
 
 
 @pytest.mark.parametrize("activation", ["w4a16", "w4a4"])

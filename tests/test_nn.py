@@ -11,6 +11,7 @@ import pytest
 
 import jax_nvfp4 as jn
 from conftest import pairwise
+from oracles import rel_err
 from jax_nvfp4.nn.frozen import FrozenMoEWeights
 
 E, VOCAB = 4, 50
@@ -284,6 +285,15 @@ def check_framework(rng, framework, leads=LEADS, dtype=jnp.float32, **layer):
     fuses the eager, traced and constant-folded programs differently.)"""
     w, config = make_layer(rng, **layer)
     eager, jit_arg, jit_closed = framework_calls(framework, w, config)
+    on_gpu = jax.default_backend() == "gpu"
+    if on_gpu and config.precision == "fp8" and layer.get("layout") == "sm90":
+        # no CUDA kernel computes the fp8 mode on sm90 NVFP4 weights: each way of calling refuses
+        x = jnp.zeros((2, config.hidden_size), dtype)
+        t = jnp.zeros((2,), jnp.int32) if w.hash_table is not None else None
+        for call in (eager, jit_arg, jit_closed):
+            with pytest.raises(ValueError, match="rhs.layout: precision='fp8' on the GPU"):
+                call(x, t)
+        return
     direct_arg = jax.jit(lambda x, w, t: jn.moe(x, w, config, token_ids=t))
     direct_closed = jax.jit(lambda x, t: jn.moe(x, w, config, token_ids=t))
     for lead in leads:
@@ -294,8 +304,13 @@ def check_framework(rng, framework, leads=LEADS, dtype=jnp.float32, **layer):
                  "jit(module)": (jit_arg(x, t), direct_arg(x, w, t))}
         for mode, (got, want) in pairs.items():
             assert got.shape == x.shape and got.dtype == x.dtype, (mode, lead)
-            np.testing.assert_array_equal(np.asarray(got), np.asarray(want),
-                                          err_msg=f"{framework} {mode} {lead}")
+            if on_gpu:
+                # XLA:GPU fuses the module's program and the direct one differently (seen: float32
+                # ulps, W4A4 static, nnx.jit): the closed-over bound below
+                assert got.size == 0 or rel_err(got, want) <= 1e-3, (framework, mode, lead)
+            else:
+                np.testing.assert_array_equal(np.asarray(got), np.asarray(want),
+                                              err_msg=f"{framework} {mode} {lead}")
         # Closed over, the weights are constants that XLA folds, differently for the module's
         # stored bits than for the float arrays (seen: one float32 ulp, fp8 one token): the
         # same up to rounding (a flipped W4A4 code moves the norm by ~1e-4), far below what a
