@@ -390,10 +390,10 @@ def grouped_gemm_fp8_reference(lhs, rhs: NVFP4Tensor, group_sizes, *, out_dtype=
     check_precision("fp8", k)
     group_sizes = check_group_sizes(group_sizes, g)
     codes, scales, lhs_gs = fp8_lhs(lhs)
-    # The codes stay e4m3 values: under jit XLA:GPU fused the quantizer's float32 -> e4m3 rounding
-    # with the dot's e4m3 -> float32 widening and left the round trip out (H200, jax 0.11.2: float
-    # activations ~2^-8 of the products' magnitude off, NVFP4 ones exact, eager and constant-folded
-    # calls right); the barrier keeps the rounded codes.
+    # Under jit on the GPU (H200, jax 0.11.2) this function gave float activations ~2^-8 of the
+    # products' magnitude off while NVFP4 ones, which the quantizer does not round, were exact, and
+    # eager and constant-folded calls were right: as if XLA had folded the float32 -> e4m3 -> dot
+    # round trip of the codes away. The barrier keeps the rounded codes as an operand.
     codes = jax.lax.optimization_barrier(codes)
     w8 = weights_fp8(rhs).astype(jnp.float32)                             # [G, N, K]
     alpha = lhs_gs * jnp.broadcast_to(rhs.global_scale.astype(jnp.float32), (g,))
@@ -405,17 +405,16 @@ def grouped_gemm_fp8_reference(lhs, rhs: NVFP4Tensor, group_sizes, *, out_dtype=
     nan = jnp.isnan(w8)
     nan_rows = jnp.any(nan, axis=-1)                                    # [G, N]
     w8 = jnp.where(nan, 0.0, w8)
-    # Each product of two e4m3 values is exact in float32 (8 significant bits): the dots take float32
-    # operands at HIGHEST precision. bf16 operands, exact too, came out wrong under jit on the GPU
-    # (H200, jax 0.11.2: errors ~0.5% of the products' magnitude, as if the float32 dot were
-    # rounded to bf16), and so did the chunk dots inside a lax.scan: one ragged_dot per chunk, unrolled.
-    a32 = codes.astype(jnp.float32)                                            # [M, K]
-    w32 = jnp.swapaxes(w8, 1, 2)                                               # [G, K, N]
+    # e4m3 values are exact in bf16 and so is each product of two (8 significant bits): the dots
+    # take bf16 operands with float32 accumulation. One ragged_dot per chunk, unrolled: the same
+    # chunk dots inside a lax.scan came out wrong on the GPU (H200, jax 0.11.2: errors ~0.6% of the
+    # products' magnitude, while each ragged_dot alone is exact there).
+    a16 = codes.astype(jnp.bfloat16)                                           # [M, K]
+    w16 = jnp.swapaxes(w8.astype(jnp.bfloat16), 1, 2)                          # [G, K, N]
     acc = jnp.zeros((m, n), jnp.float32)
     for c in range(k // CHUNK):
-        part = jax.lax.ragged_dot(a32[:, c * CHUNK:(c + 1) * CHUNK], w32[:, c * CHUNK:(c + 1) * CHUNK],
-                                  sizes, precision=jax.lax.Precision.HIGHEST,
-                                  preferred_element_type=jnp.float32)
+        part = jax.lax.ragged_dot(a16[:, c * CHUNK:(c + 1) * CHUNK], w16[:, c * CHUNK:(c + 1) * CHUNK],
+                                  sizes, preferred_element_type=jnp.float32)
         acc = part * scales[:, c:c + 1] + acc
     acc = jnp.where(nan_rows[gid], jnp.nan, acc)
     factor = alpha * jnp.float32(2.0**WEIGHT_SHIFT)
