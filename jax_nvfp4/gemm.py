@@ -204,11 +204,12 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         is used as it is. The rhs may then also be :class:`jax_nvfp4.formats.Fp8Weights`
         (``prepare_weights(w, "fp8")``: the e4m3 weights made once; the same numbers as ``w``,
         bit for bit on the CPU handler and the reference; on the GPU their own kernel,
-        ``wgmma_fp8_prepared``, whose chunk sums run in the tensor cores as ``wgmma_fp8``'s do). On the GPU it needs an sm_90 device and
-        checkpoint-layout NVFP4 weights or Fp8Weights (sm90 ones are a ValueError); the CPU
-        handler and the reference use the same operand bytes and
-        differ only in the order of each chunk's float32 sum: within ``2 * (K/128 + 130) *
-        2^-24`` times the sum of the products' magnitudes (:mod:`jax_nvfp4.fp8`).
+        ``wgmma_fp8_prepared``, whose chunk sums run in the tensor cores as ``wgmma_fp8``'s
+        do). On the GPU it needs an sm_90 device and checkpoint-layout NVFP4 weights or
+        Fp8Weights (sm90 ones are a ValueError); the CPU handler and the reference use the same
+        operand bytes and differ only in the order of each chunk's float32 sum: within
+        ``2 * (K/128 + 130) * 2^-24`` times the sum of the products' magnitudes
+        (:mod:`jax_nvfp4.fp8`).
 
     On the GPU, W4A4 runs as a fused exact dequantization of the activations to bf16 followed by
     the W4A16 kernel (transient bf16 copy of lhs, ``2 * M * K`` bytes); on the CPU, and with

@@ -33,7 +33,9 @@ def load(paths):
                     cur = out.setdefault(_anon(m.group(1)), [])
                     continue
                 if cur is not None and "/*" in line:
-                    s = re.sub(r"/\*[0-9a-f]{4,}\*/", "", line).strip()
+                    # cuobjdump pads its columns differently from one dump to another: compare
+                    # the instruction text with runs of blanks collapsed
+                    s = " ".join(re.sub(r"/\*[0-9a-f]{4,}\*/", "", line).split())
                     if s:
                         cur.append(s)
     return out
