@@ -112,7 +112,9 @@ memcheck() {
 export -f memcheck
 step memcheck 150 bash -c memcheck
 
-step bench 240 python3 -P -m jax_nvfp4.bench --out "$out" --check "$@"
+# (every row, peers included, takes ~6 minutes on an H200: 10 rows of 8 cases took 300 s with --check;
+# give --impls to fit a shorter call)
+step bench 420 python3 -P -m jax_nvfp4.bench --out "$out" --check "$@"
 
 
 step bench_layer 240 python3 -P -m jax_nvfp4.bench_layer --out "$out/layer"

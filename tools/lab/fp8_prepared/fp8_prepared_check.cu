@@ -5,7 +5,8 @@
 //   CUT=$(python -c "import cutlass_library,os;print(os.path.dirname(cutlass_library.__file__))")/source/include
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -cudart static \
 //        -I. -I$CUT -o tools/lab/fp8_prepared/fp8_prepared_check \
-//        tools/lab/fp8_prepared/fp8_prepared_check.cu tools/lab/fp8_prepared/grouped_gemm_fp8_prepared_sm90.cu
+//        tools/lab/fp8_prepared/fp8_prepared_check.cu tools/lab/fp8_prepared/grouped_gemm_fp8_prepared_sm90.cu \
+//        csrc/grouped_gemm_fp8_prepared_sm90.cu
 // (The probe builds of docs/archive/fp8-prepared-lab.md add -DP8_PROBE=1/2/3; their results are wrong
 // by design and the checks FAIL.)
 // Run (H200):
@@ -16,8 +17,9 @@
 //                                            rows 192/1536/6144/24576, skewed sizes as jax_nvfp4/bench.py),
 //                                            10 configurations each; 12 sampled rows per case checked
 //   options: --seed S, --reps R (timed launches, default 20), --only SUBSTRING (cases whose name has
-//            it, e.g. "L1 rows 24576"), --cfg CODE (one configuration, code as below)
-// Configurations ("cfg" column, code = tile * 1000 + cluster * 100 + n-major * 10 + overlap):
+//            it, e.g. "L1 rows 24576"), --cfg CODES (a comma list of configurations, codes as below)
+// Configurations ("cfg" column, code = tile * 1000 + cluster * 100 + n-major * 10 + overlap; code 1,
+// "package", is the package's kernel, csrc/grouped_gemm_fp8_prepared_sm90.cu; e.g. --cfg 128100 or --cfg 1):
 //   TxC{t|n}[o][*]: T tokens per tile (32/64/128/192), C CTAs per cluster (2: activation boxes shared
 //   by TMA multicast), t/n the walk inside a group (token-tile-major / n-tile-major), o the overlapped
 //   consumer (two chunk accumulators); * marks the FP8 mode's heuristic tile (32 up to 24 rows per
@@ -49,6 +51,7 @@
 #include <cuda_runtime.h>
 
 #include "csrc/gemm_contract.h"
+#include "csrc/grouped_gemm.h"  // the package's launcher (csrc/grouped_gemm_fp8_prepared_sm90.cu)
 #include "tools/bench/cuda_check.h"
 
 namespace jax_nvfp4 {
@@ -56,6 +59,17 @@ cudaError_t LaunchGroupedGemmFp8Prepared(const GroupedGemmParams& p, int token_t
                                          bool overlap, cudaStream_t stream);
 }
 using jax_nvfp4::GroupedGemmParams;
+
+// Configuration code 1: the package's kernel (its one kKernelConfigs entry), beside the lab's codes,
+// so that one run times both on the same machine.
+constexpr int kPackageCode = 1;
+static cudaError_t launch(const GroupedGemmParams& p, int code) {
+  if (code == kPackageCode)
+    return jax_nvfp4::LaunchGroupedGemmFp8Prepared(
+        p, jax_nvfp4::KernelConfig{jax_nvfp4::KernelFamily::kWgmmaFp8Prepared, 128, 6, 1}, 0);
+  return jax_nvfp4::LaunchGroupedGemmFp8Prepared(p, code / 1000, code / 100 % 10, code / 10 % 10 != 0,
+                                                 code % 10 != 0, 0);
+}
 
 // ------------------------------------------------------------------------------------------------
 // Data as functions of indices (host and device)
@@ -309,7 +323,7 @@ int run_case(const Case& c, uint64_t seed, int reps, bool print_header) {
       p.lhs_chunk_scales = d_xs;
       // poison: every output element NaN, so that an unwritten one shows
       CK(cudaMemset(d_out, 0xFF, std::max<size_t>(16, M * N * 4)));
-      CK(jax_nvfp4::LaunchGroupedGemmFp8Prepared(p, tile / 1000, tile / 100 % 10, tile / 10 % 10 != 0, tile % 10 != 0, 0));
+      CK(launch(p, tile));
       CK(cudaDeviceSynchronize());
       const size_t esz = f32 ? 4 : 2;
       std::vector<uint8_t> host(static_cast<size_t>(M * N) * esz);
@@ -350,11 +364,11 @@ int run_case(const Case& c, uint64_t seed, int reps, bool print_header) {
       // timing: setup + GEMM per launch, median of reps (bf16 out only in the bench cases)
       double ms = 0;
       if (!c.all_rows && M > 0) {
-        for (int i = 0; i < 3; ++i) CK(jax_nvfp4::LaunchGroupedGemmFp8Prepared(p, tile / 1000, tile / 100 % 10, tile / 10 % 10 != 0, tile % 10 != 0, 0));
+        for (int i = 0; i < 3; ++i) CK(launch(p, tile));
         std::vector<float> t(reps);
         for (int i = 0; i < reps; ++i) {
           CK(cudaEventRecord(e0[i]));
-          CK(jax_nvfp4::LaunchGroupedGemmFp8Prepared(p, tile / 1000, tile / 100 % 10, tile / 10 % 10 != 0, tile % 10 != 0, 0));
+          CK(launch(p, tile));
           CK(cudaEventRecord(e1[i]));
         }
         CK(cudaEventSynchronize(e1[reps - 1]));
@@ -365,8 +379,11 @@ int run_case(const Case& c, uint64_t seed, int reps, bool print_header) {
       }
       const double tflops = ms > 0 ? 2.0 * used * N * K / (ms * 1e-3) / 1e12 : 0.0;
       char tl[16];
-      std::snprintf(tl, sizeof tl, "%dx%d%s%s%s", tile / 1000, tile / 100 % 10, tile / 10 % 10 ? "n" : "t",
-                    tile % 10 ? "o" : "", tile == c.heuristic_tile ? "*" : "");
+      if (tile == kPackageCode)
+        std::snprintf(tl, sizeof tl, "package");
+      else
+        std::snprintf(tl, sizeof tl, "%dx%d%s%s%s", tile / 1000, tile / 100 % 10, tile / 10 % 10 ? "n" : "t",
+                      tile % 10 ? "o" : "", tile == c.heuristic_tile ? "*" : "");
       if (ms > 0)
         std::printf("%-22s %8s %4s %9.3f %9.1f %10.2e %10.2e  %s", c.name.c_str(), tl, f32 ? "f32" : "bf16", ms,
                     tflops, cr.rel, cr.elt, ok ? "PASS" : "FAIL");
@@ -396,15 +413,21 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   int reps = 20;
   std::string only;
-  int only_cfg = 0;
+  std::vector<int> only_cfgs;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--small")) small = true;
     else if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
-    else if (!std::strcmp(argv[i], "--cfg") && i + 1 < argc) only_cfg = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--cfg") && i + 1 < argc) {
+      for (const char* t = argv[++i]; *t;) {  // a comma list of codes
+        only_cfgs.push_back(std::atoi(t));
+        while (*t && *t != ',') ++t;
+        if (*t == ',') ++t;
+      }
+    }
     else {
-      std::fprintf(stderr, "usage: %s [--small] [--seed S] [--reps R] [--only CASE_SUBSTRING] [--cfg T*1000+C*100+N*10+O]\n",
+      std::fprintf(stderr, "usage: %s [--small] [--seed S] [--reps R] [--only CASE_SUBSTRING] [--cfg CODE[,CODE...]]\n",
                    argv[0]);
       return 2;
     }
@@ -423,7 +446,7 @@ int main(int argc, char** argv) {
   }
   std::vector<Case> cases;
   if (small) {
-    const std::vector<int> tiles = {32100, 64100, 128100, 192100, 64200, 128200, 192200, 128110, 128210, 128101, 128201, 64201};
+    const std::vector<int> tiles = {kPackageCode, 32100, 64100, 128100, 192100, 64200, 128200, 192200, 128110, 128210, 128101, 128201, 64201};
     const std::vector<bool> outs = {false, true};
     // odd N (rows past N of a tile read the next group's weights and are dropped), empty and negative
     // groups, sizes summing below M (tail rows zeroed), above M (clamped), tiles over several boxes
@@ -449,7 +472,7 @@ int main(int argc, char** argv) {
         c.M = rows;
         c.sizes = skewed_sizes(rows, static_cast<int>(G), seed * 1000 + rows);
         c.all_rows = false;
-        c.tiles = {32100, 64100, 128100, 192100, 64200, 128200, 192200, 128101, 128201, 64201};
+        c.tiles = {kPackageCode, 32100, 64100, 128100, 192100, 64200, 128200, 192200, 128101, 128201, 64201};
         c.out_f32s = {false};
         c.heuristic_tile = heuristic_tile(rows, G) * 1000 + 100;
         cases.push_back(c);
@@ -459,7 +482,7 @@ int main(int argc, char** argv) {
   bool header = true;
   for (size_t i = 0; i < cases.size(); ++i) {
     if (!only.empty() && cases[i].name.find(only) == std::string::npos) continue;
-    if (only_cfg) cases[i].tiles = {only_cfg};
+    if (!only_cfgs.empty()) cases[i].tiles = only_cfgs;
     fails += run_case(cases[i], seed + i, reps, header);
     header = false;
   }
