@@ -32,10 +32,14 @@ Per case (48 experts, skewed random group sizes) it times (``--impls``, default 
 It prints median ms, TFLOP/s (of the case's rows, also for the uniform peers), weight GB/s
 (weight bytes per element: NVFP4 0.5625, e4m3 1, bf16 2: :data:`WEIGHT_BYTES`) and % of the
 floor (max of NVFP4 weight bytes / 4.05 TB/s and FLOPs / 711 TFLOP/s, the HBM bandwidth and
-dense bf16 rate measured on an H200), writes JSON and a PNG plot. ``--check`` also prints
-relative differences: the exact kernels against ragged_dot, the fp8 mode against the exact one,
-the prepared fp8 weights against the checkpoint-layout ones (equal or nearly), the torch peers
-against the fp8 mode and ragged_dot.
+dense bf16 rate measured on an H200) and writes JSON: ``bench.json`` (the
+:func:`jax_nvfp4.bench_common.run_info` header, ``experts``, ``complete`` and the ``results``
+rows), rewritten after every case with ``"complete": false`` until the last case is done, so a
+run stopped part way (a time limit) keeps the cases it measured; then a PNG plot
+(``tools/bench/bench_log_to_json.py`` turns the printed log of a run into the same layout).
+``--check`` also prints relative differences: the exact kernels against ragged_dot, the fp8 mode
+against the exact one, the prepared fp8 weights against the checkpoint-layout ones (equal or
+nearly), the torch peers against the fp8 mode and ragged_dot.
 """
 
 from __future__ import annotations
@@ -273,6 +277,9 @@ def main(argv=None):
     dev = jax.devices()[0]
     print(f"device: {dev.device_kind} ({dev.platform}), jax {jax.__version__}", flush=True)
     results = []
+    json_path = os.path.join(args.out, "bench.json")
+    meta = dict(run_info(dev), experts=experts, complete=False, results=results)
+    write_json(json_path, meta)            # rewritten after every case: a cut run keeps its rows
     for ci, (layer, rows) in enumerate(cases):
         k, n = layers[layer]
         case = f"{layer} rows {rows}"
@@ -310,8 +317,9 @@ def main(argv=None):
             print(f"  {case:16s} {impl:20s} {ms:9.3f} ms {r['tflops']:7.1f} TFLOP/s "
                   f"{r['weight_gbs']:8.1f} GB/s {r['pct_of_floor']:6.1f}% of floor", flush=True)
         del x, rhs, wb, rhs_fp8, fns, torch_rows
-    meta = dict(run_info(dev), experts=experts, results=results)
-    write_json(os.path.join(args.out, "bench.json"), meta)
+        write_json(json_path, meta)                           # "complete": false so far
+    meta["complete"] = True
+    write_json(json_path, meta)
     _plot(results, os.path.join(args.out, "bench.png"))
     w = max(len(i) for i in impls + ["ms per call"])             # one column per impl
     print(f"\n{'case':16s} " + " ".join(f"{i:>{w}s}" for i in impls))

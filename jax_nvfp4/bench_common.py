@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 import statistics
 import subprocess
 import time
@@ -76,9 +77,17 @@ def run_info(device=None):
 
 
 def write_json(path, meta):
-    """Write ``meta`` (a dict) as indented JSON to ``path``."""
-    with open(path, "w") as fh:
-        json.dump(meta, fh, indent=1)
+    """Write ``meta`` (a dict) as indented JSON to ``path``: to a temporary file beside it, then
+    renamed over it, so that ``path`` always holds a whole JSON (a benchmark rewriting it as it
+    goes may be stopped at any time)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w") as fh:
+            json.dump(meta, fh, indent=1)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def _normal(key, shape, fan_in):

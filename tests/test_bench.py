@@ -1,8 +1,10 @@
 """jax_nvfp4.bench's pieces on small shapes: every timed implementation computes the same GEMM
 (a benchmark of different computations would compare nothing), and the helpers are right."""
 
+import importlib.util
 import json
 import math
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -118,6 +120,7 @@ def test_small_run_writes_the_json(tmp_path, capsys):
     for key in ("gpu", "platform", "driver", "jax", "experts", "results"):
         assert key in saved, key
     assert saved["jax"] == jax.__version__ and saved["experts"] == bench.SMALL["experts"]
+    assert saved["complete"] is True
     torch, reason = bench_torch.torch_or_reason()
     ran = [i for i in impls if torch is not None or i not in bench_torch.TORCH_IMPLS]
     assert [r["impl"] for r in saved["results"]] == ran
@@ -184,3 +187,113 @@ def test_prepared_fp8_rows_count_one_byte_per_weight(tmp_path, monkeypatch):
 def test_unknown_impl_is_an_error():
     with pytest.raises(SystemExit):
         bench.main(["--impls", "w4a16,nope"])
+
+
+def test_a_cut_run_keeps_the_cases_it_measured(tmp_path, monkeypatch):
+    """bench.json is written after every case, ``"complete": false`` until the last one is done:
+    a run stopped in its second case (here: its case maker raises) leaves the first case's rows
+    in a valid JSON."""
+    monkeypatch.setattr(bench, "SMALL", dict(bench.SMALL, rows=(40, 48)))
+    monkeypatch.setattr(bench, "time_ms", lambda f, *a, **kw: 1e-3)
+    make_case = bench.make_case
+
+    def cut(rows, *a, **kw):
+        if rows == 48:
+            raise KeyboardInterrupt("time limit")                 # what a kill looks like
+        return make_case(rows, *a, **kw)
+
+    monkeypatch.setattr(bench, "make_case", cut)
+    impls = ["w4a16", "w4a16_fp8_prepared"]
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["--small", "--impls", ",".join(impls), "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["complete"] is False
+    assert saved["experts"] == bench.SMALL["experts"] and saved["jax"] == jax.__version__
+    assert [(r["case"], r["impl"]) for r in saved["results"]] == [("S1 rows 40", i) for i in impls]
+    assert not list(tmp_path.glob("*.tmp*"))                        # no temporary file left
+    monkeypatch.setattr(bench, "make_case", make_case)              # the whole run: complete
+    bench.main(["--small", "--impls", ",".join(impls), "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["complete"] is True
+    assert [r["case"] for r in saved["results"]] == ["S1 rows 40"] * 2 + ["S1 rows 48"] * 2
+
+
+def _log_to_json():
+    path = pathlib.Path(__file__).resolve().parents[1] / "tools/bench/bench_log_to_json.py"
+    spec = importlib.util.spec_from_file_location("bench_log_to_json", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+LOG = """device: NVIDIA H200 (gpu), jax 0.11.2
+/x/bench_torch.py:76: UserWarning: The given NumPy array is not writable
+  return torch.from_numpy(a.view(np.uint8)).to(device).view(torch.float8_e4m3fn)
+  check L1 rows 6144: rel err w4a16 vs ragged_dot 2.57e-03
+  L1 rows 6144     w4a16_fp8_prepared       1.096 ms   493.9 TFLOP/s   1929.3 GB/s   69.5% of floor
+  L1 rows 6144     cublas_fp8_uniform       0.644 ms   839.9 TFLOP/s   3280.9 GB/s  118.1% of floor
+  torch_fp8_grouped skipped: torch does not import (ModuleNotFoundError: no torch)
+  L2 rows 192      w4a16_sm90               0.168 ms    50.3 TFLOP/s   3534.7 GB/s   87.3% of floor
+"""
+FINAL = """
+case             w4a16_fp8_prepared cublas_fp8_uniform w4a16_sm90
+L1 rows 6144                1.096 ms           0.644 ms          nan ms
+"""
+
+
+def test_log_to_json_parses_the_printed_rows():
+    tool = _log_to_json()
+    d = tool.parse(LOG, "580.159.04", notes="a note", source="x.log")
+    assert list(d) == ["gpu", "platform", "driver", "jax", "experts", "complete", "parsed_from",
+                       "notes", "results"]
+    assert (d["gpu"], d["platform"], d["driver"], d["jax"]) == (
+        "NVIDIA H200", "gpu", "580.159.04", "0.11.2")
+    assert d["experts"] == 48 and d["complete"] is False and d["notes"] == "a note"
+    assert d["results"][0] == {"case": "L1 rows 6144", "impl": "w4a16_fp8_prepared", "ms": 1.096,
+                               "tflops": 493.9, "weight_gbs": 1929.3,
+                               "floor_ms": round(bench.floor_ms(6144, 7168, 6144), 4),
+                               "pct_of_floor": 69.5}
+    assert [(r["case"], r["impl"], r["ms"]) for r in d["results"]] == [
+        ("L1 rows 6144", "w4a16_fp8_prepared", 1.096), ("L1 rows 6144", "cublas_fp8_uniform", 0.644),
+        ("L2 rows 192", "w4a16_sm90", 0.168)]
+    assert d["results"][2]["floor_ms"] == round(bench.floor_ms(192, 3072, 7168), 4)
+    assert tool.parse(LOG + FINAL, "d")["complete"] is True      # the final table: all cases done
+    assert "notes" not in tool.parse(LOG, "d")
+    with pytest.raises(ValueError, match="floor"):                # the floor of 4 experts
+        tool.parse(LOG, "d", experts=4)
+    with pytest.raises(ValueError, match="L3"):
+        tool.parse(LOG.replace("L2 rows", "L3 rows"), "d")
+    assert tool.parse(LOG.replace("L2 rows", "L3 rows"), "d", layers={"L3": (3072, 7168)})
+    with pytest.raises(ValueError, match="device"):
+        tool.parse(LOG.split("\n", 1)[1], "d")
+
+
+def test_log_to_json_constants_are_the_benchmarks():
+    tool = _log_to_json()
+    assert tool.LAYERS == bench.LAYERS and tool.EXPERTS == bench.EXPERTS
+    assert tool.SMALL_LAYERS == bench.SMALL["layers"]
+    assert tool.SMALL_EXPERTS == bench.SMALL["experts"]
+    for rows, k, n, g in [(192, 7168, 6144, 48), (24576, 3072, 7168, 48), (40, 128, 256, 4)]:
+        assert tool.floor_ms(rows, k, n, g) == bench.floor_ms(rows, k, n, g)
+
+
+def test_log_to_json_gives_what_the_run_wrote(tmp_path, capsys):
+    """A --small run's printed log, parsed, gives its bench.json: the header but the driver, the
+    same rows (ms to the 3 printed decimals)."""
+    impls = ["w4a16", "w4a4_fp8_prepared", "cublas_bf16_uniform"]
+    bench.main(["--small", "--impls", ",".join(impls), "--out", str(tmp_path)])
+    printed = capsys.readouterr().out
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    (tmp_path / "bench.log").write_text(printed)
+    out = tmp_path / "parsed.json"
+    assert _log_to_json().main([str(tmp_path / "bench.log"), "--driver", "D", "--out",
+                                str(out)]) == 0
+    parsed = json.loads(out.read_text())
+    for key in ("gpu", "platform", "jax", "experts", "complete"):
+        assert parsed[key] == saved[key], key
+    assert parsed["driver"] == "D" and parsed["parsed_from"] == "bench.log"
+    assert len(parsed["results"]) == len(saved["results"]) == len(impls)
+    for got, want in zip(parsed["results"], saved["results"]):
+        assert got["ms"] == pytest.approx(want["ms"], abs=5e-4)
+        want = {k: v for k, v in want.items() if k not in ("ms", "config")}
+        assert {k: v for k, v in got.items() if k != "ms"} == want

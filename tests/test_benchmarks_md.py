@@ -51,10 +51,35 @@ def test_new_implementations_get_their_notes(tmp_path):
         d["results"].append(dict(base, impl=impl))             # placeholder rows for the test
     (tmp_path / "bench-h200-fp8-api.json").write_text(json.dumps(d))
     text = gen.render(tmp_path)
-    section = text.split("## Grouped GEMM, FP8 compute mode")[1].split("\n## ")[0]
+    section = text.split("## Grouped GEMM, FP8 compute mode\n")[1].split("\n## ")[0]
     for impl in ("w4a4_fp8_prepared", "cublas_bf16_uniform", "torch_fp8_grouped"):
         assert f" {impl} |" in section, impl
     assert "e4m3 (`jn.prepare_weights(w, \"fp8\")`, 1 byte per weight" in section
     assert "a bound rather than a like-for-like peer" in section
     assert "`torch._scaled_grouped_mm`" in section
-    assert "torch._scaled_grouped_mm" not in gen.render(ROOT / "docs")
+    committed = gen.render(ROOT / "docs").split("## Grouped GEMM, FP8 compute mode\n")[1]
+    assert "torch._scaled_grouped_mm" not in committed.split("\n## ")[0]
+
+
+def test_the_fp8_prepared_sections():
+    """The grouped GEMM JSON parsed from the log of a cut run (tools/bench/bench_log_to_json.py):
+    its peers' columns, a dash for the rows its last case lacks, the word that the run did not
+    complete and its notes; the layer on weights prepared as e4m3, with the command that wrote
+    it."""
+    text = _generator().render(ROOT / "docs")
+    gemm = text.split("## Grouped GEMM, FP8 compute mode on weights prepared as e4m3")[1]
+    gemm = gemm.split("\n## ")[0]
+    assert "`bench-h200-fp8-prepared.json`" in gemm
+    assert "The run did not complete" in gemm and "Notes: Parsed from the log" in gemm
+    last = next(ln for ln in gemm.splitlines() if ln.startswith("| L2 rows 24576 |"))
+    assert last.endswith("| - | - | - | - |")                      # no cublas / torch rows
+    header = next(ln for ln in gemm.splitlines() if ln.startswith("| case |"))
+    assert header.split(" | ")[-4:] == ["cublas_fp8_uniform", "cublas_bf16_uniform",
+                                        "torch_fp8_grouped", "torch_bf16_grouped |"]
+    layer = text.split("## MoE layer, FP8 compute mode on weights prepared as e4m3")[1]
+    layer = layer.split("\n## ")[0]
+    assert ("command: `python -m jax_nvfp4.bench_layer --precision fp8 --tokens 4096,1024,256 "
+            "--activations w4a4,w4a16 --reference-max-tokens 0 --hlo-tokens 0 --target-s 0.15`"
+            in layer)
+    assert "| 4096 | 24576 | w4a4 | 5.533 |" in layer
+    assert "did not complete" not in text.split("## Grouped GEMM, FP8 compute mode on")[0]

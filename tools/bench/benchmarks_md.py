@@ -129,12 +129,59 @@ def gemm_command(d, impls_flag):
     return "python -m jax_nvfp4.bench" + (f" --impls {impls}" if impls_flag else "")
 
 
+def layer_command(d, unrecorded=""):
+    """The ``python -m jax_nvfp4.bench_layer`` command of a layer JSON: the flags its header and
+    rows record (precision, a layout other than the precision's default, tokens, activations,
+    ``--reference-max-tokens 0`` where no row timed the reference backend, a target_s other than
+    0.25), then ``unrecorded`` (flags the JSON does not record, such as ``--hlo-tokens``)."""
+    flags = []
+    precision = d.get("precision", "exact")
+    if precision != "exact":
+        flags.append(f"--precision {precision}")
+    if d.get("layout") not in (None, {"exact": "sm90", "fp8": "fp8"}[precision]):
+        flags.append(f"--layout {d['layout']}")
+    flags.append("--tokens " + ",".join(str(t) for t in dict.fromkeys(
+        r["tokens"] for r in d["results"])))
+    flags.append("--activations " + ",".join(dict.fromkeys(r["activation"]
+                                                          for r in d["results"])))
+    if all(r.get("reference_ms") is None for r in d["results"]):
+        flags.append("--reference-max-tokens 0")
+    if unrecorded:
+        flags.append(unrecorded)
+    target_s = d.get("timing", {}).get("target_s", 0.25)
+    if target_s != 0.25:
+        flags.append(f"--target-s {target_s}")
+    return " ".join(["python -m jax_nvfp4.bench_layer", *flags])
+
+
+SHOW_NOTES = {"bench-h200-fp8-prepared.json"}
+"""The JSON files whose ``notes`` the document shows (the run they describe: a JSON parsed from a
+benchmark's log by tools/bench/bench_log_to_json.py); the others' notes stay in the JSON."""
+
+
+def run_notes(d, name):
+    """What a JSON says of its own run: that it did not complete (``"complete": false``: a
+    benchmark stopped part way), and its ``notes`` where ``name`` is in :data:`SHOW_NOTES`; empty
+    if neither."""
+    said = []
+    if d.get("complete") is False:
+        said.append("The run did not complete (`\"complete\": false`): a dash is a row it did "
+                    "not measure.")
+    if name in SHOW_NOTES and d.get("notes"):
+        said.append(f"Notes: {d['notes']}")
+    return " ".join(said)
+
+
 SECTIONS = [
     ("Grouped GEMM against JAX peers", "bench-h200.json",
      "Median ms per call, 48 experts, skewed random group sizes, bf16 output; floor: the larger "
      "of weight bytes at 4.05 TB/s and FLOPs at 711 TFLOP/s. Plot: `bench-h200.png`.",
      lambda d: gemm_command(d, False), gemm_table),
     ("Grouped GEMM, FP8 compute mode", "bench-h200-fp8-api.json",
+     "Median ms per call, as above; `*_fp8`: `precision=\"fp8\"` on checkpoint-layout weights.",
+     lambda d: gemm_command(d, True), gemm_table),
+    ("Grouped GEMM, FP8 compute mode on weights prepared as e4m3, with cuBLAS and PyTorch peers",
+     "bench-h200-fp8-prepared.json",
      "Median ms per call, as above; `*_fp8`: `precision=\"fp8\"` on checkpoint-layout weights.",
      lambda d: gemm_command(d, True), gemm_table),
     ("MoE layer against its grouped GEMMs", "bench-layer-h200.json",
@@ -146,6 +193,12 @@ SECTIONS = [
      "Median ms; device 0 of the ep-way layer simulated on one GPU, beside 1/ep of the "
      "one-device layer with all experts.",
      lambda d: "python tools/lab/ep_share_bench.py", ep_share_table),
+    ("MoE layer, FP8 compute mode on weights prepared as e4m3",
+     "bench-layer-h200-fp8-prepared.json",
+     "Median ms; the same per-GPU shard, `precision=\"fp8\"` on the weights prepared once as e4m3 "
+     "(`jn.prepare_weights(w, \"fp8\")`, the bench_layer default with `--precision fp8`); "
+     "gemm1 / gemm2: each grouped GEMM alone, in the fp8 mode, on the layer's routed rows.",
+     lambda d: layer_command(d, "--hlo-tokens 0"), layer_table),
 ]
 SECTIONS += [
     (f"Expert-parallel layer, {name}", f"bench-ep-h200x2-{name}.json",
@@ -170,6 +223,8 @@ def render(docs=DOCS):
             continue
         if table is gemm_table and impl_notes(d):
             what = f"{what} {impl_notes(d)}"
+        if run_notes(d, name):
+            what = f"{what} {run_notes(d, name)}"
         lines += [f"## {title}", "",
                   f"{_where(d)}; `{name}`; command: `{command(d)}`.", "", what, ""]
         lines += table(d) + [""]
