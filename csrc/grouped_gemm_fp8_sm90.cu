@@ -276,6 +276,15 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
   }
   if (kt < KT) body(kt, std::integral_constant<int, 0>{});
 }
+// consumer_mainloop<NN, ...> for with_tile_n (pointers for its references)
+template <int BTMAX, int STAGES>
+struct ConsumerMainloop {
+  template <int NN>
+  __device__ __forceinline__ void operator()(float (*acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
+                                             int r0, int* s, uint32_t* ph) const {
+    consumer_mainloop<NN, BTMAX, STAGES>(*acc, smem, bar_base, KT, r0, *s, *ph);
+  }
+};
 
 // ---------------------------------------------------------------------------------------------
 template <int BTMAX, int STAGES>
@@ -427,10 +436,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p.alpha + t.g));
 #pragma unroll
       for (int i = 0; i < BTMAX / 2; ++i) acc[i] = 0.0f;
-      WGMMA_WITH_TILE_N(BTMAX, t.rows, (consumer_mainloop<NN, BTMAX, STAGES>(acc, smem, bar_base, KT, r0, s, ph)));
+      with_tile_n<BTMAX>(t.rows, ConsumerMainloop<BTMAX, STAGES>{}, &acc, smem, bar_base, KT, r0, &s, &ph);
       const bool have_next = next_tile(nxt);
       // undo the 2^-3 of the e4m3 weights
-      WGMMA_WITH_TILE_N(BTMAX, t.rows, (store_tile<NN>(acc, p, t, r0, 8.0f)));
+      with_tile_n<BTMAX>(t.rows, StoreTile{}, &acc, &p, &t, r0, 8.0f);
       t = nxt;
       have = have_next;
     }

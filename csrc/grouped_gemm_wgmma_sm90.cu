@@ -333,6 +333,15 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
   fence_acc(acc);
   release(prev_s);
 }
+// consumer_mainloop<NN, ...> for with_tile_n (pointers for its references)
+template <int BTMAX, int STAGES, bool SM90L, int CL>
+struct ConsumerMainloop {
+  template <int NN>
+  __device__ __forceinline__ void operator()(float (*acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
+                                             int r0, uint32_t sel, int* s, uint32_t* ph) const {
+    consumer_mainloop<NN, BTMAX, STAGES, SM90L, CL>(*acc, smem, bar_base, KT, r0, sel, *s, *ph);
+  }
+};
 
 // ---------------------------------------------------------------------------------------------
 // The persistent tile walk: this CTA (CL = 2: its cluster) takes the linear tiles first_tile,
@@ -574,12 +583,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     int L = first_tile<CL>(walk);
     bool have = next_tile<CL, BTMAX>(walk, L, gcur, t);
     while (have) {
-      WGMMA_WITH_TILE_N(BTMAX, t.rows,
-                        (consumer_mainloop<NN, BTMAX, STAGES, SM90L, CL>(acc, smem, bar_base, KT, r0, sel, s, ph)));
+      with_tile_n<BTMAX>(t.rows, ConsumerMainloop<BTMAX, STAGES, SM90L, CL>{}, &acc, smem, bar_base, KT, r0, sel,
+                         &s, &ph);
       L += tile_step<CL>(walk);
       const bool have_next = next_tile<CL, BTMAX>(walk, L, gcur, nxt);
       // undo the 2^-7 of the fp4 weights
-      WGMMA_WITH_TILE_N(BTMAX, t.rows, (store_tile<NN>(acc, p, t, r0, 128.0f)));
+      with_tile_n<BTMAX>(t.rows, StoreTile{}, &acc, &p, &t, r0, 128.0f);
       t = nxt;
       have = have_next;
     }

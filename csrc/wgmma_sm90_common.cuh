@@ -47,27 +47,28 @@ __device__ __forceinline__ void fence_acc(float (&acc)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(acc[i])::"memory");
 }
 
-// Runs STMT with constexpr NN = the smallest WGMMA N of 32/64/128 covering a tile of `rows` rows, or 256
-// for the 256-token tile (the wgmma and wgmma_fp8 kernels' mainloops and epilogues alike; every branch
-// is warpgroup-uniform). A 256-token tile runs N = 256 whatever its rows: any second branch beside it
-// makes ptxas serialize the wgmmas (C7512). A macro, not a helper taking a lambda, so that ptxas sees
-// one straight-line mainloop per branch.
-#define WGMMA_WITH_TILE_N(BTMAX, rows, STMT)           \
-  do {                                                 \
-    if (BTMAX >= 256) {                                \
-      constexpr int NN = BTMAX >= 256 ? 256 : 32;      \
-      STMT;                                            \
-    } else if (BTMAX >= 128 && (rows) > 64) {          \
-      constexpr int NN = BTMAX >= 128 ? 128 : 32;      \
-      STMT;                                            \
-    } else if (BTMAX >= 64 && (rows) > 32) {           \
-      constexpr int NN = BTMAX >= 64 ? 64 : 32;        \
-      STMT;                                            \
-    } else {                                           \
-      constexpr int NN = 32;                           \
-      STMT;                                            \
-    }                                                  \
-  } while (0)
+// Runs f.template operator()<NN>(args...) with NN = the smallest WGMMA N of 32/64/128 covering a tile of
+// `rows` rows, or 256 for the 256-token tile (the wgmma and wgmma_fp8 kernels' mainloops and epilogues
+// alike; every branch is warpgroup-uniform). A 256-token tile runs N = 256 whatever its rows: any second
+// branch beside it makes ptxas serialize the wgmmas (C7512). ptxas must see one straight-line mainloop per
+// branch, so the kernel's PTX has to stay that of the call written out in each branch: f is a stateless
+// functor (StoreTile, each kernel's ConsumerMainloop) and args travel by value, a pointer where the callee
+// takes a reference. A lambda, a functor holding the locals, or args bound to references take addresses
+// the direct call does not: other PTX, and ptxas schedules the kernels differently
+// (docs/archive/kernel-notes.md).
+// The ternaries keep the branches a small BTMAX never takes instantiable.
+template <int BTMAX, typename F, typename... Args>
+__device__ __forceinline__ void with_tile_n(int rows, F f, Args... args) {
+  if (BTMAX >= 256) {
+    f.template operator()<(BTMAX >= 256 ? 256 : 32)>(args...);
+  } else if (BTMAX >= 128 && rows > 64) {
+    f.template operator()<(BTMAX >= 128 ? 128 : 32)>(args...);
+  } else if (BTMAX >= 64 && rows > 32) {
+    f.template operator()<(BTMAX >= 64 ? 64 : 32)>(args...);
+  } else {
+    f.template operator()<32>(args...);
+  }
+}
 
 // Tile lookup (one warp, all lanes; returns the same values in every lane).
 struct Tile {
@@ -146,6 +147,14 @@ __device__ __forceinline__ void store_tile(const float (&acc)[ACC], const KParam
     }
   }
 }
+// store_tile<NN>(acc, p, t, r0, fix) as with_tile_n<BTMAX>(t.rows, StoreTile{}, &acc, &p, &t, r0, fix)
+struct StoreTile {
+  template <int NN, int ACC, typename KParams>
+  __device__ __forceinline__ void operator()(float (*acc)[ACC], const KParams* p, const Tile* t, int r0,
+                                             float fix) const {
+    store_tile<NN>(*acc, *p, *t, r0, fix);
+  }
+};
 
 // Host side
 using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,

@@ -126,7 +126,7 @@ struct P8Ops<192> {
 
 // Runs STMT with constexpr NN = the smallest WGMMA N of 32/64/128/192 (up to BTMAX) covering `rows`
 // (warpgroup-uniform branches; a macro so that ptxas sees one straight-line mainloop per branch, as
-// WGMMA_WITH_TILE_N in csrc/wgmma_sm90_common.cuh).
+// with_tile_n in csrc/wgmma_sm90_common.cuh).
 #define P8_WITH_TILE_N(BTMAX, rows, STMT)          \
   do {                                              \
     if (BTMAX >= 192 && (rows) > 128) {             \
