@@ -199,6 +199,10 @@ def _quantize_activations(x, route: str):
                                            default=_codes_exact)
     else:
         codes = (_codes_float if route == "float" else _codes_exact)(x32, p, nonfinite)
+    # XLA:GPU elides a narrowing convert followed by a widening one (SimplifyFPConversions under
+    # its default --xla_allow_excess_precision): a consumer in the same jit that widens the codes
+    # (the reference's dots) would read x / scale unrounded. The barrier keeps the e4m3 rounding.
+    codes = jax.lax.optimization_barrier(codes)
     scales = jnp.where(nonfinite, jnp.float32(1.0), _pow2(p))
     return codes.reshape(m, k), scales
 
@@ -219,7 +223,9 @@ def weights_fp8(rhs) -> jax.Array:
         return rhs.logical_codes()
     # e2m1 * e4m3 is exact in float32 and never subnormal (>= 0.5 * 2^-9), nor is its 2^-3.
     w = e2m1_scaled(rhs, jnp.float32) * jnp.float32(2.0**-WEIGHT_SHIFT)
-    return w.astype(jnp.float8_e4m3fn)
+    # The barrier keeps the e4m3 rounding when a consumer widens the codes in the same jit (as
+    # the activation codes', _quantize_activations).
+    return jax.lax.optimization_barrier(w.astype(jnp.float8_e4m3fn))
 
 
 def prepare_fp8(t: NVFP4Tensor, name: str = "x") -> Fp8Weights:
@@ -389,12 +395,10 @@ def grouped_gemm_fp8_reference(lhs, rhs: NVFP4Tensor, group_sizes, *, out_dtype=
     m, k, g, n = validate_gemm_args(lhs, rhs, group_sizes, out_dtype)
     check_precision("fp8", k)
     group_sizes = check_group_sizes(group_sizes, g)
+    # The codes and w8 below come out of optimization barriers (_quantize_activations,
+    # weights_fp8): without them XLA:GPU folded the e4m3 rounding of float activations away under
+    # jit (H200, jax 0.11.2: ~2^-8 of the products' magnitude off; tests/test_excess_precision.py).
     codes, scales, lhs_gs = fp8_lhs(lhs)
-    # Under jit on the GPU (H200, jax 0.11.2) this function gave float activations ~2^-8 of the
-    # products' magnitude off while NVFP4 ones, which the quantizer does not round, were exact, and
-    # eager and constant-folded calls were right: as if XLA had folded the float32 -> e4m3 -> dot
-    # round trip of the codes away. The barrier keeps the rounded codes as an operand.
-    codes = jax.lax.optimization_barrier(codes)
     w8 = weights_fp8(rhs).astype(jnp.float32)                             # [G, N, K]
     alpha = lhs_gs * jnp.broadcast_to(rhs.global_scale.astype(jnp.float32), (g,))
     starts, ends = group_bounds(group_sizes, m)
