@@ -54,7 +54,6 @@ constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 constexpr int kConsumerWarps = 8;
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
-constexpr int kTileSlots = 4;  // the schedule ring (as csrc/grouped_gemm_fp8_sm90.cu)
 
 template <int BTMAX, int STAGES>
 struct P8Cfg {
@@ -63,13 +62,11 @@ struct P8Cfg {
   static constexpr int kStage = kWOff + kRowsW * kBK;      // a multiple of 1024 (swizzle atoms)
   static constexpr int kXsOff = STAGES * kStage;           // f32 [STAGES][BTMAX] chunk scales
   static constexpr int kBarOff = kXsOff + STAGES * BTMAX * 4;  // full[], empty[]
-  static constexpr int kTileOff = kBarOff + 2 * STAGES * 8;    // Tile [kTileSlots]
-  static constexpr int kTileBarOff = kTileOff + kTileSlots * 32;  // tile_full[], tile_empty[]
-  static constexpr int kSmem = kTileBarOff + 2 * kTileSlots * 8 + 1024;  // + slack for 1024B alignment
+  static constexpr int kTileOff = kBarOff + 2 * STAGES * 8;  // the schedule ring (TileRing)
+  static constexpr int kSmem = kTileOff + kTileRingBytes + 1024;  // + slack for 1024B alignment
   static_assert(kStage % 1024 == 0, "stage alignment");
   static_assert(kSmem <= 232448, "shared memory");
   static_assert(BTMAX % kBoxT == 0 && BTMAX <= 128, "token tile");
-  static_assert(sizeof(Tile) <= 32, "tile slot");
 };
 
 struct P8Params {
@@ -195,7 +192,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t bar_base = smem_u32(smem + C::kBarOff);
   const uint32_t full0 = bar_base;
   const uint32_t empty0 = bar_base + STAGES * 8;
-  const uint32_t tile_bar = smem_u32(smem + C::kTileBarOff);
 
   if (threadIdx.x == 0) {
 #pragma unroll 1
@@ -203,11 +199,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(full0 + s * 8, 1 + 32);           // arrive.expect_tx + the cp.async warp's lanes
       mbar_init(empty0 + s * 8, kConsumerWarps);  // one per consumer warp
     }
-#pragma unroll 1
-    for (int i = 0; i < kTileSlots; ++i) {
-      mbar_init(tile_bar + i * 8, 1);                              // tile_full
-      mbar_init(tile_bar + (kTileSlots + i) * 8, kConsumerWarps);  // tile_empty
-    }
+    TileRing<C::kTileOff>::init(smem, kConsumerWarps);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_a)) : "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_w)) : "memory");
@@ -233,19 +225,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     int gcur = 0;
     Tile t;
     if (warp == 0) {
-      Tile* ring = reinterpret_cast<Tile*>(smem + C::kTileOff);
-      int ts = 0;
-      uint32_t tph = 0;
-      auto publish = [&](const Tile& v) {
-        if (lane == 0) {
-          mbar_wait(tile_bar + (kTileSlots + ts) * 8, tph ^ 1);
-          ring[ts] = v;
-          mbar_arrive(tile_bar + ts * 8);
-        }
-        advance_stage<kTileSlots>(ts, tph);
-      };
+      TileRing<C::kTileOff> ring{smem};
       for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, NT, BTMAX, gcur, t); L += gridDim.x) {
-        publish(t);
+        ring.publish(t, lane);
         const int nb = (t.rows + kBoxT - 1) / kBoxT;
         const uint32_t bytes = nb * (kBoxT * kBK) + kRowsW * kBK;
         const int row0 = static_cast<int>(t.row0);
@@ -264,7 +246,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           advance_stage<STAGES>(s, ph);
         }
       }
-      publish(Tile{0, 0, 0, 0});  // the end: a tile of no rows
+      ring.publish(Tile{0, 0, 0, 0}, lane);  // the end: a tile of no rows
     } else {
       // warp 1: the tile's chunk scales, zero-filled past M
       const int64_t M = p.M;
@@ -293,27 +275,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     float acc[BTMAX / 2];
     int s = 0;
     uint32_t ph = 0;
-    const Tile* ring = reinterpret_cast<const Tile*>(smem + C::kTileOff);
-    int ts = 0;
-    uint32_t tph = 0;
-    // the next tile from the TMA warp's ring; false at the end (a tile of no rows)
-    auto next_tile = [&](Tile& v) {
-      mbar_wait(tile_bar + ts * 8, tph);
-      v = ring[ts];
-      __syncwarp();
-      if (lane == 0) mbar_arrive(tile_bar + (kTileSlots + ts) * 8);
-      advance_stage<kTileSlots>(ts, tph);
-      return v.rows > 0;
-    };
+    TileRing<C::kTileOff> ring{smem};
     Tile t, nxt;
-    bool have = next_tile(t);
+    bool have = ring.next(t, lane);
     while (have) {
       // the epilogue's alpha into L1 now, so that its load after the mainloop does not wait on L2
       asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p.alpha + t.g));
 #pragma unroll
       for (int i = 0; i < BTMAX / 2; ++i) acc[i] = 0.0f;
       with_tile_n<BTMAX>(t.rows, ConsumerMainloop<BTMAX, STAGES>{}, &acc, smem, bar_base, KT, wg, &s, &ph);
-      const bool have_next = next_tile(nxt);
+      const bool have_next = ring.next(nxt, lane);
       // undo the 2^-3 of the e4m3 weights (store_pair drops the rows past N)
       with_tile_n<BTMAX>(t.rows, StoreTile{}, &acc, &p, &t, r0, 8.0f);
       t = nxt;

@@ -14,7 +14,7 @@
 //
 // Warp specialization (384 threads, 1 CTA per SM, persistent):
 //   warpgroup 0 (producer): warp 0 walks the schedule, publishes each tile to the consumers
-//     through a shared-memory ring (kTileSlots) and issues the TMA loads of its stages (the
+//     through the shared-memory ring (TileRing) and issues the TMA loads of its stages (the
 //     activation boxes of 32 tokens x 128 k that hold rows, and the weight box of 128 rows x 64
 //     bytes = 128 k of codes);
 //     warp 1 cp.asyncs the stage's 128 x 8 block-scale bytes and the tile's BTMAX chunk scales;
@@ -74,7 +74,6 @@ constexpr int kTableBytes = 256 * 8;  // e4m3 product table: 8 bytes per scale b
 // The TMA warp finds each tile (find_tile: dependent L2 loads of the schedule) and hands it to the
 // consumers through a ring of this many slots in shared memory, so that a tile switch costs the
 // consumers a shared-memory read instead of those loads.
-constexpr int kTileSlots = 4;
 
 template <int BTMAX, int STAGES>
 struct F8Cfg {
@@ -85,9 +84,8 @@ struct F8Cfg {
   static constexpr int kStage = (kXsOff + BTMAX * 4 + 1023) / 1024 * 1024;  // 128B swizzle: 1024B-aligned tiles
   static constexpr int kTableOff = STAGES * kStage;
   static constexpr int kBarOff = kTableOff + kTableBytes;  // full[], empty[]
-  static constexpr int kTileOff = kBarOff + 2 * STAGES * 8;  // Tile [kTileSlots]: the schedule ring
-  static constexpr int kTileBarOff = kTileOff + kTileSlots * 32;  // tile_full[], tile_empty[]
-  static constexpr int kSmem = kTileBarOff + 2 * kTileSlots * 8 + 1024;  // + slack for 1024B alignment
+  static constexpr int kTileOff = kBarOff + 2 * STAGES * 8;  // the schedule ring (TileRing)
+  static constexpr int kSmem = kTileOff + kTileRingBytes + 1024;  // + slack for 1024B alignment
   static_assert(kSmem <= 232448, "shared memory");
   static_assert(BTMAX % kBoxT == 0 && BTMAX <= 128, "token tile");
 };
@@ -305,11 +303,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(full0 + s * 8, 1 + 32);             // arrive.expect_tx + the cp.async warp's lanes
       mbar_init(empty0 + s * 8, kConsumerWarps);    // one per consumer warp
     }
-#pragma unroll 1
-    for (int i = 0; i < kTileSlots; ++i) {
-      mbar_init(smem_u32(smem + C::kTileBarOff) + i * 8, 1);                                 // tile_full
-      mbar_init(smem_u32(smem + C::kTileBarOff) + (kTileSlots + i) * 8, kConsumerWarps);     // tile_empty
-    }
+    TileRing<C::kTileOff>::init(smem, kConsumerWarps);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_a)) : "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_w)) : "memory");
@@ -344,20 +338,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       // TMA: the activation boxes that hold the tile's rows, and the weight box (rows past G*N
       // are zero-filled; rows past N of group g read the next group's, which the epilogue drops).
       // Each tile (and at the end a tile of no rows) is first published to the consumers' ring.
-      Tile* ring = reinterpret_cast<Tile*>(smem + C::kTileOff);
-      const uint32_t tile_bar = smem_u32(smem + C::kTileBarOff);
-      int ts = 0;
-      uint32_t tph = 0;
-      auto publish = [&](const Tile& v) {
-        if (lane == 0) {
-          mbar_wait(tile_bar + (kTileSlots + ts) * 8, tph ^ 1);
-          ring[ts] = v;
-          mbar_arrive(tile_bar + ts * 8);
-        }
-        advance_stage<kTileSlots>(ts, tph);
-      };
+      TileRing<C::kTileOff> ring{smem};
       for (int L = blockIdx.x; find_tile(L, total, prefix, starts, ends, G, NT, BTMAX, gcur, t); L += gridDim.x) {
-        publish(t);
+        ring.publish(t, lane);
         const int nb = (t.rows + kBoxT - 1) / kBoxT;
         const uint32_t bytes = nb * (kBoxT * kBK) + kRowsW * kBK / 2;
         const int row0 = static_cast<int>(t.row0);
@@ -376,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           advance_stage<STAGES>(s, ph);
         }
       }
-      publish(Tile{0, 0, 0, 0});  // the end: a tile of no rows
+      ring.publish(Tile{0, 0, 0, 0}, lane);  // the end: a tile of no rows
       return;
     }
     // warp 1: the block scales (8 bytes per row and stage) and the tokens' chunk scales, cp.async,
@@ -416,28 +399,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     float acc[BTMAX / 2];
     int s = 0;
     uint32_t ph = 0;
-    const Tile* ring = reinterpret_cast<const Tile*>(smem + C::kTileOff);
-    const uint32_t tile_bar = smem_u32(smem + C::kTileBarOff);
-    int ts = 0;
-    uint32_t tph = 0;
-    // the next tile from the TMA warp's ring; false at the end (a tile of no rows)
-    auto next_tile = [&](Tile& v) {
-      mbar_wait(tile_bar + ts * 8, tph);
-      v = ring[ts];
-      __syncwarp();
-      if (lane == 0) mbar_arrive(tile_bar + (kTileSlots + ts) * 8);
-      advance_stage<kTileSlots>(ts, tph);
-      return v.rows > 0;
-    };
+    TileRing<C::kTileOff> ring{smem};
     Tile t, nxt;
-    bool have = next_tile(t);
+    bool have = ring.next(t, lane);
     while (have) {
       // the epilogue's alpha into L1 now, so that its load after the mainloop does not wait on L2
       asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p.alpha + t.g));
 #pragma unroll
       for (int i = 0; i < BTMAX / 2; ++i) acc[i] = 0.0f;
       with_tile_n<BTMAX>(t.rows, ConsumerMainloop<BTMAX, STAGES>{}, &acc, smem, bar_base, KT, r0, &s, &ph);
-      const bool have_next = next_tile(nxt);
+      const bool have_next = ring.next(nxt, lane);
       // undo the 2^-3 of the e4m3 weights
       with_tile_n<BTMAX>(t.rows, StoreTile{}, &acc, &p, &t, r0, 8.0f);
       t = nxt;

@@ -1,8 +1,9 @@
-// Pieces shared by the two persistent Hopper kernels (csrc/grouped_gemm_wgmma_sm90.cu, exact mode;
-// csrc/grouped_gemm_fp8_sm90.cu, FP8 mode): small PTX wrappers (cp.async, TMA, 128-bit shared
-// loads, the K-major 128-byte-swizzle WGMMA descriptor), the persistent tile walk over the
-// group schedule (csrc/grouped_gemm_schedule.cuh), and the host's tensor-map encoder and SM count.
-// Included by both .cu files (internal linkage).
+// Pieces shared by the persistent Hopper kernels (csrc/grouped_gemm_wgmma_sm90.cu, exact mode;
+// csrc/grouped_gemm_fp8_sm90.cu and csrc/grouped_gemm_fp8_prepared_sm90.cu, FP8 mode): small PTX
+// wrappers (cp.async, TMA, 128-bit shared loads, the K-major 128-byte-swizzle WGMMA descriptor), the
+// persistent tile walk over the group schedule (csrc/grouped_gemm_schedule.cuh), the FP8 kernels'
+// schedule ring, the tile epilogue, and the host's tensor-map encoder and SM count.
+// Included by each .cu file (internal linkage).
 #pragma once
 
 #include <atomic>
@@ -13,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include "csrc/epilogue.cuh"
+#include "csrc/mbarrier_sm90.cuh"
 
 namespace jax_nvfp4 {
 namespace {
@@ -114,6 +116,53 @@ __device__ __forceinline__ bool find_tile(int L, int total, const int* __restric
   t.rows = static_cast<int>(r < BTMAX ? r : BTMAX);
   return true;
 }
+
+// The schedule ring of the FP8 kernels (csrc/grouped_gemm_fp8_sm90.cu, csrc/grouped_gemm_fp8_prepared_sm90.cu):
+// the TMA warp walks the schedule once and publishes each tile, and at the end a tile of no rows, into
+// kTileSlots shared-memory slots; the consumer warps take their tiles from there instead of each walking the
+// schedule (find_tile's dependent L2 loads would sit between two tiles' mainloops). Shared memory:
+// kTileRingBytes: Tile[kTileSlots], then the mbarriers tile_full[kTileSlots] and tile_empty[kTileSlots].
+constexpr int kTileSlots = 4;
+constexpr int kTileSlotBytes = 32;
+constexpr int kTileRingBytes = kTileSlots * kTileSlotBytes + 2 * kTileSlots * 8;
+static_assert(sizeof(Tile) <= kTileSlotBytes, "tile slot");
+// The ring at byte offset kOff (8-byte aligned) of the block's shared memory `smem`; every address is
+// `smem` plus a constant, as the kernels address their other shared-memory regions.
+template <int kOff>
+struct TileRing {
+  static constexpr int kBars = kOff + kTileSlots * kTileSlotBytes;  // tile_full[], then tile_empty[]
+  uint8_t* smem;
+  int s = 0;
+  uint32_t ph = 0;
+
+  // One thread, before the block's first __syncthreads: tile_full counts the publisher, tile_empty the
+  // consumer warps.
+  static __device__ __forceinline__ void init(uint8_t* smem, int consumer_warps) {
+#pragma unroll 1
+    for (int i = 0; i < kTileSlots; ++i) {
+      mbar_init(smem_u32(smem + kBars) + i * 8, 1);
+      mbar_init(smem_u32(smem + kBars) + (kTileSlots + i) * 8, consumer_warps);
+    }
+  }
+  // The publishing warp, all lanes (lane 0 waits for the slot and writes it).
+  __device__ __forceinline__ void publish(const Tile& v, int lane) {
+    if (lane == 0) {
+      mbar_wait(smem_u32(smem + kBars) + (kTileSlots + s) * 8, ph ^ 1);
+      reinterpret_cast<Tile*>(smem + kOff)[s] = v;
+      mbar_arrive(smem_u32(smem + kBars) + s * 8);
+    }
+    advance_stage<kTileSlots>(s, ph);
+  }
+  // A consumer warp, all lanes: the next tile into v; false at the end (a tile of no rows).
+  __device__ __forceinline__ bool next(Tile& v, int lane) {
+    mbar_wait(smem_u32(smem + kBars) + s * 8, ph);
+    v = reinterpret_cast<const Tile*>(smem + kOff)[s];
+    __syncwarp();
+    if (lane == 0) mbar_arrive(smem_u32(smem + kBars) + (kTileSlots + s) * 8);
+    advance_stage<kTileSlots>(s, ph);
+    return v.rows > 0;
+  }
+};
 
 // Epilogue of both kernels: thread (lane) of consumer warp rows r0, r0 + 8 stores its m64nNN
 // accumulators (the WGMMA D fragment: column pair 8j + 2 (lane % 4), rows +0 / +8) through

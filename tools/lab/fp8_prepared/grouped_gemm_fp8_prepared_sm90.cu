@@ -61,7 +61,6 @@ constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 constexpr int kConsumerWarps = 8;
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
-constexpr int kTileSlots = 4;  // schedule ring (see csrc/grouped_gemm_fp8_sm90.cu)
 // Lab probes (wrong results, timing only; configurations 128x1, 128x2, 192x1 only): 1 no wgmmas, 2 promotion only
 // at the last chunk, 3 no TMA loads (the consumers compute on whatever the stages hold).
 #ifndef P8_PROBE
