@@ -89,6 +89,12 @@ def skewed_group_sizes(rows, groups, seed):
     return rng.multinomial(rows, p / p.sum()).astype(np.int32)
 
 
+def case_seed(layer, rows, layers=LAYERS, all_rows=ROWS):
+    """The seed of case ``(layer, rows)``: its index in the full list of cases, so that a case's data
+    (tokens, weights, group sizes) is the same whichever cases a run selects."""
+    return [(lay, r) for lay in layers for r in all_rows].index((layer, rows))
+
+
 def floor_ms(rows, k, n, groups=EXPERTS):
     weight_bytes = groups * n * k * 0.5625
     flops = 2.0 * rows * k * n
@@ -280,10 +286,11 @@ def main(argv=None):
     json_path = os.path.join(args.out, "bench.json")
     meta = dict(run_info(dev), experts=experts, complete=False, results=results)
     write_json(json_path, meta)            # rewritten after every case: a cut run keeps its rows
-    for ci, (layer, rows) in enumerate(cases):
+    for layer, rows in cases:
         k, n = layers[layer]
         case = f"{layer} rows {rows}"
-        x, rhs, sizes = make_case(rows, k, n, seed=ci, experts=experts)
+        x, rhs, sizes = make_case(rows, k, n, seed=case_seed(layer, rows, layers, all_rows),
+                                  experts=experts)
         fns, wb, rhs_fp8 = impl_fns(x, rhs, sizes)
         torch_rows = torch_peers(x, rhs_fp8, wb, sizes, impls, log=print, **timing)
         if args.check:

@@ -100,6 +100,25 @@ def test_skewed_group_sizes():
     assert np.array_equal(s, bench.skewed_group_sizes(192, 48, seed=0))
 
 
+def test_a_cases_data_does_not_depend_on_the_selection(monkeypatch, tmp_path):
+    """--cases picks cases; each keeps the seed (tokens, weights, group sizes) of the full run, so a
+    selected case measures the same problem as the committed full-run JSON."""
+    assert [bench.case_seed(lay, r) for lay in bench.LAYERS for r in bench.ROWS] == list(range(8))
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def make_case(rows, k, n, seed, experts):
+        seen.append((rows, seed))
+        raise Stop
+
+    monkeypatch.setattr(bench, "make_case", make_case)
+    with pytest.raises(Stop):
+        bench.main(["--cases", "L2-6144", "--impls", "w4a16", "--out", str(tmp_path)])
+    assert seen == [(6144, bench.case_seed("L2", 6144))] and seen[0][1] == 6
+
+
 def test_floor_is_the_larger_of_bytes_and_flops():
     # L1 192 rows: weight-bound; L1 24576: FLOP-bound (numbers in docs/benchmarks.md)
     assert bench.floor_ms(192, 7168, 6144) == pytest.approx(

@@ -17,12 +17,15 @@
 //                                            rows 192/1536/6144/24576, skewed sizes as jax_nvfp4/bench.py),
 //                                            10 configurations each; 12 sampled rows per case checked
 //   options: --seed S, --reps R (timed launches, default 20), --only SUBSTRING (cases whose name has
-//            it, e.g. "L1 rows 24576"), --cfg CODES (a comma list of configurations, codes as below)
-// Configurations ("cfg" column, code = tile * 1000 + cluster * 100 + n-major * 10 + overlap; code 1,
+//            it, e.g. "L1 rows 24576"), --cfg CODES (a comma list of configurations, codes as below),
+//            --sizes-from FILE (lines "L1 rows 6144: n0,...,n47": those cases take these group sizes,
+//            e.g. the API bench's, which tools/lab/fp8_prepared/gpu_run.sh writes)
+// Configurations ("cfg" column, code = tile * 1000 + cluster * 100 + n-major * 10 + consumer; code 1,
 // "package", is the package's kernel, csrc/grouped_gemm_fp8_prepared_sm90.cu; e.g. --cfg 128100 or --cfg 1):
-//   TxC{t|n}[o][*]: T tokens per tile (32/64/128/192), C CTAs per cluster (2: activation boxes shared
-//   by TMA multicast), t/n the walk inside a group (token-tile-major / n-tile-major), o the overlapped
-//   consumer (two chunk accumulators); * marks the FP8 mode's heuristic tile (32 up to 24 rows per
+//   TxC{t|n}[o|r][*]: T tokens per tile (32/64/128/192), C CTAs per cluster (2: activation boxes shared
+//   by TMA multicast), t/n the walk inside a group (token-tile-major / n-tile-major), the consumer: plain
+//   (digit 0), o the overlapped one (1: two chunk accumulators), r the ordered one (2: the warpgroups take
+//   turns issuing, one promotes while the other's wgmmas run); * marks the FP8 mode's heuristic tile (32 up to 24 rows per
 //   group on average, 64 up to 64, 128 above) with one CTA, token-tile-major, plain consumer.
 //
 // The data: NVFP4 weights (e2m1 codes, e4m3 block scales of 16) and e4m3 activation codes with
@@ -56,7 +59,7 @@
 
 namespace jax_nvfp4 {
 cudaError_t LaunchGroupedGemmFp8Prepared(const GroupedGemmParams& p, int token_tile, int cluster, bool nmajor,
-                                         bool overlap, cudaStream_t stream);
+                                         int consumer, cudaStream_t stream);
 }
 using jax_nvfp4::GroupedGemmParams;
 
@@ -68,7 +71,7 @@ static cudaError_t launch(const GroupedGemmParams& p, int code) {
     return jax_nvfp4::LaunchGroupedGemmFp8Prepared(
         p, jax_nvfp4::KernelConfig{jax_nvfp4::KernelFamily::kWgmmaFp8Prepared, 128, 6, 1}, 0);
   return jax_nvfp4::LaunchGroupedGemmFp8Prepared(p, code / 1000, code / 100 % 10, code / 10 % 10 != 0,
-                                                 code % 10 != 0, 0);
+                                                 code % 10, 0);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -148,7 +151,7 @@ struct Case {
   int64_t G, N, K, M;
   std::vector<int32_t> sizes;
   bool all_rows;            // check every row (small cases) or a sample
-  std::vector<int> tiles;   // configurations: tile * 1000 + cluster * 100 + n-tile-major * 10 + overlapped consumer
+  std::vector<int> tiles;   // configurations: tile * 1000 + cluster * 100 + n-tile-major * 10 + consumer
   std::vector<bool> out_f32s;
   int heuristic_tile;       // marked with * in the table (0: none)
 };
@@ -383,7 +386,7 @@ int run_case(const Case& c, uint64_t seed, int reps, bool print_header) {
         std::snprintf(tl, sizeof tl, "package");
       else
         std::snprintf(tl, sizeof tl, "%dx%d%s%s%s", tile / 1000, tile / 100 % 10, tile / 10 % 10 ? "n" : "t",
-                      tile % 10 ? "o" : "", tile == c.heuristic_tile ? "*" : "");
+                      tile % 10 == 1 ? "o" : tile % 10 == 2 ? "r" : "", tile == c.heuristic_tile ? "*" : "");
       if (ms > 0)
         std::printf("%-22s %8s %4s %9.3f %9.1f %10.2e %10.2e  %s", c.name.c_str(), tl, f32 ? "f32" : "bf16", ms,
                     tflops, cr.rel, cr.elt, ok ? "PASS" : "FAIL");
@@ -414,11 +417,13 @@ int main(int argc, char** argv) {
   int reps = 20;
   std::string only;
   std::vector<int> only_cfgs;
+  std::string sizes_from;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--small")) small = true;
     else if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+    else if (!std::strcmp(argv[i], "--sizes-from") && i + 1 < argc) sizes_from = argv[++i];
     else if (!std::strcmp(argv[i], "--cfg") && i + 1 < argc) {
       for (const char* t = argv[++i]; *t;) {  // a comma list of codes
         only_cfgs.push_back(std::atoi(t));
@@ -427,7 +432,9 @@ int main(int argc, char** argv) {
       }
     }
     else {
-      std::fprintf(stderr, "usage: %s [--small] [--seed S] [--reps R] [--only CASE_SUBSTRING] [--cfg CODE[,CODE...]]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--small] [--seed S] [--reps R] [--only CASE_SUBSTRING] [--cfg CODE[,CODE...]] "
+                   "[--sizes-from FILE]\n",
                    argv[0]);
       return 2;
     }
@@ -446,7 +453,8 @@ int main(int argc, char** argv) {
   }
   std::vector<Case> cases;
   if (small) {
-    const std::vector<int> tiles = {kPackageCode, 32100, 64100, 128100, 192100, 64200, 128200, 192200, 128110, 128210, 128101, 128201, 64201};
+    const std::vector<int> tiles = {kPackageCode, 32100, 64100, 128100, 192100, 64200, 128200, 192200, 128110, 128210,
+                                    128101, 128201, 64201, 128102, 128202, 192102, 192202};
     const std::vector<bool> outs = {false, true};
     // odd N (rows past N of a tile read the next group's weights and are dropped), empty and negative
     // groups, sizes summing below M (tail rows zeroed), above M (clamped), tiles over several boxes
@@ -472,11 +480,45 @@ int main(int argc, char** argv) {
         c.M = rows;
         c.sizes = skewed_sizes(rows, static_cast<int>(G), seed * 1000 + rows);
         c.all_rows = false;
-        c.tiles = {kPackageCode, 32100, 64100, 128100, 192100, 64200, 128200, 192200, 128101, 128201, 64201};
+        c.tiles = {kPackageCode, 32100, 64100, 128100, 192100, 64200, 128200, 192200, 128101, 128201, 64201,
+                   128102, 128202, 192102, 192202};
         c.out_f32s = {false};
         c.heuristic_tile = heuristic_tile(rows, G) * 1000 + 100;
         cases.push_back(c);
       }
+  }
+  if (!sizes_from.empty()) {
+    // lines "<case name>: n0,n1,...": those cases take these group sizes (the API bench's, so that the
+    // two time the same problem); a listed case whose G differs is an error
+    FILE* f = std::fopen(sizes_from.c_str(), "r");
+    if (!f) {
+      std::fprintf(stderr, "--sizes-from: cannot open %s\n", sizes_from.c_str());
+      return 2;
+    }
+    char line[8192];
+    while (std::fgets(line, sizeof line, f)) {
+      const char* colon = std::strchr(line, ':');
+      if (!colon) continue;
+      const std::string name(line, colon - line);
+      std::vector<int32_t> sz;
+      for (const char* t = colon + 1; *t && *t != '\n';) {
+        sz.push_back(static_cast<int32_t>(std::strtol(t, nullptr, 10)));
+        while (*t && *t != ',' && *t != '\n') ++t;
+        if (*t == ',') ++t;
+      }
+      for (auto& c : cases)
+        if (c.name == name) {
+          if (static_cast<int64_t>(sz.size()) != c.G) {
+            std::fprintf(stderr, "--sizes-from: %s has %zu sizes, the case %lld groups\n", name.c_str(), sz.size(),
+                         (long long)c.G);
+            std::fclose(f);
+            return 2;
+          }
+          c.sizes = sz;
+        }
+    }
+    std::fclose(f);
+    std::printf("group sizes of the listed cases from %s\n", sizes_from.c_str());
   }
   int fails = 0;
   bool header = true;

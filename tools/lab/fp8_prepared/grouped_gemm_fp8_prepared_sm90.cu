@@ -163,7 +163,22 @@ __device__ __forceinline__ void release_stage(uint32_t bar) {
   }
 }
 
-template <int NN, int BTMAX, int STAGES, int CLUSTER>
+// Named barriers of the ordered consumer: kTurnBar + wg is "warpgroup wg may issue its next stage".
+constexpr int kTurnBar = 1;
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ORDERED (the "ordered" consumer, configuration digit 2): the two warpgroups take turns issuing their
+// stage's wgmmas (warpgroup 0 stage k, warpgroup 1 stage k, warpgroup 0 stage k + 1, ...), so that one
+// promotes while the other's wgmmas run. In the plain consumer both issue at once, wait for the tensor
+// pipe to finish both, and promote at once: the pipe idles for the promotion (~100+ clocks of 512 per
+// stage). Warpgroup 1 grants the first turn before its first tile; warpgroup 0 takes the last grant
+// after its last tile (grouped_gemm_fp8_prepared_kernel).
+template <int NN, int BTMAX, int STAGES, int CLUSTER, bool ORDERED = false>
 __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
                                                   int wg, int& s, uint32_t& ph) {
   using C = P8Cfg<BTMAX, STAGES>;
@@ -206,6 +221,7 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
 #pragma unroll
     for (int i = 0; i < NN / 2; ++i) part[i] = static_cast<float>(zero);
 #else
+    if constexpr (ORDERED) named_bar_sync(kTurnBar + wg, 256);
     cute::warpgroup_arrive();
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -213,6 +229,7 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
       wgmma_ss<NN>(da[j], db[j], part, sc, std::make_index_sequence<NN / 2>{});
     }
     cute::warpgroup_commit_batch();
+    if constexpr (ORDERED) named_bar_arrive(kTurnBar + (wg ^ 1), 256);
     cute::warpgroup_wait<0>();
 #endif
     fence_acc(part);
@@ -383,7 +400,7 @@ __device__ __forceinline__ void cluster_sync() {
 // to both, so each CTA reads 16 + BT * 64 bytes per stage from L2 instead of 16 + BT * 128 (KiB,
 // BT = tokens). A stage slot is free when the consumers of both CTAs have released it (empty[]
 // counts both CTAs' consumer warps).
-template <int BTMAX, int STAGES, int CLUSTER, bool OVERLAP>
+template <int BTMAX, int STAGES, int CLUSTER, int CONSUMER>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_fp8_prepared_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_w,
                                      const P8Params p) {
@@ -517,33 +534,35 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     Tile t, nxt;
     bool have = next_tile(t);
+    if (CONSUMER == 2 && wg == 1) named_bar_arrive(kTurnBar, 256);  // warpgroup 0 issues first
     while (have) {
       asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p.alpha + t.g));
 #pragma unroll
       for (int i = 0; i < BTMAX / 2; ++i) acc[i] = 0.0f;
-      if constexpr (OVERLAP)
+      if constexpr (CONSUMER == 1)
         P8_WITH_TILE_N(BTMAX, t.rows,
                        (consumer_mainloop_overlap<NN, BTMAX, STAGES, CLUSTER>(acc, smem, bar_base, KT, wg, s, ph)));
       else
-        P8_WITH_TILE_N(BTMAX, t.rows,
-                       (consumer_mainloop<NN, BTMAX, STAGES, CLUSTER>(acc, smem, bar_base, KT, wg, s, ph)));
+        P8_WITH_TILE_N(BTMAX, t.rows, (consumer_mainloop<NN, BTMAX, STAGES, CLUSTER, CONSUMER == 2>(
+                                          acc, smem, bar_base, KT, wg, s, ph)));
       const bool have_next = next_tile(nxt);
       // undo the 2^-3 of the e4m3 weights (store_pair drops the rows past N)
       P8_WITH_TILE_N(BTMAX, t.rows, (store_tile<NN>(acc, p, t, r0, 8.0f)));
       t = nxt;
       have = have_next;
     }
+    if (CONSUMER == 2 && wg == 0) named_bar_sync(kTurnBar, 256);  // warpgroup 1's grant after its last stage
   }
   // no CTA of a cluster exits while its peer may still multicast into it or arrive on its barriers
   if constexpr (CLUSTER > 1) cluster_sync();
 #endif
 }
 
-template <int BTMAX, int STAGES, int CLUSTER, bool OVERLAP = false>
+template <int BTMAX, int STAGES, int CLUSTER, int CONSUMER = 0>
 cudaError_t launch_prepared(const GroupedGemmParams& p, const P8Params& fp, cudaStream_t stream) {
   using C = P8Cfg<BTMAX, STAGES>;
-  static_assert(!OVERLAP || BTMAX <= 128, "overlapped consumer: registers");
-  auto kernel = grouped_gemm_fp8_prepared_kernel<BTMAX, STAGES, CLUSTER, OVERLAP>;
+  static_assert(CONSUMER != 1 || BTMAX <= 128, "overlapped consumer: registers");
+  auto kernel = grouped_gemm_fp8_prepared_kernel<BTMAX, STAGES, CLUSTER, CONSUMER>;
   static std::atomic<uint64_t> done_mask{0};
   cudaError_t e = set_smem_once(kernel, C::kSmem, done_mask);
   if (e != cudaSuccess) return e;
@@ -590,10 +609,11 @@ cudaError_t launch_prepared(const GroupedGemmParams& p, const P8Params& fp, cuda
 // (p.fp8, lhs e4m3 [M, K], lhs_chunk_scales [K/128, M], alpha [G], group_sizes, out, workspace) except
 // p.rhs = the prepared e4m3 weights u8 [G, N, K] in the activations' k order; p.rhs_scales is unused.
 // token_tile: 32, 64, 128 or 192; cluster: 1, or 2 (two CTAs share the token tile's activation loads by
-// TMA multicast; tiles 64, 128, 192); nmajor: the walk order inside a group (find_tile_ordered); overlap:
-// consumer_mainloop_overlap (tiles 64x2, 128x1, 128x2). Needs K % 128 == 0, K > 0, 16-byte aligned lhs / rhs, no SwiGLU epilogue.
+// TMA multicast; tiles 64, 128, 192); nmajor: the walk order inside a group (find_tile_ordered); consumer:
+// 0 consumer_mainloop, 1 consumer_mainloop_overlap (tiles 64x2, 128x1, 128x2), 2 consumer_mainloop ORDERED
+// (tiles 128x1, 128x2, 192x1, 192x2). Needs K % 128 == 0, K > 0, 16-byte aligned lhs / rhs, no SwiGLU epilogue.
 cudaError_t LaunchGroupedGemmFp8Prepared(const GroupedGemmParams& p, int token_tile, int cluster, bool nmajor,
-                                         bool overlap, cudaStream_t stream) {
+                                         int consumer, cudaStream_t stream) {
   if (p.M < 0 || p.N < 0 || p.G < 1 || p.K <= 0 || p.K % kBK != 0 || p.glu) return cudaErrorInvalidValue;
   if (p.workspace_bytes < GroupedGemmWorkspaceBytes(p.G) || p.G > (1 << 20)) return cudaErrorInvalidValue;
   if (p.G * p.N > INT32_MAX || p.M > INT32_MAX - 1) return cudaErrorNotSupported;  // TMA row coordinates
@@ -601,9 +621,9 @@ cudaError_t LaunchGroupedGemmFp8Prepared(const GroupedGemmParams& p, int token_t
       (reinterpret_cast<uintptr_t>(p.lhs_chunk_scales) & 3))
     return cudaErrorNotSupported;
   if (get_encode_fn() == nullptr) return cudaErrorNotSupported;
-  const int key = (token_tile * 10 + cluster) * 10 + (overlap ? 1 : 0);
+  const int key = (token_tile * 10 + cluster) * 10 + consumer;
   if (key != 3210 && key != 6410 && key != 12810 && key != 19210 && key != 6420 && key != 12820 && key != 19220 &&
-      key != 12811 && key != 12821 && key != 6421)
+      key != 12811 && key != 12821 && key != 6421 && key != 12812 && key != 12822 && key != 19212 && key != 19222)
     return cudaErrorInvalidValue;
   if (p.M == 0 || p.N == 0) return cudaSuccess;
 
@@ -651,11 +671,19 @@ cudaError_t LaunchGroupedGemmFp8Prepared(const GroupedGemmParams& p, int token_t
     case 19220:
       return launch_prepared<192, 5, 2>(p, fp, stream);
     case 12811:
-      return launch_prepared<128, 6, 1, true>(p, fp, stream);
+      return launch_prepared<128, 6, 1, 1>(p, fp, stream);
     case 12821:
-      return launch_prepared<128, 6, 2, true>(p, fp, stream);
+      return launch_prepared<128, 6, 2, 1>(p, fp, stream);
     case 6421:
-      return launch_prepared<64, 9, 2, true>(p, fp, stream);
+      return launch_prepared<64, 9, 2, 1>(p, fp, stream);
+    case 12812:
+      return launch_prepared<128, 6, 1, 2>(p, fp, stream);
+    case 12822:
+      return launch_prepared<128, 6, 2, 2>(p, fp, stream);
+    case 19212:
+      return launch_prepared<192, 5, 1, 2>(p, fp, stream);
+    case 19222:
+      return launch_prepared<192, 5, 2, 2>(p, fp, stream);
 #endif
     default:
       return cudaErrorInvalidValue;
