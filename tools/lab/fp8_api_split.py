@@ -35,7 +35,7 @@ def main(argv=None):
     for case in a.cases.split(","):
         layer, rows = case.split("-")
         k, n = shapes[layer]
-        x, rhs, sizes = bench.make_case(int(rows), k, n, seed=int(rows))
+        x, rhs, sizes = bench.make_case(int(rows), k, n, seed=bench.case_seed(layer, int(rows)))
         q = quant(x)
         rhs_sm90 = jax.jit(prepare.prepare_weights)(rhs)
         runs = {"exact_sm90_ms": (ffi, (x, rhs_sm90, sizes)), "fp8_api_ms": (ffi8, (x, rhs, sizes)),
