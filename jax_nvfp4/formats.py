@@ -53,6 +53,19 @@ def check_k(k: int, name: str = "x") -> None:
             f"{K_MULTIPLE} (16 values per block scale, 2 values per byte)")
 
 
+def keep_rounded(x: jax.Array) -> jax.Array:
+    """``x`` itself; a bfloat16/float16 ``x`` passes an optimization barrier first.
+
+    XLA:GPU may skip a narrowing convert that feeds a widening one in the same program
+    (SimplifyFPConversions: excess precision), so a function that widens a half-precision input
+    would compute on the unrounded value the caller's cast came from. Behind the barrier it
+    computes on the value it was given, as the custom calls do (docs/design.md, "Roundings that
+    XLA may not skip")."""
+    if jnp.dtype(x.dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return jax.lax.optimization_barrier(x)
+    return x
+
+
 def encode_e2m1(values: jax.Array) -> jax.Array:
     """float ``[...]`` already in [-6, 6] -> uint8 E2M1 codes 0..15, round to nearest, ties to even.
 

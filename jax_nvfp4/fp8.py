@@ -42,7 +42,7 @@ import numpy as np
 
 from . import _extension
 from .formats import (FP8_K_ORDERS, FP8_WEIGHT_SHIFT, Fp8Rows, Fp8Weights, NVFP4Tensor,
-                      from_kernel_k_order, to_kernel_k_order)
+                      from_kernel_k_order, keep_rounded, to_kernel_k_order)
 from .layout import _on_each_shard
 from .quantization import e2m1_scaled, refuse_derivative
 from .gemm_args import check_group_sizes, group_bounds, row_groups, to_out_dtype, validate_gemm_args
@@ -190,6 +190,7 @@ def _quantize_activations(x, route: str):
     m, k = x.shape
     if k == 0 or k % CHUNK:
         raise ValueError(f"x: K={k}: precision='fp8' needs K to be a positive multiple of {CHUNK}")
+    x = keep_rounded(x)
     p, nonfinite = _scale_exponent(_amax_bits(x))
     x32 = x.astype(jnp.float32).reshape(m, k // CHUNK, CHUNK)
     if route == "auto" and _gpu_flushes_subnormals():

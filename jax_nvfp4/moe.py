@@ -47,7 +47,7 @@ import numpy as np
 
 from . import autodiff, fp8
 from .dispatch import dispatch_rows, dispatch_rows_dynamic
-from .formats import Fp8Rows, Fp8Weights, NVFP4Tensor
+from .formats import Fp8Rows, Fp8Weights, NVFP4Tensor, keep_rounded
 from .gemm import grouped_gemm, grouped_gemm_swiglu
 from .gemm_args import GLU_ROW_BLOCK, check_rhs_precision, round_to
 from .moe_params import MoEConfig, MoEWeights, known_range
@@ -147,7 +147,7 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
         out = grouped_gemm(lhs, dataclasses.replace(w, global_scale=alpha), group_sizes,
                            out_dtype=out_dtype, backend=backend, rows_hint=rows_hint,
                            precision=config.precision)
-        out = out.astype(jnp.float32)       # out_dtype bf16: rounded by every backend
+        out = keep_rounded(out).astype(jnp.float32)   # out_dtype bf16: rounded by every backend
         if row_scale is not None:
             out = out * row_scale[:, None]
         return out
@@ -249,7 +249,7 @@ def _gate_up_forward(x_rows, w, group_sizes, aux, *, config, backend, rows_hint)
                               backend=backend, rows_hint=rows_hint)
     # float32 for the down GEMM's (straight-through) cotangent; the down GEMM's input is the
     # row-dtype value either way (for W4A16 bf16 rows its cast is then a no-op round trip).
-    return act.astype(jnp.float32)
+    return keep_rounded(act).astype(jnp.float32)
 
 
 def _gate_up_unfused(x_rows, w, group_sizes, aux, *, config, backend, rows_hint):

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from .formats import (BLOCK_SIZE, E2M1_MAX, E4M3_MAX, NVFP4Tensor, check_k, decode_packed,
-                      encode_e2m1, expand_global_scale, pack_nibbles)
+                      encode_e2m1, expand_global_scale, keep_rounded, pack_nibbles)
 from .layout import checkpoint_data, checkpoint_scales
 
 
@@ -170,7 +170,7 @@ def dynamic_global_scale(x: jax.Array) -> jax.Array:
 
     The amax is taken in x's precision (float64 input: beyond the float32 range too).
     """
-    x = jnp.asarray(x)
+    x = keep_rounded(jnp.asarray(x))
     if _compute_dtype(x) == jnp.float32:
         # On the float32 bits, so subnormal values count on every backend (XLA's CPU backend
         # flushes them in float compares), and an exact division (XLA would multiply by 1/2688):
@@ -217,7 +217,7 @@ def quantize(x: jax.Array, global_scale=None) -> NVFP4Tensor:
     ``global_scale`` raise TypeError (:data:`QUANTIZE_NO_DERIVATIVE`; the module docstring gives
     the straight-through alternatives).
     """
-    x = refuse_derivative(_as_float(x, "x"), QUANTIZE_NO_DERIVATIVE)
+    x = keep_rounded(refuse_derivative(_as_float(x, "x"), QUANTIZE_NO_DERIVATIVE))
     if global_scale is None:
         gs = dynamic_global_scale(x)
     else:

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import fp8
-from .formats import Fp8Rows, NVFP4Tensor
+from .formats import Fp8Rows, NVFP4Tensor, keep_rounded
 from .gemm_args import (GLU_ROW_BLOCK, check_group_sizes, check_lhs_precision,
                         check_rhs_precision, group_bounds, row_groups, to_out_dtype,
                         validate_gemm_args, validate_swiglu_args)
@@ -52,7 +52,7 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         a = e2m1_scaled(lhs, jnp.float32)
         lhs_gs = lhs.global_scale.astype(jnp.float32)
     else:
-        a = jnp.asarray(lhs).astype(jnp.float32)
+        a = keep_rounded(jnp.asarray(lhs)).astype(jnp.float32)
         lhs_gs = jnp.float32(1.0)
     # As the CUDA kernels do: the weights enter the dot as e2m1 * scale * 2^-7 (exact; |w| <= 21)
     # and the epilogue multiplies by alpha * 2^7, so the float32 accumulator holds lhs . W / 128
