@@ -59,7 +59,7 @@ if want ncu; then
   done
 fi
 if want api; then
-  run api_bench 300 python3 -m jax_nvfp4.bench --out "$out/api" --cases L1-6144,L1-24576,L2-6144 \
+  run api_bench 300 python3 -P -m jax_nvfp4.bench --out "$out/api" --cases L1-6144,L1-24576,L2-6144 \
     --impls w4a16_fp8_prepared,w4a4_fp8_prepared,w4a16_fp8,w4a4_fp8
   XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_NVFP4_REQUIRE_GPU=1 run api_tests 300 python3 -P -m pytest -q \
     tests/test_api_matrix.py -k "gpu and fp8" tests/test_excess_precision.py
