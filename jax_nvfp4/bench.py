@@ -92,7 +92,10 @@ def skewed_group_sizes(rows, groups, seed):
 def case_seed(layer, rows, layers=LAYERS, all_rows=ROWS):
     """The seed of case ``(layer, rows)``: its index in the full list of cases, so that a case's data
     (tokens, weights, group sizes) is the same whichever cases a run selects."""
-    return [(lay, r) for lay in layers for r in all_rows].index((layer, rows))
+    cases = [(lay, r) for lay in layers for r in all_rows]
+    if (layer, rows) not in cases:
+        raise ValueError(f"(layer, rows): expected one of {cases}, got {(layer, rows)!r}")
+    return cases.index((layer, rows))
 
 
 def floor_ms(rows, k, n, groups=EXPERTS):

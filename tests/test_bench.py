@@ -104,6 +104,8 @@ def test_a_cases_data_does_not_depend_on_the_selection(monkeypatch, tmp_path):
     """--cases picks cases; each keeps the seed (tokens, weights, group sizes) of the full run, so a
     selected case measures the same problem as the committed full-run JSON."""
     assert [bench.case_seed(lay, r) for lay in bench.LAYERS for r in bench.ROWS] == list(range(8))
+    with pytest.raises(ValueError, match=r"\(layer, rows\): expected one of"):
+        bench.case_seed("L3", 6144)
     seen = []
 
     class Stop(Exception):

@@ -61,9 +61,10 @@ def _where(eqn):
 
 
 def narrowed_then_widened(jaxpr, narrowed=frozenset(), library_only=True, narrow=NARROW):
-    """Source locations of the widening converts of a narrowed value in ``jaxpr`` (a core
-    Jaxpr); ``narrowed`` holds the invars that carry one in; ``library_only``: only those made in
-    jax_nvfp4's code."""
+    """``(found, out_marks)`` for ``jaxpr`` (a core Jaxpr): the source locations of the widening
+    converts of a narrowed value (``library_only``: only those made in jax_nvfp4's code), and which
+    outvars carry a narrowed value out (for chains that leave a nested jaxpr); ``narrowed`` holds
+    the invars that carry one in."""
     marked, found = set(narrowed), []
 
     def is_marked(v):
@@ -89,38 +90,20 @@ def narrowed_then_widened(jaxpr, narrowed=frozenset(), library_only=True, narrow
             for sj in subs:
                 inner = {iv for iv, ov in zip(sj.invars, ins)
                          if len(sj.invars) == len(ins) and is_marked(ov)}
-                found += narrowed_then_widened(sj, frozenset(inner), library_only, narrow)
+                sub_found, out_marks = narrowed_then_widened(sj, frozenset(inner), library_only,
+                                                             narrow)
+                found += sub_found
                 if len(sj.outvars) == len(eqn.outvars):
-                    out_marks = _marked_outputs(sj, inner, narrow)
                     marked.update(ov for ov, m in zip(eqn.outvars, out_marks) if m)
             continue
         if name in MOVES and any(is_marked(v) for v in eqn.invars):
             marked.update(eqn.outvars)
-    return found
-
-
-def _marked_outputs(jaxpr, narrowed, narrow):
-    """Which outvars of ``jaxpr`` carry a narrowed value (for chains that leave a nested jaxpr)."""
-    marked = set(narrowed)
-    for eqn in jaxpr.eqns:
-        name = eqn.primitive.name
-        if name == "convert_element_type":
-            src, dst = jnp.dtype(eqn.invars[0].aval.dtype), jnp.dtype(eqn.params["new_dtype"])
-            if dst in narrow and _is_float(src) and src.itemsize > dst.itemsize:
-                marked.add(eqn.outvars[0])
-        elif name in MOVES and any(not hasattr(v, "val") and v in marked for v in eqn.invars):
-            marked.update(eqn.outvars)
-        else:
-            for sj in _sub_jaxprs(eqn):
-                if len(sj.outvars) == len(eqn.outvars):
-                    marked.update(ov for ov, m in zip(eqn.outvars, _marked_outputs(sj, set(), narrow))
-                                  if m)
-    return [not hasattr(v, "val") and v in marked for v in jaxpr.outvars]
+    return found, [is_marked(v) for v in jaxpr.outvars]
 
 
 def elided_roundings(fn, *args, library_only=True, narrow=NARROW):
     return narrowed_then_widened(jax.make_jaxpr(fn)(*args).jaxpr, library_only=library_only,
-                                 narrow=narrow)
+                                 narrow=narrow)[0]
 
 
 # ------------------------------------------------------------------ the walker itself
