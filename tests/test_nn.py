@@ -1,5 +1,6 @@
 """The flax.nnx, flax.linen and Equinox modules (each skipped when its framework is missing)."""
 
+import dataclasses
 import io
 import subprocess
 import sys
@@ -248,6 +249,44 @@ def test_equinox_serialise_round_trips_bit_exact(rng):
         like = jax.tree.map(jnp.zeros_like, model)
         back = eqx.tree_deserialise_leaves(buf, like)
         assert same_bits(back.moe_weights, w), layout
+
+
+def test_equinox_deserialise_into_other_layouts_raises(rng):
+    """tree_deserialise_leaves takes the layouts from ``like``: a file saved from weights of one
+    layout read into a module of another (same leaf shapes, other byte orders) must raise, not
+    compute with the bytes read as the wrong layout."""
+    eqx = pytest.importorskip("equinox")
+    from jax_nvfp4.nn.eqx import MoE, layout_code
+    from jax_nvfp4.nn.frozen import FrozenMoEWeights
+
+    base, config = make_layer(rng, activation="w4a4", scale="static", routing="hash",
+                              precision="fp8")
+    models = {"checkpoint": MoE(base, config), "sm90": MoE(jn.prepare_weights(base), config),
+              "fp8": MoE(jn.prepare_weights(base, "fp8"), config),
+              "sm90-w2-only": MoE(dataclasses.replace(
+                  base, w2=jn.prepare_weights(base.w2)), config)}
+    codes = {name: layout_code(m.weights) for name, m in models.items()}
+    assert len(set(codes.values())) == len(codes), codes
+    for saved_as, saved in models.items():
+        buf = io.BytesIO()
+        eqx.tree_serialise_leaves(buf, saved)
+        for read_as, target in models.items():
+            buf.seek(0)
+            like = jax.tree.map(jnp.zeros_like, target)
+            if saved_as == read_as:
+                back = eqx.tree_deserialise_leaves(buf, like)
+                assert same_bits(back.moe_weights, saved.moe_weights)
+            elif "fp8" in (saved_as, read_as):   # other leaves (two parts per tensor, other
+                with pytest.raises(Exception):    # shapes): Equinox fails on its own
+                    eqx.tree_deserialise_leaves(buf, like)
+            else:                                 # the NVFP4 layouts differ only by the tag
+                with pytest.raises(RuntimeError, match="layout_tag"):
+                    eqx.tree_deserialise_leaves(buf, like)
+    # a tag that does not match the weights (another module's weights swapped in) is refused too
+    swapped = eqx.tree_at(lambda m: m.weights, models["checkpoint"],
+                          FrozenMoEWeights.freeze(jn.prepare_weights(base)))
+    with pytest.raises(ValueError, match=r"layout_tag: shape .* does not match"):
+        swapped.moe_weights
 
 
 # ----------------------------------------------------------------------------------------------
