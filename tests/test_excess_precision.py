@@ -180,13 +180,17 @@ def test_grouped_gemm_keeps_its_roundings(layout, lhs, precision, backend):
         return jn.grouped_gemm(LHS[lhs](x), LAYOUTS[layout](w), s, backend=backend,
                                precision=precision)
 
+    if (layout, precision, backend) == ("sm90", "fp8", "ffi") and jax.default_backend() == "gpu":
+        # no CUDA kernel reads sm90 NVFP4 weights in the fp8 mode: refused at trace time
+        with pytest.raises(ValueError, match="rhs.layout: precision='fp8' on the GPU"):
+            elided_roundings(fn, x, w, s)
+        return
     assert elided_roundings(fn, x, w, s) == []
 
 
 @pytest.mark.parametrize("backend", ["reference", "ffi"])
 def test_grouped_gemm_swiglu_and_gradient_keep_their_roundings(backend):
     x, w, s = _gemm_inputs()
-    wp = jn.prepare_weights(w)
 
     def swiglu(x, w, s):
         return jn.grouped_gemm_swiglu(jn.quantize(x), jn.prepare_weights(w), s, backend=backend)
@@ -196,7 +200,8 @@ def test_grouped_gemm_swiglu_and_gradient_keep_their_roundings(backend):
                         .astype(jnp.float32).sum())(x)
 
     assert elided_roundings(swiglu, x, w, s) == []
-    assert elided_roundings(grad, x.astype(jnp.float32), wp, s, narrow=QUANTIZED) == []
+    # checkpoint-layout weights: the fp8 mode's custom call reads those on every platform
+    assert elided_roundings(grad, x.astype(jnp.float32), w, s, narrow=QUANTIZED) == []
 
 
 def test_quantizers_and_preparation_keep_their_roundings():
