@@ -16,7 +16,8 @@
 //   tools/lab/fp8_prepared/fp8_prepared_check             bench shapes (48 experts, L1 N 6144 K 7168, L2 N 7168 K 3072,
 //                                            rows 192/1536/6144/24576, skewed sizes as jax_nvfp4/bench.py),
 //                                            10 configurations each; 12 sampled rows per case checked
-//   options: --seed S, --reps R (timed launches, default 20), --only SUBSTRING (cases whose name has
+//   options: --seed S, --reps R (timed launches, default 20), --warm-ms W (before timing a configuration,
+//            launch it back to back for W ms: the sustained regime the API bench times), --only SUBSTRING (cases whose name has
 //            it, e.g. "L1 rows 24576"), --cfg CODES (a comma list of configurations, codes as below),
 //            --sizes-from FILE (lines "L1 rows 6144: n0,...,n47": those cases take these group sizes,
 //            e.g. the API bench's, which tools/lab/fp8_prepared/gpu_run.sh writes)
@@ -40,6 +41,7 @@
 // ||out - ref|| / ||ref|| ("rel") and the largest |out - ref| / max|ref row| ("elt"), and PASS/FAIL.
 // Exit status 1 if any check fails.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -227,6 +229,8 @@ struct CheckResult {
   int64_t bad = 0;  // NaN / unwritten / wrong zero rows
 };
 
+static double g_warm_ms = 0;  // --warm-ms
+
 int run_case(const Case& c, uint64_t seed, int reps, bool print_header) {
   const int64_t G = c.G, N = c.N, K = c.K, M = c.M;
   // group bounds, clamped to M as the setup kernel does (negative sizes count as 0)
@@ -302,7 +306,7 @@ int run_case(const Case& c, uint64_t seed, int reps, bool print_header) {
     std::printf("%-22s %8s %4s %9s %9s %10s %10s  %s\n", "case", "cfg", "out", "ms", "TFLOP/s", "rel", "elt",
                 "check");
   int fails = 0;
-  cudaEvent_t e0[64], e1[64];
+  std::vector<cudaEvent_t> e0(reps), e1(reps);
   for (int i = 0; i < reps; ++i) {
     CK(cudaEventCreate(&e0[i]));
     CK(cudaEventCreate(&e1[i]));
@@ -368,6 +372,13 @@ int run_case(const Case& c, uint64_t seed, int reps, bool print_header) {
       double ms = 0;
       if (!c.all_rows && M > 0) {
         for (int i = 0; i < 3; ++i) CK(launch(p, tile));
+        // sustained load first (--warm-ms): the API bench times back-to-back calls for seconds, and under
+        // the GPU's power cap a burst after the checks' idle time runs at higher clocks than that
+        for (auto w0 = std::chrono::steady_clock::now();
+             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count() < g_warm_ms;) {
+          for (int i = 0; i < 8; ++i) CK(launch(p, tile));
+          CK(cudaDeviceSynchronize());
+        }
         std::vector<float> t(reps);
         for (int i = 0; i < reps; ++i) {
           CK(cudaEventRecord(e0[i]));
@@ -422,6 +433,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--small")) small = true;
     else if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--warm-ms") && i + 1 < argc) g_warm_ms = std::atof(argv[++i]);
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else if (!std::strcmp(argv[i], "--sizes-from") && i + 1 < argc) sizes_from = argv[++i];
     else if (!std::strcmp(argv[i], "--cfg") && i + 1 < argc) {
@@ -433,13 +445,13 @@ int main(int argc, char** argv) {
     }
     else {
       std::fprintf(stderr,
-                   "usage: %s [--small] [--seed S] [--reps R] [--only CASE_SUBSTRING] [--cfg CODE[,CODE...]] "
+                   "usage: %s [--small] [--seed S] [--reps R] [--warm-ms W] [--only CASE_SUBSTRING] [--cfg CODE[,CODE...]] "
                    "[--sizes-from FILE]\n",
                    argv[0]);
       return 2;
     }
   }
-  reps = std::max(1, std::min(reps, 64));
+  reps = std::max(1, std::min(reps, 1000));
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("fp8_prepared_check: %s (sm_%d%d, %d SMs), seed %llu, %s\n", prop.name, prop.major, prop.minor,

@@ -8,8 +8,8 @@
 #                configuration digit 2, before it is timed);
 #   3. bench:    lab 128x1 (128100), the package kernel (1), the ordered consumer (128102, 192102,
 #                128202, 192202), 192x1 and 192x2 at 6144 and 24576 rows, one run, on the API bench's
-#                group sizes (--sizes-from): lab against package on one machine (the unexplained 0.86
-#                vs 1.06-1.10 ms at L1 6144), and whether turn-taking consumers move the math-bound time;
+#                group sizes (--sizes-from), each timed after 1.5 s of back-to-back launches (--warm-ms:
+#                the power-capped regime the API bench times; a burst after idle time is 12-15% faster);
 #   4. ncu:      Nsight Compute (--clock-control none) on one launch of the package kernel and of the
 #                ordered one at L1 24576 rows: tensor pipe, shared-memory and L2 throughput against
 #                their peaks (which of them bounds the kernel);
@@ -46,9 +46,9 @@ for lay in bench.LAYERS:
         s = bench.skewed_group_sizes(r, bench.EXPERTS, bench.case_seed(lay, r))
         print(f"{lay} rows {r}: " + ",".join(map(str, s)))
 EOF
-want bench && run bench 300 "$h" --cfg 1,128100,128102,192100,192102,128202,192200,192202 --only "rows 6144" --reps 20 \
+want bench && run bench 300 "$h" --cfg 1,128100,128102,192100,192102,128202,192200,192202 --only "rows 6144" --reps 100 --warm-ms 1500 \
   --sizes-from "$out/bench_sizes.txt"
-want bench && run bench24 300 "$h" --cfg 1,128100,128102,192100,192102,128202,192200,192202 --only "rows 24576" --reps 20 \
+want bench && run bench24 300 "$h" --cfg 1,128100,128102,192100,192102,128202,192200,192202 --only "rows 24576" --reps 100 --warm-ms 1500 \
   --sizes-from "$out/bench_sizes.txt"
 if want ncu; then
   for code in 1 128102; do
