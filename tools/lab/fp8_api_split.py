@@ -1,6 +1,7 @@
 """Where the FP8 mode's API time goes: ``grouped_gemm(precision="fp8")`` on a bf16 lhs against the
 same call on rows quantized beforehand (``fp8.quantize_rows(x, k_order="kernel")``: the GEMM
-custom call alone) and the quantizer's custom call alone, beside the exact mode on sm90 weights,
+custom call alone) and the quantizer's custom call alone, the same two calls on weights prepared
+as e4m3 (``prepare_weights(w, "fp8")``), beside the exact mode on sm90 weights,
 on the bench's shapes (``jax_nvfp4.bench``: 48 experts, log-normal group sizes), timed as the
 bench times (back-to-back calls, median of 5), the four in turn for ``--rounds`` rounds (the
 median of the rounds reported, each round kept in the JSON): at decode sizes one bench call's
@@ -38,8 +39,11 @@ def main(argv=None):
         x, rhs, sizes = bench.make_case(int(rows), k, n, seed=bench.case_seed(layer, int(rows)))
         q = quant(x)
         rhs_sm90 = jax.jit(prepare.prepare_weights)(rhs)
+        rhs_fp8 = jax.jit(lambda w: prepare.prepare_weights(w, "fp8"))(rhs)
         runs = {"exact_sm90_ms": (ffi, (x, rhs_sm90, sizes)), "fp8_api_ms": (ffi8, (x, rhs, sizes)),
-                "fp8_prequantized_ms": (ffi8, (q, rhs, sizes)), "quantizer_ms": (quant, (x,))}
+                "fp8_prequantized_ms": (ffi8, (q, rhs, sizes)), "quantizer_ms": (quant, (x,)),
+                "prepared_api_ms": (ffi8, (x, rhs_fp8, sizes)),
+                "prepared_prequantized_ms": (ffi8, (q, rhs_fp8, sizes))}
         samples = {name: [] for name in runs}
         for _ in range(a.rounds):
             for name, (f, args) in runs.items():
@@ -48,8 +52,10 @@ def main(argv=None):
              "rounds": samples}
         rows_out.append(r)
         print(f"{case:9s} fp8 API {r['fp8_api_ms']:.3f}  prequantized {r['fp8_prequantized_ms']:.3f}  "
-              f"quantizer {r['quantizer_ms']:.3f}  exact sm90 {r['exact_sm90_ms']:.3f} ms", flush=True)
-        del rhs, rhs_sm90
+              f"quantizer {r['quantizer_ms']:.3f}  exact sm90 {r['exact_sm90_ms']:.3f}  "
+              f"prepared API {r['prepared_api_ms']:.3f}  prepared prequantized "
+              f"{r['prepared_prequantized_ms']:.3f} ms", flush=True)
+        del rhs, rhs_sm90, rhs_fp8
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"device": jax.devices()[0].device_kind, "jax": jax.__version__,

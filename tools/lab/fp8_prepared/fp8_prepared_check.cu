@@ -21,10 +21,11 @@
 //            it, e.g. "L1 rows 24576"), --cfg CODES (a comma list of configurations, codes as below),
 //            --sizes-from FILE (lines "L1 rows 6144: n0,...,n47": those cases take these group sizes,
 //            e.g. the API bench's, which tools/lab/fp8_prepared/gpu_run.sh writes)
-// Configurations ("cfg" column, code = tile * 1000 + cluster * 100 + n-major * 10 + consumer; code 1,
+// Configurations ("cfg" column, code = tile * 1000 + cluster * 100 + walk * 10 + consumer; code 1,
 // "package", is the package's kernel, csrc/grouped_gemm_fp8_prepared_sm90.cu; e.g. --cfg 128100 or --cfg 1):
-//   TxC{t|n}[o|r][*]: T tokens per tile (32/64/128/192), C CTAs per cluster (2: activation boxes shared
-//   by TMA multicast), t/n the walk inside a group (token-tile-major / n-tile-major), the consumer: plain
+//   TxC{t|n|sS}[o|r][*]: T tokens per tile (32/64/128/192), C CTAs per cluster (2: activation boxes shared
+//   by TMA multicast), the walk inside a group (tens digit: 0 t token-tile-major, 1 n n-tile-major, d >= 2
+//   sS blocks of S = 2^(d-1) n-tiles with the block's token tiles in turn), the consumer: plain
 //   (digit 0), o the overlapped one (1: two chunk accumulators), r the ordered one (2: the warpgroups take
 //   turns issuing, one promotes while the other's wgmmas run); * marks the FP8 mode's heuristic tile (32 up to 24 rows per
 //   group on average, 64 up to 64, 128 above) with one CTA, token-tile-major, plain consumer.
@@ -60,7 +61,7 @@
 #include "tools/bench/cuda_check.h"
 
 namespace jax_nvfp4 {
-cudaError_t LaunchGroupedGemmFp8Prepared(const GroupedGemmParams& p, int token_tile, int cluster, bool nmajor,
+cudaError_t LaunchGroupedGemmFp8Prepared(const GroupedGemmParams& p, int token_tile, int cluster, int walk,
                                          int consumer, cudaStream_t stream);
 }
 using jax_nvfp4::GroupedGemmParams;
@@ -68,12 +69,16 @@ using jax_nvfp4::GroupedGemmParams;
 // Configuration code 1: the package's kernel (its one kKernelConfigs entry), beside the lab's codes,
 // so that one run times both on the same machine.
 constexpr int kPackageCode = 1;
+// The walk digit (tens): 0 token-tile-major, 1 n-tile-major, d >= 2 blocks of 2^(d-1) n-tiles.
+static int walk_of(int code) {
+  const int d = code / 10 % 10;
+  return d < 2 ? d : 1 << (d - 1);
+}
 static cudaError_t launch(const GroupedGemmParams& p, int code) {
   if (code == kPackageCode)
     return jax_nvfp4::LaunchGroupedGemmFp8Prepared(
         p, jax_nvfp4::KernelConfig{jax_nvfp4::KernelFamily::kWgmmaFp8Prepared, 128, 6, 1}, 0);
-  return jax_nvfp4::LaunchGroupedGemmFp8Prepared(p, code / 1000, code / 100 % 10, code / 10 % 10 != 0,
-                                                 code % 10, 0);
+  return jax_nvfp4::LaunchGroupedGemmFp8Prepared(p, code / 1000, code / 100 % 10, walk_of(code), code % 10, 0);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -153,7 +158,7 @@ struct Case {
   int64_t G, N, K, M;
   std::vector<int32_t> sizes;
   bool all_rows;            // check every row (small cases) or a sample
-  std::vector<int> tiles;   // configurations: tile * 1000 + cluster * 100 + n-tile-major * 10 + consumer
+  std::vector<int> tiles;   // configurations: tile * 1000 + cluster * 100 + walk * 10 + consumer
   std::vector<bool> out_f32s;
   int heuristic_tile;       // marked with * in the table (0: none)
 };
@@ -396,7 +401,8 @@ int run_case(const Case& c, uint64_t seed, int reps, bool print_header) {
       if (tile == kPackageCode)
         std::snprintf(tl, sizeof tl, "package");
       else
-        std::snprintf(tl, sizeof tl, "%dx%d%s%s%s", tile / 1000, tile / 100 % 10, tile / 10 % 10 ? "n" : "t",
+        std::snprintf(tl, sizeof tl, "%dx%d%s%s%s", tile / 1000, tile / 100 % 10,
+                      walk_of(tile) == 0 ? "t" : walk_of(tile) == 1 ? "n" : ("s" + std::to_string(walk_of(tile))).c_str(),
                       tile % 10 == 1 ? "o" : tile % 10 == 2 ? "r" : "", tile == c.heuristic_tile ? "*" : "");
       if (ms > 0)
         std::printf("%-22s %8s %4s %9.3f %9.1f %10.2e %10.2e  %s", c.name.c_str(), tl, f32 ? "f32" : "bf16", ms,
@@ -466,7 +472,8 @@ int main(int argc, char** argv) {
   std::vector<Case> cases;
   if (small) {
     const std::vector<int> tiles = {kPackageCode, 32100, 64100, 128100, 192100, 64200, 128200, 192200, 128110, 128210,
-                                    128101, 128201, 64201, 128102, 128202, 192102, 192202};
+                                    128101, 128201, 64201, 128102, 128202, 192102, 192202, 128130, 128140, 128142,
+                                    128240, 192140, 64130};
     const std::vector<bool> outs = {false, true};
     // odd N (rows past N of a tile read the next group's weights and are dropped), empty and negative
     // groups, sizes summing below M (tail rows zeroed), above M (clamped), tiles over several boxes

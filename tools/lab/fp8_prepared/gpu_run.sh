@@ -17,7 +17,8 @@
 #                bench's prepared rows beside the fp8 mode, and the fp8 reference tests on the GPU
 #                (tests/test_api_matrix.py -k "gpu and fp8", tests/test_excess_precision.py).
 # usage: OUT=... bash tools/lab/fp8_prepared/gpu_run.sh      STEPS="smi small bench ncu api" (default all
-#        but api)
+#        but api); CFGS (the bench step's configuration codes), NCU_CFGS (the ncu step's), CASES (the
+#        bench step's row counts, a space list) override the defaults below
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 out=${OUT:-fp8p-out}; mkdir -p "$out"; out=$(cd "$out" && pwd)
@@ -31,6 +32,8 @@ run() { local name=$1 lim=$2; shift 2; local t0=$SECONDS
   echo "== $name"; tail -n 6 "$out/$name.log"; }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv | tee "$out/gpu.txt"
+nvidia-smi -q -d POWER,CLOCK >>"$out/gpu.txt" 2>&1
+cfgs=${CFGS:-1,128100,128102,192100,192102,128202,192200,192202}
 if want smi; then
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
     --format=csv -lms 200 >"$out/smi.csv" 2>&1 &
@@ -46,12 +49,12 @@ for lay in bench.LAYERS:
         s = bench.skewed_group_sizes(r, bench.EXPERTS, bench.case_seed(lay, r))
         print(f"{lay} rows {r}: " + ",".join(map(str, s)))
 EOF
-want bench && run bench 300 "$h" --cfg 1,128100,128102,192100,192102,128202,192200,192202 --only "rows 6144" --reps 100 --warm-ms 1500 \
-  --sizes-from "$out/bench_sizes.txt"
-want bench && run bench24 300 "$h" --cfg 1,128100,128102,192100,192102,128202,192200,192202 --only "rows 24576" --reps 100 --warm-ms 1500 \
-  --sizes-from "$out/bench_sizes.txt"
+for rows in ${CASES:-6144 24576}; do
+  want bench && run "bench$rows" 300 "$h" --cfg "$cfgs" --only "rows $rows" --reps 100 --warm-ms 1500 \
+    --sizes-from "$out/bench_sizes.txt"
+done
 if want ncu; then
-  for code in 1 128102; do
+  for code in ${NCU_CFGS:-1 128102}; do
     run "ncu_$code" 240 ncu --clock-control none --set full -k regex:fp8_prepared_kernel --launch-skip 3 \
       --launch-count 1 -f -o "$out/ncu_$code" "$h" --cfg "$code" --only "L1 rows 24576" --reps 5 \
       --sizes-from "$out/bench_sizes.txt"

@@ -92,7 +92,7 @@ struct P8Params {
   int NT;  // n-tiles per group
   int KT;  // stages (k chunks)
   bool out_f32;
-  bool nmajor;  // walk order inside a group (find_tile_ordered)
+  int walk;  // walk order inside a group (find_tile_ordered)
   bool glu;  // always false (the shared epilogue reads it)
   float glu_limit;
   const float* row_scale;
@@ -341,13 +341,17 @@ __device__ __forceinline__ void consumer_mainloop_overlap(float (&acc)[BTMAX / 2
   if (kt < KT) step(kt, std::integral_constant<int, 0>{});
 }
 
-// find_tile (csrc/wgmma_sm90_common.cuh) with the walk order inside a group chosen by the caller:
-// token-tile-major (consecutive schedule indices take the n-tiles of one token tile: the token tile is
-// re-read from L2 by concurrent CTAs) or n-tile-major (they take the token tiles of one weight n-tile:
-// the weight tile is shared by concurrent CTAs, so each weight byte comes from HBM about once).
+// find_tile (csrc/wgmma_sm90_common.cuh) with the walk order inside a group chosen by the caller (walk):
+// 0 token-tile-major (consecutive schedule indices take the n-tiles of one token tile: the token tile is
+// re-read from L2 by concurrent CTAs, and a group's weights stream through L2 once per ~132 / NT token
+// tiles), 1 n-tile-major (they take the token tiles of one weight n-tile: the weight tile is shared by
+// concurrent CTAs, so each weight byte comes from HBM about once, but with the grid's even stride a CTA
+// keeps its token-tile parity), S >= 2 blocks of S n-tiles: the block's token tiles in turn, its n-tiles
+// innermost (concurrent CTAs share weight tiles as in n-tile-major; consecutive indices, hence the
+// grid's parity, alternate n-tiles, not token tiles).
 __device__ __forceinline__ bool find_tile_ordered(int L, int total, const int* __restrict__ prefix,
                                                   const int* __restrict__ starts, const int* __restrict__ ends, int G,
-                                                  int NT, int BT, bool nmajor, int& gcur, Tile& t) {
+                                                  int NT, int BT, int walk, int& gcur, Tile& t) {
   if (L >= total) return false;
   const int q = L / NT;
   const int lane = threadIdx.x & 31;
@@ -363,8 +367,20 @@ __device__ __forceinline__ bool find_tile_ordered(int L, int total, const int* _
   const int p0 = __ldcg(prefix + g);
   const int tg = __ldcg(prefix + g + 1) - p0;
   const int local = L - p0 * NT;
-  const int nt = nmajor ? local / tg : local % NT;
-  const int tt = nmajor ? local - nt * tg : local / NT;
+  int nt, tt;
+  if (walk == 0) {
+    nt = local % NT;
+    tt = local / NT;
+  } else if (walk == 1) {
+    nt = local / tg;
+    tt = local - nt * tg;
+  } else {
+    const int nb0 = local / (walk * tg) * walk;          // the block's first n-tile
+    const int sw = NT - nb0 < walk ? NT - nb0 : walk;    // n-tiles in the block (the last may be short)
+    const int rem = local - nb0 * tg;
+    tt = rem / sw;
+    nt = nb0 + rem - tt * sw;
+  }
   const int64_t st = __ldcg(starts + g);
   const int64_t en = __ldcg(ends + g);
   t.g = g;
@@ -465,7 +481,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         advance_stage<kTileSlots>(ts, tph);
       };
-      for (int L = L0; find_tile_ordered(L, total, prefix, starts, ends, G, NTU, BTMAX, p.nmajor, gcur, t); L += LS) {
+      for (int L = L0; find_tile_ordered(L, total, prefix, starts, ends, G, NTU, BTMAX, p.walk, gcur, t); L += LS) {
         t.n0 = t.n0 * CLUSTER + rank * kRowsW;  // this CTA's n-tile of the unit
         publish(t);
         const int nb = (t.rows + kBoxT - 1) / kBoxT;
@@ -496,7 +512,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else if (warp == 1) {
       // the tile's chunk scales, zero-filled past M
       const int64_t M = p.M;
-      for (int L = L0; find_tile_ordered(L, total, prefix, starts, ends, G, NTU, BTMAX, p.nmajor, gcur, t); L += LS) {
+      for (int L = L0; find_tile_ordered(L, total, prefix, starts, ends, G, NTU, BTMAX, p.walk, gcur, t); L += LS) {
 #pragma unroll 1
         for (int kt = 0; kt < KT; ++kt) {
           mbar_wait(xs_empty0 + s * 8, ph ^ 1);
@@ -609,12 +625,13 @@ cudaError_t launch_prepared(const GroupedGemmParams& p, const P8Params& fp, cuda
 // (p.fp8, lhs e4m3 [M, K], lhs_chunk_scales [K/128, M], alpha [G], group_sizes, out, workspace) except
 // p.rhs = the prepared e4m3 weights u8 [G, N, K] in the activations' k order; p.rhs_scales is unused.
 // token_tile: 32, 64, 128 or 192; cluster: 1, or 2 (two CTAs share the token tile's activation loads by
-// TMA multicast; tiles 64, 128, 192); nmajor: the walk order inside a group (find_tile_ordered); consumer:
+// TMA multicast; tiles 64, 128, 192); walk: the walk order inside a group (find_tile_ordered: 0, 1, or a
+// block of walk >= 2 n-tiles); consumer:
 // 0 consumer_mainloop, 1 consumer_mainloop_overlap (tiles 64x2, 128x1, 128x2), 2 consumer_mainloop ORDERED
 // (tiles 128x1, 128x2, 192x1, 192x2). Needs K % 128 == 0, K > 0, 16-byte aligned lhs / rhs, no SwiGLU epilogue.
-cudaError_t LaunchGroupedGemmFp8Prepared(const GroupedGemmParams& p, int token_tile, int cluster, bool nmajor,
+cudaError_t LaunchGroupedGemmFp8Prepared(const GroupedGemmParams& p, int token_tile, int cluster, int walk,
                                          int consumer, cudaStream_t stream) {
-  if (p.M < 0 || p.N < 0 || p.G < 1 || p.K <= 0 || p.K % kBK != 0 || p.glu) return cudaErrorInvalidValue;
+  if (p.M < 0 || p.N < 0 || p.G < 1 || p.K <= 0 || p.K % kBK != 0 || p.glu || walk < 0) return cudaErrorInvalidValue;
   if (p.workspace_bytes < GroupedGemmWorkspaceBytes(p.G) || p.G > (1 << 20)) return cudaErrorInvalidValue;
   if (p.G * p.N > INT32_MAX || p.M > INT32_MAX - 1) return cudaErrorNotSupported;  // TMA row coordinates
   if ((reinterpret_cast<uintptr_t>(p.lhs) & 15) || (reinterpret_cast<uintptr_t>(p.rhs) & 15) ||
@@ -643,7 +660,7 @@ cudaError_t LaunchGroupedGemmFp8Prepared(const GroupedGemmParams& p, int token_t
   fp.NT = static_cast<int>((p.N + kRowsW - 1) / kRowsW);
   fp.KT = static_cast<int>(p.K / kBK);
   fp.out_f32 = p.out_f32;
-  fp.nmajor = nmajor;
+  fp.walk = walk;
   fp.glu = false;
   fp.glu_limit = 0.0f;
   fp.row_scale = nullptr;
