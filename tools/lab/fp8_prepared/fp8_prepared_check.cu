@@ -473,7 +473,7 @@ int main(int argc, char** argv) {
   if (small) {
     const std::vector<int> tiles = {kPackageCode, 32100, 64100, 128100, 192100, 64200, 128200, 192200, 128110, 128210,
                                     128101, 128201, 64201, 128102, 128202, 192102, 192202, 128130, 128140, 128142,
-                                    128240, 192140, 64130};
+                                    128240, 192140, 64130, 128242, 192142, 192242};
     const std::vector<bool> outs = {false, true};
     // odd N (rows past N of a tile read the next group's weights and are dropped), empty and negative
     // groups, sizes summing below M (tail rows zeroed), above M (clamped), tiles over several boxes

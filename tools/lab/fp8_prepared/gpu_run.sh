@@ -13,12 +13,14 @@
 #   4. ncu:      Nsight Compute (--clock-control none) on one launch of the package kernel and of the
 #                ordered one at L1 24576 rows: tensor pipe, shared-memory and L2 throughput against
 #                their peaks (which of them bounds the kernel);
+#   probe:       loads-only and math-only builds (-DP8_PROBE=1 / 3) at L1 24576 rows (PROBE1_CFGS, PROBE3_CFGS);
 #   5. api:      with the installed wheel (STEPS=... api, after tools/gpu/gpu_check.sh deps install), the
 #                bench's prepared rows beside the fp8 mode, and the fp8 reference tests on the GPU
 #                (tests/test_api_matrix.py -k "gpu and fp8", tests/test_excess_precision.py).
 # usage: OUT=... bash tools/lab/fp8_prepared/gpu_run.sh      STEPS="smi small bench ncu api" (default all
 #        but api); CFGS (the bench step's configuration codes), NCU_CFGS (the ncu step's), CASES (the
-#        bench step's row counts, a space list) override the defaults below
+#        bench step's row counts, a space list), API_CASES / API_IMPLS (the api step's bench arguments),
+#        API_TESTS (its pytest arguments) override the defaults below
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 out=${OUT:-fp8p-out}; mkdir -p "$out"; out=$(cd "$out" && pwd)
@@ -53,6 +55,23 @@ for rows in ${CASES:-6144 24576}; do
   want bench && run "bench$rows" 300 "$h" --cfg "$cfgs" --only "rows $rows" --reps 100 --warm-ms 1500 \
     --sizes-from "$out/bench_sizes.txt"
 done
+# probes (binaries built with -DP8_PROBE=1 / 3, gitignored: carry them; their checks FAIL by design):
+# the loads alone and the math alone at L1 24576 rows, sustained, per configuration
+if want probe; then
+  for pr in 1 3; do
+    codes=$([ "$pr" = 1 ] && echo "${PROBE1_CFGS:-128100,128140,128200,128240,192100,192140}" \
+            || echo "${PROBE3_CFGS:-128100,128102,192100,192102}")
+    run "probe$pr" 200 "tools/lab/fp8_prepared/fp8_prepared_probe$pr" --cfg "$codes" --only "L1 rows 24576" \
+      --reps 50 --warm-ms 1000 --sizes-from "$out/bench_sizes.txt"
+  done
+fi
+if want api; then
+  run api_bench 300 python3 -P -m jax_nvfp4.bench --out "$out/api" --cases "${API_CASES:-L1-6144,L1-24576,L2-6144}" \
+    --impls "${API_IMPLS:-w4a16_fp8_prepared,w4a4_fp8_prepared,w4a16_fp8,w4a4_fp8}"
+  # shellcheck disable=SC2086
+  XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_NVFP4_REQUIRE_GPU=1 run api_tests 300 python3 -P -m pytest -q \
+    ${API_TESTS:-tests/test_api_matrix.py -k "gpu and fp8" tests/test_excess_precision.py}
+fi
 if want ncu; then
   for code in ${NCU_CFGS:-1 128102}; do
     run "ncu_$code" 240 ncu --clock-control none --set full -k regex:fp8_prepared_kernel --launch-skip 3 \
@@ -60,12 +79,6 @@ if want ncu; then
       --sizes-from "$out/bench_sizes.txt"
     ncu --import "$out/ncu_$code.ncu-rep" --page details >"$out/ncu_$code.txt" 2>&1
   done
-fi
-if want api; then
-  run api_bench 300 python3 -P -m jax_nvfp4.bench --out "$out/api" --cases L1-6144,L1-24576,L2-6144 \
-    --impls w4a16_fp8_prepared,w4a4_fp8_prepared,w4a16_fp8,w4a4_fp8
-  XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_NVFP4_REQUIRE_GPU=1 run api_tests 300 python3 -P -m pytest -q \
-    tests/test_api_matrix.py -k "gpu and fp8" tests/test_excess_precision.py
 fi
 [ -n "${smi_pid:-}" ] && kill "$smi_pid" 2>/dev/null
 echo "== summary"; printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"

@@ -61,7 +61,7 @@ constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 constexpr int kConsumerWarps = 8;
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
-// Lab probes (wrong results, timing only; configurations 128x1, 128x2, 192x1 only): 1 no wgmmas, 2 promotion only
+// Lab probes (wrong results, timing only; configurations 128x1, 128x2, 192x1, 128x1r, 192x1r only): 1 no wgmmas, 2 promotion only
 // at the last chunk, 3 no TMA loads (the consumers compute on whatever the stages hold).
 #ifndef P8_PROBE
 #define P8_PROBE 0
@@ -672,6 +672,10 @@ cudaError_t LaunchGroupedGemmFp8Prepared(const GroupedGemmParams& p, int token_t
       return launch_prepared<128, 6, 2>(p, fp, stream);
     case 19210:
       return launch_prepared<192, 5, 1>(p, fp, stream);
+    case 12812:
+      return launch_prepared<128, 6, 1, 2>(p, fp, stream);
+    case 19212:
+      return launch_prepared<192, 5, 1, 2>(p, fp, stream);
 #else
     case 3210:
       return launch_prepared<32, 11, 1>(p, fp, stream);
