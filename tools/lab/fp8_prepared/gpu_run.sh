@@ -10,15 +10,16 @@
 #                128202, 192202), 192x1 and 192x2 at 6144 and 24576 rows, one run, on the API bench's
 #                group sizes (--sizes-from), each timed after 1.5 s of back-to-back launches (--warm-ms:
 #                the power-capped regime the API bench times; a burst after idle time is 12-15% faster);
-#   4. ncu:      Nsight Compute (--clock-control none) on one launch of the package kernel and of the
-#                ordered one at L1 24576 rows: tensor pipe, shared-memory and L2 throughput against
-#                their peaks (which of them bounds the kernel);
-#   probe:       loads-only and math-only builds (-DP8_PROBE=1 / 3) at L1 24576 rows (PROBE1_CFGS, PROBE3_CFGS);
-#   5. api:      with the installed wheel (STEPS=... api, after tools/gpu/gpu_check.sh deps install), the
+#   4. probe:    (only when STEPS names it; build the binaries with -DP8_PROBE=1 / 3 and carry them) the
+#                loads alone and the math alone at L1 24576 rows (PROBE1_CFGS, PROBE3_CFGS);
+#   5. api:      (only when named) with the installed wheel (after tools/gpu/gpu_check.sh deps install), the
 #                bench's prepared rows beside the fp8 mode, and the fp8 reference tests on the GPU
-#                (tests/test_api_matrix.py -k "gpu and fp8", tests/test_excess_precision.py).
-# usage: OUT=... bash tools/lab/fp8_prepared/gpu_run.sh      STEPS="smi small bench ncu api" (default all
-#        but api); CFGS (the bench step's configuration codes), NCU_CFGS (the ncu step's), CASES (the
+#                (tests/test_api_matrix.py -k "gpu and fp8", tests/test_excess_precision.py);
+#   6. ncu:      Nsight Compute (--clock-control none) on one launch of the package kernel and of the
+#                ordered one at L1 24576 rows: tensor pipe, shared-memory and L2 throughput against
+#                their peaks (which of them bounds the kernel).
+# usage: OUT=... bash tools/lab/fp8_prepared/gpu_run.sh      STEPS="smi small bench probe api ncu" (default
+#        smi small bench ncu); CFGS (the bench step's configuration codes), NCU_CFGS (the ncu step's), CASES (the
 #        bench step's row counts, a space list), API_CASES / API_IMPLS (the api step's bench arguments),
 #        API_TESTS (its pytest arguments) override the defaults below
 set -uo pipefail
@@ -58,9 +59,9 @@ done
 # probes (binaries built with -DP8_PROBE=1 / 3, gitignored: carry them; their checks FAIL by design):
 # the loads alone and the math alone at L1 24576 rows, sustained, per configuration
 if want probe; then
+  probe_cfgs=([1]=${PROBE1_CFGS:-128100,128140,128200,128240,192100,192140} [3]=${PROBE3_CFGS:-128100,128102,192100,192102})
   for pr in 1 3; do
-    codes=$([ "$pr" = 1 ] && echo "${PROBE1_CFGS:-128100,128140,128200,128240,192100,192140}" \
-            || echo "${PROBE3_CFGS:-128100,128102,192100,192102}")
+    codes=${probe_cfgs[$pr]}
     run "probe$pr" 200 "tools/lab/fp8_prepared/fp8_prepared_probe$pr" --cfg "$codes" --only "L1 rows 24576" \
       --reps 50 --warm-ms 1000 --sizes-from "$out/bench_sizes.txt"
   done
