@@ -1,0 +1,274 @@
+// Lab (issue 48): the tensor pipe's rate for the prepared-weights kernel's consumer, without loads.
+// One CTA per SM, NWG consumer warpgroups (64 A rows each), operands static in shared memory (random e4m3
+// bytes in 4 rotating stage buffers, 128-byte swizzle as the kernel's), each CTA runs `iters` stages of
+// four m64nNk32 e4m3 SS wgmmas per warpgroup. Modes:
+//   0 raw:      one accumulator across all stages, commit per stage, wait<1> (one stage in flight)
+//   1 promote:  chunk accumulator, wait<0>, acc = fma(part, s, acc) with two scales held in registers
+//   2 scales:   as 1, but the scales read from shared memory per stage as the package consumer does
+//               (NN/8 ld.shared.v2 per thread: one scale pair per token column pair)
+//   3 wait:     chunk accumulator and wait<0> per stage, no promotion
+//   4 rs raw:   as 0 with A from registers (RS wgmma: shared memory feeds B only; A fixed fragments)
+//   5 rs promote: as 1 with A from registers
+// Prints ms per launch (median after --warm-ms of back-to-back launches), SM clocks per stage, the
+// clock the SMs ran at (clock64 over elapsed time) and TFLOP/s.
+//
+// Build (the package's include paths; binary gitignored):
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -cudart static \
+//     -I. -I$CUT -o tools/lab/fp8_prepared/wgmma_rate tools/lab/fp8_prepared/wgmma_rate.cu
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include <cute/arch/mma_sm90_gmma.hpp>
+
+#define CK(x)                                                                       \
+  do {                                                                              \
+    cudaError_t e_ = (x);                                                           \
+    if (e_ != cudaSuccess) {                                                        \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                 \
+    }                                                                               \
+  } while (0)
+
+namespace gmma = cute::SM90::GMMA;
+
+template <int NN>
+struct Op;
+template <>
+struct Op<128> {
+  using SS = gmma::MMA_64x128x32_F32E4M3E4M3_SS_TN<>;
+  using RS = gmma::MMA_64x128x32_F32E4M3E4M3_RS_TN<>;
+};
+template <>
+struct Op<192> {
+  using SS = gmma::MMA_64x192x32_F32E4M3E4M3_SS_TN<>;
+  using RS = gmma::MMA_64x192x32_F32E4M3E4M3_RS_TN<>;
+};
+template <>
+struct Op<256> {
+  using SS = gmma::MMA_64x256x32_F32E4M3E4M3_SS_TN<>;
+  using RS = gmma::MMA_64x256x32_F32E4M3E4M3_RS_TN<>;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+template <int N>
+__device__ __forceinline__ void fence(float (&a)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(a[i])::"memory");
+}
+template <int NN, typename Acc, size_t... I>
+__device__ __forceinline__ void mma_rs(const uint4& a, uint64_t db, Acc& acc, gmma::ScaleOut sc,
+                                       std::index_sequence<I...>) {
+  Op<NN>::RS::fma(a.x, a.y, a.z, a.w, db, acc[I]..., sc);
+}
+template <int NN, typename Acc, size_t... I>
+__device__ __forceinline__ void mma(uint64_t da, uint64_t db, Acc& acc, gmma::ScaleOut sc, std::index_sequence<I...>) {
+  Op<NN>::SS::fma(da, db, acc[I]..., sc);
+}
+
+constexpr int kStages = 4;
+
+template <int NN, int NWG>
+struct Lay {
+  static constexpr int kA = NWG * 64 * 128;
+  static constexpr int kStage = kA + NN * 128;
+  static constexpr int kXs = kStages * kStage;
+  static constexpr int kSmem = kXs + kStages * NN * 4 + 1024;
+};
+
+template <int NN, int NWG, int MODE>
+__global__ void __launch_bounds__(128 * NWG, 1) rate_kernel(int iters, float* sink, long long* clocks) {
+  using L = Lay<NN, NWG>;
+  extern __shared__ uint8_t raw[];
+  uint8_t* smem = raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
+  // random e4m3 bytes without NaN (exponent field below 15), scales powers of two
+  uint32_t h = 2654435761u * (blockIdx.x + 1);
+  for (int i = threadIdx.x * 4; i < L::kXs; i += blockDim.x * 4) {
+    h ^= h << 13; h ^= h >> 17; h ^= h << 5;
+    *reinterpret_cast<uint32_t*>(smem + i) = (h ^ i) & 0x77777777u;
+  }
+  for (int i = threadIdx.x; i < kStages * NN; i += blockDim.x)
+    reinterpret_cast<float*>(smem + L::kXs)[i] = (i & 1) ? 0.5f : 0.25f;
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+
+  const int wg = threadIdx.x >> 7;
+  const int t4 = threadIdx.x & 3;
+  const uint32_t base = smem_u32(smem);
+  const uint64_t hi = desc_sw128(0) & 0xFFFFFFFF00000000ull;
+  const uint32_t a0 = static_cast<uint32_t>(desc_sw128(base + wg * 64 * 128));
+  const uint32_t b0 = static_cast<uint32_t>(desc_sw128(base + L::kA));
+  float acc[NN / 2];
+#pragma unroll
+  for (int i = 0; i < NN / 2; ++i) acc[i] = 0.0f;
+  const float s0 = reinterpret_cast<float*>(smem + L::kXs)[t4], s1 = reinterpret_cast<float*>(smem + L::kXs)[t4 + 1];
+  uint4 afr[4];  // RS modes: fixed A fragments (values only matter for power)
+#pragma unroll
+  for (int j = 0; j < 4; ++j) afr[j] = reinterpret_cast<const uint4*>(smem)[(threadIdx.x * 4 + j) & 1023];
+  const long long c0 = clock64();
+  int s = 0;
+#pragma unroll 1
+  for (int it = 0; it < iters; ++it) {
+    const uint32_t so = static_cast<uint32_t>(s) * (L::kStage >> 4);
+    uint32_t zero = 0u, one = 1u;
+    asm volatile("" : "+r"(zero), "+r"(one)::"memory");
+    if constexpr (MODE == 0 || MODE == 4) {
+      // no operand fence here: reading acc while a stage is in flight serializes the wgmmas (C7514)
+      cute::warpgroup_arrive();
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (MODE == 0)
+          mma<NN>(hi | (a0 + so + 2 * j), hi | (b0 + so + 2 * j), acc, gmma::ScaleOut::One,
+                  std::make_index_sequence<NN / 2>{});
+        else
+          mma_rs<NN>(afr[j], hi | (b0 + so + 2 * j), acc, gmma::ScaleOut::One, std::make_index_sequence<NN / 2>{});
+      }
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<1>();
+    } else {
+      float part[NN / 2];
+      float2 xsc[MODE == 2 ? NN / 8 : 1];
+      if constexpr (MODE == 2) {
+        const uint32_t xa = base + L::kXs + s * (NN * 4) + 8 * t4;
+#pragma unroll
+        for (int j8 = 0; j8 < NN / 8; ++j8)
+          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(xsc[j8].x), "=f"(xsc[j8].y) : "r"(xa + 32 * j8));
+      }
+      fence(part);
+      cute::warpgroup_arrive();
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(j == 0 ? zero : one);
+        if constexpr (MODE == 5)
+          mma_rs<NN>(afr[j], hi | (b0 + so + 2 * j), part, sc, std::make_index_sequence<NN / 2>{});
+        else
+          mma<NN>(hi | (a0 + so + 2 * j), hi | (b0 + so + 2 * j), part, sc, std::make_index_sequence<NN / 2>{});
+      }
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<0>();
+      fence(part);
+      if constexpr (MODE == 1 || MODE == 5) {
+#pragma unroll
+        for (int i = 0; i < NN / 2; i += 2) {
+          acc[i] = fmaf(part[i], s0, acc[i]);
+          acc[i + 1] = fmaf(part[i + 1], s1, acc[i + 1]);
+        }
+      } else if constexpr (MODE == 2) {
+#pragma unroll
+        for (int j8 = 0; j8 < NN / 8; ++j8) {
+          acc[4 * j8 + 0] = fmaf(part[4 * j8 + 0], xsc[j8].x, acc[4 * j8 + 0]);
+          acc[4 * j8 + 1] = fmaf(part[4 * j8 + 1], xsc[j8].y, acc[4 * j8 + 1]);
+          acc[4 * j8 + 2] = fmaf(part[4 * j8 + 2], xsc[j8].x, acc[4 * j8 + 2]);
+          acc[4 * j8 + 3] = fmaf(part[4 * j8 + 3], xsc[j8].y, acc[4 * j8 + 3]);
+        }
+      } else {
+        // wait only: keep part alive through one register per thread
+        acc[0] += part[0];
+      }
+    }
+    s = (s + 1 == kStages) ? 0 : s + 1;
+  }
+  cute::warpgroup_wait<0>();
+  fence(acc);
+  const long long c1 = clock64();
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < NN / 2; ++i) sum += acc[i];
+  if (sum == 1234.5f) sink[blockIdx.x * blockDim.x + threadIdx.x] = sum;  // keeps the math alive
+  if (threadIdx.x == 0) clocks[blockIdx.x] = c1 - c0;
+}
+
+struct Case {
+  const char* name;
+  int nn, nwg, mode;
+  void (*kernel)(int, float*, long long*);
+  int smem;
+};
+
+template <int NN, int NWG, int MODE>
+Case make(const char* name) {
+  return Case{name, NN, NWG, MODE, rate_kernel<NN, NWG, MODE>, Lay<NN, NWG>::kSmem};
+}
+
+int main(int argc, char** argv) {
+  int iters = 4000;
+  double warm_ms = 1500;
+  int reps = 50;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--warm-ms")) warm_ms = std::atof(argv[++i]);
+    else if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--only")) only = argv[++i];
+  }
+  std::vector<Case> cases = {
+      make<128, 2, 0>("n128 wg2 raw"),     make<128, 2, 1>("n128 wg2 promote"),
+      make<128, 2, 2>("n128 wg2 scales"),  make<128, 2, 3>("n128 wg2 wait"),
+      make<192, 2, 0>("n192 wg2 raw"),     make<192, 2, 1>("n192 wg2 promote"),
+      make<192, 2, 2>("n192 wg2 scales"),  make<192, 2, 3>("n192 wg2 wait"),
+      make<256, 2, 0>("n256 wg2 raw"),     make<256, 2, 3>("n256 wg2 wait"),
+      make<128, 3, 0>("n128 wg3 raw"),     make<128, 3, 1>("n128 wg3 promote"),
+      make<128, 2, 4>("n128 wg2 rs raw"),  make<128, 2, 5>("n128 wg2 rs promote"),
+      make<192, 2, 4>("n192 wg2 rs raw"),  make<192, 2, 5>("n192 wg2 rs promote"),
+      make<256, 2, 4>("n256 wg2 rs raw"),
+  };
+  int dev = 0, sms = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, dev));
+  std::printf("# %s, %d SMs, iters %d per CTA, warm %.0f ms, median of %d\n", prop.name, sms, iters, warm_ms, reps);
+  std::printf("%-20s %9s %9s %11s %8s %9s\n", "case", "ms", "clk/stage", "tensor clk", "GHz", "TFLOP/s");
+  float* sink;
+  long long* clk;
+  CK(cudaMalloc(&sink, sms * 384 * sizeof(float)));
+  CK(cudaMalloc(&clk, sms * sizeof(long long)));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  for (const Case& c : cases) {
+    if (!only.empty() && std::string(c.name).find(only) == std::string::npos) continue;
+    CK(cudaFuncSetAttribute(c.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, c.smem));
+    const dim3 grid(sms), block(128 * c.nwg);
+    auto t0 = std::chrono::steady_clock::now();
+    do {
+      for (int i = 0; i < 10; ++i) c.kernel<<<grid, block, c.smem>>>(iters, sink, clk);
+      CK(cudaDeviceSynchronize());
+    } while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() < warm_ms);
+    CK(cudaGetLastError());
+    std::vector<float> ms(reps);
+    std::vector<long long> cl(sms);
+    double clk_sum = 0;
+    for (int r = 0; r < reps; ++r) {
+      CK(cudaEventRecord(e0));
+      c.kernel<<<grid, block, c.smem>>>(iters, sink, clk);
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      CK(cudaEventElapsedTime(&ms[r], e0, e1));
+      CK(cudaMemcpy(cl.data(), clk, sms * sizeof(long long), cudaMemcpyDeviceToHost));
+      clk_sum += *std::max_element(cl.begin(), cl.end());
+    }
+    std::sort(ms.begin(), ms.end());
+    const double med = ms[reps / 2];
+    const double cps = clk_sum / reps / iters;
+    const double tensor = c.nwg * 4 * 64.0 * c.nn / 128.0;  // m64nNk32 e4m3: N/2 clocks at 4096 MAC/clk/SM
+    const double ghz = clk_sum / reps / (med * 1e6);
+    const double flop = 2.0 * sms * double(iters) * c.nwg * 64 * c.nn * 128;
+    std::printf("%-20s %9.3f %9.1f %11.0f %8.3f %9.1f\n", c.name, med, cps, tensor, ghz, flop / (med * 1e9));
+  }
+  return 0;
+}
