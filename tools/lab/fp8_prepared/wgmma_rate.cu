@@ -9,6 +9,8 @@
 //   3 wait:     chunk accumulator and wait<0> per stage, no promotion
 //   4 rs raw:   as 0 with A from registers (RS wgmma: shared memory feeds B only; A fixed fragments)
 //   5 rs promote: as 1 with A from registers
+//   6 lockstep: as 2, and every warpgroup meets at a named barrier before each stage's wgmmas (the
+//               package consumers both wait on the stage's full barrier, so they issue together)
 // Prints ms per launch (median after --warm-ms of back-to-back launches), SM clocks per stage, the
 // clock the SMs ran at (clock64 over elapsed time) and TFLOP/s.
 //
@@ -141,8 +143,9 @@ __global__ void __launch_bounds__(128 * NWG, 1) rate_kernel(int iters, float* si
       cute::warpgroup_wait<1>();
     } else {
       float part[NN / 2];
-      float2 xsc[MODE == 2 ? NN / 8 : 1];
-      if constexpr (MODE == 2) {
+      float2 xsc[MODE == 2 || MODE == 6 ? NN / 8 : 1];
+      if constexpr (MODE == 6) asm volatile("bar.sync 1, %0;\n" ::"n"(128 * NWG) : "memory");
+      if constexpr (MODE == 2 || MODE == 6) {
         const uint32_t xa = base + L::kXs + s * (NN * 4) + 8 * t4;
 #pragma unroll
         for (int j8 = 0; j8 < NN / 8; ++j8)
@@ -167,7 +170,7 @@ __global__ void __launch_bounds__(128 * NWG, 1) rate_kernel(int iters, float* si
           acc[i] = fmaf(part[i], s0, acc[i]);
           acc[i + 1] = fmaf(part[i + 1], s1, acc[i + 1]);
         }
-      } else if constexpr (MODE == 2) {
+      } else if constexpr (MODE == 2 || MODE == 6) {
 #pragma unroll
         for (int j8 = 0; j8 < NN / 8; ++j8) {
           acc[4 * j8 + 0] = fmaf(part[4 * j8 + 0], xsc[j8].x, acc[4 * j8 + 0]);
@@ -225,6 +228,8 @@ int main(int argc, char** argv) {
       make<128, 2, 4>("n128 wg2 rs raw"),  make<128, 2, 5>("n128 wg2 rs promote"),
       make<192, 2, 4>("n192 wg2 rs raw"),  make<192, 2, 5>("n192 wg2 rs promote"),
       make<256, 2, 4>("n256 wg2 rs raw"),
+      make<128, 2, 6>("n128 wg2 lockstep"), make<192, 2, 6>("n192 wg2 lockstep"),
+      make<128, 3, 2>("n128 wg3 scales"),  make<128, 3, 6>("n128 wg3 lockstep"),
   };
   int dev = 0, sms = 0;
   CK(cudaGetDevice(&dev));
