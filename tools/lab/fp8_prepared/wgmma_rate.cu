@@ -11,8 +11,13 @@
 //   5 rs promote: as 1 with A from registers
 //   6 lockstep: as 2, and every warpgroup meets at a named barrier before each stage's wgmmas (the
 //               package consumers both wait on the stage's full barrier, so they issue together)
+//   7 copy only: no math; the copy warp below runs 2 x 16 KiB per stage (a 128 x 128 stage's bytes)
+// "+copy" cases add one warp that streams 16 KiB bulk copies (cp.async.bulk, two slots in flight) from
+// an L2-resident 16 MiB buffer into shared memory for as long as the math runs: the load path's
+// traffic beside the math, without the pipeline's barriers; its rate is the copy B/clk column.
 // Prints ms per launch (median after --warm-ms of back-to-back launches), SM clocks per stage, the
-// clock the SMs ran at (clock64 over elapsed time) and TFLOP/s.
+// clock the SMs ran at (clock64 over elapsed time: a lower bound, the event time holds the launch and
+// the shared-memory fill), TFLOP/s, and with a copy warp its bytes per SM clock.
 //
 // Build (the package's include paths; binary gitignored):
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -cudart static \
@@ -30,6 +35,8 @@
 #include <cuda_runtime.h>
 
 #include <cute/arch/mma_sm90_gmma.hpp>
+
+#include "csrc/mbarrier_sm90.cuh"
 
 #define CK(x)                                                                       \
   do {                                                                              \
@@ -84,19 +91,53 @@ __device__ __forceinline__ void mma(uint64_t da, uint64_t db, Acc& acc, gmma::Sc
 
 constexpr int kStages = 4;
 
-template <int NN, int NWG>
+constexpr int kCopyBytes = 16384;           // one bulk copy
+constexpr int64_t kSrcBytes = 16 << 20;     // the copies' source, L2-resident after the first pass
+
+template <int NN, int NWG, bool COPY>
 struct Lay {
   static constexpr int kA = NWG * 64 * 128;
   static constexpr int kStage = kA + NN * 128;
   static constexpr int kXs = kStages * kStage;
-  static constexpr int kSmem = kXs + kStages * NN * 4 + 1024;
+  static constexpr int kCopy = kXs + kStages * NN * 4;  // two copy slots (only with COPY)
+  static constexpr int kBar = kCopy + (COPY ? 2 * kCopyBytes : 0);  // two mbarriers, the done flag
+  static constexpr int kSmem = kBar + 32 + 1024;
 };
 
-template <int NN, int NWG, int MODE>
-__global__ void __launch_bounds__(128 * NWG, 1) rate_kernel(int iters, float* sink, long long* clocks) {
-  using L = Lay<NN, NWG>;
+// The copy warp: 16 KiB bulk copies into two slots, each reissued once its previous copy landed, until
+// the math's warpgroup 0 raises the done flag (or, with ncopy > 0, after ncopy copies).
+template <typename L>
+__device__ void copy_warp(uint8_t* smem, const uint8_t* src, int64_t ncopy, long long* cstats) {
+  const uint32_t bar = smem_u32(smem + L::kBar);
+  volatile int* done = reinterpret_cast<volatile int*>(smem + L::kBar + 16);
+  if ((threadIdx.x & 31) != 0) return;
+  const long long c0 = clock64();
+  int64_t n = 0;
+  for (; ncopy > 0 ? n < ncopy : !*done; ++n) {
+    const int j = static_cast<int>(n & 1);
+    if (n >= 2) jax_nvfp4::mbar_wait(bar + 8 * j, static_cast<uint32_t>(((n - 2) >> 1) & 1));
+    jax_nvfp4::mbar_arrive_expect_tx(bar + 8 * j, kCopyBytes);
+    const int64_t off = ((static_cast<int64_t>(blockIdx.x) * 61 + n) * kCopyBytes) % kSrcBytes;
+    jax_nvfp4::bulk_load(smem_u32(smem + L::kCopy + j * kCopyBytes), src + off, kCopyBytes, bar + 8 * j);
+  }
+  for (int64_t m = n - 2 < 0 ? 0 : n - 2; m < n; ++m)  // drain
+    jax_nvfp4::mbar_wait(bar + 8 * (m & 1), static_cast<uint32_t>((m >> 1) & 1));
+  cstats[2 * blockIdx.x] = n * kCopyBytes;
+  cstats[2 * blockIdx.x + 1] = clock64() - c0;
+}
+
+template <int NN, int NWG, int MODE, bool COPY>
+__global__ void __launch_bounds__(128 * NWG + (COPY ? 32 : 0), 1)
+    rate_kernel(int iters, float* sink, long long* clocks, long long* cstats, const uint8_t* src) {
+  using L = Lay<NN, NWG, COPY>;
   extern __shared__ uint8_t raw[];
   uint8_t* smem = raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
+  if (COPY && threadIdx.x == 0) {
+    jax_nvfp4::mbar_init(smem_u32(smem + L::kBar), 1);
+    jax_nvfp4::mbar_init(smem_u32(smem + L::kBar) + 8, 1);
+    *reinterpret_cast<volatile int*>(smem + L::kBar + 16) = 0;
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
   // random e4m3 bytes without NaN (exponent field below 15), scales powers of two
   uint32_t h = 2654435761u * (blockIdx.x + 1);
   for (int i = threadIdx.x * 4; i < L::kXs; i += blockDim.x * 4) {
@@ -107,6 +148,16 @@ __global__ void __launch_bounds__(128 * NWG, 1) rate_kernel(int iters, float* si
     reinterpret_cast<float*>(smem + L::kXs)[i] = (i & 1) ? 0.5f : 0.25f;
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
+  if constexpr (COPY) {
+    if (threadIdx.x >= 128 * NWG) {
+      copy_warp<L>(smem, src, MODE == 7 ? 2 * static_cast<int64_t>(iters) : 0, cstats);
+      return;
+    }
+  }
+  if constexpr (MODE == 7) {
+    if (threadIdx.x == 0) clocks[blockIdx.x] = 0;
+    return;
+  }
 
   const int wg = threadIdx.x >> 7;
   const int t4 = threadIdx.x & 3;
@@ -192,19 +243,24 @@ __global__ void __launch_bounds__(128 * NWG, 1) rate_kernel(int iters, float* si
 #pragma unroll
   for (int i = 0; i < NN / 2; ++i) sum += acc[i];
   if (sum == 1234.5f) sink[blockIdx.x * blockDim.x + threadIdx.x] = sum;  // keeps the math alive
-  if (threadIdx.x == 0) clocks[blockIdx.x] = c1 - c0;
+  if (threadIdx.x == 0) {
+    clocks[blockIdx.x] = c1 - c0;
+    if constexpr (COPY) *reinterpret_cast<volatile int*>(smem + L::kBar + 16) = 1;
+  }
 }
 
 struct Case {
   const char* name;
   int nn, nwg, mode;
-  void (*kernel)(int, float*, long long*);
+  bool copy;
+  void (*kernel)(int, float*, long long*, long long*, const uint8_t*);
   int smem;
 };
 
-template <int NN, int NWG, int MODE>
+template <int NN, int NWG, int MODE, bool COPY = false>
 Case make(const char* name) {
-  return Case{name, NN, NWG, MODE, rate_kernel<NN, NWG, MODE>, Lay<NN, NWG>::kSmem};
+  static_assert(Lay<NN, NWG, COPY>::kSmem <= 232448, "shared memory");
+  return Case{name, NN, NWG, MODE, COPY, rate_kernel<NN, NWG, MODE, COPY>, Lay<NN, NWG, COPY>::kSmem};
 }
 
 int main(int argc, char** argv) {
@@ -230,6 +286,10 @@ int main(int argc, char** argv) {
       make<256, 2, 4>("n256 wg2 rs raw"),
       make<128, 2, 6>("n128 wg2 lockstep"), make<192, 2, 6>("n192 wg2 lockstep"),
       make<128, 3, 2>("n128 wg3 scales"),  make<128, 3, 6>("n128 wg3 lockstep"),
+      make<128, 2, 7, true>("copy only"),
+      // (three warpgroups + the copy warp leave 152 registers a thread: the wg3 modes spill)
+      make<128, 2, 0, true>("n128 wg2 raw+copy"), make<128, 2, 1, true>("n128 wg2 promote+copy"),
+      make<128, 2, 6, true>("n128 wg2 lockstep+copy"),
   };
   int dev = 0, sms = 0;
   CK(cudaGetDevice(&dev));
@@ -237,35 +297,47 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, dev));
   std::printf("# %s, %d SMs, iters %d per CTA, warm %.0f ms, median of %d\n", prop.name, sms, iters, warm_ms, reps);
-  std::printf("%-20s %9s %9s %11s %8s %9s\n", "case", "ms", "clk/stage", "tensor clk", "GHz", "TFLOP/s");
+  std::printf("%-24s %9s %9s %11s %8s %9s %10s\n", "case", "ms", "clk/stage", "tensor clk", "GHz", "TFLOP/s",
+              "copy B/clk");
   float* sink;
-  long long* clk;
-  CK(cudaMalloc(&sink, sms * 384 * sizeof(float)));
+  long long *clk, *cst;
+  uint8_t* src;
+  CK(cudaMalloc(&sink, sms * 512 * sizeof(float)));
   CK(cudaMalloc(&clk, sms * sizeof(long long)));
+  CK(cudaMalloc(&cst, 2 * sms * sizeof(long long)));
+  CK(cudaMalloc(&src, kSrcBytes));
+  CK(cudaMemset(src, 0x35, kSrcBytes));
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   for (const Case& c : cases) {
     if (!only.empty() && std::string(c.name).find(only) == std::string::npos) continue;
     CK(cudaFuncSetAttribute(c.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, c.smem));
-    const dim3 grid(sms), block(128 * c.nwg);
+    const dim3 grid(sms), block(128 * c.nwg + (c.copy ? 32 : 0));
     auto t0 = std::chrono::steady_clock::now();
     do {
-      for (int i = 0; i < 10; ++i) c.kernel<<<grid, block, c.smem>>>(iters, sink, clk);
+      for (int i = 0; i < 10; ++i) c.kernel<<<grid, block, c.smem>>>(iters, sink, clk, cst, src);
       CK(cudaDeviceSynchronize());
     } while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() < warm_ms);
     CK(cudaGetLastError());
     std::vector<float> ms(reps);
-    std::vector<long long> cl(sms);
-    double clk_sum = 0;
+    std::vector<long long> cl(sms), cs(2 * sms);
+    double clk_sum = 0, copy_bpc = 0;
     for (int r = 0; r < reps; ++r) {
       CK(cudaEventRecord(e0));
-      c.kernel<<<grid, block, c.smem>>>(iters, sink, clk);
+      c.kernel<<<grid, block, c.smem>>>(iters, sink, clk, cst, src);
       CK(cudaEventRecord(e1));
       CK(cudaEventSynchronize(e1));
       CK(cudaEventElapsedTime(&ms[r], e0, e1));
       CK(cudaMemcpy(cl.data(), clk, sms * sizeof(long long), cudaMemcpyDeviceToHost));
       clk_sum += *std::max_element(cl.begin(), cl.end());
+      if (c.copy) {
+        CK(cudaMemcpy(cs.data(), cst, 2 * sms * sizeof(long long), cudaMemcpyDeviceToHost));
+        double b = 0, k = 0;
+        for (int i = 0; i < sms; ++i) b += cs[2 * i], k += cs[2 * i + 1];
+        copy_bpc += b / k;
+        if (c.mode == 7) clk_sum += k / sms;  // copy only: the copy warp's clocks
+      }
     }
     std::sort(ms.begin(), ms.end());
     const double med = ms[reps / 2];
@@ -273,7 +345,11 @@ int main(int argc, char** argv) {
     const double tensor = c.nwg * 4 * 64.0 * c.nn / 128.0;  // m64nNk32 e4m3: N/2 clocks at 4096 MAC/clk/SM
     const double ghz = clk_sum / reps / (med * 1e6);
     const double flop = 2.0 * sms * double(iters) * c.nwg * 64 * c.nn * 128;
-    std::printf("%-20s %9.3f %9.1f %11.0f %8.3f %9.1f\n", c.name, med, cps, tensor, ghz, flop / (med * 1e9));
+    if (c.copy)
+      std::printf("%-24s %9.3f %9.1f %11.0f %8.3f %9.1f %10.1f\n", c.name, med, cps, tensor, ghz,
+                  c.mode == 7 ? 0.0 : flop / (med * 1e9), copy_bpc / reps);
+    else
+      std::printf("%-24s %9.3f %9.1f %11.0f %8.3f %9.1f\n", c.name, med, cps, tensor, ghz, flop / (med * 1e9));
   }
   return 0;
 }
