@@ -37,6 +37,7 @@
 #include <cute/arch/mma_sm90_gmma.hpp>
 
 #include "csrc/mbarrier_sm90.cuh"
+#include "csrc/wgmma_sm90_common.cuh"  // smem_desc_sw128, fence_acc: the kernels' own
 
 #define CK(x)                                                                       \
   do {                                                                              \
@@ -48,6 +49,9 @@
   } while (0)
 
 namespace gmma = cute::SM90::GMMA;
+using jax_nvfp4::fence_acc;
+using jax_nvfp4::smem_desc_sw128;
+using jax_nvfp4::smem_u32;
 
 template <int NN>
 struct Op;
@@ -67,18 +71,6 @@ struct Op<256> {
   using RS = gmma::MMA_64x256x32_F32E4M3E4M3_RS_TN<>;
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
-  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
-         (uint64_t(1) << 62);
-}
-template <int N>
-__device__ __forceinline__ void fence(float (&a)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(a[i])::"memory");
-}
 template <int NN, typename Acc, size_t... I>
 __device__ __forceinline__ void mma_rs(const uint4& a, uint64_t db, Acc& acc, gmma::ScaleOut sc,
                                        std::index_sequence<I...>) {
@@ -162,9 +154,9 @@ __global__ void __launch_bounds__(128 * NWG + (COPY ? 32 : 0), 1)
   const int wg = threadIdx.x >> 7;
   const int t4 = threadIdx.x & 3;
   const uint32_t base = smem_u32(smem);
-  const uint64_t hi = desc_sw128(0) & 0xFFFFFFFF00000000ull;
-  const uint32_t a0 = static_cast<uint32_t>(desc_sw128(base + wg * 64 * 128));
-  const uint32_t b0 = static_cast<uint32_t>(desc_sw128(base + L::kA));
+  const uint64_t hi = smem_desc_sw128(0) & 0xFFFFFFFF00000000ull;
+  const uint32_t a0 = static_cast<uint32_t>(smem_desc_sw128(base + wg * 64 * 128));
+  const uint32_t b0 = static_cast<uint32_t>(smem_desc_sw128(base + L::kA));
   float acc[NN / 2];
 #pragma unroll
   for (int i = 0; i < NN / 2; ++i) acc[i] = 0.0f;
@@ -202,7 +194,7 @@ __global__ void __launch_bounds__(128 * NWG + (COPY ? 32 : 0), 1)
         for (int j8 = 0; j8 < NN / 8; ++j8)
           asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(xsc[j8].x), "=f"(xsc[j8].y) : "r"(xa + 32 * j8));
       }
-      fence(part);
+      fence_acc(part);
       cute::warpgroup_arrive();
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -214,14 +206,14 @@ __global__ void __launch_bounds__(128 * NWG + (COPY ? 32 : 0), 1)
       }
       cute::warpgroup_commit_batch();
       cute::warpgroup_wait<0>();
-      fence(part);
+      fence_acc(part);
       if constexpr (MODE == 1 || MODE == 5) {
 #pragma unroll
         for (int i = 0; i < NN / 2; i += 2) {
           acc[i] = fmaf(part[i], s0, acc[i]);
           acc[i + 1] = fmaf(part[i + 1], s1, acc[i + 1]);
         }
-      } else if constexpr (MODE == 2 || MODE == 6) {
+      } else if constexpr (MODE == 2 || MODE == 6) {  // the package consumer's promotion
 #pragma unroll
         for (int j8 = 0; j8 < NN / 8; ++j8) {
           acc[4 * j8 + 0] = fmaf(part[4 * j8 + 0], xsc[j8].x, acc[4 * j8 + 0]);
@@ -237,7 +229,7 @@ __global__ void __launch_bounds__(128 * NWG + (COPY ? 32 : 0), 1)
     s = (s + 1 == kStages) ? 0 : s + 1;
   }
   cute::warpgroup_wait<0>();
-  fence(acc);
+  fence_acc(acc);
   const long long c1 = clock64();
   float sum = 0.0f;
 #pragma unroll
