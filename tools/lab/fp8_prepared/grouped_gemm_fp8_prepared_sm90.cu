@@ -63,6 +63,9 @@ constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
 // Lab probes (wrong results, timing only; configurations 128x1, 128x2, 192x1, 128x1r, 192x1r only): 1 no wgmmas, 2 promotion only
 // at the last chunk, 3 no TMA loads (the consumers compute on whatever the stages hold).
+#ifndef P8_ST128
+#define P8_ST128 6  // stages of the 128-token tile (lab builds vary it: -DP8_ST128=N)
+#endif
 #ifndef P8_PROBE
 #define P8_PROBE 0
 #endif
@@ -667,13 +670,13 @@ cudaError_t LaunchGroupedGemmFp8Prepared(const GroupedGemmParams& p, int token_t
   switch (key) {
 #if P8_PROBE
     case 12810:
-      return launch_prepared<128, 6, 1>(p, fp, stream);
+      return launch_prepared<128, P8_ST128, 1>(p, fp, stream);
     case 12820:
-      return launch_prepared<128, 6, 2>(p, fp, stream);
+      return launch_prepared<128, P8_ST128, 2>(p, fp, stream);
     case 19210:
       return launch_prepared<192, 5, 1>(p, fp, stream);
     case 12812:
-      return launch_prepared<128, 6, 1, 2>(p, fp, stream);
+      return launch_prepared<128, P8_ST128, 1, 2>(p, fp, stream);
     case 19212:
       return launch_prepared<192, 5, 1, 2>(p, fp, stream);
 #else
@@ -682,25 +685,25 @@ cudaError_t LaunchGroupedGemmFp8Prepared(const GroupedGemmParams& p, int token_t
     case 6410:
       return launch_prepared<64, 9, 1>(p, fp, stream);
     case 12810:
-      return launch_prepared<128, 6, 1>(p, fp, stream);
+      return launch_prepared<128, P8_ST128, 1>(p, fp, stream);
     case 19210:
       return launch_prepared<192, 5, 1>(p, fp, stream);
     case 6420:
       return launch_prepared<64, 9, 2>(p, fp, stream);
     case 12820:
-      return launch_prepared<128, 6, 2>(p, fp, stream);
+      return launch_prepared<128, P8_ST128, 2>(p, fp, stream);
     case 19220:
       return launch_prepared<192, 5, 2>(p, fp, stream);
     case 12811:
-      return launch_prepared<128, 6, 1, 1>(p, fp, stream);
+      return launch_prepared<128, P8_ST128, 1, 1>(p, fp, stream);
     case 12821:
-      return launch_prepared<128, 6, 2, 1>(p, fp, stream);
+      return launch_prepared<128, P8_ST128, 2, 1>(p, fp, stream);
     case 6421:
       return launch_prepared<64, 9, 2, 1>(p, fp, stream);
     case 12812:
-      return launch_prepared<128, 6, 1, 2>(p, fp, stream);
+      return launch_prepared<128, P8_ST128, 1, 2>(p, fp, stream);
     case 12822:
-      return launch_prepared<128, 6, 2, 2>(p, fp, stream);
+      return launch_prepared<128, P8_ST128, 2, 2>(p, fp, stream);
     case 19212:
       return launch_prepared<192, 5, 1, 2>(p, fp, stream);
     case 19222:
