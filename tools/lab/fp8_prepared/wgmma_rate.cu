@@ -15,6 +15,8 @@
 //   7 copy only: no math; the copy warp below runs 2 x 16 KiB per stage (a 128 x 128 stage's bytes)
 //   8 raw+ffma: as 0, plus the promotion's 64 FFMA per thread and stage on registers of their own
 //               (no wait<0>, no accumulator reads): the FFMA issue without the promotion's drain
+//   9 raw+ffma wg1: as 8 with the FFMA in warpgroup 1 only (half the FFMA issue)
+// CW copy warps (one by default) share the S slots: 4 warps put one on each SM sub-partition.
 // "+copy sS" cases add one warp that keeps S 16 KiB bulk copies (cp.async.bulk) in flight from an
 // L2-resident 16 MiB buffer into shared memory for as long as the math runs: the load path's traffic
 // beside the math, without the pipeline's barriers; "copy mc sS" multicasts each copy into both CTAs
@@ -108,19 +110,23 @@ __device__ __forceinline__ void bulk_load_mc2(uint32_t dst, const void* src, uin
 // MC (2-CTA cluster, copy only): slot j's copies are issued by CTA j % 2 and multicast into both; a
 // slot is reissued once both CTAs saw its previous copy land (free[j], two arrivals), so each CTA
 // receives every copy while the L2 serves each once.
-template <typename L, int CS, bool MC>
-__device__ void copy_warp(uint8_t* smem, const uint8_t* src, int64_t ncopy, long long* cstats) {
+// With CW copy warps (not with MC), warp cw keeps slots cw, cw + CW, ... (CS / CW of them).
+template <typename L, int CS, bool MC, int CW = 1>
+__device__ void copy_warp(uint8_t* smem, const uint8_t* src, int64_t ncopy, long long* cstats, int cw = 0) {
+  static_assert(CS % CW == 0 && (!MC || CW == 1), "copy slots per warp");
+  constexpr int kOwn = CS / CW;
   const uint32_t full = smem_u32(smem + L::kBar), freeb = full + 8 * CS;
   volatile int* done = reinterpret_cast<volatile int*>(smem + L::kBar + 16 * CS);
   const uint32_t rank = MC ? cute::block_rank_in_cluster() : 0u;
   const long long c0 = clock64();
   int64_t n = 0;
   for (; ncopy > 0 ? n < ncopy : !*done; ++n) {
-    const int j = static_cast<int>(n % CS);
-    const uint32_t ph = static_cast<uint32_t>((n / CS) & 1);
-    if (n >= CS) jax_nvfp4::mbar_wait(full + 8 * j, ph ^ 1u);  // copy n - CS landed here
+    const int j = cw + CW * static_cast<int>(n % kOwn);
+    const uint32_t ph = static_cast<uint32_t>((n / kOwn) & 1);
+    if (n >= kOwn) jax_nvfp4::mbar_wait(full + 8 * j, ph ^ 1u);  // this slot's previous copy landed
     jax_nvfp4::mbar_arrive_expect_tx(full + 8 * j, kCopyBytes);
-    const int64_t off = ((static_cast<int64_t>(blockIdx.x / (MC ? 2 : 1)) * 61 + n) * kCopyBytes) % kSrcBytes;
+    const int64_t off =
+        ((static_cast<int64_t>(blockIdx.x / (MC ? 2 : 1)) * 61 + n * CW + cw) * kCopyBytes) % kSrcBytes;
     const uint32_t dst = smem_u32(smem + L::kCopy + j * kCopyBytes);
     if constexpr (MC) {
       if (n >= CS) jax_nvfp4::mbar_arrive_cluster(freeb + 8 * j, static_cast<uint32_t>(j & 1));
@@ -132,14 +138,14 @@ __device__ void copy_warp(uint8_t* smem, const uint8_t* src, int64_t ncopy, long
       jax_nvfp4::bulk_load(dst, src + off, kCopyBytes, full + 8 * j);
     }
   }
-  for (int64_t m = n - CS < 0 ? 0 : n - CS; m < n; ++m)  // drain
-    jax_nvfp4::mbar_wait(full + 8 * (m % CS), static_cast<uint32_t>((m / CS) & 1));
-  cstats[2 * blockIdx.x] = n * kCopyBytes;
-  cstats[2 * blockIdx.x + 1] = clock64() - c0;
+  for (int64_t m = n - kOwn < 0 ? 0 : n - kOwn; m < n; ++m)  // drain
+    jax_nvfp4::mbar_wait(full + 8 * (cw + CW * static_cast<int>(m % kOwn)), static_cast<uint32_t>((m / kOwn) & 1));
+  cstats[2 * (blockIdx.x * CW + cw)] = n * kCopyBytes;
+  cstats[2 * (blockIdx.x * CW + cw) + 1] = clock64() - c0;
 }
 
-template <int NN, int NWG, int MODE, int CS, bool MC>
-__global__ void __launch_bounds__(128 * NWG + (CS > 0 ? 32 : 0), 1)
+template <int NN, int NWG, int MODE, int CS, bool MC, int CW>
+__global__ void __launch_bounds__(128 * NWG + (CS > 0 ? 32 * CW : 0), 1)
     rate_kernel(int iters, float* sink, long long* clocks, long long* cstats, const uint8_t* src) {
   constexpr bool kCopy = CS > 0;
   using L = Lay<NN, NWG, CS, MODE != 7>;
@@ -167,7 +173,8 @@ __global__ void __launch_bounds__(128 * NWG + (CS > 0 ? 32 : 0), 1)
   __syncthreads();
   if constexpr (MC) cute::cluster_sync();  // the other CTA's barriers are initialized
   if constexpr (MODE == 7) {
-    if (threadIdx.x == 128 * NWG) copy_warp<L, CS, MC>(smem, src, 2 * static_cast<int64_t>(iters), cstats);
+    if (threadIdx.x >= 128 * NWG && threadIdx.x % 32 == 0)
+      copy_warp<L, CS, MC, CW>(smem, src, 2 * static_cast<int64_t>(iters) / CW, cstats, (threadIdx.x - 128 * NWG) / 32);
     if (threadIdx.x == 0) clocks[blockIdx.x] = 0;
     __syncwarp();
     if constexpr (MC) cute::cluster_sync();  // no CTA leaves while copies into it are in flight
@@ -175,7 +182,7 @@ __global__ void __launch_bounds__(128 * NWG + (CS > 0 ? 32 : 0), 1)
   }
   if constexpr (kCopy) {
     if (threadIdx.x >= 128 * NWG) {
-      if (threadIdx.x == 128 * NWG) copy_warp<L, CS, false>(smem, src, 0, cstats);
+      if (threadIdx.x % 32 == 0) copy_warp<L, CS, false, CW>(smem, src, 0, cstats, (threadIdx.x - 128 * NWG) / 32);
       return;
     }
   }
@@ -193,9 +200,10 @@ __global__ void __launch_bounds__(128 * NWG + (CS > 0 ? 32 : 0), 1)
   uint4 afr[4];  // RS modes: fixed A fragments (values only matter for power)
 #pragma unroll
   for (int j = 0; j < 4; ++j) afr[j] = reinterpret_cast<const uint4*>(smem)[(threadIdx.x * 4 + j) & 1023];
-  float busy[MODE == 8 ? NN / 4 : 1];
+  constexpr bool kBusy = MODE == 8 || MODE == 9;
+  float busy[kBusy ? NN / 4 : 1];
 #pragma unroll
-  for (int i = 0; i < (MODE == 8 ? NN / 4 : 1); ++i) busy[i] = static_cast<float>(i);
+  for (int i = 0; i < (kBusy ? NN / 4 : 1); ++i) busy[i] = static_cast<float>(i);
   const long long c0 = clock64();
   int s = 0;
 #pragma unroll 1
@@ -203,7 +211,7 @@ __global__ void __launch_bounds__(128 * NWG + (CS > 0 ? 32 : 0), 1)
     const uint32_t so = static_cast<uint32_t>(s) * (L::kStage >> 4);
     uint32_t zero = 0u, one = 1u;
     asm volatile("" : "+r"(zero), "+r"(one)::"memory");
-    if constexpr (MODE == 0 || MODE == 4 || MODE == 8) {
+    if constexpr (MODE == 0 || MODE == 4 || kBusy) {
       // no operand fence here: reading acc while a stage is in flight serializes the wgmmas (C7514)
       cute::warpgroup_arrive();
 #pragma unroll
@@ -215,7 +223,7 @@ __global__ void __launch_bounds__(128 * NWG + (CS > 0 ? 32 : 0), 1)
           mma_rs<NN>(afr[j], hi | (b0 + so + 2 * j), acc, gmma::ScaleOut::One, std::make_index_sequence<NN / 2>{});
       }
       cute::warpgroup_commit_batch();
-      if constexpr (MODE == 8) {
+      if (kBusy && (MODE == 8 || wg == 1)) {
 #pragma unroll
         for (int i = 0; i < NN / 4; ++i) {
           busy[i] = fmaf(busy[i], s0, s1);
@@ -273,7 +281,7 @@ __global__ void __launch_bounds__(128 * NWG + (CS > 0 ? 32 : 0), 1)
   float sum = 0.0f;
 #pragma unroll
   for (int i = 0; i < NN / 2; ++i) sum += acc[i];
-  if constexpr (MODE == 8)
+  if constexpr (kBusy)
 #pragma unroll
     for (int i = 0; i < NN / 4; ++i) sum += busy[i];
   if (sum == 1234.5f) sink[blockIdx.x * blockDim.x + threadIdx.x] = sum;  // keeps the math alive
@@ -287,15 +295,16 @@ struct Case {
   const char* name;
   int nn, nwg, mode, cs;
   bool mc;
+  int cw;
   void (*kernel)(int, float*, long long*, long long*, const uint8_t*);
   int smem;
 };
 
-template <int NN, int NWG, int MODE, int CS = 0, bool MC = false>
+template <int NN, int NWG, int MODE, int CS = 0, bool MC = false, int CW = 1>
 Case make(const char* name) {
   constexpr int smem = Lay<NN, NWG, CS, MODE != 7>::kSmem;
   static_assert(smem <= 232448, "shared memory");
-  return Case{name, NN, NWG, MODE, CS, MC, rate_kernel<NN, NWG, MODE, CS, MC>, smem};
+  return Case{name, NN, NWG, MODE, CS, MC, CW, rate_kernel<NN, NWG, MODE, CS, MC, CW>, smem};
 }
 
 int main(int argc, char** argv) {
@@ -335,6 +344,11 @@ int main(int argc, char** argv) {
       // what in the promotion costs the copies: its FFMA issue alone (raw+ffma), or its drain (wait)
       make<128, 2, 8>("n128 wg2 raw+ffma"), make<128, 2, 8, 4>("n128 wg2 raw+ffma+copy s4"),
       make<128, 2, 3, 4>("n128 wg2 wait+copy s4"), make<128, 2, 2, 4>("n128 wg2 scales+copy s4"),
+      make<128, 2, 9, 4>("n128 wg2 raw+ffma wg1+copy s4"),
+      // four copy warps, one slot each: is the copy warp's issue what the FFMA delays?
+      make<128, 2, 7, 4, false, 4>("copy only s4 w4"), make<128, 2, 0, 4, false, 4>("n128 wg2 raw+copy s4 w4"),
+      make<128, 2, 8, 4, false, 4>("n128 wg2 raw+ffma+copy s4 w4"),
+      make<128, 2, 1, 4, false, 4>("n128 wg2 promote+copy s4 w4"),
   };
   int dev = 0, sms = 0;
   CK(cudaGetDevice(&dev));
@@ -349,7 +363,7 @@ int main(int argc, char** argv) {
   uint8_t* src;
   CK(cudaMalloc(&sink, sms * 512 * sizeof(float)));
   CK(cudaMalloc(&clk, sms * sizeof(long long)));
-  CK(cudaMalloc(&cst, 2 * sms * sizeof(long long)));
+  CK(cudaMalloc(&cst, 8 * sms * sizeof(long long)));  // up to 4 copy warps a CTA
   CK(cudaMalloc(&src, kSrcBytes));
   CK(cudaMemset(src, 0x35, kSrcBytes));
   cudaEvent_t e0, e1;
@@ -365,7 +379,7 @@ int main(int argc, char** argv) {
     attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    cfg.blockDim = dim3(128 * c.nwg + (c.cs > 0 ? 32 : 0));
+    cfg.blockDim = dim3(128 * c.nwg + (c.cs > 0 ? 32 * c.cw : 0));
     cfg.dynamicSmemBytes = c.smem;
     cfg.gridDim = dim3(sms);
     int ctas = sms;
@@ -383,7 +397,7 @@ int main(int argc, char** argv) {
     } while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() < warm_ms);
     CK(cudaGetLastError());
     std::vector<float> ms(reps);
-    std::vector<long long> cl(sms), cs(2 * sms);
+    std::vector<long long> cl(sms), cs(8 * sms);
     double clk_sum = 0, copy_bpc = 0, copy_bytes = 0;
     for (int r = 0; r < reps; ++r) {
       CK(cudaEventRecord(e0));
@@ -394,9 +408,13 @@ int main(int argc, char** argv) {
       CK(cudaMemcpy(cl.data(), clk, sms * sizeof(long long), cudaMemcpyDeviceToHost));
       clk_sum += *std::max_element(cl.begin(), cl.begin() + ctas);
       if (c.cs > 0) {
-        CK(cudaMemcpy(cs.data(), cst, 2 * sms * sizeof(long long), cudaMemcpyDeviceToHost));
-        double b = 0, k = 0;
-        for (int i = 0; i < ctas; ++i) b += cs[2 * i], k += cs[2 * i + 1];
+        CK(cudaMemcpy(cs.data(), cst, 8 * sms * sizeof(long long), cudaMemcpyDeviceToHost));
+        double b = 0, k = 0;  // bytes of all copy warps; clocks: each CTA's longest copy warp
+        for (int i = 0; i < ctas; ++i) {
+          long long kmax = 0;
+          for (int w = 0; w < c.cw; ++w) b += cs[2 * (i * c.cw + w)], kmax = std::max(kmax, cs[2 * (i * c.cw + w) + 1]);
+          k += kmax;
+        }
         copy_bpc += b / k;
         copy_bytes += b;
         if (c.mode == 7) clk_sum += k / ctas;  // copy only: the copy warp's clocks
