@@ -35,7 +35,8 @@ TILES = [
     (192, 128, 2, 96 + 96, "192-token tile"),
     (128, 256, 2, 128 + 64, "2 m64 blocks a warpgroup, one chunk accumulator shared by turns"),
 ]
-CUBLAS_TILE = (128, 320, "cuBLAS nvjet 320x128, cluster 1x2, one accumulator (no promotion)")
+# for comparison: cuBLAS's tile, one accumulator of 320 x 128 (no promotion)
+CUBLAS_TILE = (128, 320, 2, 160, "cuBLAS nvjet 320x128, cluster 1x2, one accumulator (no promotion)")
 # measured on an H100 80GB HBM3 (2026-12-05, docs/archive/fp8-prepared-lab.md): SM ingress, TB/s
 # (four machines of the kind; each number the highest seen, so the bounds are the optimistic ones)
 INGRESS_ALONE_TBS = 9.20   # copies alone (7.71-9.20)
@@ -86,7 +87,7 @@ def main():
         sizes = skewed_group_sizes(r, EXPERTS, case_seed(lay, r))
         hbm = (EXPERTS * n * k + r * k) / (HBM_TBS * 1e12) * 1e3
         q = QUANTIZER_MS[(lay, r)]
-        for t, w, wgs, regs, note in TILES + [(CUBLAS_TILE[0], CUBLAS_TILE[1], 2, 160, CUBLAS_TILE[2])]:
+        for t, w, wgs, regs, note in TILES + [CUBLAS_TILE]:
             b, macs = tile_counts(sizes, k, n, t, w)
             ten = macs / (TENSOR_MAC_PER_CLK_SM * SMS * a.clock_ghz * 1e9) * 1e3
             api = {c: max(b / (v * 1e12) * 1e3, ten, hbm) + q for c, v in ceilings.items()}
