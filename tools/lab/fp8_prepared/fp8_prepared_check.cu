@@ -8,7 +8,8 @@
 //        tools/lab/fp8_prepared/fp8_prepared_check.cu tools/lab/fp8_prepared/grouped_gemm_fp8_prepared_sm90.cu \
 //        csrc/grouped_gemm_fp8_prepared_sm90.cu
 // (The probe builds of docs/archive/fp8-prepared-lab.md add -DP8_PROBE=1/2/3; their results are wrong
-// by design and the checks FAIL. -DP8_ST128=N sets the lab 128-token tile's stage count, 6 by default.)
+// by design and the checks FAIL. -DP8_ST128=N sets the lab 128-token tile's stage count, 6 by default;
+// -DP8_WALIAS=1 reads every weight box from a few L2-resident n-tiles, also wrong by design.)
 // Run (H200):
 //   tools/lab/fp8_prepared/fp8_prepared_check --small     odd shapes, empty/negative groups, sizes summing below and
 //                                            above M, M = 0; every row checked; every configuration; bf16

@@ -69,6 +69,11 @@ constexpr int kConsumerRegs = 232;
 #ifndef P8_PROBE
 #define P8_PROBE 0
 #endif
+// P8_WALIAS=1: every weight load reads one of 8 n-tiles of group 0 (8 x 128 rows x K bytes, 3-7 MiB at
+// the bench shapes, L2-resident; results wrong by design): the kernel without the weights' HBM misses.
+#ifndef P8_WALIAS
+#define P8_WALIAS 0
+#endif
 
 template <int BTMAX, int STAGES>
 struct P8Cfg {
@@ -500,7 +505,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             const uint32_t st = smem_u32(smem) + s * C::kStage;
             const uint32_t full = full0 + s * 8;
             mbar_arrive_expect_tx(full, bytes);
-            tma_load_2d(st + C::kWOff, &tm_w, full, kt * kBK, wrow);
+            tma_load_2d(st + C::kWOff, &tm_w, full, kt * kBK, P8_WALIAS ? (t.n0 % (8 * kRowsW)) : wrow);
             for (int b = rank; b < nb; b += CLUSTER) {
               if constexpr (CLUSTER == 1)
                 tma_load_2d(st + C::kActOff + b * (kBoxT * kBK), &tm_a, full, kt * kBK, row0 + b * kBoxT);
