@@ -61,11 +61,11 @@ constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 constexpr int kConsumerWarps = 8;
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
-// Lab probes (wrong results, timing only; configurations 128x1, 128x2, 192x1, 128x1r, 192x1r only): 1 no wgmmas, 2 promotion only
-// at the last chunk, 3 no TMA loads (the consumers compute on whatever the stages hold).
 #ifndef P8_ST128
 #define P8_ST128 6  // stages of the 128-token tile (lab builds vary it: -DP8_ST128=N)
 #endif
+// Lab probes (wrong results, timing only; configurations 128x1, 128x2, 192x1, 128x1r, 192x1r only): 1 no wgmmas, 2 promotion only
+// at the last chunk, 3 no TMA loads (the consumers compute on whatever the stages hold).
 #ifndef P8_PROBE
 #define P8_PROBE 0
 #endif

@@ -35,7 +35,8 @@ TILES = [
     (192, 128, 2, 96 + 96, "192-token tile"),
     (128, 256, 2, 128 + 64, "2 m64 blocks a warpgroup, one chunk accumulator shared by turns"),
 ]
-# for comparison: cuBLAS's tile, one accumulator of 320 x 128 (no promotion)
+# cuBLAS's tile, one accumulator of 320 x 128 (no promotion); a promoting kernel could hold it too with
+# its chunk accumulator sliced along N (n32 wgmmas promoted in turn: 160 + 2 x 16 registers)
 CUBLAS_TILE = (128, 320, 2, 160, "cuBLAS nvjet 320x128, cluster 1x2, one accumulator (no promotion)")
 # measured on an H100 80GB HBM3 (2026-12-05, docs/archive/fp8-prepared-lab.md): SM ingress, TB/s
 # (four machines of the kind; each number the highest seen, so the bounds are the optimistic ones)
