@@ -230,7 +230,8 @@ def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sha
         branch; the other devices' rows lie past the groups and are zeros).
 
     Returns:
-      ``[T, H]`` in x's dtype, equal to :func:`jax_nvfp4.moe` up to float32 summation order.
+      ``[T, H]`` in x's dtype, equal to :func:`jax_nvfp4.moe` up to float32 summation order
+      (``[0, H]`` for no tokens, whatever the combine and capacity).
 
     Gradients: reverse mode with respect to x, :func:`jax_nvfp4.moe`'s (frozen weights,
     straight-through GEMM inputs, the router's true derivative) up to float32 summation order;
@@ -246,6 +247,8 @@ def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sha
     tok = jnp.zeros((t,), jnp.int32) if token_ids is None else jnp.asarray(token_ids)
 
     def body(x, w, tok):
+        if t == 0:     # no tokens: nothing to route, gather or combine (zero-size collectives
+            return jnp.zeros((0, h), x.dtype)     # and a zero-row switch do not lower)
         idx = jax.lax.axis_index(axis_name)
         # x is the same on every device, and every device uses it (its token slice, its
         # experts' rows): typed as varying once here (no data moves), the backward sums x's

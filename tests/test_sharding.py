@@ -1006,3 +1006,35 @@ def test_multi_process_two_by_four(tmp_path):
     # the two processes' token shards together cover every token
     assert seen["psum_scatter"] == set(range(x.shape[0]))
 
+
+
+# ----------------------------------------------------------------------------- zero tokens
+
+
+@pytest.mark.parametrize("precision", ["exact", "fp8"])
+def test_zero_tokens(precision, rng):
+    """x ``[0, H]`` (a serving batch that came out empty): ``[0, H]`` in x's dtype for both
+    combines, with and without a capacity factor, exact and fp8, as ``moe`` gives; its gradient
+    is ``[0, H]`` too."""
+    if precision == "fp8":      # fp8: H, I multiples of 128
+        i = 128
+        cfg = jn.MoEConfig(num_experts=E, top_k=4, hidden_size=H, intermediate_size=i,
+                           n_shared_experts=1, precision="fp8")
+        n = lambda *s: _normal(rng, s, 0.05)  # noqa: E731
+        w = jn.quantize_moe(n(E, H), n(E, 2 * i, H), n(E, H, i), shared_w13=n(2 * i, H),
+                            shared_w2=n(H, i))
+    else:
+        cfg, w, _, _ = make_layer(rng)
+    mesh = ep_mesh(8)
+    ws = jn.shard_moe_weights(w, mesh)
+    for dtype in (jnp.float32, jnp.bfloat16):
+        x = jnp.zeros((0, H), dtype)
+        np.testing.assert_array_equal(single(x, w, cfg).shape, (0, H))
+        for combine in ("psum", "psum_scatter"):
+            for cap in (sharding.DEFAULT_CAPACITY_FACTOR, None):
+                out = ep_fn(cfg, mesh, combine, capacity_factor=cap)(x, ws, None)
+                assert out.shape == (0, H) and out.dtype == dtype, (combine, cap, out.shape)
+    g = jax.jit(jax.grad(lambda x, w: jn.moe_expert_parallel(x, w, cfg, mesh,
+                                                             backend=BACKEND).sum()))(
+        jnp.zeros((0, H), jnp.float32), ws)
+    assert g.shape == (0, H)
