@@ -23,18 +23,24 @@ def _bf16_terms(w: jax.Array) -> jax.Array:
 def router_logits(x: jax.Array, router_weight: jax.Array) -> jax.Array:
     """float32 ``[T, E]``: ``x @ router_weight.T`` in float32 arithmetic.
 
-    bf16 x (the model's activations) runs as one bf16 dot with float32 accumulation against the
+    bf16 x (the model's activations) runs as bf16 dots with float32 accumulation against the
     weight split into three bf16 terms (:func:`_bf16_terms`): every product is then exact in
     float32, so this is a float32 dot (up to the summation order) that reads x as it is, instead
     of writing and reading a float32 copy of x for a float32 (non-tensor-core) dot. Other dtypes
-    take the float32 dot.
+    take the float32 dot. Non-finite x gives what the float32 dot gives: the leading term has
+    w's sign and zeros (subnormal w aside), so it carries x's Inf and NaN as ``x * w`` does; the
+    two low terms meet only x's finite values (their zeros and opposite signs would add Inf * 0
+    and Inf - Inf NaNs the float32 dot does not have).
     """
     w = router_weight.astype(jnp.float32)
     if x.dtype != jnp.bfloat16:
         return _dot_rows(x.astype(jnp.float32), w, precision=jax.lax.Precision.HIGHEST)
     e = w.shape[0]
-    p = _dot_rows(x, _bf16_terms(w), preferred_element_type=jnp.float32)   # [T, 3E]
-    return p[:, :e] + (p[:, e:2 * e] + p[:, 2 * e:])    # the small terms first
+    terms = _bf16_terms(w)
+    lead = _dot_rows(x, terms[:e], preferred_element_type=jnp.float32)              # [T, E]
+    finite_x = jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype))
+    low = _dot_rows(finite_x, terms[e:], preferred_element_type=jnp.float32)        # [T, 2E]
+    return lead + (low[:, :e] + low[:, e:])             # the small terms first
 
 
 def _dot_rows(a: jax.Array, b: jax.Array, **kw) -> jax.Array:

@@ -1102,3 +1102,27 @@ def test_from_hf_config_rejects_bad_values(key, value):
     jn.MoEConfig.from_hf_config(hf)                                  # the good config loads
     with pytest.raises(ValueError, match=f"deepseek_v4.*{key}: expected"):
         jn.MoEConfig.from_hf_config({**hf, key: value})
+
+
+def test_non_finite_tokens_route_the_same_in_bf16_and_float32(rng):
+    """A token holding +Inf, -Inf or NaN routes as the float32 dot implies (docs/usage.md: IEEE
+    rules), whether it arrives as bf16 or float32: the same experts and routing weights (NaN
+    where an Inf score meets the renormalization), so its output row is NaN in both; the other
+    tokens' rows are finite and do not depend on it."""
+    c = cfg(top_k=2)
+    w = quantized(float_layer(rng))
+    x = (rng.standard_normal((6, H)) * 0.5).astype(np.float32)
+    x[0, 3], x[1, 5], x[2, 7] = np.inf, -np.inf, np.nan
+    xb = jnp.asarray(x, jnp.bfloat16)
+    xf = jnp.asarray(np.asarray(xb).astype(np.float32))       # the same values
+    route = jax.jit(lambda x, w: jn.route(x, w, c))
+    (ib, wb), (i_f, wf) = route(xb, w), route(xf, w)
+    np.testing.assert_array_equal(np.asarray(ib), np.asarray(i_f))
+    np.testing.assert_array_equal(np.isnan(wb), np.isnan(wf))
+    assert np.isnan(np.asarray(wf)[:3]).any(axis=1).all()
+    run = jax.jit(lambda x, w: jn.moe(x, w, c))
+    ob, of = np.asarray(run(xb, w)).astype(np.float32), np.asarray(run(xf, w))
+    for o in (ob, of):
+        assert np.isnan(o[:3]).all() and np.isfinite(o[3:]).all()
+    clean = np.asarray(run(xf[3:], w))
+    np.testing.assert_array_equal(of[3:], clean)

@@ -56,3 +56,32 @@ def test_top_k_ids_equals_lax_top_k(rng, t, e, k, fn):
     assert got.dtype == np.int32 and got.shape == (t, k)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(got, _numpy_top_k(c, k))
+
+
+def test_bf16_logits_non_finite_as_float32(rng):
+    """bf16 tokens holding +-Inf or NaN get the logits of the float32 dot (IEEE: Inf * w is
+    +-Inf, Inf * 0 and Inf - Inf are NaN), as float64 numpy gives them, not the NaN that the
+    split weight's zero or opposite-signed low terms would add (Inf * 0, Inf - Inf)."""
+    t, e, h = 6, 8, 64
+    x = (rng.standard_normal((t, h)) * 0.5).astype(ml_dtypes.bfloat16)
+    x[0, 3] = np.inf
+    x[1, 5] = -np.inf
+    x[2, 7] = np.nan
+    x[3, 3], x[3, 4] = np.inf, np.inf
+    x[4, 3], x[4, 5] = np.inf, -np.inf
+    w = rng.standard_normal((e, h)).astype(np.float32)
+    w[:4] = w[:4].astype(ml_dtypes.bfloat16).astype(np.float32)   # exact bf16: zero low terms
+    w[4:, 3] += np.float32(2.0**-12) * np.sign(w[4:, 3])           # low terms of w's sign...
+    w[6, 3] -= np.float32(2.0**-20) * np.sign(w[6, 3])             # ...and of the other sign
+    w[2, 3] = w[5, 5] = 0.0                                        # Inf * 0
+    want = x.astype(np.float64) @ w.astype(np.float64).T
+    got = np.asarray(jax.jit(routing.router_logits)(jnp.asarray(x), jnp.asarray(w)))
+    f32 = np.asarray(jax.jit(routing.router_logits)(jnp.asarray(x.astype(np.float32)),
+                                                    jnp.asarray(w)))
+    bad = ~np.isfinite(want)
+    assert bad[:5].any(axis=1).all() and not bad[5].any()
+    for name, v in (("bf16", got), ("float32", f32)):
+        np.testing.assert_array_equal(np.isnan(v), np.isnan(want), err_msg=name)
+        np.testing.assert_array_equal(v[bad], want[bad], err_msg=name)   # same +-Inf and NaN
+        bound = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T * h * 2.0**-24
+        assert np.all(np.abs(v - want)[~bad] <= bound[~bad]), name
