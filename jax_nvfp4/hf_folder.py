@@ -49,6 +49,40 @@ def _check_shard_name(index_path: str, shard: str) -> None:
                          "'model-00001-of-00002.safetensors')")
 
 
+class _JsonObject(dict):
+    """A JSON object as a dict that remembers its repeated keys (``json.load`` keeps the last
+    value of a repeated key silently): ``repeated`` lists ``(key, [values in order])``."""
+
+    def __init__(self, pairs):
+        super().__init__(pairs)
+        seen: dict = {}
+        for k, v in pairs:
+            seen.setdefault(k, []).append(v)
+        self.repeated = [(k, vs) for k, vs in seen.items() if len(vs) > 1]
+
+
+def _refuse_repeated_keys(index_path: str, index, weight_map) -> None:
+    """ValueError naming the index and the key when a JSON object of the index repeats a key;
+    in the weight_map, naming the tensor and its shards."""
+    if isinstance(weight_map, _JsonObject) and weight_map.repeated:
+        name, shards = weight_map.repeated[0]
+        raise ValueError(f"{index_path}: its weight_map names tensor {name!r} twice "
+                         f"({', '.join(map(str, shards))}): which shard holds it is ambiguous")
+
+    def walk(v):
+        if isinstance(v, _JsonObject):
+            if v.repeated:
+                raise ValueError(f"{index_path}: key {v.repeated[0][0]!r} appears twice in one "
+                                 "JSON object of the index (JSON keeps the last one silently)")
+            for u in v.values():
+                walk(u)
+        elif isinstance(v, list):
+            for u in v:
+                walk(u)
+
+    walk(index)
+
+
 class ShardedCheckpoint(Mapping):
     """A lazy read-only mapping name -> numpy array over a sharded checkpoint's index.
 
@@ -63,11 +97,12 @@ class ShardedCheckpoint(Mapping):
         self.index_path = os.fspath(index_path)
         try:
             with open(self.index_path, encoding="utf-8") as f:
-                index = json.load(f)
+                index = json.load(f, object_pairs_hook=_JsonObject)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ValueError(f"{self.index_path}: not a safetensors index (unreadable JSON: {e})"
                              ) from None
         wm = index.get("weight_map") if isinstance(index, dict) else None
+        _refuse_repeated_keys(self.index_path, index, wm)
         if not isinstance(wm, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
             raise ValueError(f"{self.index_path}: not a safetensors index (expected a JSON object "

@@ -294,3 +294,36 @@ def test_quark_fixture_with_a_bad_gate_input_scale_2_is_refused(value):
     config = jn.MoEConfig.from_hf_config(FIXTURE)
     with pytest.raises(ValueError, match=rf"{name}: expected a finite positive scale"):
         ckpt.load_moe(tensors, "model.layers.1.mlp", config)
+
+
+def test_index_naming_a_tensor_twice_is_refused(tmp_path):
+    """A weight_map that names a tensor twice (JSON allows repeated keys; the last would win
+    silently): a ValueError naming the index and the tensor, as a repeated key inside a
+    safetensors header is."""
+    for s in ("a.safetensors", "b.safetensors"):
+        ckpt.save_safetensors(tmp_path / s, {"w": np.arange(3, dtype=np.int32)})
+    (tmp_path / hf_folder.INDEX_NAME).write_text(
+        '{"metadata": {}, "weight_map": {"w": "a.safetensors", "v": "a.safetensors", '
+        '"w": "b.safetensors"}}')
+    with pytest.raises(ValueError, match=rf"{hf_folder.INDEX_NAME}: its weight_map names "
+                                         r"tensor 'w' twice \(a.safetensors, b.safetensors\)"):
+        hf_folder.open_checkpoint(tmp_path)
+    (tmp_path / hf_folder.INDEX_NAME).write_text(
+        '{"weight_map": {"w": "a.safetensors"}, "weight_map": {"w": "b.safetensors"}}')
+    with pytest.raises(ValueError, match=rf"{hf_folder.INDEX_NAME}: key 'weight_map' appears "
+                                         "twice"):
+        hf_folder.open_checkpoint(tmp_path / hf_folder.INDEX_NAME)
+
+
+def test_folder_with_an_index_and_model_safetensors_reads_the_index(tmp_path):
+    """docs/usage.md / open_checkpoint: a folder's index takes precedence over a
+    model.safetensors beside it (which then is not read)."""
+    ckpt.save_safetensors(tmp_path / "shard.safetensors", {"w": np.arange(3, dtype=np.int32)})
+    ckpt.save_safetensors(tmp_path / hf_folder.SINGLE_FILE_NAME,
+                          {"w": np.full(3, 7, np.int32), "only_here": np.zeros(1, np.int32)})
+    (tmp_path / hf_folder.INDEX_NAME).write_text(json.dumps({"weight_map": {"w": "shard.safetensors"}}))
+    src = hf_folder.open_checkpoint(tmp_path)
+    np.testing.assert_array_equal(src["w"], [0, 1, 2])
+    assert "only_here" not in src and set(src) == {"w"}
+    os.remove(tmp_path / hf_folder.INDEX_NAME)               # without the index: the file
+    np.testing.assert_array_equal(hf_folder.open_checkpoint(tmp_path)["w"], [7, 7, 7])
