@@ -16,10 +16,11 @@ quantization of W4A4) is treated as the identity in the backward: a straight-thr
 The weights (codes, block scales, global scales), group sizes and any auxiliary inputs get zero
 cotangents.
 
-First-order reverse mode only. Forward mode (``jax.jvp``, ``jax.jacfwd``, ``jax.linearize``) and
-second order (grad of grad, ``jax.hessian``) raise TypeError (:data:`FORWARD_MODE`,
+First-order reverse mode only. Forward mode (``jax.jvp``, ``jax.jacfwd``, ``jax.linearize``, at
+the call) and second order (grad of grad, ``jax.hessian``) raise TypeError (:data:`FORWARD_MODE`,
 :data:`SECOND_ORDER`): the backward is a rule for the first derivative, not a differentiable
-function of x.
+function of x. Applied to a function already wrapped in ``jax.jit``, forward mode meets the
+traced program, not this package: JAX's own forward-mode TypeError.
 
 An input quantized *outside* the GEMM (:func:`jax_nvfp4.quantize`) has no derivative (raises): a
 straight-through estimator needs the float input, so pass x and quantize it inside ``forward``.
@@ -117,6 +118,20 @@ def _is_forward_mode(x, error: Exception) -> bool:
         x, jax.interpreters.ad.JVPTracer)
 
 
+def _under_linearize(x) -> bool:
+    """Whether ``x`` carries a tangent of ``jax.linearize`` (forward mode: its linear function is
+    evaluated, never transposed). ``jax.vjp`` and ``jax.grad`` linearize too, then transpose:
+    their trace says so (``is_vjp``). Looks through the tracers wrapping x (vmap's, jvp's)."""
+    for _ in range(64):                         # a nesting depth no program reaches
+        trace = getattr(x, "_trace", None)        # tracers only (jax.core.Tracer's attribute)
+        if trace is None:
+            return False
+        if getattr(trace, "is_vjp", None) is False:
+            return True
+        x = getattr(x, "primal", getattr(x, "val", None))
+    return False
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _frozen(forward, x, rhs, group_sizes, aux, gather):
     return forward(x, rhs, group_sizes, aux)
@@ -166,6 +181,8 @@ def frozen_weights(forward, x: jax.Array, rhs: NVFP4Tensor, group_sizes: jax.Arr
     Inside ``jax.shard_map``, x's cotangent is summed over the manual axes along which it varies
     and x does not (:func:`sum_to_varying_axes_of`), e.g. a replicated x against sharded weights.
     """
+    if _under_linearize(x):        # else linearize succeeds and its linear function fails
+        raise TypeError(FORWARD_MODE)
     try:
         return _frozen(forward, x, rhs, group_sizes, aux, gather)
     except (TypeError, NotImplementedError) as e:

@@ -184,3 +184,30 @@ def test_second_order_is_a_clear_error(rng, backend):
     # under jax.checkpoint the derivative is still first order: no error
     ref = jax.grad(loss)(x)
     np.testing.assert_array_equal(jax.grad(jax.checkpoint(loss))(x), ref)
+
+
+@pytest.mark.parametrize("backend", ["reference", "ffi"])
+def test_linearize_is_refused_at_the_call(rng, backend):
+    """jax.linearize is forward mode: refused with the library's TypeError when it is called
+    (as jax.jvp and jax.jacfwd are), not later by JAX's generic message when its linear
+    function runs; jax.vjp (also a linearization, then transposed) keeps working."""
+    x, rhs, gs, _ = problem(rng, m=4)
+    x = jnp.asarray(x)
+    f = _layer_gemm(backend, rhs, gs)
+    for call in (lambda: jax.linearize(f, x),
+                 lambda: jax.jit(lambda a: jax.linearize(f, a)[1](a))(x),
+                 lambda: jax.linearize(jax.vmap(f), x[None])):
+        with pytest.raises(TypeError, match="reverse-mode derivative only"):
+            call()
+    y, pullback = jax.vjp(f, x)
+    assert pullback(y)[0].shape == x.shape
+
+
+def test_linearize_through_the_layer_is_refused_at_the_call(rng):
+    c = jn.MoEConfig(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32)
+    r = lambda *s: rng.standard_normal(s) * 0.1  # noqa: E731
+    w = jn.quantize_moe(r(4, 64), r(4, 64, 64), r(4, 64, 32))
+    x = jnp.asarray(rng.standard_normal((3, 64)), jnp.float32)
+    with pytest.raises(TypeError, match="reverse-mode derivative only"):
+        jax.linearize(lambda a: jn.moe(a, w, c), x)
+    assert jax.grad(lambda a: jn.moe(a, w, c).sum())(x).shape == x.shape
