@@ -22,9 +22,10 @@ tensor                    dtype / shape               meaning
                                                       dynamic, so only the global one is stored)
 ========================  ==========================  ==============================================
 
-Every ``weight_scale_2`` and input scale must be finite and positive (a ValueError naming the
-tensor otherwise: a negative or NaN scale would be hidden by the max of gate and up, a zero one
-divides by zero).
+Every ``weight_scale_2`` and input scale must be finite and at least 2^-126, the smallest normal
+float32 (:data:`MIN_SCALE`, the layer's own bound; a ValueError naming the tensor and its file
+otherwise: a negative or NaN scale would be hidden by the max of gate and up, a zero one divides
+by zero, a subnormal one flushes to zero in XLA).
 
 So ``W ~= e2m1(weight) * float32(weight_scale) * weight_scale_2``: exactly this package's
 :class:`~jax_nvfp4.formats.NVFP4Tensor` convention (``global_scale = weight_scale_2``). Scalars
@@ -90,6 +91,7 @@ from .hf_folder import open_checkpoint, where_looked
 from .formats import BLOCK_SIZE, E2M1_VALUES, E4M3_MAX, E2M1_MAX, K_MULTIPLE, NVFP4Tensor
 from .options import WEIGHT_LAYOUTS
 from .prepare import prepare_weights
+from .quantization import MIN_GLOBAL_SCALE
 from .moe_params import MoEConfig, MoEWeights
 from .safetensors_io import (SafetensorsReader, read_safetensors, read_safetensors_metadata,
                              save_safetensors)
@@ -213,12 +215,30 @@ def _scalar(src: Mapping, name: str) -> np.float32:
     return np.float32(a.reshape(()).astype(np.float32))
 
 
+MIN_SCALE = MIN_GLOBAL_SCALE
+"""The smallest weight_scale_2 or input scale :func:`load_moe` accepts: 2^-126, the smallest
+normal float32, the layer's own bound for static input scales and quantize's for a global scale
+(a subnormal scale would flush to 0 inside XLA)."""
+
+
+def _in_file(src: Mapping, name: str) -> str:
+    """`` (in <file>)`` for a source that knows the file holding ``name``, else empty."""
+    file_of = getattr(src, "file_of", None)
+    if file_of is None:
+        return ""
+    try:
+        return f" (in {file_of(name)})"
+    except (KeyError, ValueError):
+        return ""
+
+
 def _global_scale(src: Mapping, name: str) -> np.float32:
-    """A weight_scale_2 or input scale: a float scalar, finite and positive."""
+    """A weight_scale_2 or input scale: a float scalar, finite and >= :data:`MIN_SCALE`."""
     v = _scalar(src, name)
-    if not (np.isfinite(v) and v > 0):
-        raise ValueError(f"{name}: expected a finite positive scale (the dequantization "
-                         f"multiplier amax / 2688), found {v!r}")
+    if not (np.isfinite(v) and v >= MIN_SCALE):
+        raise ValueError(f"{name}{_in_file(src, name)}: expected a finite scale >= 2^-126 (the "
+                         "smallest normal float32; the dequantization multiplier amax / 2688), "
+                         f"found {float(v)!r}")
     return v
 
 
@@ -398,7 +418,7 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
     Raises:
       KeyError naming the full tensor name (and the files or index looked in) when a tensor is
       missing; ValueError naming the tensor, the expected and the found shape (or dtype) on a
-      mismatch, or a weight_scale_2 / input scale that is not finite and positive;
+      mismatch, or a weight_scale_2 / input scale that is not finite and >= 2^-126;
       FileNotFoundError for a path that is neither a file nor a folder.
     """
     if layout not in WEIGHT_LAYOUTS:   # before reading gigabytes

@@ -546,10 +546,12 @@ def test_router_float_dtypes_load_as_float32(dtype):
 @pytest.mark.parametrize("fmt", ["modelopt", "quark"])
 @pytest.mark.parametrize("which", ["gate_input", "up_input", "shared_gate_input", "ws2",
                                    "shared_ws2"])
-@pytest.mark.parametrize("value", [-0.01, 0.0, np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("value", [-0.01, 0.0, np.nan, np.inf, -np.inf, 1e-40,
+                                   np.nextafter(np.float32(2.0**-126), np.float32(0))])
 def test_global_scales_must_be_finite_and_positive(fmt, which, value):
     """A negative or NaN gate input scale would vanish in max(gate, up); a zero one divides by
-    zero. Each is a ValueError naming the tensor, with or without the convention check."""
+    zero; a subnormal one (below 2^-126, the smallest normal float32) flushes to zero in XLA.
+    Each is a ValueError naming the tensor, with or without the convention check."""
     lin, extra = reference(seed=32)
     role = {"gate_input": ("expert", 1, "gate"), "up_input": ("expert", 2, "up"),
             "shared_gate_input": ("shared", "gate"), "ws2": ("expert", 3, "down"),
@@ -561,5 +563,29 @@ def test_global_scales_must_be_finite_and_positive(fmt, which, value):
             else f"{PREFIX}.shared_experts.{proj[role[1]]}")
     name = f"{base}.{'weight_scale_2' if key == 'ws2' else INPUT[fmt]}"
     for check in (True, False):
-        with pytest.raises(ValueError, match=rf"{name}: expected a finite positive scale"):
+        with pytest.raises(ValueError, match=rf"{name}: expected a finite scale >= 2\^-126"):
             ckpt.load_moe(tensors_from(lin, extra, fmt=fmt), PREFIX, cfg(), check=check)
+
+
+def test_scale_bound_is_the_layers_and_names_the_file(tmp_path):
+    """One lower bound for checkpoint scales, the layer's own (quantization.MIN_GLOBAL_SCALE =
+    2^-126): the smallest normal float32 loads and runs, the next float32 below it is refused
+    by load_moe, naming the file and the tensor, before the layer could see it."""
+    from jax_nvfp4 import quantization
+    assert quantization.MIN_GLOBAL_SCALE == float(np.finfo(np.float32).smallest_normal)
+    assert ckpt.MIN_SCALE is quantization.MIN_GLOBAL_SCALE
+    lin, extra = reference(seed=33)
+    name = f"{PREFIX}.experts.1.gate_proj.input_scale"
+    for value, ok in ((np.float32(2.0**-126), True),
+                      (np.nextafter(np.float32(2.0**-126), np.float32(0)), False)):
+        lin[("expert", 1, "gate")]["inp"] = value
+        lin[("expert", 1, "up")]["inp"] = value
+        path = tmp_path / f"{ok}.safetensors"
+        ckpt.save_safetensors(path, tensors_from(lin, extra))
+        if ok:
+            w = load_quiet(path, PREFIX, cfg())
+            assert float(np.asarray(w.w13_input_scale)[1]) == 2.0**-126
+        else:
+            with pytest.raises(ValueError, match=rf"{name} \(in {path}\): expected a finite "
+                                                 r"scale >= 2\^-126 .* found 1.17549"):
+                ckpt.load_moe(path, PREFIX, cfg())
