@@ -1,0 +1,93 @@
+"""MoEConfig's ranges at their edges (docs/usage.md, README "Limits": every field checked when the
+config is built): for each range the largest (or smallest) valid value builds, and the first
+invalid one beyond it is a ValueError naming the field. Also known_range, which decides when a
+weight's values can be checked."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_nvfp4.moe_params import MoEConfig, known_range
+
+BASE = dict(num_experts=8, top_k=2, hidden_size=64, intermediate_size=32)
+F32_MAX = float(np.finfo(np.float32).max)
+F32_TINY_SUB = float(np.float32(2.0**-149))           # the smallest positive float32
+BELOW_F32_SUB = 2.0**-151                               # rounds to 0 in float32
+ABOVE_F32_MAX = 3.5e38                                  # rounds to inf in float32
+
+
+def build(**kw):
+    return MoEConfig(**{**BASE, **kw})
+
+
+# (valid overrides, invalid overrides, the field the error names): each pair is one range's edge
+EDGES = [
+    (dict(num_experts=1, top_k=1), dict(num_experts=0, top_k=1), "num_experts"),
+    (dict(top_k=1), dict(top_k=0), "top_k"),
+    (dict(top_k=8), dict(top_k=9), "top_k"),                       # top_k <= num_experts
+    (dict(n_group=8, topk_group=1, top_k=1), dict(n_group=16, topk_group=1, top_k=1), "n_group"),
+    (dict(n_group=4, topk_group=1, top_k=2), dict(n_group=3, topk_group=1), "n_group"),
+    (dict(n_group=1), dict(n_group=0), "n_group"),
+    (dict(n_group=4, topk_group=4), dict(n_group=4, topk_group=5), "topk_group"),
+    (dict(n_group=4, topk_group=1), dict(n_group=4, topk_group=0), "topk_group"),
+    # the kept groups must hold top_k experts: 2 groups of 2 hold 4
+    (dict(n_group=4, topk_group=2, top_k=4), dict(n_group=4, topk_group=2, top_k=5),
+     "topk_group"),
+    (dict(n_shared_experts=0), dict(n_shared_experts=-1), "n_shared_experts"),
+    (dict(hidden_size=32), dict(hidden_size=0), "hidden_size"),
+    (dict(hidden_size=32), dict(hidden_size=16), "hidden_size"),
+    (dict(hidden_size=96), dict(hidden_size=80), "hidden_size"),
+    (dict(intermediate_size=32), dict(intermediate_size=48), "intermediate_size"),
+    (dict(precision="fp8", hidden_size=128, intermediate_size=128),
+     dict(precision="fp8", hidden_size=96, intermediate_size=128), "hidden_size"),
+    (dict(precision="fp8", hidden_size=128, intermediate_size=256),
+     dict(precision="fp8", hidden_size=128, intermediate_size=224), "intermediate_size"),
+    (dict(routed_scaling_factor=F32_MAX), dict(routed_scaling_factor=ABOVE_F32_MAX),
+     "routed_scaling_factor"),
+    (dict(routed_scaling_factor=F32_TINY_SUB), dict(routed_scaling_factor=BELOW_F32_SUB),
+     "routed_scaling_factor"),
+    (dict(swiglu_limit=F32_TINY_SUB), dict(swiglu_limit=BELOW_F32_SUB), "swiglu_limit"),
+    (dict(swiglu_limit=float("inf")), dict(swiglu_limit=float("nan")), "swiglu_limit"),
+    (dict(swiglu_limit=None), dict(swiglu_limit=-F32_TINY_SUB), "swiglu_limit"),
+]
+
+
+@pytest.mark.parametrize("valid,invalid,field", EDGES, ids=[
+    f"{e[2]}-{list(e[1].values())}" for e in EDGES])
+def test_every_range_edge(valid, invalid, field):
+    build(**valid)
+    with pytest.raises(ValueError, match=f"^{field}: "):
+        build(**invalid)
+
+
+@pytest.mark.parametrize("field,choices", [
+    ("scoring_func", ("sqrtsoftplus", "sigmoid", "softmax")), ("activation", ("w4a4", "w4a16")),
+    ("activation_scale", ("dynamic", "static")), ("precision", ("exact", "fp8")),
+    ("row_dtype", ("bfloat16", "float32"))])
+def test_every_choice_and_a_near_miss(field, choices):
+    size = dict(hidden_size=128, intermediate_size=128)
+    for c in choices:
+        assert getattr(build(**size, **{field: c}), field) == c
+    for bad in (choices[0].upper(), choices[0] + " ", ""):
+        with pytest.raises(ValueError, match=f"^{field}: expected one of"):
+            build(**size, **{field: bad})
+
+
+def test_known_range():
+    assert known_range(None) is None
+    assert known_range(np.zeros((0,), np.float32)) is None
+    assert known_range(jnp.zeros((0,), jnp.float32)) is None
+    assert known_range(np.array([3, -2, 7], np.int64)) == (-2, 7)
+    assert known_range(jnp.array([0.5, 2.0])) == (0.5, 2.0)
+    lo, hi = known_range(np.array([1.0, np.nan]))
+    assert np.isnan(lo) and np.isnan(hi)
+    lo, hi = known_range(jnp.array([np.nan, 1.0]))
+    assert np.isnan(lo) and np.isnan(hi)
+    assert known_range(np.float32(2.0**-140)) == (2.0**-140, 2.0**-140)   # numpy keeps subnormals
+    seen = []
+    jax.jit(lambda v: seen.append(known_range(v)) or v)(jnp.ones(3))
+    assert seen == [None]                                  # traced: unknown
+    const = jnp.array([4, 9], jnp.int32)
+    jax.jit(lambda: seen.append(known_range(const)) or 0)()
+    assert seen[-1] == (4, 9)                              # closed over: known
