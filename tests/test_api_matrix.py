@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import jax_nvfp4 as jn
-from conftest import QUANTIZE, gpu_devices, pairwise, skip_or_fail
+from conftest import QUANTIZE, QUANTIZE_STACK, gpu_devices, pairwise, skip_or_fail
 from oracles import dequant64, grouped_gemm64, rel_err
 from test_fp8 import assert_within_f32_accumulation, oracle_gemm, oracle_quantize, oracle_weights
 from test_moe import W4A4_TOL, W4A16_TOL, float_layer, np_moe, quantized
@@ -265,3 +265,156 @@ def test_grouped_gemm_swiglu_matrix(lhs_kind, backend, platform):
     with np.errstate(over="ignore"):
         want = gate / (1 + np.exp(-gate)) * up
     assert rel_err(args[2], want) <= 1e-5 and np.abs(want).max() > 0
+
+
+# ------------------------------------------------------------------ edge inputs
+# docs/usage.md, "Zero tokens, non-finite and float16 inputs, per entry point": each cell of that
+# table, entry point by entry point (small shapes, jitted once each).
+
+def _bits(a):
+    return np.asarray(a).view(np.uint8) if np.asarray(a).dtype.itemsize == 1 else \
+        np.asarray(a).view(f"u{np.asarray(a).dtype.itemsize}")
+
+
+def _same_tensor(a, b):
+    for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        assert u.shape == v.shape and u.dtype == v.dtype
+        np.testing.assert_array_equal(_bits(u), _bits(v))
+
+
+@functools.lru_cache(maxsize=None)
+def _edge_gemm_rhs():
+    rng = np.random.default_rng(58)
+    return QUANTIZE_STACK(jnp.asarray(rng.standard_normal((2, 128, 128)), jnp.float32))
+
+
+def test_edge_zero_rows_every_entry_point():
+    x = jnp.zeros((0, 128), jnp.float32)
+    t = jn.quantize(x)
+    assert t.data.shape == (0, 64) and t.scales.shape == (0, 8) and float(t.global_scale) == 1.0
+    d, s, g = jn.stage_activation(x)
+    assert d.shape == (0, 64) and s.shape == (0, 8) and float(g) == 1.0
+    assert jn.dequantize(t, jnp.bfloat16).shape == (0, 128)
+    assert jn.dequantize(t, jnp.bfloat16).dtype == jnp.bfloat16
+    rows = jn.fp8.quantize_rows(x)
+    assert rows.codes.shape == (0, 128) and rows.scales.shape[0] == 0
+    rhs = _edge_gemm_rhs()
+    for backend in ("reference", "ffi"):
+        for lhs, precision in ((x.astype(jnp.bfloat16), "exact"), (t, "exact"), (x, "fp8")):
+            out = jn.grouped_gemm(lhs, rhs, [0, 0], backend=backend, precision=precision)
+            assert out.shape == (0, 128), (backend, precision)
+        out = jn.grouped_gemm_swiglu(x.astype(jnp.bfloat16), jn.layout.pair_gate_up(rhs), [0, 0],
+                                     backend=backend)
+        assert out.shape == (0, 64)
+    w = layer_weights(True)
+    c = jn.MoEConfig(num_experts=E, top_k=2, hidden_size=H, intermediate_size=I,
+                     n_shared_experts=1)
+    ids, rw = jn.route(x, dataclasses.replace(w, hash_table=None), c)
+    assert ids.shape == (0, 2) and ids.dtype == jnp.int32
+    assert rw.shape == (0, 2) and rw.dtype == jnp.float32
+
+
+def test_edge_float16_quantizers_read_its_exact_values(rng):
+    x = rng.standard_normal((4, 128)).astype(np.float16) * np.float16(300)
+    x[0, :3] = [np.inf, -np.inf, 65504]
+    x[1, 5] = np.nan
+    x16, x32 = jnp.asarray(x), jnp.asarray(x.astype(np.float32))
+    _same_tensor(jn.quantize(x16), jn.quantize(x32))
+    _same_tensor(jn.stage_activation(x16), jn.stage_activation(x32))
+    _same_tensor(jn.fp8.quantize_rows(x16), jn.fp8.quantize_rows(x32))
+    rows = np.asarray(jn.fp8.quantize_rows(x32).codes, np.float32)
+    assert np.isnan(rows[:2]).all() and not np.isnan(rows[2:]).any()   # Inf/NaN chunk: NaN
+    t = jn.quantize(x32)
+    want = np.asarray(jn.dequantize(t, jnp.float32)).astype(np.float16)   # one rounding
+    got = np.asarray(jn.dequantize(t, jnp.float16))
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+    big = jn.quantize(jnp.full((1, 32), 1e5, jnp.float32))
+    assert np.isinf(np.asarray(jn.dequantize(big, jnp.float16))).all()   # past 65504: Inf
+
+
+def test_edge_float16_gemm(rng):
+    rhs = _edge_gemm_rhs()
+    x = (rng.standard_normal((6, 128)) * 3).astype(np.float16)
+    x16, x32 = jnp.asarray(x), jnp.asarray(x.astype(np.float32))
+    sizes = [2, 3]
+    for backend, precision in (("reference", "exact"), ("reference", "fp8"), ("ffi", "fp8")):
+        a = jn.grouped_gemm(x16, rhs, sizes, backend=backend, precision=precision,
+                            out_dtype=jnp.float32)
+        b = jn.grouped_gemm(x32, rhs, sizes, backend=backend, precision=precision,
+                            out_dtype=jnp.float32)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=backend + precision)
+    ref = jn.grouped_gemm(x16, jn.layout.pair_gate_up(rhs), sizes, backend="reference")
+    assert ref.dtype == jnp.bfloat16
+    for call in (lambda: jn.grouped_gemm(x16, rhs, sizes, backend="ffi"),
+                 lambda: jn.grouped_gemm_swiglu(x16, jn.layout.pair_gate_up(rhs), sizes,
+                                                backend="ffi")):
+        with pytest.raises(ValueError, match="lhs: expected dtype in \\['bfloat16'\\] or an "
+                                             "NVFP4Tensor, got float16"):
+            call()
+
+
+@pytest.mark.parametrize("backend", ["reference", "ffi"])
+def test_edge_gemm_non_finite_rows_stay_in_their_rows(rng, backend):
+    """A NaN or Inf in lhs row r reaches row r only, also within one kernel token tile of other
+    rows and past the groups (output 0 there); a NaN block scale in weight row n of group g makes
+    column n of g's rows NaN, and the rows past the groups stay 0."""
+    w = rng.standard_normal((2, 128, 128)).astype(np.float32)
+    rhs = QUANTIZE_STACK(jnp.asarray(w))
+    scales = np.asarray(rhs.scales).view(np.uint8).copy()
+    scales[1, 7, 2] = 0x7F                                       # e4m3 NaN, group 1, row 7
+    bad = dataclasses.replace(rhs, scales=jax.lax.bitcast_convert_type(
+        jnp.asarray(scales), jnp.float8_e4m3fn))
+    x = rng.standard_normal((10, 128)).astype(np.float32)
+    x[1, 4], x[5, 9], x[9, 0] = np.nan, np.inf, np.nan          # row 9 lies past the groups
+    xb = jnp.asarray(x, jnp.bfloat16)
+    sizes = [4, 4]
+    out = np.asarray(jn.grouped_gemm(xb, rhs, sizes, backend=backend, out_dtype=jnp.float32))
+    clean_x = np.where(np.isfinite(x), x, 0).astype(np.float32)
+    clean = np.asarray(jn.grouped_gemm(jnp.asarray(clean_x, jnp.bfloat16), rhs, sizes,
+                                       backend=backend, out_dtype=jnp.float32))
+    assert np.isnan(out[1]).all() and not np.isfinite(out[5]).any()
+    keep = [0, 2, 3, 4, 6, 7]
+    np.testing.assert_array_equal(out[keep], clean[keep])
+    np.testing.assert_array_equal(out[8:], 0)
+    outw = np.asarray(jn.grouped_gemm(jnp.asarray(clean_x, jnp.bfloat16), bad, sizes,
+                                      backend=backend, out_dtype=jnp.float32))
+    assert np.isnan(outw[4:8, 7]).all()
+    np.testing.assert_array_equal(np.isnan(outw), np.isin(np.arange(10), [4, 5, 6, 7])[:, None]
+                                  & (np.arange(128) == 7)[None, :])
+    np.testing.assert_array_equal(outw[8:], 0)
+
+
+def _edge_layer(activation="w4a16", scale="dynamic", precision="exact"):
+    w = dataclasses.replace(layer_weights(True), hash_table=None)
+    c = jn.MoEConfig.deepseek_v4_pro(num_experts=E, top_k=2, hidden_size=H, intermediate_size=I,
+                                     n_shared_experts=1, activation=activation,
+                                     activation_scale=scale, precision=precision)
+    return w, c
+
+
+@pytest.mark.parametrize("activation,scale,precision", [("w4a16", "dynamic", "exact"),
+                                                        ("w4a4", "static", "fp8")])
+def test_edge_float16_layer_is_the_float32_layer_rounded_once(rng, activation, scale, precision):
+    w, c = _edge_layer(activation, scale, precision)
+    x = (rng.standard_normal((5, H)) * 2).astype(np.float16)
+    run = jax.jit(lambda x: jn.moe(x, w, c))
+    a = run(jnp.asarray(x))
+    b = run(jnp.asarray(x.astype(np.float32)))
+    assert a.dtype == jnp.float16
+    np.testing.assert_array_equal(_bits(a), _bits(b.astype(jnp.float16)))
+    route = jax.jit(lambda x: jn.route(x, w, c))
+    _same_tensor(route(jnp.asarray(x)), route(jnp.asarray(x.astype(np.float32))))
+
+
+@pytest.mark.parametrize("activation,scale,precision", [("w4a4", "dynamic", "exact"),
+                                                        ("w4a4", "static", "fp8")])
+def test_edge_non_finite_tokens_touch_only_their_rows(rng, activation, scale, precision):
+    w, c = _edge_layer(activation, scale, precision)
+    x = rng.standard_normal((6, H)).astype(np.float32)
+    x[1, 3], x[4, 8] = np.nan, np.inf
+    run = jax.jit(lambda x: jn.moe(x, w, c))
+    out = np.asarray(run(jnp.asarray(x)))
+    assert np.isnan(out[[1, 4]]).all()
+    keep = [0, 2, 3, 5]
+    np.testing.assert_array_equal(out[keep], np.asarray(run(jnp.asarray(x[keep]))))
