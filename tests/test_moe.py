@@ -1126,3 +1126,37 @@ def test_non_finite_tokens_route_the_same_in_bf16_and_float32(rng):
         assert np.isnan(o[:3]).all() and np.isfinite(o[3:]).all()
     clean = np.asarray(run(xf[3:], w))
     np.testing.assert_array_equal(of[3:], clean)
+
+
+def test_swiglu_clamp_bites_on_both_sides():
+    """silu(min(gate, L)) * clip(up, -L, L): gates above L are clamped, gates below -L are not
+    (min only), ups are clipped on both sides; against float64 numpy."""
+    gate = np.array([-3.0, -0.5, 0.2, 0.5, 3.0, -3.0, 3.0, 0.0], np.float32)
+    up = np.array([-3.0, 2.0, -0.25, 0.9, 0.3, 3.0, -3.0, 1.0], np.float32)
+    h = np.concatenate([gate, up])[None]
+    for limit in (0.4, 1.0):
+        got = np.asarray(jn.swiglu(jnp.asarray(h), limit), np.float64)
+        want = swiglu64(h.astype(np.float64), limit)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+        # each side of each clamp is exercised: an element outside the limit on that side
+        assert (gate > limit).any() and (gate < -limit).any()
+        assert (up > limit).any() and (up < -limit).any()
+    g, u = -3.0, 0.3                                  # a gate below -L is left alone
+    assert np.isclose(float(jn.swiglu(jnp.array([[g, u]]), 0.4)[0, 0]), g / (1 + np.exp(-g)) * u)
+
+
+@pytest.mark.parametrize("paired", [False, True], ids=["unfused", "fused"])
+def test_layer_swiglu_limit_bites_on_both_sides(rng, paired):
+    """A limit small enough to clamp many gates and ups on both sides: the layer (unfused, and
+    fused in the GEMM epilogue with paired weights) still matches the float64 layer with the
+    clamp, and differs from it without the clamp by far more than the tolerance."""
+    w = quantized(float_layer(rng))
+    c = cfg(swiglu_limit=0.25)
+    x = rng.standard_normal((16, H)).astype(np.float32)
+    wl = jn.prepare_weights(w) if paired else w
+    assert wl.w13_paired == paired
+    out = np.asarray(jax.jit(lambda x, w: jn.moe(x, w, c))(jnp.asarray(x), wl))
+    ref, _ = np_moe(x, w, c)
+    loose, _ = np_moe(x, w, dataclasses.replace(c, swiglu_limit=None))
+    assert rel_err(out, ref) <= W4A16_TOL
+    assert rel_err(loose, ref) > 100 * W4A16_TOL

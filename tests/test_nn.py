@@ -1,6 +1,7 @@
 """The flax.nnx, flax.linen and Equinox modules (each skipped when its framework is missing)."""
 
 import dataclasses
+import functools
 import io
 import subprocess
 import sys
@@ -522,3 +523,91 @@ def test_importing_jax_nvfp4_needs_no_framework():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=str(__import__("pathlib").Path(jn.__file__).parents[1]))
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------------------------
+# Metadata round trips: paired and unpaired gate/up rows x every layout x each framework's save
+# and restore. Restored into a module built from the same kind of weights: the same bits, layouts
+# and pairing; into one built from another kind: an error, never the bytes read as another order.
+
+@functools.lru_cache(maxsize=None)
+def weight_variants():
+    """The five kinds of weights (built once for the tests below; fixed seed)."""
+    w, config = make_layer(np.random.default_rng(58), activation="w4a4", scale="static",
+                           routing="hash", precision="fp8")
+    prep = {n: jn.prepare_weights(getattr(w, n)) for n in ("w13", "w2", "shared_w13", "shared_w2")}
+    pair = dict(w13=jn.layout.pair_gate_up(w.w13), shared_w13=jn.layout.pair_gate_up(w.shared_w13),
+                w13_paired=True)
+    variants = {
+        "checkpoint": w,
+        "checkpoint-paired": dataclasses.replace(w, **pair),
+        "sm90": dataclasses.replace(w, **prep),
+        "sm90-paired": jn.prepare_weights(w),
+        "fp8": jn.prepare_weights(w, "fp8"),
+    }
+    assert [v.w13_paired for v in variants.values()] == [False, True, False, True, False]
+    return variants, config
+
+
+def _meta(w):
+    return (w.w13_paired, {n: getattr(w, n).layout for n in ("w13", "w2", "shared_w13",
+                                                             "shared_w2")})
+
+
+def test_equinox_round_trips_every_variant(rng):
+    eqx = pytest.importorskip("equinox")
+    from jax_nvfp4.nn.eqx import MoE
+
+    variants, config = weight_variants()
+    models = {k: MoE(v, config) for k, v in variants.items()}
+    for saved_as, saved in models.items():
+        buf = io.BytesIO()
+        eqx.tree_serialise_leaves(buf, saved)
+        for read_as, target in models.items():
+            buf.seek(0)
+            like = jax.tree.map(jnp.zeros_like, target)
+            if saved_as == read_as:
+                back = eqx.tree_deserialise_leaves(buf, like).moe_weights
+                assert same_bits(back, variants[saved_as])
+                assert _meta(back) == _meta(variants[saved_as])
+            else:
+                with pytest.raises(Exception):
+                    eqx.tree_deserialise_leaves(buf, like)
+
+
+@pytest.mark.parametrize("framework", ["nnx", "linen"])
+def test_orbax_round_trips_every_variant(rng, tmp_path, framework):
+    ocp = pytest.importorskip("orbax.checkpoint")
+    variants, config = weight_variants()
+    if framework == "nnx":
+        nnx = pytest.importorskip("flax.nnx")
+        from jax_nvfp4.nn.nnx import MoE
+
+        state = {k: nnx.state(MoE(v, config)) for k, v in variants.items()}
+
+        def weights_of(restored, kind):
+            m = MoE(variants[kind], config)
+            nnx.update(m, restored)
+            return m.moe_weights
+    else:
+        pytest.importorskip("flax.linen")
+        from jax_nvfp4.nn.linen import COLLECTION, freeze
+
+        state = {k: {COLLECTION: {"weights": freeze(v)}} for k, v in variants.items()}
+
+        def weights_of(restored, kind):
+            return restored[COLLECTION]["weights"].weights()
+
+    ckpt = ocp.StandardCheckpointer()
+    for kind, st in state.items():
+        ckpt.save(tmp_path / kind, st)
+    ckpt.wait_until_finished()
+    for saved_as in state:
+        for read_as in state:
+            if saved_as == read_as:
+                back = weights_of(ckpt.restore(tmp_path / saved_as, state[read_as]), read_as)
+                assert same_bits(back, variants[saved_as])
+                assert _meta(back) == _meta(variants[saved_as])
+            else:
+                with pytest.raises(ValueError, match="(?s)do not match"):
+                    ckpt.restore(tmp_path / saved_as, state[read_as])
