@@ -1038,3 +1038,39 @@ def test_zero_tokens(precision, rng):
                                                              backend=BACKEND).sum()))(
         jnp.zeros((0, H), jnp.float32), ws)
     assert g.shape == (0, H)
+
+
+@pytest.mark.parametrize("cap", [sharding.DEFAULT_CAPACITY_FACTOR, 0.3, None])
+def test_nan_expert_touches_only_its_rows(cap, rng):
+    """An expert whose weights hold a NaN (a NaN block scale) makes only the rows routed to it
+    NaN, whichever row count each device runs (capacities that hold, and one too small for the
+    skewed device, which then takes a larger size), as on one device; every other row is
+    unchanged."""
+    cfg, w, x, _ = make_layer(rng, t=16, top_k=2, shared=False)
+    ids = np.asarray(jn.route(jnp.asarray(x), w, cfg)[0])
+    bad_e = int(np.bincount(ids.reshape(-1), minlength=E).argmax())
+    scales = np.asarray(w.w2.scales).view(np.uint8).copy()
+    scales[bad_e] = 0x7F                                         # every block scale NaN
+    wn = dataclasses.replace(w, w2=dataclasses.replace(w.w2, scales=jax.lax.bitcast_convert_type(
+        jnp.asarray(scales), jnp.float8_e4m3fn)))
+    hit = (ids == bad_e).any(axis=1)
+    assert hit.any() and not hit.all()
+    out = np.asarray(run_ep(x, wn, cfg, ep_mesh(8), "psum", capacity_factor=cap))
+    assert np.isnan(out[hit]).all() and np.isfinite(out[~hit]).all()
+    one = single(x, wn, cfg)
+    np.testing.assert_array_equal(np.isnan(one), np.isnan(out))
+    clean = np.asarray(run_ep(x, w, cfg, ep_mesh(8), "psum", capacity_factor=cap))
+    np.testing.assert_array_equal(out[~hit], clean[~hit])
+
+
+def test_float16_tokens_are_the_float32_layer_rounded_once(rng):
+    """docs/usage.md: float16 x computes as the float32 x of the same values, rounded once."""
+    cfg, w, x, _ = make_layer(rng, t=16)
+    x16 = np.asarray(x, np.float16)
+    mesh = ep_mesh(8)
+    for combine in ("psum", "psum_scatter"):
+        a = run_ep(jnp.asarray(x16), w, cfg, mesh, combine)
+        b = run_ep(jnp.asarray(x16.astype(np.float32)), w, cfg, mesh, combine)
+        assert a.dtype == jnp.float16
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint16),
+                                      np.asarray(b.astype(jnp.float16)).view(np.uint16))
