@@ -221,6 +221,8 @@ def test_quantizers_and_preparation_keep_their_roundings():
     for name, fn in programs.items():
         arg = w if "prepare" in name or "weights" in name else x
         assert elided_roundings(fn, arg) == [], name
+        if arg is x:                     # float16 input (docs/usage.md: read as its values)
+            assert elided_roundings(fn, x.astype(jnp.float16)) == [], name + " float16"
 
 
 @pytest.mark.parametrize("activation", ["w4a16", "w4a4"])
@@ -243,3 +245,27 @@ def test_moe_layer_keeps_its_roundings(activation, precision, layout, backend):
         lambda x, w: jax.grad(lambda x: jn.moe(x, w, c, backend=backend)
                               .astype(jnp.float32).sum())(x),
         x.astype(jnp.float32), dataclasses.replace(wl), narrow=QUANTIZED) == []
+
+
+@pytest.mark.parametrize("backend", ["reference", "ffi"])
+def test_float16_through_every_entry_point_keeps_its_roundings(backend):
+    """float16 activations (docs/usage.md, "float16 input") into the layer (both precisions),
+    the router, the reference GEMM and its fused SwiGLU, and the fp8-mode GEMM."""
+    rng = np.random.default_rng(6)
+    e, h, i = 4, 128, 128
+    w = quantized(float_layer(rng, e=e, h=h, i=i, shared=True))
+    x16 = jnp.asarray(rng.standard_normal((6, h)), jnp.float16)
+    for activation in ("w4a16", "w4a4"):
+        for precision in ("exact", "fp8"):
+            c = jn.MoEConfig.deepseek_v4_pro(num_experts=e, top_k=2, hidden_size=h,
+                                             intermediate_size=i, n_shared_experts=1,
+                                             activation=activation, precision=precision)
+            assert elided_roundings(lambda x, w: jn.moe(x, w, c, backend=backend), x16, w) == [], \
+                (activation, precision)
+    assert elided_roundings(lambda x, w: jn.route(x, w, c), x16, w) == []
+    gx, gw, gs = _gemm_inputs()
+    gx = gx.astype(jnp.float16)
+    assert elided_roundings(lambda x, w, s: jn.grouped_gemm(x, w, s, backend=backend,
+                                                            precision="fp8"), gx, gw, gs) == []
+    assert elided_roundings(lambda x, w, s: jn.reference.grouped_gemm_swiglu(
+        x, jn.layout.pair_gate_up(w), s, limit=1.0), gx, gw, gs) == []
