@@ -222,14 +222,10 @@ normal float32, the layer's own bound for static input scales and quantize's for
 
 
 def _in_file(src: Mapping, name: str) -> str:
-    """`` (in <file>)`` for a source that knows the file holding ``name``, else empty."""
+    """`` (in <file>)`` for a source that knows the file holding ``name`` (a tensor it holds),
+    else empty."""
     file_of = getattr(src, "file_of", None)
-    if file_of is None:
-        return ""
-    try:
-        return f" (in {file_of(name)})"
-    except (KeyError, ValueError):
-        return ""
+    return "" if file_of is None else f" (in {file_of(name)})"
 
 
 def _global_scale(src: Mapping, name: str) -> np.float32:

@@ -275,10 +275,11 @@ def test_shard_names_starting_with_dots_are_plain_names(tmp_path, shard):
 
 
 @pytest.mark.parametrize("shard", ["../x.safetensors", "sub/../../x.safetensors", "/x.safetensors",
-                                   "..", "", "sub/", "a\0b.safetensors"])
+                                   "..", "", "sub/", "a\0b.safetensors", ".", "sub/."])
 def test_shard_names_that_leave_the_folder_are_refused(tmp_path, shard):
     (tmp_path / hf_folder.INDEX_NAME).write_text(json.dumps({"weight_map": {"a": shard}}))
-    with pytest.raises(ValueError, match="is not a file name inside the index's folder"):
+    with pytest.raises(ValueError, match=rf"^{tmp_path}/{hf_folder.INDEX_NAME}: shard .* is not a "
+                                         "file name inside the index's folder"):
         hf_folder.open_checkpoint(tmp_path)
 
 
@@ -327,3 +328,44 @@ def test_folder_with_an_index_and_model_safetensors_reads_the_index(tmp_path):
     assert "only_here" not in src and set(src) == {"w"}
     os.remove(tmp_path / hf_folder.INDEX_NAME)               # without the index: the file
     np.testing.assert_array_equal(hf_folder.open_checkpoint(tmp_path)["w"], [7, 7, 7])
+
+
+
+@pytest.mark.parametrize("text,why", [
+    ("[1, 2]", "expected a JSON object"), ('{"weight_map": {"a": 3}}', "expected a JSON object"),
+    ('{"weight_map": {"a": ["x.safetensors"]}}', "expected a JSON object"),
+    ('{"weight_map": ["a"]}', "expected a JSON object"), ('{"metadata": {}}', "expected a JSON"),
+    ('{"weight_map": {"a": "x.safetensors"', "unreadable JSON"),
+    (b"\xff\xfe{}", "unreadable JSON")])
+def test_files_that_are_not_an_index(tmp_path, text, why):
+    """A .json that is not {"weight_map": {name: file}}: a ValueError naming the file."""
+    path = tmp_path / "x.json"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ValueError, match=rf"^{path}: not a safetensors index \({why}"):
+        hf_folder.open_checkpoint(path)
+
+
+def test_index_metadata_and_listing(tmp_path):
+    """The index's "metadata" object is kept (an empty dict without one); error listings name at
+    most six shards, then the count."""
+    ckpt.save_safetensors(tmp_path / "a.safetensors", {"w": np.arange(3, dtype=np.int32)})
+    (tmp_path / hf_folder.INDEX_NAME).write_text(json.dumps(
+        {"metadata": {"total_size": 12}, "weight_map": {"w": "a.safetensors"}}))
+    assert hf_folder.open_checkpoint(tmp_path).metadata == {"total_size": 12}
+    (tmp_path / hf_folder.INDEX_NAME).write_text(json.dumps({"weight_map": {"w": "a.safetensors"}}))
+    assert hf_folder.open_checkpoint(tmp_path).metadata == {}
+    names = [f"s{i}.safetensors" for i in range(7)]
+    assert hf_folder._listing(names[:6]) == ", ".join(names[:6])
+    assert hf_folder._listing(names) == ", ".join(names[:6]) + ", ... (7 in all)"
+    assert hf_folder._listing(["d/x", "y"], limit=1) == "x, ... (2 in all)"
+    assert hf_folder.where_looked({"w": 1}) == ""
+
+
+def test_repeated_keys_nested_in_the_index_are_refused(tmp_path):
+    """A repeated key anywhere in the index (inside "metadata", inside a list), not only in the
+    weight_map."""
+    for text in ('{"metadata": {"a": 1, "a": 2}, "weight_map": {}}',
+                 '{"metadata": {"l": [{"k": 1, "k": 1}]}, "weight_map": {}}'):
+        (tmp_path / hf_folder.INDEX_NAME).write_text(text)
+        with pytest.raises(ValueError, match=r"key '[ak]' appears twice in one JSON object"):
+            hf_folder.open_checkpoint(tmp_path)

@@ -17,6 +17,7 @@ def test_bf16_logits_equal_a_float32_dot(rng, t, e, h):
     w[1, :3] = [1.0 + 2.0**-23, -(1.0 - 2.0**-24), 2.0**-100]    # bits past bf16's 8 and 16
     terms = np.asarray(jax.jit(routing._bf16_terms)(jnp.asarray(w))).astype(np.float64)
     np.testing.assert_array_equal(terms[:e] + terms[e:2 * e] + terms[2 * e:], w)   # exact split
+    assert routing._bf16_terms(jnp.asarray(w)).dtype == jnp.bfloat16    # read as bf16 operands
     got = np.asarray(jax.jit(routing.router_logits)(jnp.asarray(x), jnp.asarray(w)))
     want = x.astype(np.float64) @ w.astype(np.float64).T
     f32 = np.asarray(jax.jit(routing.router_logits)(jnp.asarray(x.astype(np.float32)),
@@ -85,3 +86,22 @@ def test_bf16_logits_non_finite_as_float32(rng):
         np.testing.assert_array_equal(v[bad], want[bad], err_msg=name)   # same +-Inf and NaN
         bound = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T * h * 2.0**-24
         assert np.all(np.abs(v - want)[~bad] <= bound[~bad]), name
+
+
+
+@pytest.mark.parametrize("func", ["sqrtsoftplus", "sigmoid", "softmax"])
+def test_router_scores_against_float64(rng, func):
+    """Each scoring function of the float32 logits, against float64 numpy: sqrt(softplus),
+    sigmoid, softmax over the experts (each row sums to 1)."""
+    t, e, h = 7, 6, 64
+    x = rng.standard_normal((t, h)).astype(np.float32)
+    w = (rng.standard_normal((e, h)) * 0.3).astype(np.float32)
+    logits = x.astype(np.float64) @ w.astype(np.float64).T
+    want = {"sqrtsoftplus": np.sqrt(np.log1p(np.exp(logits))),
+            "sigmoid": 1 / (1 + np.exp(-logits)),
+            "softmax": np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)}[func]
+    got = np.asarray(routing.router_scores(jnp.asarray(x), jnp.asarray(w), func))
+    assert got.dtype == np.float32 and got.shape == (t, e)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="scoring_func: unknown 'Softmax'"):
+        routing.router_scores(jnp.asarray(x), jnp.asarray(w), "Softmax")
