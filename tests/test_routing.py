@@ -1,4 +1,8 @@
-"""The router's float32 logits: bf16 activations through the three-term bf16 split."""
+"""The router: float32 logits (bf16 activations through the three-term bf16 split, non-finite
+ones as the float32 dot), the scores, top-k, and route() against the float64 oracle."""
+
+import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +10,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import jax_nvfp4 as jn
 from jax_nvfp4 import routing
+from oracles import route64
 
 
 @pytest.mark.parametrize("t,e,h", [(37, 48, 7168), (5, 9, 64)])
@@ -105,3 +111,65 @@ def test_router_scores_against_float64(rng, func):
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-7)
     with pytest.raises(ValueError, match="scoring_func: unknown 'Softmax'"):
         routing.router_scores(jnp.asarray(x), jnp.asarray(w), "Softmax")
+
+
+# ------------------------------------------------------------------ route (against float64)
+E, H, K, VOCAB = 8, 64, 3, 20
+
+
+@functools.lru_cache(maxsize=None)
+def _layer():
+    r = np.random.default_rng(58)
+    n = lambda *s: r.standard_normal(s) * 0.2  # noqa: E731
+    table = np.stack([r.permutation(E)[:K] for _ in range(VOCAB)]).astype(np.int32)
+    return jn.quantize_moe(n(E, H) * 3, n(E, 64, H), n(E, H, 32), router_bias=n(E) * 0.1,
+                           hash_table=table)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(scoring_func="sqrtsoftplus"), dict(scoring_func="sigmoid", norm_topk_prob=False),
+    dict(scoring_func="softmax", routed_scaling_factor=2.5),
+    dict(scoring_func="sigmoid", n_group=4, topk_group=2, routed_scaling_factor=1.5)],
+    ids=["sqrtsoftplus", "sigmoid-unnormalized", "softmax-scaled", "grouped"])
+def test_route_against_float64(rng, kw):
+    w = dataclasses.replace(_layer(), hash_table=None)
+    c = jn.MoEConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=32, **kw)
+    x = rng.standard_normal((16, H)).astype(np.float32)
+    ids, rw = jax.jit(lambda x: jn.route(x, w, c))(jnp.asarray(x))
+    want_ids, want_w = route64(x, w.router_weight, w.router_bias, c)
+    assert ids.dtype == jnp.int32 and rw.dtype == jnp.float32 and ids.shape == (16, K)
+    np.testing.assert_array_equal(np.asarray(ids), want_ids)
+    np.testing.assert_allclose(np.asarray(rw), want_w, rtol=1e-5)
+
+
+def test_route_hash_table_and_its_errors(rng):
+    w = _layer()
+    c = jn.MoEConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=32)
+    x = rng.standard_normal((6, H)).astype(np.float32)
+    tok = np.array([0, 19, 3, 3, 7, 11], np.int32)
+    ids, rw = jn.route(jnp.asarray(x), w, c, tok)
+    want_ids, want_w = route64(x, w.router_weight, None, c, w.hash_table, tok)
+    np.testing.assert_array_equal(np.asarray(ids), want_ids)
+    np.testing.assert_allclose(np.asarray(rw), want_w, rtol=1e-5)
+    with pytest.raises(ValueError, match="token_ids: this layer is hash-routed"):
+        jn.route(jnp.asarray(x), w, c)
+    with pytest.raises(ValueError, match=r"token_ids: expected shape \[6\], got \(5,\)"):
+        jn.route(jnp.asarray(x), w, c, tok[:5])
+    with pytest.raises(ValueError, match=r"token_ids: expected ids in \[0, 20\).*\[0, 20\]"):
+        jn.route(jnp.asarray(x), w, c, np.array([0, 20, 1, 1, 1, 1], np.int32))
+    with pytest.raises(ValueError, match=r"token_ids: expected integer ids"):
+        jn.route(jnp.asarray(x), w, c, tok.astype(np.float32))
+    bad = dataclasses.replace(w, hash_table=np.full((VOCAB, K), E, np.int32))
+    with pytest.raises(ValueError, match=r"weights.hash_table: expert ids must lie in \[0, 8\)"):
+        jn.route(jnp.asarray(x), bad, c, tok)
+    with pytest.raises(ValueError, match=r"weights.hash_table: expected \[vocab, top_k=3\]"):
+        jn.route(jnp.asarray(x), dataclasses.replace(w, hash_table=w.hash_table[:, :2]), c, tok)
+    # traced ids or table entries out of range: that token goes nowhere (ids -1, weights NaN)
+    f = jax.jit(lambda t, table: jn.route(jnp.asarray(x), dataclasses.replace(
+        w, hash_table=table), c, t))
+    table = np.asarray(w.hash_table).copy()
+    table[3, 1] = E
+    ids, rw = f(np.array([0, 20, 3, -1, 7, 11], np.int32), table)
+    bad_rows = np.array([False, True, True, True, False, False])
+    assert (np.asarray(ids)[bad_rows] == -1).all() and np.isnan(np.asarray(rw)[bad_rows]).all()
+    np.testing.assert_array_equal(np.asarray(ids)[~bad_rows], want_ids[[0, 4, 5]])
