@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_nvfp4.bench_common import time_ms
+from jax_nvfp4.bench.common import time_ms
 from jax_nvfp4.moe import rank_sort_rows, sort_rows
 from jax_nvfp4.routing import top_k_ids
 

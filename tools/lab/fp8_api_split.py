@@ -18,8 +18,9 @@ import statistics
 
 import jax
 
-from jax_nvfp4 import bench, fp8, gemm, prepare
-from jax_nvfp4.bench_common import time_ms
+from jax_nvfp4 import fp8, gemm, prepare
+from jax_nvfp4.bench import gemm as bench
+from jax_nvfp4.bench.common import time_ms
 
 
 def main(argv=None):

@@ -22,8 +22,8 @@ import jax.numpy as jnp
 
 from jax_nvfp4 import gemm, prepare
 from jax_nvfp4.moe import moe as moe_layer, swiglu
-from jax_nvfp4.bench_common import random_layer, time_ms
-from jax_nvfp4.bench_layer import layer_config
+from jax_nvfp4.bench.common import random_layer, time_ms
+from jax_nvfp4.bench.layer import layer_config
 from jax_nvfp4.dispatch import dispatch_rows_dynamic
 from jax_nvfp4.routing import route
 

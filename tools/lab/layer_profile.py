@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 
 from jax_nvfp4 import prepare
-from jax_nvfp4.bench_common import random_layer, run_info, time_ms, write_json
-from jax_nvfp4.bench_layer import layer_config
+from jax_nvfp4.bench.common import random_layer, run_info, time_ms, write_json
+from jax_nvfp4.bench.layer import layer_config
 from jax_nvfp4.moe import moe as moe_layer
 
 

@@ -22,10 +22,10 @@ import jax.numpy as jnp
 
 import jax_nvfp4
 try:
-    from jax_nvfp4.bench_common import random_layer, time_ms
+    from jax_nvfp4.bench.common import random_layer, time_ms
 except ImportError:   # builds before bench_common (the same weights: bench_common's are bit-identical)
-    from jax_nvfp4.bench import time_ms
-    from jax_nvfp4.bench_ep import random_layer
+    from jax_nvfp4.bench.gemm import time_ms
+    from jax_nvfp4.bench.ep import random_layer
 
 
 def main(argv=None):

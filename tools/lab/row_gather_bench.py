@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_nvfp4 import fp8
-from jax_nvfp4.bench_common import run_info, time_ms, write_json
+from jax_nvfp4.bench.common import run_info, time_ms, write_json
 
 H = 7168
 

@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_nvfp4 import gemm, prepare, quantization
-from jax_nvfp4.bench import EXPERTS
-from jax_nvfp4.bench_common import run_info, time_ms, write_json
+from jax_nvfp4.bench.gemm import EXPERTS
+from jax_nvfp4.bench.common import run_info, time_ms, write_json
 from jax_nvfp4.kernel_config import KernelConfig
 
 C256 = KernelConfig("wgmma", 256, 5, 2)

@@ -15,7 +15,7 @@
 //                                            above M, M = 0; every row checked; every configuration; bf16
 //                                            and f32 out (seconds; also the compute-sanitizer case)
 //   tools/lab/fp8_prepared/fp8_prepared_check             bench shapes (48 experts, L1 N 6144 K 7168, L2 N 7168 K 3072,
-//                                            rows 192/1536/6144/24576, skewed sizes as jax_nvfp4/bench.py),
+//                                            rows 192/1536/6144/24576, skewed sizes as jax_nvfp4/bench/gemm.py),
 //                                            10 configurations each; 12 sampled rows per case checked
 //   options: --seed S, --reps R (timed launches, default 20), --warm-ms W (before timing a configuration,
 //            launch it back to back for W ms: the sustained regime the API bench times), --only SUBSTRING (cases whose name has
@@ -165,7 +165,7 @@ struct Case {
 };
 
 std::vector<int32_t> skewed_sizes(int64_t rows, int G, uint64_t seed) {
-  // log-normal weights, multinomial counts (as jax_nvfp4/bench.py; not the same stream of numbers)
+  // log-normal weights, multinomial counts (as jax_nvfp4/bench/gemm.py; not the same stream of numbers)
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> nd(0.0, 1.0);
   std::vector<double> p(G);

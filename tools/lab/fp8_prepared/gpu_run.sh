@@ -46,7 +46,7 @@ want small && run small 120 "$h" --small
 # the API bench's group sizes (jax_nvfp4.bench: case_seed, skewed_group_sizes), so that the harness
 # times the problem the API rows time
 PYTHONPATH=. python3 - >"$out/bench_sizes.txt" <<'EOF'
-from jax_nvfp4 import bench
+from jax_nvfp4.bench import gemm as bench
 for lay in bench.LAYERS:
     for r in bench.ROWS:
         s = bench.skewed_group_sizes(r, bench.EXPERTS, bench.case_seed(lay, r))

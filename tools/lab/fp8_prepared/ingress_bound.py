@@ -14,7 +14,7 @@ activation quantizer (tools/lab/fp8_quant_chunks, measured).
 
     python tools/lab/fp8_prepared/ingress_bound.py [--out FILE.json]
 
-numpy only; group sizes as jax_nvfp4/bench.py draws them (skewed_group_sizes, case_seed).
+numpy only; group sizes as jax_nvfp4/bench/gemm.py draws them (skewed_group_sizes, case_seed).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import json
 import numpy as np
 
 EXPERTS = 48
-LAYERS = {"L1": (7168, 6144), "L2": (3072, 7168)}  # (K, N) per expert, as jax_nvfp4/bench.py
+LAYERS = {"L1": (7168, 6144), "L2": (3072, 7168)}  # (K, N) per expert, as jax_nvfp4/bench/gemm.py
 ROWS = (192, 1536, 6144, 24576)
 TARGETS_MS = {("L1", 6144): 0.66, ("L1", 24576): 1.75, ("L2", 6144): 0.33, ("L2", 24576): 0.88}
 # (tokens, weight rows, consumer warpgroups, accumulator registers per consumer thread, note)

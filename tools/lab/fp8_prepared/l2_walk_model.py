@@ -65,7 +65,7 @@ def main(argv=None):
     ap.add_argument("--l2-mib", type=int, default=50)
     ap.add_argument("--walks", default="0,1,4,8,16")
     a = ap.parse_args(argv)
-    from jax_nvfp4 import bench
+    from jax_nvfp4.bench import gemm as bench
 
     for layer, (k, n) in {"L1": (7168, 6144), "L2": (3072, 7168)}.items():
         for rows in map(int, a.rows.split(",")):
