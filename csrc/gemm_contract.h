@@ -52,10 +52,8 @@ enum class KernelFamily : int32_t {
   kMmaWs = 1,  // the same math, warp-specialized with bulk copies and mbarriers: sm_90, sm90 weights
   kWgmma = 2,  // wgmma with the weights as register operand, TMA, persistent (csrc/grouped_gemm_wgmma_sm90.cu)
   kWgmmaFp8 = 3,  // FP8 mode: e4m3 wgmma, weights decoded to e4m3 in registers (csrc/grouped_gemm_fp8_sm90.cu)
-  kWgmmaFp8Prepared = 4,  // FP8 mode on fp8-prepared weights (rhs_layout 2): both operands by TMA, SS wgmma.
-                          // Not in the build yet (no build runs it; the lab prototype is
-                          // tools/lab/fp8_prepared/): the CPU handler computes its calls, the CUDA
-                          // handler refuses them (ConfigUnsupportedReason).
+  kWgmmaFp8Prepared = 4,  // FP8 mode on fp8-prepared weights (rhs_layout 2): both operands by TMA, SS wgmma
+                          // (csrc/grouped_gemm_fp8_prepared_sm90.cu)
 };
 
 struct KernelConfig {
