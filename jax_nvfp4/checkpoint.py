@@ -842,7 +842,7 @@ class _StderrProgress:
 
 def _progress_bar(total: int, desc: str):
     try:
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # noqa: PLC0415 - optional: a plain progress line without it
     except ImportError:
         return _StderrProgress(total, desc)
     return tqdm(total=total, desc=desc, unit="layer")

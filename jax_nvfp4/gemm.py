@@ -12,7 +12,7 @@ import numpy as np
 from . import _extension, autodiff, fp8, gemm_args, kernel_config, quantization, reference
 from .formats import Fp8Weights, NVFP4Tensor
 from .kernel_config import KernelConfig
-from .options import BACKENDS, check_precision, resolve_backend
+from .options import check_precision, resolve_backend
 from .varying import varying_type
 
 RHS_LAYOUT_CODES = {"checkpoint": 0, "sm90": 1, "fp8": 2}

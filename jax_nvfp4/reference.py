@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from . import fp8
-from .formats import Fp8Rows, NVFP4Tensor, keep_rounded
+from .formats import NVFP4Tensor, keep_rounded
 from .gemm_args import (GLU_ROW_BLOCK, check_group_sizes, check_lhs_precision,
                         check_rhs_precision, group_bounds, row_groups, to_out_dtype,
                         validate_gemm_args, validate_swiglu_args)

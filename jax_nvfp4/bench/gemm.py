@@ -234,8 +234,8 @@ def check_case(case, fns, torch_rows, log=print):
 def pallas_best(x, wb, sizes, log, **timing):
     """Best median ms of the Pallas Mosaic-GPU ragged_dot over a few tile configs (or None)."""
     try:
-        from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
-    except Exception as e:  # noqa: BLE001
+        from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu  # noqa: PLC0415 - GPU-only module
+    except Exception as e:  # noqa: BLE001 - any import failure means: no Pallas peer
         log(f"  pallas_mgpu unavailable: {e}")
         return None, None
     n = wb.shape[2]
@@ -343,9 +343,9 @@ def main(argv=None):
 
 def _plot(results, path):
     try:
-        import matplotlib
+        import matplotlib  # noqa: PLC0415 - optional (the bench extra)
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # noqa: PLC0415
     except ImportError:
         print("matplotlib not installed: no plot")
         return

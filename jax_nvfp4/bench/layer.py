@@ -335,9 +335,9 @@ def main(argv=None):
 
 def _plot(results, path):
     try:
-        import matplotlib
+        import matplotlib  # noqa: PLC0415 - optional (the bench extra)
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # noqa: PLC0415
     except ImportError:
         print("matplotlib not installed: no plot")
         return
