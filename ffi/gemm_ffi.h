@@ -11,8 +11,9 @@
 // GroupedGemmCheckParams, once. What the handlers and launchers do after that takes both as given.
 //
 // Attributes (jax_nvfp4/gemm.py sets them; the lowered program shows them):
-//   rhs_layout  i32 enum RhsLayout      0 checkpoint, 1 sm90
-//   kernel      i32 enum KernelFamily   0 mma, 1 mma_ws, 2 wgmma (exact call); 3 wgmma_fp8 (FP8 call)
+//   rhs_layout  i32 enum RhsLayout      0 checkpoint, 1 sm90, 2 fp8 (fp8-prepared e4m3; FP8 call only)
+//   kernel      i32 enum KernelFamily   0 mma, 1 mma_ws, 2 wgmma (exact call); 3 wgmma_fp8,
+//                                       4 wgmma_fp8_prepared (FP8 call)
 //   token_tile, stages, cluster  i32    together with kernel: one kKernelConfigs entry
 //   glu_limit   f32 (SwiGLU call "jax_nvfp4_grouped_gemm_glu" only)  > 0, +inf for no clamp
 #pragma once

@@ -1,12 +1,17 @@
-"""The documents' figures against what they describe: the README's benchmark numbers against the
-committed JSON (docs/bench-*.json), its test counts against the collected quick tier. (The
-benchmarks page is generated: test_benchmarks_md.py.)"""
+"""The documents against what they describe: the README's benchmark numbers against the committed
+JSON (docs/bench-*.json), its test counts against the collected quick tier; docs/design.md's kernel
+tables, the family lists (design.md, README, kernel_config, ffi/gemm_ffi.h) and Python's family and
+layout codes against the C++ enums and configuration table of csrc/gemm_contract.h, read from the
+header (a family added there with its rows and sections passes); section references into
+design.md. (The benchmarks page is generated: test_benchmarks_md.py.)"""
 
 import json
 import pathlib
 import re
 
 import pytest
+
+from jax_nvfp4 import kernel_config
 
 from conftest import COLLECTED, QUICK, QUICK_BUDGET_S
 
@@ -117,3 +122,138 @@ def test_readme_quick_tier_counts():
 
 def test_readme_states_the_quick_tier_budget():
     assert f"a quick test taking more than {QUICK_BUDGET_S:g} s fails" in " ".join(README.split())
+
+
+# --- docs/design.md, README.md and the code's comments against the kernels the code defines ---
+
+DESIGN = (ROOT / "docs/design.md").read_text()
+CONTRACT = (ROOT / "csrc/gemm_contract.h").read_text()
+
+
+def _cpp_enum(text, name):
+    """{enumerator: value} of ``enum class name`` in C++ source text."""
+    body = re.search(rf"enum class {name} : int32_t \{{(.*?)\}};", text, re.S).group(1)
+    return {k: int(v) for k, v in re.findall(r"\b(k\w+)\s*=\s*(\d+)", re.sub(r"//[^\n]*", "", body))}
+
+
+def cpp_families():
+    """{family name: kernel attribute code} from csrc/gemm_contract.h: the KernelFamily enum and
+    FamilyName's strings."""
+    enum = _cpp_enum(CONTRACT, "KernelFamily")
+    names = dict(re.findall(r"case KernelFamily::(k\w+): return \"(\w+)\";", CONTRACT))
+    assert set(names) == set(enum), "FamilyName names every KernelFamily"
+    return {names[k]: v for k, v in enum.items()}
+
+
+def cpp_layouts():
+    """{layout name: rhs_layout code} from the RhsLayout enum (kCheckpoint -> "checkpoint")."""
+    return {k[1:].lower(): v for k, v in _cpp_enum(CONTRACT, "RhsLayout").items()}
+
+
+def cpp_kernel_configs():
+    """kKernelConfigs of csrc/gemm_contract.h as (family, token_tile, stages, cluster) tuples."""
+    body = re.search(r"kKernelConfigs\[\] = \{(.*?)\};", CONTRACT, re.S).group(1)
+    names = cpp_families()
+    codes = _cpp_enum(CONTRACT, "KernelFamily")
+    by_code = {v: k for k, v in names.items()}
+    return [(by_code[codes[f]], int(t), int(s), int(c)) for f, t, s, c in
+            re.findall(r"\{KernelFamily::(k\w+),\s*(\d+),\s*(\d+),\s*(\d+)\}", body)]
+
+
+def _table(text, first_heading):
+    """The rows (lists of cells) of the Markdown table whose first column is ``first_heading``."""
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(f"| {first_heading} |"))
+    rows = []
+    for ln in lines[start + 2:]:
+        if not ln.startswith("|"):
+            break
+        rows.append([c.strip() for c in ln.strip().strip("|").split("|")])
+    return rows
+
+
+def _names(cell):
+    return {n for n in re.split(r"[,\s]+", cell.split("(")[0]) if n}
+
+
+def test_python_families_and_layouts_are_the_cpp_enums():
+    fams = cpp_families()
+    assert kernel_config.FAMILIES == tuple(sorted(fams, key=fams.get))
+    assert [fams[f] for f in kernel_config.FAMILIES] == list(range(len(fams)))
+    assert set(kernel_config.FP8_FAMILIES) <= set(fams)
+    assert kernel_config.LAYOUT_CODES == cpp_layouts()
+
+
+def test_kernel_configs_are_the_headers_table():
+    got = [(c.family, c.token_tile, c.stages, c.cluster) for c in kernel_config.kernel_configs()]
+    assert got == cpp_kernel_configs()
+
+
+def test_design_md_attribute_table():
+    rows = {r[0]: r[1] for r in _table(DESIGN, "attribute")}
+    kernel = {n: int(c) for c, n in re.findall(r"(\d+) `(\w+)`", rows["`kernel`"])}
+    assert kernel == cpp_families()
+    layouts = {n: int(c) for c, n in re.findall(r"\b(\d+) ([a-z]\w*)", rows["`rhs_layout`"])}
+    assert layouts == cpp_layouts()
+
+
+def test_design_md_has_a_section_per_kernel_family():
+    kernels = DESIGN.split("\n## The kernels\n", 1)[1].split("\n## ", 1)[0]
+    heads = re.findall(r"^### `(\w+)` \(([^)]*)\)", kernels, re.M)
+    assert sorted(name for name, _ in heads) == sorted(cpp_families())
+    for name, where in heads:
+        for path in re.findall(r"csrc/[\w./]+", where):
+            assert (ROOT / path).is_file(), f"design.md's section on {name} names {path}"
+
+
+def test_design_md_dispatch_table_names_every_family_and_real_tiles():
+    tiles = {}
+    for fam, tile, _, _ in cpp_kernel_configs():
+        tiles.setdefault(fam, set()).add(tile)
+    named = set()
+    for _, config in _table(DESIGN, "condition"):
+        fam = re.match(r"`(\w+)`", config).group(1)
+        named.add(fam)
+        said = {int(t) for t in re.findall(r"(\d+) (?:tokens|up to|above|\(cluster)", config)}
+        assert said and said <= tiles[fam], f"design.md's dispatch rule: {fam} tiles {said}"
+    assert named == set(cpp_families())
+
+
+def test_family_lists_name_every_family():
+    """design.md's builds table, the README's support matrix and kernel_config's docstring."""
+    fams = set(cpp_families())
+    builds = {r[0]: _names(r[1]) for r in _table(DESIGN, "image")}
+    assert builds["sm_90a machine code"] == fams
+    assert set().union(*builds.values()) == fams
+    support = [_names(r[1]) for r in _table(README, "GPU") if r[1] != "none: a clear error at call time"
+               and not r[1].startswith("the C++ handler")]
+    assert support[0] == fams and set().union(*support) == fams
+    assert set(re.findall(r'^\* ``"(\w+)"``', kernel_config.__doc__, re.M)) == fams
+    ffi = (ROOT / "ffi/gemm_ffi.h").read_text()
+    attrs = " ".join(re.search(r"//\s+kernel\s+i32 enum KernelFamily(.*?)//\s+token_tile", ffi,
+                               re.S).group(1).replace("//", " ").split())
+    assert {n: int(c) for c, n in re.findall(r"(?<!\w)(\d+) (\w+)", attrs)} == cpp_families()
+
+
+def _design_headings():
+    return [h.strip("`") for h in re.findall(r"^#+ (.+)$", DESIGN, re.M)]
+
+
+def test_section_references_name_existing_sections():
+    """Every ``design.md, "Section"`` / ``design.md "Section"`` in the code and docs names a
+    heading of docs/design.md (or the first words of one of its paragraphs)."""
+    heads = _design_headings()
+    paragraphs = {" ".join(p.split()) for p in DESIGN.split("\n\n")}
+    seen = 0
+    files = [p for d in ("csrc", "ffi", "jax_nvfp4", "tools", "tests", "examples")
+             for p in (ROOT / d).rglob("*") if p.suffix in (".py", ".h", ".cu", ".cuh", ".cc", ".sh")
+             and p.resolve() != pathlib.Path(__file__).resolve()]
+    chain = r"design\.md(?:\]\([^)]*\))?,? ((?:\"[^\"]+\"(?: / | or | and )?)+)"   # "A" / "B"
+    for path in files + [ROOT / "README.md", ROOT / "docs/usage.md"]:
+        text = re.sub(r"\n\s*(?://|#)?\s*", " ", path.read_text())     # comments joined
+        refs = [r for c in re.findall(chain, text) for r in re.findall(r"\"([^\"]+)\"", c)]
+        for ref in refs:
+            ok = any(h.startswith(ref) for h in heads) or any(p.startswith(ref) for p in paragraphs)
+            assert ok, f"{path.relative_to(ROOT)} refers to design.md \"{ref}\", which has no such section"
+        seen += len(refs)
+    assert seen >= 5
