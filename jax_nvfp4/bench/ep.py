@@ -35,8 +35,8 @@ from jax.sharding import PartitionSpec as P
 import jax_nvfp4 as jn
 from jax_nvfp4.bench.common import random_layer, run_info, time_ms, write_json
 
-COMBINES = ("psum", "psum_scatter")
-"""The combines of :func:`jax_nvfp4.moe_expert_parallel` timed and checked."""
+COMBINES = jn.options.COMBINES
+"""The combines of :func:`jax_nvfp4.moe_expert_parallel` timed and checked (all of them)."""
 DEFAULT_CAPACITY_FACTOR = inspect.signature(jn.moe_expert_parallel).parameters[
     "capacity_factor"].default
 """The layer's own default ``capacity_factor``."""
