@@ -38,14 +38,7 @@ import jax
 import numpy as np
 
 from . import _extension
-from .options import check_precision
-
-FAMILIES = ("mma", "mma_ws", "wgmma", "wgmma_fp8", "wgmma_fp8_prepared", "cutlass_fp8")
-"""Kernel families, in the order of the custom call's ``kernel`` attribute codes (0 .. 5)."""
-FP8_FAMILIES = ("wgmma_fp8", "wgmma_fp8_prepared", "cutlass_fp8")
-"""The families that compute the FP8 mode (and nothing else)."""
-LAYOUT_CODES = {"checkpoint": 0, "sm90": 1, "fp8": 2}
-"""The weight layouts as the custom call's ``rhs_layout`` attribute (and the heuristic) code them."""
+from .options import FAMILIES, FP8_FAMILIES, LAYOUT_CODES, check_precision
 
 
 def _is_fp8(precision) -> bool:
