@@ -56,7 +56,7 @@ enum class KernelFamily : int32_t {
                           // (csrc/grouped_gemm_fp8_prepared_sm90.cu)
   kCutlassFp8 = 5,  // FP8 mode on fp8-prepared weights on CUTLASS's SM90 grouped GEMM with blockwise scaling
                     // (csrc/grouped_gemm_cutlass_fp8_sm90.cu): token_tile 128 cooperative, 64 ping-pong;
-                    // cluster = CTAs along M sharing a weight tile
+                    // cluster = CTAs along N sharing an activation tile
 };
 
 struct KernelConfig {
@@ -198,12 +198,13 @@ inline constexpr bool WgmmaFp8PreparedShapeOk(const ProblemDesc& d) {
 }
 
 // Shape conditions of the CUTLASS FP8 grouped GEMM: fp8-prepared weights, K % 128 == 0 (one promotion per
-// 128-wide k tile, 16-byte aligned rows for TMA), N % 8 == 0 (16-byte output rows for the TMA store), K / 128
-// within the buffer of ones (kCutlassFp8MaxChunks) and the chunk scales' offsets within int32.
-inline constexpr int64_t kCutlassFp8MaxChunks = 8192;
+// 128-wide k tile, 16-byte aligned rows for TMA), N % 8 == 0 (16-byte output rows for the TMA store), the
+// weights' unit block scales (one per 128 x 128 block of an expert) within the buffer of ones
+// (kCutlassFp8MaxOnes) and the chunk scales' offsets within int32.
+inline constexpr int64_t kCutlassFp8MaxOnes = 16384;
 inline constexpr bool CutlassFp8ShapeOk(const ProblemDesc& d) {
   if (d.K <= 0 || d.K % 128 != 0 || d.N % 8 != 0 || d.layout != RhsLayout::kFp8) return false;
-  if (d.K / 128 > kCutlassFp8MaxChunks || d.M > INT32_MAX - 256) return false;
+  if ((d.N + 127) / 128 * (d.K / 128) > kCutlassFp8MaxOnes || d.M > INT32_MAX - 256) return false;
   return (d.K / 128) * (d.M + 1) <= INT32_MAX;
 }
 
@@ -311,11 +312,11 @@ inline constexpr int64_t OutputColumns(const GroupedGemmParams& p) { return p.gl
 // 128-token kernel).
 inline constexpr size_t GroupedGemmScheduleBytes(int64_t G) { return 4096 + 32 * static_cast<size_t>(G); }
 // cutlass_fp8 keeps CUTLASS's per-group arguments after them (at most kCutlassFp8ArgsBytesPerGroup per
-// group, 13 arrays each 128-byte aligned), a buffer of ones (its weights' unit block scales, one float per
-// 128-k chunk) and CUTLASS's own workspace (per-SM tensor maps: 4 x 128 bytes per SM on the
+// group, 13 arrays each 128-byte aligned), a buffer of ones (its weights' unit block scales) and CUTLASS's
+// own workspace (per-SM tensor maps: 4 x 128 bytes per SM on the
 // configurations compiled; the launcher checks the bound).
 inline constexpr size_t kCutlassFp8ArgsBytesPerGroup = 256;
-inline constexpr size_t kCutlassFp8OnesBytes = 4 * kCutlassFp8MaxChunks;
+inline constexpr size_t kCutlassFp8OnesBytes = 4 * kCutlassFp8MaxOnes;
 inline constexpr size_t kCutlassFp8KernelWorkspaceBytes = 512 * 1024;
 // Bytes of workspace the CUDA launchers need.
 inline constexpr size_t GroupedGemmWorkspaceBytes(int64_t G) {
@@ -326,6 +327,9 @@ inline constexpr size_t GroupedGemmWorkspaceBytes(int64_t G) {
 // Bytes of the custom call's workspace output: the CUDA launchers', plus `cpu_row_bytes` for the
 // CPU handlers' decoded weight rows (K, or 2K with the SwiGLU epilogue). Python sizes the output
 // with this function (the extension's `workspace_bytes`), the handlers check it.
+// The FP8 call on fp8-prepared weights needs, past GroupedGemmWorkspaceBytes, the activations' chunk
+// scales transposed to [M, K/128] (cutlass_fp8's per-group compact K-major layout): its `cpu_row_bytes`.
+inline constexpr int64_t PreparedFp8ExtraWorkspaceBytes(int64_t M, int64_t K) { return 4 * M * (K / 128); }
 inline constexpr int64_t CustomCallWorkspaceBytes(int64_t G, int64_t cpu_row_bytes) {
   return static_cast<int64_t>(GroupedGemmWorkspaceBytes(G)) + cpu_row_bytes;
 }

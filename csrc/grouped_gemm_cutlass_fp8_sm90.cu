@@ -7,15 +7,18 @@
 //     A      = q [M, K] e4m3, row-major (the FP8 mode's activation codes, kernel k order)
 //     B      = w8[g] [N, K] e4m3, K contiguous ("column-major" B), the same k order: a permutation of k
 //              inside each 128-wide chunk on both operands leaves every chunk's dot product unchanged
-//     SFA    = the activations' chunk scales, float32 [K/128, M] (granularity 1 x 128, M-major): group
-//              g's layout starts at row start_g and keeps the whole array's stride M between chunks
-//     SFB    = 1 (granularity 128 x 128: one float per chunk from a buffer of ones, the weights' own
-//              rounding carries their block scales), so each chunk's promotion is acc += part_c * s_c,
-//              exact in float32 like the definition's fma (s_c is a power of two)
+//     SFA    = the activations' chunk scales (granularity 1 x 128), K-major: CUTLASS derives each group's
+//              scale layout from its problem shape (compact, starting at the group's pointer), which the
+//              [M, K/128] transpose of the call's [K/128, M] scales is for every group at once (written
+//              into the workspace by the setup kernel)
+//     SFB    = 1 (granularity 128 x 128, read from a buffer of ones: the weights' own rounding carries
+//              their block scales), so each chunk's promotion is acc += part_c * s_c, exact in float32
+//              like the definition's fma (s_c is a power of two)
 //     alpha  = alpha[g] * 8 (per-group epilogue scalar; undoes the weights' 2^-3), D bf16 or float32.
 // A setup kernel turns the device-side group sizes into CUTLASS's per-group arguments (problem shapes,
 // pointers, strides, scale layouts, alpha) in the workspace; no host synchronisation. Empty groups have
-// M = 0 and no tiles; the setup grid's other blocks zero the output rows past the last group.
+// M = 0 and no tiles; the setup grid's other blocks zero the output rows past the last group and transpose
+// the chunk scales.
 #include "csrc/grouped_gemm.h"
 #include "csrc/grouped_gemm_schedule.cuh"
 
@@ -43,9 +46,9 @@ namespace {
 using namespace cute;
 
 // The GEMM of one configuration: TileM tokens x 128 weight rows x 128 k per tile (one promotion per
-// k tile), ClusterM CTAs along M sharing each weight tile (TMA multicast), cooperative (two consumer
+// k tile), ClusterN CTAs along N sharing each activation tile (TMA multicast), cooperative (two consumer
 // warpgroups on one tile) or ping-pong (two warpgroups on alternate tiles).
-template <int TileM, int Stages, int ClusterM, bool Pingpong, typename ElementD>
+template <int TileM, int Stages, int ClusterN, bool Pingpong, typename ElementD>
 struct CutlassFp8 {
   using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
   using ElementA = cutlass::float_e4m3_t;
@@ -56,9 +59,8 @@ struct CutlassFp8 {
   static constexpr int kAlignAB = 16;
   static constexpr int kAlignD = 16 / static_cast<int>(sizeof(ElementD));
   using TileShape = Shape<Int<TileM>, _128, _128>;
-  using ClusterShape = Shape<Int<ClusterM>, _1, _1>;
-  // SFA M-major (the activations' [K/128, M] chunk scales), SFB K-major (one stride-0 row of ones)
-  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::MN, cute::GMMA::Major::K>;
+  using ClusterShape = Shape<_1, Int<ClusterN>, _1>;
+  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::K, cute::GMMA::Major::K>;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
   using KernelSchedule =
@@ -107,6 +109,7 @@ struct ArgArrays {
   const float** alpha_ptr;
   float* ones;
   char* cutlass_ws;  // CUTLASS's own workspace (per-SM tensor maps)
+  float* sfa_t;      // [M, K/128]: the chunk scales, transposed (the workspace's extra bytes)
 };
 
 inline char* align_up(char* p, uintptr_t a) {
@@ -138,6 +141,7 @@ ArgArrays carve(void* workspace, int64_t G) {
   a.alpha_ptr = reinterpret_cast<const float**>(take(8));
   a.ones = reinterpret_cast<float*>(q);
   a.cutlass_ws = align_up(q + kCutlassFp8OnesBytes, 128);
+  a.sfa_t = reinterpret_cast<float*>(static_cast<char*>(workspace) + GroupedGemmWorkspaceBytes(G));
   return a;
 }
 
@@ -158,13 +162,31 @@ struct SetupArgs {
   int esize;
 };
 
+// The [K/128, M] chunk scales to [M, K/128], one 32 x 32 tile per block (through shared memory, so that
+// both the reads and the writes are coalesced).
+__device__ __forceinline__ void transpose_scales_tile(const SetupArgs& s, float* out, unsigned tile) {
+  __shared__ float t[32][33];
+  const int64_t kb = s.K / 128, tiles_m = (s.M + 31) / 32;
+  const int64_t m0 = static_cast<int64_t>(tile % tiles_m) * 32, c0 = static_cast<int64_t>(tile / tiles_m) * 32;
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+  if (c0 + ty < kb && m0 + tx < s.M) t[ty][tx] = s.sfa[(c0 + ty) * s.M + m0 + tx];
+  __syncthreads();
+  if (m0 + ty < s.M && c0 + tx < kb) out[(m0 + ty) * kb + c0 + tx] = t[tx][ty];
+}
+
 // Block 0: clamped group bounds (the contract's), then each group's problem shape, pointers, strides,
-// scale layouts and alpha; the buffer of ones. Blocks 1..: the output rows past the last group.
+// scale layouts and alpha; the buffer of ones. Blocks 1 .. zero_blocks: the output rows past the last
+// group. The blocks after those: the chunk scales' transpose, a 32 x 32 tile each.
 template <typename Cfg>
-__global__ void __launch_bounds__(1024) cutlass_fp8_setup_kernel(SetupArgs s, ArgArrays w, TailZero tail) {
+__global__ void __launch_bounds__(1024) cutlass_fp8_setup_kernel(SetupArgs s, ArgArrays w, TailZero tail,
+                                                                 unsigned zero_blocks) {
   __shared__ long long s_warp[32];
+  if (blockIdx.x > zero_blocks) {
+    transpose_scales_tile(s, w.sfa_t, blockIdx.x - zero_blocks - 1);
+    return;
+  }
   if (blockIdx.x > 0) {
-    zero_tail_rows(s.gs, s.G, s.M, tail, s_warp);
+    zero_tail_rows_in(s.gs, s.G, s.M, tail, s_warp, zero_blocks);
     return;
   }
   const int tid = threadIdx.x;
@@ -186,7 +208,7 @@ __global__ void __launch_bounds__(1024) cutlass_fp8_setup_kernel(SetupArgs s, Ar
     w.ptr_a[i] = s.a + st * s.K;
     w.ptr_b[i] = s.b + i * s.N * s.K;
     w.ptr_d[i] = s.d + st * s.N * s.esize;
-    w.ptr_sfa[i] = s.sfa + st;
+    w.ptr_sfa[i] = w.sfa_t + st * kb;
     w.ptr_sfb[i] = w.ones;
     reinterpret_cast<typename Cfg::StrideA*>(w.stride_a)[i] =
         cutlass::make_cute_packed_stride(typename Cfg::StrideA{}, make_shape(m, k, 1));
@@ -194,20 +216,15 @@ __global__ void __launch_bounds__(1024) cutlass_fp8_setup_kernel(SetupArgs s, Ar
         cutlass::make_cute_packed_stride(typename Cfg::StrideB{}, make_shape(n, k, 1));
     reinterpret_cast<typename Cfg::StrideD*>(w.stride_d)[i] =
         cutlass::make_cute_packed_stride(typename Cfg::StrideD{}, make_shape(m, n, 1));
-    // SFA: rows [st, en) of the [K/128, M] chunk scales: stride 1 along M, M between chunks
-    using LA = typename Cfg::LayoutSFA;
-    reinterpret_cast<LA*>(w.layout_sfa)[i] =
-        LA(make_shape(make_shape(_1{}, m), make_shape(_128{}, kb), 1),
-           make_stride(make_stride(_0{}, _1{}), make_stride(_0{}, static_cast<int32_t>(s.M)), 0));
-    // SFB: every 128 x 128 block reads ones[chunk]
-    using LB = typename Cfg::LayoutSFB;
-    reinterpret_cast<LB*>(w.layout_sfb)[i] =
-        LB(make_shape(make_shape(_128{}, nb), make_shape(_128{}, kb), 1),
-           make_stride(make_stride(_0{}, 0), make_stride(_0{}, _1{}), 0));
+    // the compact layouts CUTLASS derives from the problem shape itself (its mainloop recomputes them)
+    reinterpret_cast<typename Cfg::LayoutSFA*>(w.layout_sfa)[i] =
+        Cfg::ScaleConfig::tile_atom_to_shape_SFA(make_shape(m, n, k, 1));
+    reinterpret_cast<typename Cfg::LayoutSFB*>(w.layout_sfb)[i] =
+        Cfg::ScaleConfig::tile_atom_to_shape_SFB(make_shape(m, n, k, 1));
     w.alpha[i] = s.alpha_in[i] * 8.0f;
     w.alpha_ptr[i] = w.alpha + i;
   }
-  for (int c = tid; c < kb; c += 1024) w.ones[c] = 1.0f;
+  for (int c = tid; c < nb * kb; c += 1024) w.ones[c] = 1.0f;
 }
 
 int sm_count_of_current_device() {
@@ -235,9 +252,11 @@ cudaError_t run_cutlass_fp8(const GroupedGemmParams& p, cudaStream_t stream) {
   tail.out = p.out;
   tail.esize = s.esize;
   tail.row_bytes = p.N * tail.esize;
-  const int64_t zero_blocks = (p.M * tail.row_bytes + 65535) / 65536;
-  const unsigned grid = 1u + static_cast<unsigned>(zero_blocks < 256 ? zero_blocks : 256);
-  cutlass_fp8_setup_kernel<Cfg><<<grid, 1024, 0, stream>>>(s, w, tail);
+  const int64_t zero_bytes_blocks = (p.M * tail.row_bytes + 65535) / 65536;
+  const unsigned zero_blocks = static_cast<unsigned>(zero_bytes_blocks < 256 ? zero_bytes_blocks : 256);
+  const int64_t transpose_blocks = (p.M + 31) / 32 * ((p.K / 128 + 31) / 32);
+  const unsigned grid = 1u + zero_blocks + static_cast<unsigned>(transpose_blocks);
+  cutlass_fp8_setup_kernel<Cfg><<<grid, 1024, 0, stream>>>(s, w, tail, zero_blocks);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
 

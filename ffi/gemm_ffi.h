@@ -154,13 +154,13 @@ inline ffi::Error CheckRhsAndOutputs(const std::string& target, U8Buffer3 rhs, f
   if (od.size() != 2 || od[0] != M || od[1] != cols)
     return bad("out shape " + DimsToString(od) + " does not match " + (glu ? "[M, N/2]" : "[M, N]") + " = [" +
                std::to_string(M) + ", " + std::to_string(cols) + "]");
-  // the CPU handlers decode one weight row (two with glu: a gate row and its up row; none for prepared
-  // weights, read as they lie) into the workspace
-  const int64_t ws_rows = prepared ? 0 : glu ? 2 : 1;
+  // the CPU handlers decode one weight row (two with glu: a gate row and its up row) into the workspace;
+  // prepared weights are read as they lie, and their extra space holds cutlass_fp8's transposed chunk scales
+  const int64_t ws_extra = prepared ? PreparedFp8ExtraWorkspaceBytes(M, K) : (glu ? 2 : 1) * K;
   const int64_t ws_bytes = workspace->dimensions()[0];
-  if (ws_bytes < CustomCallWorkspaceBytes(G, ws_rows * K))
+  if (ws_bytes < CustomCallWorkspaceBytes(G, ws_extra))
     return bad("workspace has " + std::to_string(ws_bytes) + " bytes, needs " +
-               std::to_string(CustomCallWorkspaceBytes(G, ws_rows * K)));
+               std::to_string(CustomCallWorkspaceBytes(G, ws_extra)));
   p->rhs = rhs.typed_data();
   p->rhs_scales = prepared ? nullptr : static_cast<const uint8_t*>(rhs_scales.untyped_data());
   p->alpha = alpha.typed_data();
