@@ -11,8 +11,9 @@
 // GroupedGemmCheckParams, once. What the handlers and launchers do after that takes both as given.
 //
 // Attributes (jax_nvfp4/gemm.py sets them; the lowered program shows them):
-//   rhs_layout  i32 enum RhsLayout      0 checkpoint, 1 sm90
-//   kernel      i32 enum KernelFamily   0 mma, 1 mma_ws, 2 wgmma (exact call); 3 wgmma_fp8 (FP8 call)
+//   rhs_layout  i32 enum RhsLayout      0 checkpoint, 1 sm90, 2 fp8 (e4m3-prepared; FP8 call only)
+//   kernel      i32 enum KernelFamily   0 mma, 1 mma_ws, 2 wgmma (exact calls); 3 wgmma_fp8,
+//                                       4 wgmma_fp8_prepared, 5 cutlass_fp8 (FP8 call)
 //   token_tile, stages, cluster  i32    together with kernel: one kKernelConfigs entry
 //   glu_limit   f32 (SwiGLU call "jax_nvfp4_grouped_gemm_glu" only)  > 0, +inf for no clamp
 #pragma once
@@ -99,13 +100,15 @@ inline ffi::Error CheckAttributes(const std::string& target, const GemmAttrs& at
                " are not a compiled kernel configuration (jax_nvfp4.kernel_configs() lists them)");
   if (!FamilyComputesMode(attrs.kernel, fp8))
     return bad(fp8 ? "attributes " + ConfigToString(attrs.config()) +
-                         " compute the exact mode: the FP8 call takes kernels 3 (wgmma_fp8) and 4 (wgmma_fp8_prepared) only"
-                   : std::string("kernels 3 (wgmma_fp8) and 4 (wgmma_fp8_prepared) compute the FP8 mode: they "
-                                 "belong to jax_nvfp4_grouped_gemm_fp8"));
+                         " compute the exact mode: the FP8 call takes kernels 3 (wgmma_fp8), 4 (wgmma_fp8_prepared) "
+                         "and 5 (cutlass_fp8) only"
+                   : std::string("kernels 3 (wgmma_fp8), 4 (wgmma_fp8_prepared) and 5 (cutlass_fp8) compute the FP8 "
+                                 "mode: they belong to jax_nvfp4_grouped_gemm_fp8"));
   if (fp8 && !Fp8FamilyReadsLayout(attrs.kernel, attrs.rhs_layout))
     return bad("attributes " + ConfigToString(attrs.config()) + " do not read rhs_layout " +
                std::to_string(static_cast<int>(attrs.rhs_layout)) +
-               ": kernel 4 (wgmma_fp8_prepared) reads the fp8-prepared weights (rhs_layout 2) and only it");
+               ": kernels 4 (wgmma_fp8_prepared) and 5 (cutlass_fp8) read the fp8-prepared weights (rhs_layout 2), "
+               "kernel 3 (wgmma_fp8) the checkpoint layout (rhs_layout 0)");
   return ffi::Error::Success();
 }
 
@@ -151,13 +154,13 @@ inline ffi::Error CheckRhsAndOutputs(const std::string& target, U8Buffer3 rhs, f
   if (od.size() != 2 || od[0] != M || od[1] != cols)
     return bad("out shape " + DimsToString(od) + " does not match " + (glu ? "[M, N/2]" : "[M, N]") + " = [" +
                std::to_string(M) + ", " + std::to_string(cols) + "]");
-  // the CPU handlers decode one weight row (two with glu: a gate row and its up row; none for prepared
-  // weights, read as they lie) into the workspace
-  const int64_t ws_rows = prepared ? 0 : glu ? 2 : 1;
+  // the CPU handlers decode one weight row (two with glu: a gate row and its up row) into the workspace;
+  // prepared weights are read as they lie, and their extra space holds cutlass_fp8's transposed chunk scales
+  const int64_t ws_extra = prepared ? PreparedFp8ExtraWorkspaceBytes(M, K) : (glu ? 2 : 1) * K;
   const int64_t ws_bytes = workspace->dimensions()[0];
-  if (ws_bytes < CustomCallWorkspaceBytes(G, ws_rows * K))
+  if (ws_bytes < CustomCallWorkspaceBytes(G, ws_extra))
     return bad("workspace has " + std::to_string(ws_bytes) + " bytes, needs " +
-               std::to_string(CustomCallWorkspaceBytes(G, ws_rows * K)));
+               std::to_string(CustomCallWorkspaceBytes(G, ws_extra)));
   p->rhs = rhs.typed_data();
   p->rhs_scales = prepared ? nullptr : static_cast<const uint8_t*>(rhs_scales.untyped_data());
   p->alpha = alpha.typed_data();

@@ -12,12 +12,9 @@ import numpy as np
 from . import _extension, autodiff, fp8, gemm_args, kernel_config, quantization, reference
 from .formats import Fp8Weights, NVFP4Tensor
 from .kernel_config import KernelConfig
-from .options import BACKENDS, check_precision, resolve_backend
+from .options import EXACT, LAYOUT_CODES, check_precision, resolve_backend
 from .varying import varying_type
 
-RHS_LAYOUT_CODES = {"checkpoint": 0, "sm90": 1, "fp8": 2}
-"""The custom call's ``rhs_layout`` attribute for each weight layout (``NVFP4Tensor.layout``, and
-``"fp8"`` for :class:`~jax_nvfp4.formats.Fp8Weights`: e4m3 bytes ``[G, N, K]``, fp8 call only)."""
 FP8_TARGET = "jax_nvfp4_grouped_gemm_fp8"
 """The fp8 mode's custom call (docs/design.md, "FP8 mode")."""
 
@@ -30,13 +27,15 @@ def workspace_bytes(num_groups: int, k: int = 0) -> int:
     return int(_extension.load().workspace_bytes(num_groups, k))
 
 
-def _ffi_call(target, args, out_cols, out_dtype, rows_decoded, config, rhs_layout, **attrs):
+def _ffi_call(target, args, out_cols, out_dtype, rows_decoded, config, rhs_layout, ws_extra=None,
+              **attrs):
     """One of the custom calls on ``args`` (``lhs, lhs_scales, rhs_data, rhs_scales, ...``):
     out ``[M, out_cols]`` out_dtype, and the workspace for ``rows_decoded`` weight rows of the CPU
     handler (K bytes each; rhs_data's last axis is K/2)."""
     m, g, k = args[0].shape[0], args[2].shape[0], 2 * args[2].shape[2]
     out_t = varying_type(args, (m, out_cols), out_dtype)
-    ws_t = varying_type(args, (workspace_bytes(g, rows_decoded * k),), jnp.uint8)
+    extra = rows_decoded * k if ws_extra is None else ws_extra
+    ws_t = varying_type(args, (workspace_bytes(g, extra),), jnp.uint8)
     out, _ = jax.ffi.ffi_call(target, (out_t, ws_t), vmap_method="sequential")(
         *args, rhs_layout=np.int32(rhs_layout), **config.attributes(), **attrs)
     return out
@@ -52,7 +51,7 @@ def _ffi_grouped_gemm(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes,
 def _grouped_gemm_op(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, out_dtype,
                      config, rhs_layout):
     """The custom call; ``config`` a KernelConfig, ``rhs_layout`` the int code of rhs_data's
-    layout (RHS_LAYOUT_CODES)."""
+    layout (LAYOUT_CODES)."""
     return _ffi_grouped_gemm(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, out_dtype,
                              config, rhs_layout)
 
@@ -68,10 +67,13 @@ def _grouped_gemm_jvp(out_dtype, config, rhs_layout, primals, tangents):
 
 def _ffi_grouped_gemm_fp8(codes, scales_t, rhs_data, rhs_scales, alpha, group_sizes, out_dtype,
                           config, rhs_layout):
-    # prepared e4m3 weights (rhs_layout 2) are read as they lie: the CPU handler decodes no row
-    rows_decoded = 0 if rhs_layout == RHS_LAYOUT_CODES["fp8"] else 1
+    # prepared e4m3 weights (rhs_layout 2) are read as they lie (the CPU handler decodes no row); their
+    # workspace holds cutlass_fp8's [M, K/128] copy of the chunk scales (the extension's formula)
+    ws_extra = None
+    if rhs_layout == LAYOUT_CODES["fp8"]:
+        ws_extra = 4 * codes.shape[0] * (rhs_data.shape[2] // 128)
     return _ffi_call(FP8_TARGET, (codes, scales_t, rhs_data, rhs_scales, alpha, group_sizes),
-                     rhs_data.shape[1], out_dtype, rows_decoded, config, rhs_layout)
+                     rhs_data.shape[1], out_dtype, 1, config, rhs_layout, ws_extra=ws_extra)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(6, 7, 8))
@@ -101,7 +103,7 @@ def _on_gpu(*arrays) -> bool:
     return jax.default_backend() == "gpu"
 
 
-def _fp8_ffi(lhs, rhs, group_sizes, rhs_gs, out_dtype, kernel, m, n, k, g, rows_hint):
+def _fp8_ffi(lhs, rhs, group_sizes, rhs_gs, out_dtype, kernel, m, n, k, g, rows_hint, precision):
     """The fp8 mode through the custom call: activations quantized by the quantizer's custom call
     (fp8.kernel_lhs: the kernel k order, scales ``[K/128, M]``; jnp for an lhs it does not take).
     Fp8Weights reach it as their e4m3 bytes ``[G, N, K]`` (rhs_layout 2, no block scales)."""
@@ -118,12 +120,12 @@ def _fp8_ffi(lhs, rhs, group_sizes, rhs_gs, out_dtype, kernel, m, n, k, g, rows_
     else:
         rhs_data, rhs_scales = rhs.data, rhs.scales
     config = kernel_config.resolve(kernel, m, n, k, g, rows_hint=rows_hint, rhs_layout=rhs.layout,
-                                   precision="fp8")
+                                   precision=precision)
     codes, scales_t, lhs_gs = fp8.kernel_lhs(lhs, use_ffi=True, scales_transposed=True)
     alpha = lhs_gs * rhs_gs
     return _grouped_gemm_fp8_op(codes, scales_t, rhs_data, rhs_scales,
                                 alpha, group_sizes, out_dtype, config,
-                                RHS_LAYOUT_CODES[rhs.layout])
+                                LAYOUT_CODES[rhs.layout])
 
 
 def _w4a4_routes(out_dtype, native_config, bf16_config, rhs_layout="checkpoint"):
@@ -131,7 +133,7 @@ def _w4a4_routes(out_dtype, native_config, bf16_config, rhs_layout="checkpoint")
     ``(lhs_data, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes)``; ``rhs_data`` is in
     ``rhs_layout`` ("checkpoint" or "sm90"); each runs its KernelConfig."""
     no_sf = jnp.zeros((0,), jnp.float8_e4m3fn)
-    code = RHS_LAYOUT_CODES[rhs_layout]
+    code = LAYOUT_CODES[rhs_layout]
 
     def native(a, a_sf, w, w_sf, al, gs):
         return _grouped_gemm_op(a, a_sf, w, w_sf, al, gs, out_dtype, native_config, code)
@@ -229,7 +231,7 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         rows_hint = 0
     elif isinstance(rows_hint, bool) or not isinstance(rows_hint, (int, np.integer)) or rows_hint < 0:
         raise ValueError(f"rows_hint: expected a static int >= 0 or None, got {rows_hint!r}")
-    check_precision(precision)
+    precision = check_precision(precision)           # checked once: passed down as a Precision
     gemm_args.check_lhs_precision(lhs, precision)
     gemm_args.check_rhs_precision(rhs, precision)
     backend = resolve_backend(backend)
@@ -249,10 +251,10 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
             return jnp.zeros((0, n), jnp.dtype(out_dtype))
         rhs_gs = jnp.broadcast_to(rhs.global_scale.astype(jnp.float32), (g,))
         return _fp8_ffi(lhs, rhs, group_sizes, rhs_gs, jnp.dtype(out_dtype), kernel, m, n, k, g,
-                        int(rows_hint))
+                        int(rows_hint), precision)
     mma = _mma_requested(lhs, rhs, kernel)
-    code = RHS_LAYOUT_CODES[rhs.layout]
-    shape = dict(rows_hint=int(rows_hint), rhs_layout=rhs.layout)
+    code = LAYOUT_CODES[rhs.layout]
+    shape = dict(rows_hint=int(rows_hint), rhs_layout=rhs.layout, precision=precision)
     out_dtype = jnp.dtype(out_dtype)
     rhs_gs = jnp.broadcast_to(rhs.global_scale.astype(jnp.float32), (g,))
     if m == 0:
@@ -355,8 +357,8 @@ def grouped_gemm_swiglu(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, row_sc
     out_dtype = jnp.dtype(out_dtype)
     if m == 0:
         return jnp.zeros((0, n // 2), out_dtype)
-    code = RHS_LAYOUT_CODES[rhs.layout]
-    shape = dict(rows_hint=int(rows_hint), rhs_layout=rhs.layout)
+    code = LAYOUT_CODES[rhs.layout]
+    shape = dict(rows_hint=int(rows_hint), rhs_layout=rhs.layout, precision=EXACT)
     no_sf = jnp.zeros((0,), jnp.float8_e4m3fn)
     rs = jnp.zeros((0,), jnp.float32) if row_scale is None else row_scale
 
