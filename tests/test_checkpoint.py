@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from jax_nvfp4 import checkpoint as ckpt
+from jax_nvfp4 import quantization
 from jax_nvfp4.formats import NVFP4Tensor
 from jax_nvfp4.moe_params import MoEConfig, MoEWeights
 
@@ -569,7 +570,6 @@ def test_scale_bound_is_the_layers_and_names_the_file(tmp_path):
     """One lower bound for checkpoint scales, the layer's own (quantization.MIN_GLOBAL_SCALE =
     2^-126): the smallest normal float32 loads and runs, the next float32 below it is refused
     by load_moe, naming the file and the tensor, before the layer could see it."""
-    from jax_nvfp4 import quantization
     assert quantization.MIN_GLOBAL_SCALE == float(np.finfo(np.float32).smallest_normal)
     assert ckpt.MIN_SCALE is quantization.MIN_GLOBAL_SCALE
     lin, extra = reference(seed=33)
