@@ -319,18 +319,19 @@ def test_edge_float16_quantizers_read_its_exact_values(rng):
     x[0, :3] = [np.inf, -np.inf, 65504]
     x[1, 5] = np.nan
     x16, x32 = jnp.asarray(x), jnp.asarray(x.astype(np.float32))
-    _same_tensor(jn.quantize(x16), jn.quantize(x32))
-    _same_tensor(jn.stage_activation(x16), jn.stage_activation(x32))
-    _same_tensor(jn.fp8.quantize_rows(x16), jn.fp8.quantize_rows(x32))
-    rows = np.asarray(jn.fp8.quantize_rows(x32).codes, np.float32)
+    quantizers = jax.jit(lambda x: (jn.quantize(x), jn.stage_activation(x),
+                                    jn.fp8.quantize_rows(x)))      # one compile per dtype
+    _same_tensor(quantizers(x16), quantizers(x32))
+    rows = np.asarray(quantizers(x32)[2].codes, np.float32)
     assert np.isnan(rows[:2]).all() and not np.isnan(rows[2:]).any()   # Inf/NaN chunk: NaN
-    t = jn.quantize(x32)
-    want = np.asarray(jn.dequantize(t, jnp.float32)).astype(np.float16)   # one rounding
-    got = np.asarray(jn.dequantize(t, jnp.float16))
+    t = QUANTIZE(x32)
+    deq = jax.jit(jn.dequantize, static_argnums=1)
+    want = np.asarray(deq(t, jnp.float32)).astype(np.float16)   # one rounding
+    got = np.asarray(deq(t, jnp.float16))
     assert got.dtype == np.float16
     np.testing.assert_array_equal(_bits(got), _bits(want))
-    big = jn.quantize(jnp.full((1, 32), 1e5, jnp.float32))
-    assert np.isinf(np.asarray(jn.dequantize(big, jnp.float16))).all()   # past 65504: Inf
+    big = QUANTIZE(jnp.full((1, 32), 1e5, jnp.float32))
+    assert np.isinf(np.asarray(deq(big, jnp.float16))).all()   # past 65504: Inf
 
 
 def test_edge_float16_gemm(rng):
