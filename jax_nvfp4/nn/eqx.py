@@ -30,6 +30,10 @@ class MoE(equinox.Module):
     eqx.is_inexact_array)`` / ``eqx.partition`` with it, ``eqx.filter_grad`` and any optimizer
     over that filter (weight decay and momentum included) leave them bit for bit as they are, and
     ``eqx.tree_serialise_leaves`` / ``tree_deserialise_leaves`` round-trip them exactly.
+    ``eqx.filter(model, eqx.is_array)`` does select them (integer arrays): optax's sgd and
+    rmsprop steps over that filter leave them as they are (their gradients are None), while
+    optax's adam family raises a pytree structure error there for any model holding an integer
+    array; use ``eqx.is_inexact_array`` (docs/usage.md).
     Those save leaves only, in order, and take the layouts (static metadata) from ``like``: so
     that a file saved from weights of one layout is not read silently as another (same shapes,
     other byte orders), ``self.layout_tag`` is a small uint8 leaf whose length is a code of the
