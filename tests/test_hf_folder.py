@@ -351,7 +351,9 @@ def test_index_metadata_and_listing(tmp_path):
     ckpt.save_safetensors(tmp_path / "a.safetensors", {"w": np.arange(3, dtype=np.int32)})
     (tmp_path / hf_folder.INDEX_NAME).write_text(json.dumps(
         {"metadata": {"total_size": 12}, "weight_map": {"w": "a.safetensors"}}))
-    assert hf_folder.open_checkpoint(tmp_path).metadata == {"total_size": 12}
+    src = hf_folder.open_checkpoint(tmp_path)
+    assert src.metadata == {"total_size": 12}
+    assert src.file_of("w") == src.shard_of("w") == os.path.join(str(tmp_path), "a.safetensors")
     (tmp_path / hf_folder.INDEX_NAME).write_text(json.dumps({"weight_map": {"w": "a.safetensors"}}))
     assert hf_folder.open_checkpoint(tmp_path).metadata == {}
     names = [f"s{i}.safetensors" for i in range(7)]

@@ -91,3 +91,20 @@ def test_known_range():
     const = jnp.array([4, 9], jnp.int32)
     jax.jit(lambda: seen.append(known_range(const)) or 0)()
     assert seen[-1] == (4, 9)                              # closed over: known
+
+
+def test_presets_are_the_documented_models():
+    """deepseek_v4_pro / deepseek_v3 (their docstrings), and overrides replace single fields."""
+    v4 = MoEConfig.deepseek_v4_pro()
+    assert (v4.hidden_size, v4.intermediate_size, v4.num_experts, v4.top_k, v4.scoring_func,
+            v4.routed_scaling_factor, v4.swiglu_limit, v4.n_shared_experts, v4.n_group,
+            v4.norm_topk_prob) == (7168, 3072, 384, 6, "sqrtsoftplus", 2.5, 10.0, 1, 1, True)
+    v3 = MoEConfig.deepseek_v3()
+    assert (v3.hidden_size, v3.intermediate_size, v3.num_experts, v3.top_k, v3.scoring_func,
+            v3.n_group, v3.topk_group, v3.routed_scaling_factor, v3.n_shared_experts,
+            v3.swiglu_limit) == (7168, 2048, 256, 8, "sigmoid", 8, 4, 2.5, 1, None)
+    small = MoEConfig.deepseek_v4_pro(num_experts=8, hidden_size=64, intermediate_size=32)
+    assert (small.num_experts, small.top_k, small.swiglu_limit) == (8, 6, 10.0)
+    assert MoEConfig.deepseek_v3(activation="w4a16").activation == "w4a16"
+    with pytest.raises(ValueError, match="^top_k: "):
+        MoEConfig.deepseek_v3(num_experts=4)

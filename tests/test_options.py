@@ -98,3 +98,14 @@ def test_the_layer_checks_precision_when_the_config_is_built(counted):
     counted.clear()
     jax.jit(lambda x: jn.moe(x, w, c, backend="ffi")).lower(jnp.ones((4, 128), jnp.bfloat16))
     assert counted == []
+
+
+def test_check_layout_and_choice():
+    for layout in ("checkpoint", "sm90"):
+        assert options.check_layout(layout) == layout
+    for bad in ("fp8", "SM90", "", None):
+        with pytest.raises(ValueError, match=r"^rhs.layout: expected one of \('checkpoint', "
+                                             r"'sm90'\)"):
+            options.check_layout(bad, "rhs.layout")
+    with pytest.raises(ValueError, match="^layout: expected one of"):
+        options.check_layout("x")

@@ -162,6 +162,14 @@ def test_route_hash_table_and_its_errors(rng):
     bad = dataclasses.replace(w, hash_table=np.full((VOCAB, K), E, np.int32))
     with pytest.raises(ValueError, match=r"weights.hash_table: expert ids must lie in \[0, 8\)"):
         jn.route(jnp.asarray(x), bad, c, tok)
+    with pytest.raises(ValueError, match="weights.hash_table: expected an integer array, got "
+                                         "float32"):
+        jn.route(jnp.asarray(x), dataclasses.replace(
+            w, hash_table=np.asarray(w.hash_table, np.float32)), c, tok)
+    # plain Python lists are arrays too
+    ids_l, _ = jn.route(jnp.asarray(x), dataclasses.replace(
+        w, hash_table=np.asarray(w.hash_table).tolist()), c, tok.tolist())
+    np.testing.assert_array_equal(np.asarray(ids_l), want_ids)
     with pytest.raises(ValueError, match=r"weights.hash_table: expected \[vocab, top_k=3\]"):
         jn.route(jnp.asarray(x), dataclasses.replace(w, hash_table=w.hash_table[:, :2]), c, tok)
     # traced ids or table entries out of range: that token goes nowhere (ids -1, weights NaN)
