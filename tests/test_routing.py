@@ -181,3 +181,21 @@ def test_route_hash_table_and_its_errors(rng):
     bad_rows = np.array([False, True, True, True, False, False])
     assert (np.asarray(ids)[bad_rows] == -1).all() and np.isnan(np.asarray(rw)[bad_rows]).all()
     np.testing.assert_array_equal(np.asarray(ids)[~bad_rows], want_ids[[0, 4, 5]])
+
+
+def test_router_logits_program():
+    """What router_logits promises about its program: bf16 x enters its dots as bf16 (no float32
+    copy of x is made), and float32 x runs one float32 dot at HIGHEST precision (no TF32 on GPUs)."""
+    w = jnp.ones((4, 64), jnp.float32)
+
+    def eqns(x):
+        return jax.make_jaxpr(routing.router_logits)(x, w).jaxpr.eqns
+
+    bf16 = eqns(jnp.ones((3, 64), jnp.bfloat16))
+    dots = [e for e in bf16 if e.primitive.name == "dot_general"]
+    assert dots and all(e.invars[0].aval.dtype == jnp.bfloat16 for e in dots)
+    assert not any(e.primitive.name == "convert_element_type" and e.invars[0].aval.shape == (3, 64)
+                   and e.params["new_dtype"] == jnp.float32 for e in bf16)
+    f32 = [e for e in eqns(jnp.ones((3, 64), jnp.float32)) if e.primitive.name == "dot_general"]
+    assert len(f32) == 1
+    assert jax.lax.Precision.HIGHEST in tuple(f32[0].params["precision"] or ())
