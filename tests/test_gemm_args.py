@@ -54,6 +54,7 @@ def test_group_bounds_saturate_at_m():
     starts, ends = group_bounds(jnp.array([I32_MAX, I32_MAX, -5, 2], jnp.int32), 10)
     np.testing.assert_array_equal(np.asarray(starts), [0, 10, 10, 10])
     np.testing.assert_array_equal(np.asarray(ends), [10, 10, 10, 10])
+    assert starts.dtype == ends.dtype == jnp.int32
     starts, ends = group_bounds(jnp.array([3, -5, 4, 0], jnp.int32), 10)
     np.testing.assert_array_equal(np.asarray(starts), [0, 3, 3, 7])
     np.testing.assert_array_equal(np.asarray(ends), [3, 3, 7, 7])

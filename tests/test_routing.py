@@ -199,3 +199,13 @@ def test_router_logits_program():
     f32 = [e for e in eqns(jnp.ones((3, 64), jnp.float32)) if e.primitive.name == "dot_general"]
     assert len(f32) == 1
     assert jax.lax.Precision.HIGHEST in tuple(f32[0].params["precision"] or ())
+
+
+def test_router_logits_sum_in_float32():
+    """Sums that bf16 cannot hold come out exact (float32 accumulation of every term's dot):
+    the leading terms' 1 + 2^-7 + 2^-9 and the low terms' 2^-8 + 2^-16, for bf16 and float32 x."""
+    w = np.array([[1 + 2.0**-7, 2.0**-9], [1 + 2.0**-9 + 2.0**-16, 1 + 2.0**-9]], np.float32)
+    want = np.array([[1 + 2.0**-7 + 2.0**-9, 2 + 2.0**-8 + 2.0**-16]], np.float32)
+    for dtype in (jnp.bfloat16, jnp.float32):
+        got = np.asarray(routing.router_logits(jnp.ones((1, 2), dtype), jnp.asarray(w)))
+        np.testing.assert_array_equal(got, want, err_msg=str(dtype))
