@@ -53,10 +53,10 @@ CHECKPOINT_FORMATS = ("modelopt", "quark")
 """Checkpoint formats :func:`jax_nvfp4.checkpoint.load_moe` understands (``"auto"`` picks one
 from the names)."""
 
-FAMILIES = ("mma", "mma_ws", "wgmma", "wgmma_fp8", "wgmma_fp8_prepared")
-"""Kernel families, in the order of the custom call's ``kernel`` attribute codes (0 .. 4; the
+FAMILIES = ("mma", "mma_ws", "wgmma", "wgmma_fp8", "wgmma_fp8_prepared", "cutlass_fp8")
+"""Kernel families, in the order of the custom call's ``kernel`` attribute codes (0 .. 5; the
 ``KernelFamily`` enum of csrc/gemm_contract.h)."""
-FP8_FAMILIES = ("wgmma_fp8", "wgmma_fp8_prepared")
+FP8_FAMILIES = ("wgmma_fp8", "wgmma_fp8_prepared", "cutlass_fp8")
 """The families that compute the FP8 mode (and nothing else)."""
 LAYOUT_CODES = {"checkpoint": 0, "sm90": 1, "fp8": 2}
 """The weight layouts as the custom call's ``rhs_layout`` attribute (and the heuristic) code them
