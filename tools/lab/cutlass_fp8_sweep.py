@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_nvfp4 as jn
-from jax_nvfp4.bench.common import rowwise_e4m3, run_info, time_ms
 from jax_nvfp4.bench.gemm import LAYERS, ROWS, case_seed, make_case, uniform_rows
+from jax_nvfp4.bench.common import rowwise_e4m3, run_info, time_ms
 from jax_nvfp4.bench.torch_peers import torch_peers
 
 PREPARED = [c for c in jn.kernel_config.kernel_configs()
