@@ -64,10 +64,13 @@ struct KernelConfig {
   int32_t token_tile = 16;  // rows of one group per CTA tile
   int32_t stages = 4;       // pipeline depth
   int32_t cluster = 1;      // CTAs per cluster (wgmma 256: pairs multicast the activation tile)
+  int32_t raster = 0;       // cutlass_fp8's tile order (its scheduler's raster order): 0 CUTLASS's heuristic,
+                            // 1 along M (the token tiles of one weight tile in turn), 2 along N; 0 elsewhere
 };
 
 constexpr bool operator==(const KernelConfig& a, const KernelConfig& b) {
-  return a.family == b.family && a.token_tile == b.token_tile && a.stages == b.stages && a.cluster == b.cluster;
+  return a.family == b.family && a.token_tile == b.token_tile && a.stages == b.stages && a.cluster == b.cluster &&
+         a.raster == b.raster;
 }
 
 // Every configuration the kernels are compiled for; the launchers instantiate exactly these.
@@ -80,7 +83,9 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     {KernelFamily::kWgmma, 64, 12, 1}, {KernelFamily::kWgmma, 128, 8, 1}, {KernelFamily::kWgmma, 256, 5, 2},
     {KernelFamily::kWgmmaFp8, 32, 15, 1}, {KernelFamily::kWgmmaFp8, 64, 12, 1}, {KernelFamily::kWgmmaFp8, 128, 8, 1},
     {KernelFamily::kWgmmaFp8Prepared, 128, 6, 1},
-    {KernelFamily::kCutlassFp8, 128, 6, 1}, {KernelFamily::kCutlassFp8, 128, 6, 2}, {KernelFamily::kCutlassFp8, 64, 8, 1},
+    {KernelFamily::kCutlassFp8, 128, 6, 1, 0}, {KernelFamily::kCutlassFp8, 128, 6, 1, 1},
+    {KernelFamily::kCutlassFp8, 128, 6, 1, 2}, {KernelFamily::kCutlassFp8, 128, 6, 2, 0},
+    {KernelFamily::kCutlassFp8, 64, 8, 1, 0},
 };
 inline constexpr int kNumKernelConfigs = static_cast<int>(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
 
@@ -121,7 +126,7 @@ inline constexpr bool Fp8FamilyReadsLayout(KernelFamily f, RhsLayout layout) {
 inline constexpr KernelConfig DefaultConfigFor(KernelFamily family, int32_t token_tile) {
   for (const KernelConfig& k : kKernelConfigs)
     if (k.family == family && k.token_tile == token_tile) return k;
-  return KernelConfig{family, 0, 0, 0};
+  return KernelConfig{family, 0, 0, 0, 0};
 }
 
 inline const char* FamilyName(KernelFamily f) {

@@ -242,7 +242,7 @@ int sm_count_of_current_device() {
 }
 
 template <typename Cfg>
-cudaError_t run_cutlass_fp8(const GroupedGemmParams& p, cudaStream_t stream) {
+cudaError_t run_cutlass_fp8(const GroupedGemmParams& p, int raster, cudaStream_t stream) {
   static_assert(args_bytes_per_group<Cfg>() <= kCutlassFp8ArgsBytesPerGroup, "per-group arguments fit the workspace");
   static_assert(Cfg::Kernel::SharedStorageSize <= 232448, "shared memory of the configuration's stages");
   const ArgArrays w = carve<Cfg>(p.workspace, p.G);
@@ -283,6 +283,8 @@ cudaError_t run_cutlass_fp8(const GroupedGemmParams& p, cudaStream_t stream) {
   fusion.beta_ptr_array = nullptr;
   fusion.dAlpha = {_0{}, _0{}, 1};
   fusion.dBeta = {_0{}, _0{}, 0};
+  using Raster = decltype(args.scheduler.raster_order);
+  args.scheduler.raster_order = raster == 1 ? Raster::AlongM : raster == 2 ? Raster::AlongN : Raster::Heuristic;
 
   const char* ws_end = static_cast<const char*>(p.workspace) + p.workspace_bytes;
   if (Gemm::get_workspace_size(args) > static_cast<size_t>(ws_end - w.cutlass_ws)) return cudaErrorInvalidValue;
@@ -305,8 +307,10 @@ cudaError_t launch_entry(const GroupedGemmParams& p, cudaStream_t stream) {
     // 64-token tiles run ping-pong (each consumer warpgroup its own tile), 128-token ones cooperative
     constexpr bool pingpong = c.token_tile == 64;
     static_assert(c.token_tile == 64 || c.token_tile == 128, "cutlass_fp8 tiles are 64 or 128 tokens");
-    if (p.out_f32) return run_cutlass_fp8<CutlassFp8<c.token_tile, c.stages, c.cluster, pingpong, float>>(p, stream);
-    return run_cutlass_fp8<CutlassFp8<c.token_tile, c.stages, c.cluster, pingpong, cutlass::bfloat16_t>>(p, stream);
+    if (p.out_f32)
+      return run_cutlass_fp8<CutlassFp8<c.token_tile, c.stages, c.cluster, pingpong, float>>(p, c.raster, stream);
+    return run_cutlass_fp8<CutlassFp8<c.token_tile, c.stages, c.cluster, pingpong, cutlass::bfloat16_t>>(p, c.raster,
+                                                                                                        stream);
   }
 }
 

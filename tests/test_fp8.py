@@ -1044,8 +1044,8 @@ PREPARED_CASES = [   # (m, n, k, g, sizes, w4a4): every shape class of the fp8 G
 ]
 BACKENDS = ["reference"] + (["ffi"] if HAS_FFI else [])
 PREPARED_CONFIGS = [   # every compiled configuration of the two families that read fp8-prepared weights
-    ("wgmma_fp8_prepared", 128, 6, 1), ("cutlass_fp8", 128, 6, 1), ("cutlass_fp8", 128, 6, 2),
-    ("cutlass_fp8", 64, 8, 1)]
+    ("wgmma_fp8_prepared", 128, 6, 1), ("cutlass_fp8", 128, 6, 1), ("cutlass_fp8", 128, 6, 1, 1),
+    ("cutlass_fp8", 128, 6, 1, 2), ("cutlass_fp8", 128, 6, 2), ("cutlass_fp8", 64, 8, 1)]
 
 
 def _prepared_config(cfg, n):

@@ -856,7 +856,7 @@ class TestGroupedGemmSwigluBadInput:
         assert "glu_limit = 0x7F800000 : f32" in f(rhs, None)
         assert "rhs_layout = 1 : i32" in f(jn.prepare_weights(rhs), 10.0)
         plain = jax.jit(lambda a: jn.grouped_gemm(a, rhs, gs, backend="ffi")).lower(lhs).as_text()
-        for attr in ("kernel", "token_tile", "stages", "cluster"):
+        for attr in ("kernel", "token_tile", "stages", "cluster", "raster"):
             want = re.search(attr + r" = [^,}]*", plain).group(0)
             assert want in text, (attr, want)
 
