@@ -145,9 +145,8 @@ __device__ __forceinline__ void store_zero(char* p, int esize) {
     *reinterpret_cast<uint16_t*>(p) = 0;
 }
 
-// Blocks 1 .. nblocks of the grid do it (the setup grids of the hand-written families: all but block 0).
-__device__ __forceinline__ void zero_tail_rows_in(const int32_t* __restrict__ gs, int64_t G, int64_t M,
-                                                  const TailZero& z, long long* s_warp, int64_t nblocks) {
+__device__ __forceinline__ void zero_tail_rows(const int32_t* __restrict__ gs, int64_t G, int64_t M,
+                                               const TailZero& z, long long* s_warp) {
   const int tid = threadIdx.x;
   long long local = 0;
   for (int64_t i = tid; i < G; i += 1024) local += max(gs[i], 0);
@@ -158,7 +157,7 @@ __device__ __forceinline__ void zero_tail_rows_in(const int32_t* __restrict__ gs
   const int64_t b0 = total * z.row_bytes, b1 = M * z.row_bytes;
   const int64_t mis = static_cast<int64_t>(reinterpret_cast<uintptr_t>(base) & 15);
   const int64_t v0 = (b0 + mis + 15) / 16 * 16 - mis, v1 = (b1 + mis) / 16 * 16 - mis;
-  const int64_t stride = nblocks * 1024;
+  const int64_t stride = static_cast<int64_t>(gridDim.x - 1) * 1024;
   const int64_t first = static_cast<int64_t>(blockIdx.x - 1) * 1024 + tid;
   if (v0 < v1) {
     uint4* const vec = reinterpret_cast<uint4*>(base + v0);
@@ -170,11 +169,6 @@ __device__ __forceinline__ void zero_tail_rows_in(const int32_t* __restrict__ gs
   } else {
     for (int64_t b = b0 + first * z.esize; b < b1; b += stride * z.esize) store_zero(base + b, z.esize);
   }
-}
-
-__device__ __forceinline__ void zero_tail_rows(const int32_t* __restrict__ gs, int64_t G, int64_t M,
-                                               const TailZero& z, long long* s_warp) {
-  zero_tail_rows_in(gs, G, M, z, s_warp, static_cast<int64_t>(gridDim.x) - 1);
 }
 
 // Block 0: tiles of BT rows; with BTB > 0 also the split schedule at ws_split_off(G): each group's

@@ -14,7 +14,7 @@
 //   rhs_layout  i32 enum RhsLayout      0 checkpoint, 1 sm90, 2 fp8 (e4m3-prepared; FP8 call only)
 //   kernel      i32 enum KernelFamily   0 mma, 1 mma_ws, 2 wgmma (exact calls); 3 wgmma_fp8,
 //                                       4 wgmma_fp8_prepared, 5 cutlass_fp8 (FP8 call)
-//   token_tile, stages, cluster  i32    together with kernel: one kKernelConfigs entry
+//   token_tile, stages, cluster, raster  i32    together with kernel: one kKernelConfigs entry
 //   glu_limit   f32 (SwiGLU call "jax_nvfp4_grouped_gemm_glu" only)  > 0, +inf for no clamp
 #pragma once
 
@@ -33,7 +33,8 @@ struct GemmAttrs {
   int32_t token_tile;
   int32_t stages;
   int32_t cluster;
-  KernelConfig config() const { return KernelConfig{kernel, token_tile, stages, cluster}; }
+  int32_t raster;
+  KernelConfig config() const { return KernelConfig{kernel, token_tile, stages, cluster, raster}; }
 };
 
 // The SwiGLU call's attributes: the exact call's and the clamp limit.
@@ -43,8 +44,9 @@ struct GluAttrs {
   int32_t token_tile;
   int32_t stages;
   int32_t cluster;
+  int32_t raster;
   float glu_limit;
-  GemmAttrs gemm() const { return GemmAttrs{rhs_layout, kernel, token_tile, stages, cluster}; }
+  GemmAttrs gemm() const { return GemmAttrs{rhs_layout, kernel, token_tile, stages, cluster, raster}; }
 };
 
 }  // namespace jax_nvfp4
@@ -56,13 +58,15 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_nvfp4::GemmAttrs,
                                       ::xla::ffi::StructMember<jax_nvfp4::KernelFamily>("kernel"),
                                       ::xla::ffi::StructMember<int32_t>("token_tile"),
                                       ::xla::ffi::StructMember<int32_t>("stages"),
-                                      ::xla::ffi::StructMember<int32_t>("cluster"));
+                                      ::xla::ffi::StructMember<int32_t>("cluster"),
+                                      ::xla::ffi::StructMember<int32_t>("raster"));
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_nvfp4::GluAttrs,
                                       ::xla::ffi::StructMember<jax_nvfp4::RhsLayout>("rhs_layout"),
                                       ::xla::ffi::StructMember<jax_nvfp4::KernelFamily>("kernel"),
                                       ::xla::ffi::StructMember<int32_t>("token_tile"),
                                       ::xla::ffi::StructMember<int32_t>("stages"),
                                       ::xla::ffi::StructMember<int32_t>("cluster"),
+                                      ::xla::ffi::StructMember<int32_t>("raster"),
                                       ::xla::ffi::StructMember<float>("glu_limit"));
 
 namespace jax_nvfp4 {
@@ -82,7 +86,7 @@ inline ffi::Error BadArgument(const std::string& msg) {
 inline std::string ConfigToString(const KernelConfig& c) {
   return std::string("kernel=") + FamilyName(c.family) + " (" + std::to_string(static_cast<int>(c.family)) +
          "), token_tile=" + std::to_string(c.token_tile) + ", stages=" + std::to_string(c.stages) +
-         ", cluster=" + std::to_string(c.cluster);
+         ", cluster=" + std::to_string(c.cluster) + (c.raster ? ", raster=" + std::to_string(c.raster) : "");
 }
 
 // Checks the attributes every call shares: rhs_layout, a compiled configuration, and that its family

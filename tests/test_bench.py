@@ -2,6 +2,7 @@
 (a benchmark of different computations would compare nothing), and the helpers are right."""
 
 import ast
+import importlib
 import importlib.util
 import json
 import math
@@ -370,3 +371,26 @@ def test_the_import_check_sees_each_form(tmp_path):
         assert any(map(_is_bench, names)), src
     f.write_text("from jax_nvfp4 import benchmarks_md, gemm\nimport jax_nvfp4.moe\n")
     assert not any(map(_is_bench, _imported_modules(f, "jax_nvfp4")))
+
+
+def test_tools_and_examples_import_what_exists():
+    """Every ``jax_nvfp4`` import of the scripts in tools/ and examples/ names a module, or a name
+    of one, that exists (they are not tested otherwise: a moved module would break them silently)."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    checked = 0
+    for path in [*(root / "tools").rglob("*.py"), *(root / "examples").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                pairs = [(a.name, None) for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                pairs = [(node.module, a.name) for a in node.names]
+            else:
+                continue
+            for module, name in pairs:
+                if module != "jax_nvfp4" and not module.startswith("jax_nvfp4."):
+                    continue
+                mod = importlib.import_module(module)
+                assert name is None or hasattr(mod, name) or importlib.util.find_spec(
+                    f"{module}.{name}") is not None, f"{path.relative_to(root)}: {module}.{name}"
+                checked += 1
+    assert checked > 20
