@@ -203,6 +203,7 @@ def test_linearize_is_refused_at_the_call(rng, backend):
     assert pullback(y)[0].shape == x.shape
 
 
+@pytest.mark.slow
 def test_linearize_through_the_layer_is_refused_at_the_call(rng):
     c = jn.MoEConfig(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32)
     r = lambda *s: rng.standard_normal(s) * 0.1  # noqa: E731

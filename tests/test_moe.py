@@ -1144,7 +1144,8 @@ def test_swiglu_clamp_bites_on_both_sides():
     assert np.isclose(float(jn.swiglu(jnp.array([[g, u]]), 0.4)[0, 0]), g / (1 + np.exp(-g)) * u)
 
 
-@pytest.mark.parametrize("paired", [False, True], ids=["unfused", "fused"])
+@pytest.mark.parametrize("paired", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["unfused", "fused"])
 def test_layer_swiglu_limit_bites_on_both_sides(rng, paired):
     """A limit small enough to clamp many gates and ups on both sides: the layer (unfused, and
     fused in the GEMM epilogue with paired weights) still matches the float64 layer with the
