@@ -72,8 +72,8 @@ def source_tree_shadowing() -> Optional[str]:
     return (f"jax_nvfp4 was imported from the source tree {root} (the current directory or "
             f"PYTHONPATH put it first on sys.path), which holds no compiled extension{installed}. "
             "Run from another directory, or with `python -P` (keeps the current directory off "
-            "sys.path), after `pip install --no-build-isolation .`; or build in place with "
-            "`pip install --no-build-isolation -Ceditable.mode=inplace -e .`")
+            "sys.path), after `pip install .`; or build in place with "
+            "`pip install -Ceditable.mode=inplace -e .`")
 
 
 def not_built_message() -> str:
