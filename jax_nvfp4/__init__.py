@@ -16,6 +16,12 @@ from .routing import route
 from .sharding import moe_expert_parallel, shard_moe_weights
 from .quantization import dequantize, quantize, stage_activation
 from .swizzle import swizzle_scales, unswizzle_scales
+from .serialization import export_checks
+from . import _extension as _ext
+
+# The custom calls are registered at import (not at the first call): a deserialized jax.export
+# artifact calls them by name, with no call into this package before it compiles.
+_ext.load()
 
 try:
     __version__ = _metadata.version("jax_nvfp4")
@@ -24,7 +30,7 @@ except _metadata.PackageNotFoundError:     # running from a source tree that is 
 
 __all__ = [
     "ExtensionInfo", "Fp8Weights", "LAYOUTS", "NVFP4Tensor", "MoEConfig", "MoEWeights", "autodiff", "checkpoint",
-    "extension_info", "fp8", "kernel_config", "swiglu", "dequantize", "grouped_gemm",
+    "export_checks", "extension_info", "fp8", "kernel_config", "swiglu", "dequantize", "grouped_gemm",
     "grouped_gemm_swiglu",
     "layout", "moe", "options", "quantize", "moe_expert_parallel", "prepare_weights", "quantize_moe", "route",
     "shard_moe_weights",

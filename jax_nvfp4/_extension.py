@@ -10,7 +10,24 @@ from typing import Optional
 
 import jax
 
-TARGET = "jax_nvfp4_grouped_gemm"
+ABI_VERSION = 1
+"""The version of the custom calls' interface (operands, attributes, what they compute), the
+suffix ``_v1`` of every target name (ffi/module.cc registers the names; bump both on any such
+change). A program serialized by ``jax.export`` calls the targets by name, so an artifact from a
+build of another version fails to compile, naming the missing target, instead of running the
+handlers on arguments they do not expect."""
+
+
+def target_name(base: str) -> str:
+    """The registered name of custom call ``base``: ``"jax_nvfp4_grouped_gemm"`` ->
+    ``"jax_nvfp4_grouped_gemm_v1"``."""
+    return f"{base}_v{ABI_VERSION}"
+
+
+TARGET = target_name("jax_nvfp4_grouped_gemm")
+TARGETS = tuple(target_name(f"jax_nvfp4_{n}") for n in (
+    "grouped_gemm", "grouped_gemm_fp8", "grouped_gemm_glu", "dispatch_rows", "quantize_fp8"))
+"""Every custom call of the extension (CPU handlers; CUDA ones where built, same names)."""
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
@@ -30,11 +47,24 @@ def load():
     ext, _ = _import()
     if ext is None:
         return None
+    _check_abi(ext)
     for name, capsule in ext.cpu_registrations().items():
         jax.ffi.register_ffi_target(name, capsule, platform="cpu")
     for name, capsule in ext.cuda_registrations().items():
         jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
     return ext
+
+
+def _check_abi(ext) -> None:
+    """The compiled module must register this package's target names (a stale build of another
+    ABI version would otherwise surface as a missing target at the first call)."""
+    missing = sorted(set(TARGETS) - set(ext.cpu_registrations()))
+    if missing:
+        raise ImportError(
+            f"jax_nvfp4: the compiled extension {ext.__file__} does not register the custom calls "
+            f"{missing} that this jax_nvfp4 (ABI version {ABI_VERSION}) calls; it registers "
+            f"{sorted(ext.cpu_registrations())}. It is a build of another version: reinstall "
+            "(pip install .) or rebuild it in place")
 
 
 def available() -> bool:

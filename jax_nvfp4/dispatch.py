@@ -20,7 +20,7 @@ from .rows import take_rows
 from .varying import varying_type
 
 
-DISPATCH_TARGET = "jax_nvfp4_dispatch_rows"
+DISPATCH_TARGET = _extension.target_name("jax_nvfp4_dispatch_rows")
 """The custom call of :func:`dispatch_rows` (csrc/dispatch_rows.h)."""
 
 def dispatch_rows_reference(x: jax.Array, gather=None, row_scale=None) -> jax.Array:

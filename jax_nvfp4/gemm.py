@@ -18,7 +18,7 @@ from .varying import varying_type
 RHS_LAYOUT_CODES = {"checkpoint": 0, "sm90": 1, "fp8": 2}
 """The custom call's ``rhs_layout`` attribute for each weight layout (``NVFP4Tensor.layout``, and
 ``"fp8"`` for :class:`~jax_nvfp4.formats.Fp8Weights`: e4m3 bytes ``[G, N, K]``, fp8 call only)."""
-FP8_TARGET = "jax_nvfp4_grouped_gemm_fp8"
+FP8_TARGET = _extension.target_name("jax_nvfp4_grouped_gemm_fp8")
 """The fp8 mode's custom call (docs/design.md, "FP8 mode")."""
 
 
@@ -28,6 +28,20 @@ def workspace_bytes(num_groups: int, k: int = 0) -> int:
     decoded weight rows. The formula is the compiled extension's (csrc/gemm_contract.h), the
     one the handlers check the buffer against."""
     return int(_extension.load().workspace_bytes(num_groups, k))
+
+
+SYMBOLIC_ROWS_PER_GROUP = 128
+"""With a symbolic M (``jax.export`` with a symbolic token count) the kernel configuration, a static
+attribute of the custom call, is chosen for ``rows_hint`` rows when one is given, else for this many
+rows per group on average (the prefill-sized tiles). Any configuration computes every M."""
+
+
+def _rows_for_choice(m, rows_hint: int, g: int) -> tuple[int, int]:
+    """``(M, rows_hint)`` as static ints for the kernel choice (M symbolic: SYMBOLIC_ROWS_PER_GROUP);
+    a hint at or past M means M (as the kernels read it)."""
+    if not isinstance(m, int):
+        m = int(rows_hint) if rows_hint else SYMBOLIC_ROWS_PER_GROUP * g
+    return m, min(int(rows_hint), m)
 
 
 def _ffi_call(target, args, out_cols, out_dtype, rows_decoded, config, rhs_layout, **attrs):
@@ -243,13 +257,13 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         float_lhs_dtypes=None if precision == "fp8" else (jnp.bfloat16,))
     check_precision(precision, k)
     group_sizes = gemm_args.check_group_sizes(group_sizes, g)
-    rows_hint = min(int(rows_hint), m)            # a hint at or past M means M (as the kernels read it)
+    m_choice, rows_hint = _rows_for_choice(m, rows_hint, g)
     if precision == "fp8":
         if m == 0:
             return jnp.zeros((0, n), jnp.dtype(out_dtype))
         rhs_gs = jnp.broadcast_to(rhs.global_scale.astype(jnp.float32), (g,))
-        return _fp8_ffi(lhs, rhs, group_sizes, rhs_gs, jnp.dtype(out_dtype), kernel, m, n, k, g,
-                        int(rows_hint))
+        return _fp8_ffi(lhs, rhs, group_sizes, rhs_gs, jnp.dtype(out_dtype), kernel, m_choice, n,
+                        k, g, rows_hint)
     mma = _mma_requested(lhs, rhs, kernel)
     code = RHS_LAYOUT_CODES[rhs.layout]
     shape = dict(rows_hint=int(rows_hint), rhs_layout=rhs.layout)
@@ -259,23 +273,24 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         return jnp.zeros((0, n), out_dtype)
     no_sf = jnp.zeros((0,), jnp.float8_e4m3fn)
     if not isinstance(lhs, NVFP4Tensor):
-        config = kernel_config.resolve(kernel, m, n, k, g, **shape)
+        config = kernel_config.resolve(kernel, m_choice, n, k, g, **shape)
         return _grouped_gemm_op(jnp.asarray(lhs), no_sf, rhs.data, rhs.scales, rhs_gs, group_sizes,
                                 out_dtype, config, code)
     alpha = lhs.global_scale.astype(jnp.float32) * rhs_gs
     # the native route runs on the CPU only unless kernel "mma" was asked for (and the CPU
     # handler checks the configuration but ignores it), so a wgmma request still lowers
-    native_config = kernel_config.resolve(kernel if mma else None, m, n, k, g, w4a4=True, **shape)
+    native_config = kernel_config.resolve(kernel if mma else None, m_choice, n, k, g, w4a4=True,
+                                          **shape)
     args = (lhs.data, lhs.scales, rhs.data, rhs.scales, alpha, group_sizes)
     if mma:                                           # the mma kernel reads packed activations
         native, _ = _w4a4_routes(out_dtype, native_config, native_config, rhs.layout)
         return native(*args)
-    bf16_config = kernel_config.resolve(kernel, m, n, k, g, **shape)
+    bf16_config = kernel_config.resolve(kernel, m_choice, n, k, g, **shape)
     native, via_bf16 = _w4a4_routes(out_dtype, native_config, bf16_config, rhs.layout)
     return jax.lax.platform_dependent(*args, cpu=native, default=via_bf16)
 
 
-GLU_TARGET = "jax_nvfp4_grouped_gemm_glu"
+GLU_TARGET = _extension.target_name("jax_nvfp4_grouped_gemm_glu")
 """The gate/up GEMM with the SwiGLU in its epilogue (docs/design.md, "The fused SwiGLU epilogue")."""
 
 
@@ -350,11 +365,11 @@ def grouped_gemm_swiglu(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, row_sc
     m, k, g, n, alpha2, row_scale, lim = gemm_args.validate_swiglu_args(
         lhs, rhs, group_sizes, out_dtype, row_scale, limit, float_lhs_dtypes=(jnp.bfloat16,))
     group_sizes = gemm_args.check_group_sizes(group_sizes, g)
-    rows_hint = min(int(rows_hint), m)
     mma = _mma_requested(lhs, rhs, kernel)
     out_dtype = jnp.dtype(out_dtype)
     if m == 0:
         return jnp.zeros((0, n // 2), out_dtype)
+    m_choice, rows_hint = _rows_for_choice(m, rows_hint, g)
     code = RHS_LAYOUT_CODES[rhs.layout]
     shape = dict(rows_hint=int(rows_hint), rhs_layout=rhs.layout)
     no_sf = jnp.zeros((0,), jnp.float8_e4m3fn)
@@ -365,17 +380,18 @@ def grouped_gemm_swiglu(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, row_sc
                                     rs, out_dtype, config, code, lim)
 
     if not isinstance(lhs, NVFP4Tensor):
-        return call(jnp.asarray(lhs), no_sf, alpha2, kernel_config.resolve(kernel, m, n, k, g,
-                                                                           **shape))
+        return call(jnp.asarray(lhs), no_sf, alpha2, kernel_config.resolve(kernel, m_choice, n, k,
+                                                                           g, **shape))
     alpha2 = lhs.global_scale.astype(jnp.float32) * alpha2
-    native_config = kernel_config.resolve(kernel if mma else None, m, n, k, g, w4a4=True, **shape)
+    native_config = kernel_config.resolve(kernel if mma else None, m_choice, n, k, g, w4a4=True,
+                                          **shape)
 
     def native(a, a_sf, al):
         return call(a, a_sf, al, native_config)
 
     if mma:                                           # the mma kernel reads packed activations
         return native(lhs.data, lhs.scales, alpha2)
-    bf16_config = kernel_config.resolve(kernel, m, n, k, g, **shape)
+    bf16_config = kernel_config.resolve(kernel, m_choice, n, k, g, **shape)
 
     def via_bf16(a, a_sf, al):
         # As in _w4a4_routes: an exact dequantization to bf16 (global scale kept in alpha).

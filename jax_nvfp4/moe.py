@@ -364,9 +364,11 @@ def sort_rows(key: jax.Array, groups: int):
       ties in row order, ``inv`` the inverse permutation (``order[inv] == arange(R)``), ``sizes``
       the rows per group. Small R ranks by pairwise comparison on CUDA GPUs, large R with few
       groups is a counting sort (one-hot prefix sums), else a stable sort; all give the same
-      arrays.
+      arrays. A symbolic R (``jax.export``) takes the stable sort.
     """
     r = key.shape[0]
+    if not isinstance(r, int):
+        return _sort_rows_by_sort(key, groups)
     if r <= RANK_SORT_MAX_ROWS:
         # on the CPU, XLA compiles and runs the R^2 form slower than its sort
         return jax.lax.platform_dependent(key, cuda=lambda k: rank_sort_rows(k, groups),
@@ -429,7 +431,8 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
     group_sizes = sizes[:num_local]
     # Expected rows of the local experts (uniform routing): a kernel/tile hint only, so that
     # expert parallelism's non-local rows (past the groups) do not make decode look like prefill.
-    hint = None if num_local >= config.num_experts else -(-t * k * num_local // config.num_experts)
+    hint = (None if num_local >= config.num_experts or not isinstance(t, int)   # t symbolic: export
+            else -(-t * k * num_local // config.num_experts))
     rw = route_weights.reshape(-1)
     # NaN weights (a hash-routed token with an invalid id, routing.route) stay NaN on every
     # device, so the token's row is NaN after the combine whatever the device count.
