@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _extension, autodiff, fp8, gemm_args, kernel_config, quantization, reference
+from . import (_extension, autodiff, fp8, gemm_args, kernel_config, quantization, qwix_interop,
+               reference)
 from .formats import Fp8Weights, NVFP4Tensor
 from .kernel_config import KernelConfig
 from .options import BACKENDS, check_precision, resolve_backend
@@ -190,7 +191,9 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         ``[G, N, K/16]``, global_scale float32 ``[G]``; ``rhs.layout`` "checkpoint" or "sm90"
         (from :func:`jax_nvfp4.prepare_weights`: every CUDA kernel reads it, with fewer
         instructions; with ``kernel="mma"`` a W4A4 lhs is a ValueError, since that choice keeps
-        W4A4 native and no kernel reads packed activations with sm90 weights).
+        W4A4 native and no kernel reads packed activations with sm90 weights) Or a qwix NVFP4
+        ``QArray`` ``[G, K, N]`` tiled along K (converted on each call by
+        :func:`jax_nvfp4.qwix_interop.from_qwix`; convert once to keep that out of the step).
       group_sizes: int32 ``[G]`` (or a list, tuple or array of other integers whose values fit
         int32; a concrete value that does not is a ValueError); rows are grouped consecutively in
         group order. Negative sizes count as 0 and the running sum is clamped to M.
@@ -239,6 +242,7 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
       ``[M, N]`` out_dtype; row r of group g is ``alpha_g * lhs[r] @ W_g.T`` with ``alpha_g = lhs
       global scale * rhs.global_scale[g]`` applied in the epilogue; rows past the groups are 0.
     """
+    rhs = qwix_interop.as_nvfp4(rhs, "rhs")
     if rows_hint is None:
         rows_hint = 0
     elif isinstance(rows_hint, bool) or not isinstance(rows_hint, (int, np.integer)) or rows_hint < 0:
