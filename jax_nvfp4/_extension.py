@@ -36,6 +36,7 @@ def _import():
     """``(module, None)`` or ``(None, import error text)``."""
     try:
         from . import _jax_nvfp4 as ext  # noqa: PLC0415
+        _check_abi(ext)
     except ImportError as e:
         return None, f"{type(e).__name__}: {e}"
     return ext, None
@@ -47,7 +48,6 @@ def load():
     ext, _ = _import()
     if ext is None:
         return None
-    _check_abi(ext)
     for name, capsule in ext.cpu_registrations().items():
         jax.ffi.register_ffi_target(name, capsule, platform="cpu")
     for name, capsule in ext.cuda_registrations().items():
@@ -56,8 +56,9 @@ def load():
 
 
 def _check_abi(ext) -> None:
-    """The compiled module must register this package's target names (a stale build of another
-    ABI version would otherwise surface as a missing target at the first call)."""
+    """ImportError unless the compiled module registers this package's target names (a stale
+    build of another ABI version would otherwise surface as a missing target at the first call);
+    the extension then counts as not built, with this as the reason."""
     missing = sorted(set(TARGETS) - set(ext.cpu_registrations()))
     if missing:
         raise ImportError(

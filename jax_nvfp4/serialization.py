@@ -24,6 +24,7 @@ import jax
 from . import _extension
 from .formats import Fp8Rows, Fp8Weights, NVFP4Tensor
 from .moe_params import MoEWeights
+from .ragged import RaggedRhs
 
 _PREFIX = "jax_nvfp4."
 
@@ -75,3 +76,4 @@ _str_codec("NVFP4Tensor", NVFP4Tensor)
 _str_codec("Fp8Rows", Fp8Rows)
 _json_codec("Fp8Weights", Fp8Weights, lambda aux: None, lambda v: None)
 _json_codec("MoEWeights", MoEWeights, _moe_meta_to_json, _moe_meta_from_json)
+_json_codec("RaggedRhs", RaggedRhs, lambda aux: None, lambda v: None)

@@ -188,7 +188,8 @@ def test_library_pytrees_round_trip_through_serialization(rng):
     subset = jn.MoEWeights(w.router_weight, w.w13, w.w2, expert_ids=(3, 1, 0, 2))
     rows = jn.fp8.quantize_rows(jnp.ones((4, 128), jnp.float32))
     trees = [QUANTIZE(jnp.ones((4, 64))), prepared.w13, prepared, subset,
-             jn.prepare_weights(w, "fp8").w13, rows, FrozenMoEWeights.freeze(prepared)]
+             jn.prepare_weights(w, "fp8").w13, rows, FrozenMoEWeights.freeze(prepared),
+             jn.ragged_rhs(prepared.w2)]
     for tree in trees:
         exp = jax.export.export(jax.jit(lambda t: jax.tree.leaves(t)[0]))(tree)
         back = jax.export.deserialize(exp.serialize())
