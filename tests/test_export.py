@@ -21,6 +21,13 @@ from jax_nvfp4.nn.frozen import FrozenMoEWeights
 
 pytest.importorskip("flatbuffers", reason="jax.export serialization needs the flatbuffers package")
 needs_ext = pytest.mark.skipif(not _extension.available(), reason="the extension is not built")
+# The artifacts are run (and compared) on the CPU handler, on every machine.
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
+
+def _export(f):
+    """jax.export with the library's checks, for the CPU (the fresh process runs on the CPU)."""
+    return jax.export.export(f, disabled_checks=jn.export_checks(), platforms=("cpu",))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(jn.__file__)))
 
@@ -142,7 +149,7 @@ def test_export_without_the_checks_is_refused(rng):
     x = jnp.ones((8, 64), jnp.bfloat16)
     gs = jnp.array([3, 0, 5], jnp.int32)
     with pytest.raises(ValueError, match="jax_nvfp4_grouped_gemm_v1"):
-        jax.export.export(f)(x, rhs, gs)
+        jax.export.export(f, platforms=("cpu",))(x, rhs, gs)
 
 
 @needs_ext
@@ -155,8 +162,8 @@ def test_artifact_of_another_interface_version_fails_naming_the_target(rng, monk
     f = jax.jit(lambda x, w, gs: jn.grouped_gemm(x, w, gs, backend="ffi"))
     x = jnp.ones((8, 64), jnp.bfloat16)
     gs = jnp.array([3, 0, 5], jnp.int32)
-    exp = jax.export.export(f, disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(old)])(
-        x, rhs, gs)
+    exp = jax.export.export(f, disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(old)],
+                            platforms=("cpu",))(x, rhs, gs)
     assert old in exp.mlir_module()
     monkeypatch.undo()
     restored = jax.export.deserialize(exp.serialize())
@@ -212,7 +219,7 @@ def test_grouped_gemm_exports_with_a_symbolic_row_count(rng, tmp_path, layout, l
     f = jax.jit(lambda x, w, gs: jn.grouped_gemm(QUANTIZE(x) if quant else x, w, gs,
                                                  backend="ffi"))
     m, = jax.export.symbolic_shape("m")
-    exp = jax.export.export(f, disabled_checks=jn.export_checks())(
+    exp = _export(f)(
         jax.ShapeDtypeStruct((m, 64), jnp.bfloat16), rhs,
         jax.ShapeDtypeStruct((3,), jnp.int32))
     assert "jax_nvfp4_grouped_gemm_v1" in exp.mlir_module()
@@ -238,7 +245,7 @@ def test_moe_exports_with_a_symbolic_token_count(rng, tmp_path, prepared, activa
     config = _config(activation=activation)
     f = jax.jit(lambda x, w: jn.moe(x, w, config, backend="ffi"))
     t, = jax.export.symbolic_shape("t")
-    exp = jax.export.export(f, disabled_checks=jn.export_checks())(
+    exp = _export(f)(
         jax.ShapeDtypeStruct((t, 128), jnp.bfloat16), w)
     if prepared:
         assert "jax_nvfp4_grouped_gemm_glu_v1" in exp.mlir_module()
@@ -246,7 +253,7 @@ def test_moe_exports_with_a_symbolic_token_count(rng, tmp_path, prepared, activa
     calls = [((x, w), {}) for x in xs]
     for x, (got,) in zip(xs, run_fresh(tmp_path, exp, calls)):
         assert_bitwise(got, f(x, w))
-    static = jax.export.export(f, disabled_checks=jn.export_checks())(xs[1], w)
+    static = _export(f)(xs[1], w)
     assert_bitwise(np.asarray(jax.export.deserialize(static.serialize()).call(xs[1], w)),
                    f(xs[1], w))
 
@@ -262,7 +269,7 @@ def test_moe_expert_parallel_exports(rng, tmp_path):
     f = jax.jit(lambda x, w: jn.moe_expert_parallel(x, w, config, mesh, axis_name="ep",
                                                     backend="ffi"))
     x = jnp.asarray(rng.standard_normal((12, 128)), jnp.bfloat16)
-    exp = jax.export.export(f, disabled_checks=jn.export_checks())(x, w)
+    exp = _export(f)(x, w)
     assert exp.nr_devices == 2
     want = f(x, w)
     (got,), = run_fresh(tmp_path, exp, [((x, w), {})], devices=2)
@@ -297,7 +304,7 @@ def test_moe_expert_parallel_exports_with_a_symbolic_token_count(rng):
     f = jax.jit(lambda x, w: jn.moe_expert_parallel(x, w, config, mesh, axis_name="ep",
                                                     backend="ffi"))
     t, = jax.export.symbolic_shape("t")
-    exp = jax.export.export(f, disabled_checks=jn.export_checks())(
+    exp = _export(f)(
         jax.ShapeDtypeStruct((t, 128), jnp.bfloat16), w)
     assert exp.in_avals[0].shape[0] == t
     probe = {kind: subprocess.run([sys.executable, "-P", "-c", _SHARD_MAP_SYMBOLIC, kind],
@@ -317,3 +324,22 @@ def test_moe_expert_parallel_exports_with_a_symbolic_token_count(rng):
     for n in (3, 12):
         x = jnp.asarray(rng.standard_normal((n, 128)), jnp.bfloat16)
         assert_bitwise(np.asarray(back.call(x, w)), f(x, w))
+
+
+@needs_ext
+def test_moe_exports_for_cpu_and_cuda(rng):
+    """One artifact for both platforms (the platform-dependent choices lowered per platform), run
+    here on the CPU, equals the jitted layer; a CUDA-only artifact lowers without a GPU."""
+    w = _moe_weights(rng)
+    config = _config(activation="w4a4")
+    f = jax.jit(lambda x, w: jn.moe(x, w, config, backend="ffi"))
+    t, = jax.export.symbolic_shape("t")
+    spec = jax.ShapeDtypeStruct((t, 128), jnp.bfloat16)
+    exp = jax.export.export(f, disabled_checks=jn.export_checks(), platforms=("cpu", "cuda"))(
+        spec, w)
+    assert exp.platforms == ("cpu", "cuda")
+    x = jnp.asarray(rng.standard_normal((7, 128)), jnp.bfloat16)
+    got = jax.export.deserialize(exp.serialize()).call(x, w)
+    assert_bitwise(np.asarray(got), f(x, w))
+    cuda = jax.export.export(f, disabled_checks=jn.export_checks(), platforms=("cuda",))(spec, w)
+    assert "jax_nvfp4_grouped_gemm_v1" in cuda.mlir_module()

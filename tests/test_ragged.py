@@ -91,8 +91,9 @@ def test_empty_and_one_row(rng, m, sizes):
     _close(y.astype(jnp.float32), x, jnp.swapaxes(jn.dequantize(t), 1, 2), gs, rtol=2 ** -8)
 
 
-def test_prepared_weights_and_w4a4(rng):
-    """sm90-layout weights give the same bits; an NVFP4 lhs runs W4A4 (as grouped_gemm)."""
+def test_prepared_weights_and_w4a4(rng, on_cpu):
+    """sm90-layout weights give the same bits (on the CPU handler: on a GPU the two layouts may
+    run different kernels); an NVFP4 lhs runs W4A4 (as grouped_gemm)."""
     x, t, gs = _case(rng)
     y = jn.ragged_dot(x, jn.ragged_rhs(t), gs, preferred_element_type=jnp.float32)
     yp = jn.ragged_dot(x, jn.ragged_rhs(jn.prepare_weights(t)), gs,
@@ -189,3 +190,35 @@ def test_as_tokamax_implementation(rng):
         flags.FLAGS.mark_as_parsed()
     fallback = tokamax.ragged_dot(x, dense, gs, implementation=[jn.ragged_dot, "xla"])
     np.testing.assert_array_equal(_bits(fallback), _bits(jax.lax.ragged_dot(x, dense, gs)))
+
+
+def test_maxtext_style_block_of_the_example(rng):
+    """examples/ragged_dot_moe.py's block with ragged_dot swapped for jn.ragged_dot equals the
+    block with jax.lax.ragged_dot on the dequantized weights (up to bf16 rounding of the rows)."""
+    import importlib.util as iu  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "ragged_dot_moe.py")
+    if not os.path.exists(path):
+        pytest.skip("examples/ are not beside the tests")
+    spec = iu.spec_from_file_location("ragged_dot_moe", path)
+    ex = iu.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    e, h, i, t = 4, 64, 32, 12
+    router = jnp.asarray(rng.standard_normal((h, e)), jnp.float32)
+    ws = [jnp.asarray(rng.standard_normal(s) * 0.2, jnp.bfloat16) for s in ((e, h, i), (e, h, i),
+                                                                            (e, i, h))]
+    qs = [jn.ragged_rhs(jax.vmap(jn.quantize)(jnp.swapaxes(w, 1, 2).astype(jnp.float32)))
+          for w in ws]
+    deq = [jnp.swapaxes(jn.dequantize(q.tensor), 1, 2) for q in qs]      # [G, K, N] float32
+    x = jnp.asarray(rng.standard_normal((t, h)), jnp.bfloat16)
+    ours = jax.jit(lambda x, *w: ex.moe_block(x, router, *w, top_k=2, ragged_dot=jn.ragged_dot))(
+        x, *qs)
+
+    def lax_dot(a, w, gs):
+        return jax.lax.ragged_dot(a.astype(jnp.float32), w, gs,
+                                  precision="highest").astype(jnp.bfloat16)
+
+    want = jax.jit(lambda x, *w: ex.moe_block(x, router, *w, top_k=2, ragged_dot=lax_dot))(x, *deq)
+    a, b = np.asarray(ours, np.float64), np.asarray(want, np.float64)
+    assert a.shape == (t, h)
+    assert np.linalg.norm(a - b) <= 2 ** -6 * np.linalg.norm(b)
