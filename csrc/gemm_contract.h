@@ -52,10 +52,11 @@ enum class KernelFamily : int32_t {
   kMmaWs = 1,  // the same math, warp-specialized with bulk copies and mbarriers: sm_90, sm90 weights
   kWgmma = 2,  // wgmma with the weights as register operand, TMA, persistent (csrc/grouped_gemm_wgmma_sm90.cu)
   kWgmmaFp8 = 3,  // FP8 mode: e4m3 wgmma, weights decoded to e4m3 in registers (csrc/grouped_gemm_fp8_sm90.cu)
-  kWgmmaFp8Prepared = 4,  // FP8 mode on fp8-prepared weights (rhs_layout 2): both operands by TMA, SS wgmma.
-                          // Not in the build yet (no build runs it; the lab prototype is
-                          // tools/lab/fp8_prepared/): the CPU handler computes its calls, the CUDA
-                          // handler refuses them (ConfigUnsupportedReason).
+  kWgmmaFp8Prepared = 4,  // FP8 mode on fp8-prepared weights (rhs_layout 2): both operands by TMA, SS wgmma
+                          // (csrc/grouped_gemm_fp8_prepared_sm90.cu)
+  kCutlassFp8 = 5,  // FP8 mode on fp8-prepared weights on CUTLASS's SM90 grouped GEMM with blockwise scaling
+                    // (csrc/grouped_gemm_cutlass_fp8_sm90.cu): token_tile 128 cooperative, 64 ping-pong;
+                    // cluster = CTAs along M sharing a weight tile
 };
 
 struct KernelConfig {
@@ -79,6 +80,7 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     {KernelFamily::kWgmma, 64, 12, 1}, {KernelFamily::kWgmma, 128, 8, 1}, {KernelFamily::kWgmma, 256, 5, 2},
     {KernelFamily::kWgmmaFp8, 32, 15, 1}, {KernelFamily::kWgmmaFp8, 64, 12, 1}, {KernelFamily::kWgmmaFp8, 128, 8, 1},
     {KernelFamily::kWgmmaFp8Prepared, 128, 6, 1},
+    {KernelFamily::kCutlassFp8, 128, 6, 1}, {KernelFamily::kCutlassFp8, 128, 6, 2}, {KernelFamily::kCutlassFp8, 64, 8, 1},
 };
 inline constexpr int kNumKernelConfigs = static_cast<int>(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
 
@@ -102,17 +104,17 @@ R WithConfigEntry(const KernelConfig& c, R none, Launch&& launch) {
   return WithConfigEntry(c, none, std::forward<Launch>(launch), std::make_integer_sequence<int, kNumKernelConfigs>{});
 }
 
-// Whether `family` computes the FP8 mode (fp8) or the exact mode: wgmma_fp8 and wgmma_fp8_prepared alone
-// compute FP8.
+// Whether `family` computes the FP8 mode (fp8) or the exact mode: wgmma_fp8, wgmma_fp8_prepared and
+// cutlass_fp8 alone compute FP8.
 inline constexpr bool IsFp8Family(KernelFamily f) {
-  return f == KernelFamily::kWgmmaFp8 || f == KernelFamily::kWgmmaFp8Prepared;
+  return f == KernelFamily::kWgmmaFp8 || f == KernelFamily::kWgmmaFp8Prepared || f == KernelFamily::kCutlassFp8;
 }
 inline constexpr bool FamilyComputesMode(KernelFamily f, bool fp8) { return IsFp8Family(f) == fp8; }
 
-// The FP8 family that reads weights in `layout`: wgmma_fp8_prepared the fp8-prepared ones, wgmma_fp8 the
-// NVFP4 checkpoint layout (sm90 NVFP4 weights have none on the GPU).
+// Whether FP8 family f reads weights in `layout`: wgmma_fp8_prepared and cutlass_fp8 the fp8-prepared ones,
+// wgmma_fp8 the NVFP4 checkpoint layout (sm90 NVFP4 weights have none on the GPU).
 inline constexpr bool Fp8FamilyReadsLayout(KernelFamily f, RhsLayout layout) {
-  return (f == KernelFamily::kWgmmaFp8Prepared) == (layout == RhsLayout::kFp8);
+  return (f != KernelFamily::kWgmmaFp8) == (layout == RhsLayout::kFp8);
 }
 
 // The first configuration of `family` with `token_tile` (the self-test's way to name one).
@@ -129,6 +131,7 @@ inline const char* FamilyName(KernelFamily f) {
     case KernelFamily::kWgmma: return "wgmma";
     case KernelFamily::kWgmmaFp8: return "wgmma_fp8";
     case KernelFamily::kWgmmaFp8Prepared: return "wgmma_fp8_prepared";
+    case KernelFamily::kCutlassFp8: return "cutlass_fp8";
   }
   return "?";
 }
@@ -154,6 +157,7 @@ inline constexpr uint32_t RunnableFamilies(int arch, bool built_cuda, bool built
   if (built_sm90a && FamilyRunsOn(KernelFamily::kWgmma, arch)) f |= FamilyBit(KernelFamily::kWgmma);
   if (built_sm90a && FamilyRunsOn(KernelFamily::kWgmmaFp8, arch)) f |= FamilyBit(KernelFamily::kWgmmaFp8);
   if (built_sm90a && FamilyRunsOn(KernelFamily::kWgmmaFp8Prepared, arch)) f |= FamilyBit(KernelFamily::kWgmmaFp8Prepared);
+  if (built_sm90a && FamilyRunsOn(KernelFamily::kCutlassFp8, arch)) f |= FamilyBit(KernelFamily::kCutlassFp8);
   return f;
 }
 
@@ -193,6 +197,16 @@ inline constexpr bool WgmmaFp8PreparedShapeOk(const ProblemDesc& d) {
   return ((d.M + 127) / 128 + d.G) * ((d.N + 127) / 128) <= INT32_MAX;
 }
 
+// Shape conditions of the CUTLASS FP8 grouped GEMM: fp8-prepared weights, K % 128 == 0 (one promotion per
+// 128-wide k tile, 16-byte aligned rows for TMA), N % 8 == 0 (16-byte output rows for the TMA store), K / 128
+// within the buffer of ones (kCutlassFp8MaxChunks) and the chunk scales' offsets within int32.
+inline constexpr int64_t kCutlassFp8MaxChunks = 8192;
+inline constexpr bool CutlassFp8ShapeOk(const ProblemDesc& d) {
+  if (d.K <= 0 || d.K % 128 != 0 || d.N % 8 != 0 || d.layout != RhsLayout::kFp8) return false;
+  if (d.K / 128 > kCutlassFp8MaxChunks || d.M > INT32_MAX - 256) return false;
+  return (d.K / 128) * (d.M + 1) <= INT32_MAX;
+}
+
 // Shape conditions of the FP8-mode kernel: K % 128 == 0 (one promotion per 128-wide stage), the
 // checkpoint weight layout (a thread reads 16 contiguous code bytes of one row per stage) and
 // G * N within the int32 row coordinate of the weights' tensor map.
@@ -210,6 +224,7 @@ inline constexpr bool FamilyHandles(KernelFamily f, const ProblemDesc& d) {
   if (d.fp8 || IsFp8Family(f)) {
     if (!d.fp8) return false;
     if (f == KernelFamily::kWgmmaFp8) return WgmmaFp8ShapeOk(d);
+    if (f == KernelFamily::kCutlassFp8) return CutlassFp8ShapeOk(d);
     return f == KernelFamily::kWgmmaFp8Prepared && WgmmaFp8PreparedShapeOk(d);
   }
   if (d.layout == RhsLayout::kFp8) return false;
@@ -231,6 +246,7 @@ inline constexpr KernelConfig ConfigForFamily(KernelFamily f, const ProblemDesc&
   // short tiles cost no MMA work; 32/64-token tiles were no faster at 4 rows per group and 10% slower at
   // 32: docs/archive/fp8-prepared-lab.md)
   if (f == KernelFamily::kWgmmaFp8Prepared) return DefaultConfigFor(f, 128);
+  if (f == KernelFamily::kCutlassFp8) return DefaultConfigFor(f, 128);
   if (f == KernelFamily::kMmaWs) return DefaultConfigFor(f, 16);
   return DefaultConfigFor(f, avg <= 12 ? 16 : avg <= 40 ? 32 : 64);
 }
@@ -243,8 +259,10 @@ inline constexpr KernelConfig ConfigForFamily(KernelFamily f, const ProblemDesc&
 // otherwise): its configuration is returned whether or not the device runs it (the handler then names
 // the device).
 inline constexpr KernelConfig ChooseKernelConfig(const ProblemDesc& d) {
-  if (d.fp8)
-    return ConfigForFamily(d.layout == RhsLayout::kFp8 ? KernelFamily::kWgmmaFp8Prepared : KernelFamily::kWgmmaFp8, d);
+  if (d.fp8) {
+    if (d.layout != RhsLayout::kFp8) return ConfigForFamily(KernelFamily::kWgmmaFp8, d);
+    return ConfigForFamily(CutlassFp8ShapeOk(d) ? KernelFamily::kCutlassFp8 : KernelFamily::kWgmmaFp8Prepared, d);
+  }
   auto usable = [&d](KernelFamily f) { return (d.families & FamilyBit(f)) && FamilyHandles(f, d); };
   if (usable(KernelFamily::kWgmma) && AvgRowsPerGroup(d) >= 16) return ConfigForFamily(KernelFamily::kWgmma, d);
   const KernelConfig c = ConfigForFamily(KernelFamily::kMma, d);
@@ -288,9 +306,22 @@ struct GroupedGemmParams {
 // Columns of the output: N, or N / 2 with the SwiGLU epilogue.
 inline constexpr int64_t OutputColumns(const GroupedGemmParams& p) { return p.glu ? p.N / 2 : p.N; }
 
-// Bytes of workspace the CUDA launchers need: 4096 + 32 * G (two schedules of prefix sums and group
-// bounds: the 256-token wgmma tile leaves each group's short last tile to the 128-token kernel).
-inline constexpr size_t GroupedGemmWorkspaceBytes(int64_t G) { return 4096 + 32 * static_cast<size_t>(G); }
+// Bytes of the schedules the hand-written launchers keep in the workspace: 4096 + 32 * G (two schedules of
+// prefix sums and group bounds: the 256-token wgmma tile leaves each group's short last tile to the
+// 128-token kernel).
+inline constexpr size_t GroupedGemmScheduleBytes(int64_t G) { return 4096 + 32 * static_cast<size_t>(G); }
+// cutlass_fp8 keeps CUTLASS's per-group arguments after them (at most kCutlassFp8ArgsBytesPerGroup per
+// group, 13 arrays each 128-byte aligned), a buffer of ones (its weights' unit block scales, one float per
+// 128-k chunk) and CUTLASS's own workspace (per-SM tensor maps: 4 x 128 bytes per SM on the
+// configurations compiled; the launcher checks the bound).
+inline constexpr size_t kCutlassFp8ArgsBytesPerGroup = 256;
+inline constexpr size_t kCutlassFp8OnesBytes = 4 * kCutlassFp8MaxChunks;
+inline constexpr size_t kCutlassFp8KernelWorkspaceBytes = 512 * 1024;
+// Bytes of workspace the CUDA launchers need.
+inline constexpr size_t GroupedGemmWorkspaceBytes(int64_t G) {
+  return GroupedGemmScheduleBytes(G) + 128 + kCutlassFp8ArgsBytesPerGroup * static_cast<size_t>(G) + 14 * 128 +
+         kCutlassFp8OnesBytes + kCutlassFp8KernelWorkspaceBytes;
+}
 
 // Bytes of the custom call's workspace output: the CUDA launchers', plus `cpu_row_bytes` for the
 // CPU handlers' decoded weight rows (K, or 2K with the SwiGLU epilogue). Python sizes the output
@@ -370,6 +401,10 @@ inline const char* BufferAlignmentError(const GroupedGemmParams& p, const Kernel
     case KernelFamily::kWgmmaFp8Prepared:
       return misaligned(p.lhs_chunk_scales, 4) ? "lhs_scales must be 4-byte aligned for kernel wgmma_fp8_prepared"
                                                : nullptr;
+    case KernelFamily::kCutlassFp8:
+      if (misaligned(p.out, 16)) return "out must be 16-byte aligned for kernel cutlass_fp8";
+      if (misaligned(p.alpha, 4)) return "alpha must be 4-byte aligned for kernel cutlass_fp8";
+      return misaligned(p.lhs_chunk_scales, 4) ? "lhs_scales must be 4-byte aligned for kernel cutlass_fp8" : nullptr;
   }
   return nullptr;
 }

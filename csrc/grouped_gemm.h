@@ -32,7 +32,8 @@ const char* ConfigUnsupportedReason(const KernelConfig& c, int arch);
 cudaError_t LaunchGroupedGemm(const GroupedGemmParams& p, const KernelConfig& c, int arch, cudaStream_t stream);
 
 // The family launchers LaunchGroupedGemm calls, with its preconditions (csrc/grouped_gemm_mma.cu,
-// csrc/grouped_gemm_wgmma_sm90.cu, csrc/grouped_gemm_fp8_sm90.cu, csrc/grouped_gemm_fp8_prepared_sm90.cu). sm90_image: the device runs this
+// csrc/grouped_gemm_wgmma_sm90.cu, csrc/grouped_gemm_fp8_sm90.cu, csrc/grouped_gemm_fp8_prepared_sm90.cu,
+// csrc/grouped_gemm_cutlass_fp8_sm90.cu). sm90_image: the device runs this
 // build's sm_90a image, whose kernels wait for programmatic dependent launches (and only those may
 // be launched so); mma_ws configurations need it.
 cudaError_t LaunchGroupedGemmMma(const GroupedGemmParams& p, const KernelConfig& c, bool sm90_image,
@@ -40,6 +41,7 @@ cudaError_t LaunchGroupedGemmMma(const GroupedGemmParams& p, const KernelConfig&
 cudaError_t LaunchGroupedGemmWgmma(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream);
 cudaError_t LaunchGroupedGemmFp8(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream);
 cudaError_t LaunchGroupedGemmFp8Prepared(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream);
+cudaError_t LaunchGroupedGemmCutlassFp8(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream);
 // Whether the driver provides cuTensorMapEncodeTiled (the wgmma families' tensor maps).
 bool TensorMapEncoderAvailable();
 

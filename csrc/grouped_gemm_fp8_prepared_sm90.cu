@@ -2,7 +2,7 @@
 // both operands by TMA, e4m3 x e4m3 SS WGMMA, float32 promotion every 128 k.
 //
 // Contract: csrc/gemm_contract.h (params.fp8, RhsLayout::kFp8) and docs/design.md "FP8 mode" /
-// "Weights prepared as e4m3". The math is the FP8 mode's with the weight rounding done ahead of time:
+// "Weight layouts" (fp8). The math is the FP8 mode's with the weight rounding done ahead of time:
 //     w8[g, n, k] = e4m3(e2m1 * block scale * 2^-3)                  (u8 [G, N, K], K contiguous)
 //     part_c      = sum_{k in chunk c} q[r, k] * w8[g, n, k]         (128-wide chunks)
 //     acc         = fma(part_c, xs[c, r], acc), c = 0 .. K/128 - 1   (float32)

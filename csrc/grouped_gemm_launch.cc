@@ -27,6 +27,11 @@ cudaError_t launch_fp8_prepared_if_built(const GroupedGemmParams& p, const Kerne
   else return cudaErrorNotSupported;
 }
 template <bool kBuilt>
+cudaError_t launch_cutlass_fp8_if_built(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream) {
+  if constexpr (kBuilt) return LaunchGroupedGemmCutlassFp8(p, c, stream);
+  else return cudaErrorNotSupported;
+}
+template <bool kBuilt>
 bool tensor_map_encoder_if_built() {
   if constexpr (kBuilt) return TensorMapEncoderAvailable();
   else return false;
@@ -56,7 +61,8 @@ const char* ConfigUnsupportedReason(const KernelConfig& c, int arch) {
   if (!ArchSupported(arch)) return "the CUDA kernels need compute capability 8.0 or newer";
   if (!(BuildRunnableFamilies(arch) & FamilyBit(c.family))) {
     if (!kBuiltSm90a) return "this build carries no sm_90a image (portable build): only the mma family runs";
-    return "the mma_ws, wgmma, wgmma_fp8 and wgmma_fp8_prepared families run on compute capability 9.0 (Hopper) only";
+    return "the mma_ws, wgmma, wgmma_fp8, wgmma_fp8_prepared and cutlass_fp8 families run on compute capability 9.0 "
+           "(Hopper) only";
   }
   const bool tma = c.family == KernelFamily::kWgmma || IsFp8Family(c.family);
   if (tma && !tensor_map_encoder_if_built<kBuiltSm90a>())
@@ -71,6 +77,8 @@ cudaError_t LaunchGroupedGemm(const GroupedGemmParams& p, const KernelConfig& c,
       return launch_fp8_if_built<kBuiltSm90a>(p, c, stream);
     case KernelFamily::kWgmmaFp8Prepared:
       return launch_fp8_prepared_if_built<kBuiltSm90a>(p, c, stream);
+    case KernelFamily::kCutlassFp8:
+      return launch_cutlass_fp8_if_built<kBuiltSm90a>(p, c, stream);
     case KernelFamily::kWgmma:
       return launch_wgmma_if_built<kBuiltSm90a>(p, c, stream);
     case KernelFamily::kMma:

@@ -11,8 +11,9 @@
 // GroupedGemmCheckParams, once. What the handlers and launchers do after that takes both as given.
 //
 // Attributes (jax_nvfp4/gemm.py sets them; the lowered program shows them):
-//   rhs_layout  i32 enum RhsLayout      0 checkpoint, 1 sm90
-//   kernel      i32 enum KernelFamily   0 mma, 1 mma_ws, 2 wgmma (exact call); 3 wgmma_fp8 (FP8 call)
+//   rhs_layout  i32 enum RhsLayout      0 checkpoint, 1 sm90, 2 fp8 (e4m3-prepared; FP8 call only)
+//   kernel      i32 enum KernelFamily   0 mma, 1 mma_ws, 2 wgmma (exact calls); 3 wgmma_fp8,
+//                                       4 wgmma_fp8_prepared, 5 cutlass_fp8 (FP8 call)
 //   token_tile, stages, cluster  i32    together with kernel: one kKernelConfigs entry
 //   glu_limit   f32 (SwiGLU call "jax_nvfp4_grouped_gemm_glu" only)  > 0, +inf for no clamp
 #pragma once
@@ -99,13 +100,15 @@ inline ffi::Error CheckAttributes(const std::string& target, const GemmAttrs& at
                " are not a compiled kernel configuration (jax_nvfp4.kernel_configs() lists them)");
   if (!FamilyComputesMode(attrs.kernel, fp8))
     return bad(fp8 ? "attributes " + ConfigToString(attrs.config()) +
-                         " compute the exact mode: the FP8 call takes kernels 3 (wgmma_fp8) and 4 (wgmma_fp8_prepared) only"
-                   : std::string("kernels 3 (wgmma_fp8) and 4 (wgmma_fp8_prepared) compute the FP8 mode: they "
-                                 "belong to jax_nvfp4_grouped_gemm_fp8"));
+                         " compute the exact mode: the FP8 call takes kernels 3 (wgmma_fp8), 4 (wgmma_fp8_prepared) "
+                         "and 5 (cutlass_fp8) only"
+                   : std::string("kernels 3 (wgmma_fp8), 4 (wgmma_fp8_prepared) and 5 (cutlass_fp8) compute the FP8 "
+                                 "mode: they belong to jax_nvfp4_grouped_gemm_fp8"));
   if (fp8 && !Fp8FamilyReadsLayout(attrs.kernel, attrs.rhs_layout))
     return bad("attributes " + ConfigToString(attrs.config()) + " do not read rhs_layout " +
                std::to_string(static_cast<int>(attrs.rhs_layout)) +
-               ": kernel 4 (wgmma_fp8_prepared) reads the fp8-prepared weights (rhs_layout 2) and only it");
+               ": kernels 4 (wgmma_fp8_prepared) and 5 (cutlass_fp8) read the fp8-prepared weights (rhs_layout 2), "
+               "kernel 3 (wgmma_fp8) the checkpoint layout (rhs_layout 0)");
   return ffi::Error::Success();
 }
 

@@ -35,7 +35,8 @@ using ConfigTuple = std::tuple<std::string, int, int, int>;  // (family, token_t
 
 static constexpr jax_nvfp4::KernelFamily kFamilies[] = {
     jax_nvfp4::KernelFamily::kMma, jax_nvfp4::KernelFamily::kMmaWs, jax_nvfp4::KernelFamily::kWgmma,
-    jax_nvfp4::KernelFamily::kWgmmaFp8, jax_nvfp4::KernelFamily::kWgmmaFp8Prepared};
+    jax_nvfp4::KernelFamily::kWgmmaFp8, jax_nvfp4::KernelFamily::kWgmmaFp8Prepared,
+    jax_nvfp4::KernelFamily::kCutlassFp8};
 
 static ConfigTuple ToTuple(const jax_nvfp4::KernelConfig& c) {
   return {jax_nvfp4::FamilyName(c.family), c.token_tile, c.stages, c.cluster};

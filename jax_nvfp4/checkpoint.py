@@ -88,7 +88,7 @@ import numpy as np
 
 from .hf_folder import open_checkpoint, where_looked
 from .formats import BLOCK_SIZE, E2M1_VALUES, E4M3_MAX, E2M1_MAX, K_MULTIPLE, NVFP4Tensor
-from .options import WEIGHT_LAYOUTS
+from .options import CHECKPOINT_FORMATS, WEIGHT_LAYOUTS
 from .prepare import prepare_weights
 from .moe_params import MoEConfig, MoEWeights
 from .safetensors_io import (SafetensorsReader, read_safetensors, read_safetensors_metadata,
@@ -100,8 +100,9 @@ __all__ = [
     "moe_layer_prefixes", "open_checkpoint",
 ]
 
-FORMATS = ("modelopt", "quark")
-"""Checkpoint formats :func:`load_moe` understands (``"auto"`` picks one from the names)."""
+FORMATS = CHECKPOINT_FORMATS
+"""Checkpoint formats :func:`load_moe` understands (``"auto"`` picks one from the names;
+:data:`jax_nvfp4.options.CHECKPOINT_FORMATS`)."""
 
 # ------------------------------------------------------------------------------------------------
 # names and format detection
@@ -842,7 +843,7 @@ class _StderrProgress:
 
 def _progress_bar(total: int, desc: str):
     try:
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # noqa: PLC0415 - optional: a plain progress line without it
     except ImportError:
         return _StderrProgress(total, desc)
     return tqdm(total=total, desc=desc, unit="layer")

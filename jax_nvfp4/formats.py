@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .options import FP8_CHUNK, FP8_LAYOUT, LAYOUTS
+from .options import FP8_CHUNK, FP8_K_ORDERS, FP8_LAYOUT, LAYOUTS
 from .rows import take_rows
 
 BLOCK_SIZE = 16
@@ -220,10 +220,6 @@ class NVFP4Tensor:
                     f"and K % {SM90_BLOCK_K} == 0, got N = {n}, K = {k} (data {tuple(d.shape)})")
         return self
 
-
-
-FP8_K_ORDERS = ("logical", "kernel")
-"""The k orders of :class:`Fp8Rows` codes."""
 
 
 @jax.tree_util.register_pytree_node_class

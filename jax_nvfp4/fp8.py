@@ -41,12 +41,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _extension
-from .formats import (FP8_K_ORDERS, FP8_WEIGHT_SHIFT, Fp8Rows, Fp8Weights, NVFP4Tensor,
+from .formats import (FP8_WEIGHT_SHIFT, Fp8Rows, Fp8Weights, NVFP4Tensor,
                       from_kernel_k_order, keep_rounded, to_kernel_k_order)
 from .layout import _on_each_shard
 from .quantization import e2m1_scaled, refuse_derivative
 from .gemm_args import check_group_sizes, group_bounds, row_groups, to_out_dtype, validate_gemm_args
-from .options import FP8_CHUNK, check_precision, resolve_backend
+from .options import FP8_CHUNK, FP8_K_ORDERS, check_fp8_k, resolve_backend
 from .varying import varying_type
 
 CHUNK = FP8_CHUNK
@@ -328,7 +328,7 @@ def quantize_kernel_order_ffi(lhs, scales_transposed: bool = False):
         args = (x, jnp.zeros((0,), jnp.float8_e4m3fn))
         m, k = x.shape
         gs = jnp.float32(1.0)
-    check_precision("fp8", k, name="precision")
+    check_fp8_k(k)
     c = k // CHUNK
     out_t = (varying_type(args, (m, k), jnp.float8_e4m3fn),
              varying_type(args, (c, m) if scales_transposed else (m, c), jnp.float32))
@@ -394,7 +394,7 @@ def grouped_gemm_fp8_reference(lhs, rhs: NVFP4Tensor, group_sizes, *, out_dtype=
       ``alpha_g = lhs global scale (1 for float) * rhs.global_scale[g]``; rows past the groups 0.
     """
     m, k, g, n = validate_gemm_args(lhs, rhs, group_sizes, out_dtype)
-    check_precision("fp8", k)
+    check_fp8_k(k)
     group_sizes = check_group_sizes(group_sizes, g)
     # The codes and w8 below come out of optimization barriers (_quantize_activations,
     # weights_fp8): without them XLA:GPU folded the e4m3 rounding of float activations away under

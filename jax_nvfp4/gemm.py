@@ -13,12 +13,9 @@ from . import (_extension, autodiff, fp8, gemm_args, kernel_config, quantization
                reference)
 from .formats import Fp8Weights, NVFP4Tensor
 from .kernel_config import KernelConfig
-from .options import BACKENDS, check_precision, resolve_backend
+from .options import EXACT, LAYOUT_CODES, check_precision, resolve_backend
 from .varying import varying_type
 
-RHS_LAYOUT_CODES = {"checkpoint": 0, "sm90": 1, "fp8": 2}
-"""The custom call's ``rhs_layout`` attribute for each weight layout (``NVFP4Tensor.layout``, and
-``"fp8"`` for :class:`~jax_nvfp4.formats.Fp8Weights`: e4m3 bytes ``[G, N, K]``, fp8 call only)."""
 FP8_TARGET = _extension.target_name("jax_nvfp4_grouped_gemm_fp8")
 """The fp8 mode's custom call (docs/design.md, "FP8 mode")."""
 
@@ -67,7 +64,7 @@ def _ffi_grouped_gemm(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes,
 def _grouped_gemm_op(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, out_dtype,
                      config, rhs_layout):
     """The custom call; ``config`` a KernelConfig, ``rhs_layout`` the int code of rhs_data's
-    layout (RHS_LAYOUT_CODES)."""
+    layout (LAYOUT_CODES)."""
     return _ffi_grouped_gemm(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, out_dtype,
                              config, rhs_layout)
 
@@ -84,7 +81,7 @@ def _grouped_gemm_jvp(out_dtype, config, rhs_layout, primals, tangents):
 def _ffi_grouped_gemm_fp8(codes, scales_t, rhs_data, rhs_scales, alpha, group_sizes, out_dtype,
                           config, rhs_layout):
     # prepared e4m3 weights (rhs_layout 2) are read as they lie: the CPU handler decodes no row
-    rows_decoded = 0 if rhs_layout == RHS_LAYOUT_CODES["fp8"] else 1
+    rows_decoded = 0 if rhs_layout == LAYOUT_CODES["fp8"] else 1
     return _ffi_call(FP8_TARGET, (codes, scales_t, rhs_data, rhs_scales, alpha, group_sizes),
                      rhs_data.shape[1], out_dtype, rows_decoded, config, rhs_layout)
 
@@ -116,7 +113,7 @@ def _on_gpu(*arrays) -> bool:
     return jax.default_backend() == "gpu"
 
 
-def _fp8_ffi(lhs, rhs, group_sizes, rhs_gs, out_dtype, kernel, m, n, k, g, rows_hint):
+def _fp8_ffi(lhs, rhs, group_sizes, rhs_gs, out_dtype, kernel, m, n, k, g, rows_hint, precision):
     """The fp8 mode through the custom call: activations quantized by the quantizer's custom call
     (fp8.kernel_lhs: the kernel k order, scales ``[K/128, M]``; jnp for an lhs it does not take).
     Fp8Weights reach it as their e4m3 bytes ``[G, N, K]`` (rhs_layout 2, no block scales)."""
@@ -133,12 +130,12 @@ def _fp8_ffi(lhs, rhs, group_sizes, rhs_gs, out_dtype, kernel, m, n, k, g, rows_
     else:
         rhs_data, rhs_scales = rhs.data, rhs.scales
     config = kernel_config.resolve(kernel, m, n, k, g, rows_hint=rows_hint, rhs_layout=rhs.layout,
-                                   precision="fp8")
+                                   precision=precision)
     codes, scales_t, lhs_gs = fp8.kernel_lhs(lhs, use_ffi=True, scales_transposed=True)
     alpha = lhs_gs * rhs_gs
     return _grouped_gemm_fp8_op(codes, scales_t, rhs_data, rhs_scales,
                                 alpha, group_sizes, out_dtype, config,
-                                RHS_LAYOUT_CODES[rhs.layout])
+                                LAYOUT_CODES[rhs.layout])
 
 
 def _w4a4_routes(out_dtype, native_config, bf16_config, rhs_layout="checkpoint"):
@@ -146,7 +143,7 @@ def _w4a4_routes(out_dtype, native_config, bf16_config, rhs_layout="checkpoint")
     ``(lhs_data, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes)``; ``rhs_data`` is in
     ``rhs_layout`` ("checkpoint" or "sm90"); each runs its KernelConfig."""
     no_sf = jnp.zeros((0,), jnp.float8_e4m3fn)
-    code = RHS_LAYOUT_CODES[rhs_layout]
+    code = LAYOUT_CODES[rhs_layout]
 
     def native(a, a_sf, w, w_sf, al, gs):
         return _grouped_gemm_op(a, a_sf, w, w_sf, al, gs, out_dtype, native_config, code)
@@ -247,7 +244,7 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         rows_hint = 0
     elif isinstance(rows_hint, bool) or not isinstance(rows_hint, (int, np.integer)) or rows_hint < 0:
         raise ValueError(f"rows_hint: expected a static int >= 0 or None, got {rows_hint!r}")
-    check_precision(precision)
+    precision = check_precision(precision)           # checked once: passed down as a Precision
     gemm_args.check_lhs_precision(lhs, precision)
     gemm_args.check_rhs_precision(rhs, precision)
     backend = resolve_backend(backend)
@@ -267,10 +264,10 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
             return jnp.zeros((0, n), jnp.dtype(out_dtype))
         rhs_gs = jnp.broadcast_to(rhs.global_scale.astype(jnp.float32), (g,))
         return _fp8_ffi(lhs, rhs, group_sizes, rhs_gs, jnp.dtype(out_dtype), kernel, m_choice, n,
-                        k, g, rows_hint)
+                        k, g, rows_hint, precision)
     mma = _mma_requested(lhs, rhs, kernel)
-    code = RHS_LAYOUT_CODES[rhs.layout]
-    shape = dict(rows_hint=int(rows_hint), rhs_layout=rhs.layout)
+    code = LAYOUT_CODES[rhs.layout]
+    shape = dict(rows_hint=int(rows_hint), rhs_layout=rhs.layout, precision=precision)
     out_dtype = jnp.dtype(out_dtype)
     rhs_gs = jnp.broadcast_to(rhs.global_scale.astype(jnp.float32), (g,))
     if m == 0:
@@ -374,8 +371,8 @@ def grouped_gemm_swiglu(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, row_sc
     if m == 0:
         return jnp.zeros((0, n // 2), out_dtype)
     m_choice, rows_hint = _rows_for_choice(m, rows_hint, g)
-    code = RHS_LAYOUT_CODES[rhs.layout]
-    shape = dict(rows_hint=int(rows_hint), rhs_layout=rhs.layout)
+    code = LAYOUT_CODES[rhs.layout]
+    shape = dict(rows_hint=int(rows_hint), rhs_layout=rhs.layout, precision=EXACT)
     no_sf = jnp.zeros((0,), jnp.float8_e4m3fn)
     rs = jnp.zeros((0,), jnp.float32) if row_scale is None else row_scale
 

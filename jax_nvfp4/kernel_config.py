@@ -16,8 +16,12 @@ Families (docs/design.md describes each kernel):
   in registers; compute capability 9.0 only; K a multiple of 128, checkpoint-layout weights.
 * ``"wgmma_fp8_prepared"``: the FP8 mode on weights prepared once as e4m3 (layout ``"fp8"``,
   :class:`~jax_nvfp4.formats.Fp8Weights`): both operands loaded by TMA, e4m3 wgmma; compute
-  capability 9.0 only; K a multiple of 128. The two FP8 families compute that mode and nothing
-  else; the weights' layout decides which one runs.
+  capability 9.0 only; K a multiple of 128.
+* ``"cutlass_fp8"``: the FP8 mode on fp8-prepared weights on CUTLASS's SM90 grouped GEMM with
+  blockwise scaling (its collective builders; 128-token cooperative or 64-token ping-pong tiles);
+  compute capability 9.0 only; K a multiple of 128, N a multiple of 8.
+  The three FP8 families compute that mode and nothing else; the weights' layout decides between
+  ``wgmma_fp8`` (checkpoint layout) and the other two (layout ``"fp8"``), the heuristic between those.
 
 ``grouped_gemm(..., kernel=...)`` takes a family name (its token tile then follows the heuristic's
 rule for that family) or a :class:`KernelConfig` from :func:`kernel_configs`. The environment
@@ -34,14 +38,7 @@ import jax
 import numpy as np
 
 from . import _extension
-from .options import check_precision
-
-FAMILIES = ("mma", "mma_ws", "wgmma", "wgmma_fp8", "wgmma_fp8_prepared")
-"""Kernel families, in the order of the custom call's ``kernel`` attribute codes (0 .. 4)."""
-FP8_FAMILIES = ("wgmma_fp8", "wgmma_fp8_prepared")
-"""The families that compute the FP8 mode (and nothing else)."""
-LAYOUT_CODES = {"checkpoint": 0, "sm90": 1, "fp8": 2}
-"""The weight layouts as the custom call's ``rhs_layout`` attribute (and the heuristic) code them."""
+from .options import FAMILIES, FP8_FAMILIES, LAYOUT_CODES, check_precision
 
 
 def _is_fp8(precision) -> bool:
@@ -179,10 +176,10 @@ def resolve(kernel, m: int, n: int, k: int, groups: int, *, rows_hint: int = 0, 
             raise ValueError(f"kernel: {req} does not compute precision={precision!r} "
                              f"({' and '.join(FP8_FAMILIES)} compute the FP8 mode, the other "
                              "families the exact mode)")
-        if fp8 and (req.family == "wgmma_fp8_prepared") != (rhs_layout == "fp8"):
+        if fp8 and (req.family != "wgmma_fp8") != (rhs_layout == "fp8"):
             raise ValueError(f"kernel: {req} does not read {rhs_layout!r} weights "
-                             "(wgmma_fp8_prepared reads weights prepared by prepare_weights(w, "
-                             "'fp8'), wgmma_fp8 checkpoint-layout NVFP4)")
+                             "(wgmma_fp8_prepared and cutlass_fp8 read weights prepared by "
+                             "prepare_weights(w, 'fp8'), wgmma_fp8 checkpoint-layout NVFP4)")
         return req
     shape = dict(rows_hint=rows_hint, w4a4=w4a4, rhs_layout=rhs_layout, precision=precision)
     if req is not None:
@@ -195,5 +192,6 @@ def resolve(kernel, m: int, n: int, k: int, groups: int, *, rows_hint: int = 0, 
                              f"{precision!r}); wgmma needs bf16 activations and K % 64 == 0, mma_ws sm90 "
                              "weights and bf16 activations, wgmma_fp8 the FP8 mode with K % 128 == 0 and "
                              "checkpoint weights, wgmma_fp8_prepared the FP8 mode with fp8-prepared "
-                             "weights; the exact families do not compute the FP8 mode")
+                             "weights, cutlass_fp8 that and N % 8 == 0; the exact families do not "
+                             "compute the FP8 mode")
     return choose(m, n, k, groups, **shape)

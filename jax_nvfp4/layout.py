@@ -215,7 +215,7 @@ def _named_sharding(x):
     candidates = [getattr(x, "sharding", None)]
     try:
         candidates.append(jax.typeof(x).sharding)
-    except Exception:                            # no abstract sharding here
+    except Exception:  # noqa: BLE001 - no abstract sharding here (what raises varies by jax version)
         pass
     for sh in candidates:
         spec, mesh = getattr(sh, "spec", None), getattr(sh, "mesh", None)

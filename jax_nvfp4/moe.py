@@ -324,11 +324,11 @@ COUNTING_SORT_MIN_ROWS = 4096
 COUNTING_SORT_MAX_GROUPS = 64
 """When :func:`sort_rows` counts instead of sorting: from this many rows, up to this many groups
 (on the H200 with 49 groups: 0.050 against 0.087 ms at 24576 rows, 0.045 against 0.069 at 6144,
-slower at 1536; ``tools/lab/dispatch_sort_bench.py``)."""
+slower at 1536; ``docs/archive/perf-log-layer.md``)."""
 
 RANK_SORT_MAX_ROWS = 2048
 """Up to this many rows :func:`sort_rows` ranks by comparing every pair of rows on CUDA GPUs
-(``R^2`` compares in two reductions, no sort kernel; ``tools/lab/dispatch_sort_bench.py``)."""
+(``R^2`` compares in two reductions, no sort kernel; ``docs/archive/perf-log-layer.md``)."""
 
 
 def rank_sort_rows(key: jax.Array, groups: int):

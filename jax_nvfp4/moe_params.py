@@ -13,8 +13,8 @@ import numpy as np
 
 from . import hf_config
 from .formats import NVFP4Tensor
-from .options import (ACTIVATION_SCALES, ACTIVATIONS, FP8_CHUNK, PRECISIONS, ROW_DTYPES,
-                      SCORING_FUNCS, check_choice)
+from .options import (ACTIVATION_SCALES, ACTIVATIONS, FP8_CHUNK, ROW_DTYPES, SCORING_FUNCS,
+                      check_choice, check_precision)
 
 
 def known_range(v) -> Optional[tuple]:
@@ -97,9 +97,10 @@ class MoEConfig:
     def __post_init__(self):
         self._check_types()
         for name, choices in (("scoring_func", SCORING_FUNCS), ("activation", ACTIVATIONS),
-                              ("activation_scale", ACTIVATION_SCALES), ("precision", PRECISIONS),
-                              ("row_dtype", ROW_DTYPES)):
+                              ("activation_scale", ACTIVATION_SCALES), ("row_dtype", ROW_DTYPES)):
             check_choice(getattr(self, name), choices, name)
+        # stored checked: the layer's GEMMs take it as it is
+        object.__setattr__(self, "precision", check_precision(self.precision))
         if self.num_experts < 1:
             raise ValueError(f"num_experts: expected an int >= 1, got {self.num_experts}")
         if not 1 <= self.top_k <= self.num_experts:

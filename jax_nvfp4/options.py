@@ -14,7 +14,15 @@ where it enters the public API.
   or ``"sm90"`` (:func:`jax_nvfp4.prepare_weights`); ``"fp8"``, weights prepared once as e4m3 for
   ``precision="fp8"`` (one byte per weight, :class:`jax_nvfp4.formats.Fp8Weights`).
 * The MoE layer's: ``activation``, ``activation_scale``, ``scoring_func``, ``row_dtype``
-  (:class:`jax_nvfp4.MoEConfig`).
+  (:class:`jax_nvfp4.MoEConfig`); the expert-parallel ``combine``.
+* ``kernel``: a CUDA kernel family (:data:`FAMILIES`; :mod:`jax_nvfp4.kernel_config`), and the
+  custom call's codes for families and weight layouts (:data:`LAYOUT_CODES`; the C++ enums of
+  ``csrc/gemm_contract.h``, which tests/test_docs.py reads to check that they agree).
+* The FP8 activation rows' k order (:data:`FP8_K_ORDERS`), the checkpoint formats
+  (:data:`CHECKPOINT_FORMATS`).
+
+``precision`` is checked where it enters the public API (:func:`check_precision` returns a
+:class:`Precision`), and what is passed down as a :class:`Precision` is not checked again.
 """
 
 from __future__ import annotations
@@ -37,6 +45,22 @@ ACTIVATIONS = ("w4a4", "w4a16")
 ACTIVATION_SCALES = ("dynamic", "static")
 SCORING_FUNCS = ("sqrtsoftplus", "sigmoid", "softmax")
 ROW_DTYPES = ("bfloat16", "float32")
+COMBINES = ("psum", "psum_scatter")
+"""How :func:`jax_nvfp4.moe_expert_parallel` combines the devices' outputs."""
+FP8_K_ORDERS = ("logical", "kernel")
+"""The k orders of :class:`jax_nvfp4.formats.Fp8Rows` codes."""
+CHECKPOINT_FORMATS = ("modelopt", "quark")
+"""Checkpoint formats :func:`jax_nvfp4.checkpoint.load_moe` understands (``"auto"`` picks one
+from the names)."""
+
+FAMILIES = ("mma", "mma_ws", "wgmma", "wgmma_fp8", "wgmma_fp8_prepared", "cutlass_fp8")
+"""Kernel families, in the order of the custom call's ``kernel`` attribute codes (0 .. 5; the
+``KernelFamily`` enum of csrc/gemm_contract.h)."""
+FP8_FAMILIES = ("wgmma_fp8", "wgmma_fp8_prepared", "cutlass_fp8")
+"""The families that compute the FP8 mode (and nothing else)."""
+LAYOUT_CODES = {"checkpoint": 0, "sm90": 1, "fp8": 2}
+"""The weight layouts as the custom call's ``rhs_layout`` attribute (and the heuristic) code them
+(the ``RhsLayout`` enum of csrc/gemm_contract.h)."""
 
 FP8_CHUNK = 128
 """k per FP8-mode promotion chunk: the activations' scale granularity, and the K multiple the
@@ -50,14 +74,35 @@ def check_choice(value, choices: tuple[str, ...], name: str) -> str:
     return value
 
 
-def check_precision(precision, k: int | None = None, name: str = "precision") -> str:
-    """``precision`` if it is one of :data:`PRECISIONS`; with ``"fp8"`` and a reduction size
-    ``k``, also checks ``k % FP8_CHUNK == 0``. ValueError naming the argument otherwise."""
-    check_choice(precision, PRECISIONS, name)
-    if precision == "fp8" and k is not None and k % FP8_CHUNK:
+class Precision(str):
+    """A ``precision`` that :func:`check_precision` accepted (equal to, and hashed as, its name):
+    functions that receive one pass it on without checking it again."""
+
+    __slots__ = ()
+
+
+def check_precision(precision, k: int | None = None, name: str = "precision") -> Precision:
+    """``precision`` as a :class:`Precision` if it is one of :data:`PRECISIONS` (a Precision
+    already is); with ``"fp8"`` and a reduction size ``k``, also checks ``k % FP8_CHUNK == 0``.
+    ValueError naming the argument otherwise."""
+    if not isinstance(precision, Precision):
+        precision = Precision(check_choice(precision, PRECISIONS, name))
+    if precision == "fp8" and k is not None:
+        check_fp8_k(k, name)
+    return precision
+
+
+EXACT = Precision("exact")
+FP8 = Precision("fp8")
+"""The two precisions, checked."""
+
+
+def check_fp8_k(k: int, name: str = "precision") -> None:
+    """ValueError unless the reduction size ``k`` is a multiple of :data:`FP8_CHUNK` (what
+    ``precision="fp8"`` needs: one activation scale per 128-wide k chunk)."""
+    if k % FP8_CHUNK:
         raise ValueError(f"K={k}: {name}='fp8' needs K to be a multiple of {FP8_CHUNK} (one "
                          "activation scale per 128-wide k chunk)")
-    return precision
 
 
 def check_layout(layout, name: str = "layout") -> str:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from . import fp8
-from .formats import Fp8Rows, NVFP4Tensor, keep_rounded
+from .formats import NVFP4Tensor, keep_rounded
 from .gemm_args import (GLU_ROW_BLOCK, check_group_sizes, check_lhs_precision,
                         check_rhs_precision, group_bounds, row_groups, to_out_dtype,
                         validate_gemm_args, validate_swiglu_args)
@@ -41,7 +40,7 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
       e2m1_scaled(rhs[g]).T`` with ``alpha_g = lhs global scale (1 for float) * rhs.global_scale[g]``,
       accumulated in float32; rows past the groups are 0.
     """
-    check_precision(precision)
+    precision = check_precision(precision)
     check_lhs_precision(lhs, precision)
     check_rhs_precision(rhs, precision)
     m, k, g, n = validate_gemm_args(lhs, rhs, group_sizes, out_dtype)

@@ -30,10 +30,10 @@ from jax.sharding import PartitionSpec as P
 
 from .moe import routed_experts, shared_expert, validate_moe
 from .moe_params import MoEConfig, MoEWeights
+from .options import COMBINES
 from .routing import check_token_ids, route
 from .varying import varying_axes
 
-COMBINES = ("psum", "psum_scatter")
 DEFAULT_CAPACITY_FACTOR = 1.25
 """``moe_expert_parallel``'s default: the first row count a device runs is 1.25x its even share."""
 _EXPERT_FIELDS = ("w13", "w2", "w13_input_scale", "w2_input_scale")

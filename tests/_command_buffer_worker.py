@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import jax_nvfp4 as jn  # noqa: E402
-from oracles import dequant64, grouped_gemm64, rel_err  # noqa: E402
+import jax_nvfp4 as jn
+from oracles import dequant64, grouped_gemm64, rel_err
 
 rng = np.random.default_rng(7)
 g, n, k, m = 6, 256, 512, 600

@@ -6,9 +6,9 @@ import os
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8").strip()
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import jax
+import numpy as np
+import pytest
 
 try:
     jax.config.update("jax_num_cpu_devices", 8)
@@ -82,6 +82,33 @@ def measured_slow_tests() -> set:
 
 COLLECTED: set = set()
 """Every node id this process collected, before ``-m`` deselects any (test_tiers.py)."""
+QUICK: dict = {}
+"""Node id -> whether it needs a GPU, for every collected test of the quick tier (neither ``slow``
+nor ``multidevice``), before ``-m`` deselects any (test_docs.py checks the README's counts)."""
+
+QUICK_BUDGET_ENV = "JAX_NVFP4_TEST_BUDGET_S"
+QUICK_BUDGET_S = 60.0
+"""A quick-tier test whose call takes longer than this (seconds; the environment variable
+``JAX_NVFP4_TEST_BUDGET_S`` overrides it, 0 turns the check off) fails, asking to be marked slow:
+the README's test command must stay well under 10 minutes on 2 cores. Generous on purpose (the
+slowest quick tests take ~10 s on a quiet 2-core machine, up to ~35 s on a loaded one)."""
+
+
+def quick_budget_s() -> float:
+    """The per-test budget of the quick tier in seconds (0: no check)."""
+    raw = os.environ.get(QUICK_BUDGET_ENV, "").strip()
+    if not raw:
+        return QUICK_BUDGET_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise pytest.UsageError(f"{QUICK_BUDGET_ENV}={raw!r}: expected seconds (0 turns the "
+                                "check off)") from None
+    return max(value, 0.0)
+
+
+def in_quick_tier(item) -> bool:
+    return item.get_closest_marker("slow") is None and item.get_closest_marker("multidevice") is None
 
 
 def pairwise(axes: dict, seed=()) -> list:
@@ -133,3 +160,25 @@ def pytest_collection_modifyitems(config, items):
         if ("cpu_devices(" in src or item.path.name.startswith("test_sharding")
                 or "bench_ep" in item.path.name):
             item.add_marker(pytest.mark.multidevice)
+        if in_quick_tier(item):
+            QUICK["tests/" + item.nodeid.split("tests/", 1)[-1]] = item.get_closest_marker("gpu") is not None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The quick tier's time budget: a passing call of a test that is neither ``slow`` nor
+    ``multidevice`` (nor ``gpu``: GPU runs, e.g. under compute-sanitizer, have their own limits)
+    fails when it took longer than :func:`quick_budget_s`. Tests marked slow are never checked,
+    so ``-m slow`` runs check nothing."""
+    outcome = yield
+    report = outcome.get_result()
+    budget = quick_budget_s()
+    if (report.when != "call" or not report.passed or budget <= 0 or not in_quick_tier(item)
+            or item.get_closest_marker("gpu") is not None or report.duration <= budget):
+        return
+    report.outcome = "failed"
+    report.longrepr = (
+        f"{item.nodeid} took {report.duration:.1f} s, over the quick tier's budget of "
+        f"{budget:g} s per test: mark it @pytest.mark.slow (or list it in tests/slow_tests.txt) "
+        f"so that the README's test command stays short ({QUICK_BUDGET_ENV}=0 turns this check "
+        "off)")

@@ -149,7 +149,7 @@ def test_straight_through_recipe_against_float64(rng, backend):
 
 def _layer_gemm(backend, rhs, gs):
     cast = jnp.bfloat16 if backend == "ffi" else jnp.float32     # the custom call takes bf16
-    return lambda a: jn.grouped_gemm(a.astype(cast), rhs, gs, out_dtype=jnp.float32,  # noqa: E731
+    return lambda a: jn.grouped_gemm(a.astype(cast), rhs, gs, out_dtype=jnp.float32,
                                      backend=backend)
 
 

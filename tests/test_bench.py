@@ -1,6 +1,7 @@
 """jax_nvfp4.bench's pieces on small shapes: every timed implementation computes the same GEMM
 (a benchmark of different computations would compare nothing), and the helpers are right."""
 
+import ast
 import importlib.util
 import json
 import math
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 import jax_nvfp4 as jn
-from jax_nvfp4 import bench, bench_torch
+from jax_nvfp4.bench import gemm as bench, torch_peers as bench_torch
 from oracles import dequant64, grouped_gemm64, rel_err
 from conftest import QUANTIZE_STACK
 
@@ -320,3 +321,52 @@ def test_log_to_json_gives_what_the_run_wrote(tmp_path, capsys):
         assert got["ms"] == pytest.approx(want["ms"], abs=5.5e-4)
         want = {k: v for k, v in want.items() if k not in ("ms", "config")}
         assert {k: v for k, v in got.items() if k != "ms"} == want
+
+
+def _imported_modules(path, package):
+    """The modules a source file names: its imports (relative ones resolved against ``package``)
+    and string constants that look like a module path (``importlib.import_module("...")``)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            names.add(base)
+            names.update(f"{base}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value.startswith("jax_nvfp4."):
+                names.add(node.value)
+    return names
+
+
+def _is_bench(module):
+    return module == "jax_nvfp4.bench" or module.startswith("jax_nvfp4.bench.")
+
+
+def test_nothing_in_the_package_imports_the_benchmarks():
+    """The package ends at the layer: jax_nvfp4.bench uses the public API, and no core module
+    (anything under jax_nvfp4/ outside bench/) imports it, directly, relatively or by name."""
+    root = pathlib.Path(jn.__file__).resolve().parent
+    core = [p for p in root.rglob("*.py") if "bench" not in p.relative_to(root).parts]
+    assert len(core) > 20 and root / "moe.py" in core and root / "nn" / "__init__.py" in core
+    for path in core:
+        rel = path.relative_to(root.parent).with_suffix("")
+        bad = sorted(filter(_is_bench, _imported_modules(path, ".".join(rel.parts[:-1]))))
+        assert not bad, f"{path.relative_to(root.parent)} imports {bad}"
+
+
+def test_the_import_check_sees_each_form(tmp_path):
+    """The check above fails on each way a core module could reach the benchmarks."""
+    for src in ("import jax_nvfp4.bench.gemm", "from jax_nvfp4 import bench",
+                "from .bench import common", "from . import bench",
+                "importlib.import_module('jax_nvfp4.bench.layer')"):
+        f = tmp_path / "m.py"
+        f.write_text(src + "\n")
+        names = _imported_modules(f, "jax_nvfp4")
+        assert any(map(_is_bench, names)), src
+    f.write_text("from jax_nvfp4 import benchmarks_md, gemm\nimport jax_nvfp4.moe\n")
+    assert not any(map(_is_bench, _imported_modules(f, "jax_nvfp4")))

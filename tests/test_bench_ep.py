@@ -1,4 +1,4 @@
-"""jax_nvfp4.bench_ep (the expert-parallel benchmark and check) on 8 CPU devices, small shapes.
+"""jax_nvfp4.bench.ep (the expert-parallel benchmark and check) on 8 CPU devices, small shapes.
 
 The benchmark is also the check that the multi-GPU layer equals the one-device layer, so it must
 fail loudly when they differ; these tests run it end to end and feed it a wrong layer.
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import jax_nvfp4 as jn
-from jax_nvfp4 import bench_ep
-from jax_nvfp4.bench_common import random_layer
+from jax_nvfp4.bench import ep as bench_ep
+from jax_nvfp4.bench.common import random_layer
 from conftest import gpu_devices
 
 SMALL = ["--experts", "16", "--hidden", "128", "--inter", "64", "--platform", "cpu"]

@@ -1,4 +1,4 @@
-"""jax_nvfp4.bench_layer (the layer vs its GEMMs) on CPU at tiny sizes: the JSON it writes, that the
+"""jax_nvfp4.bench.layer (the layer vs its GEMMs) on CPU at tiny sizes: the JSON it writes, that the
 overhead share comes from the measured numbers, and that the GEMMs it times alone are the layer's
 (on the layer's routed rows, they make the layer's output)."""
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import jax_nvfp4 as jn
-from jax_nvfp4 import bench_layer
-from jax_nvfp4.bench_common import random_layer
+from jax_nvfp4.bench import layer as bench_layer
+from jax_nvfp4.bench.common import random_layer
 from conftest import cpu_devices
 
 TINY = ["--small", "--tokens", "16", "--target-s", "0.001", "--repeats", "1"]

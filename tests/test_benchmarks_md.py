@@ -78,7 +78,7 @@ def test_the_fp8_prepared_sections():
                                         "torch_fp8_grouped", "torch_bf16_grouped |"]
     layer = text.split("## MoE layer, FP8 compute mode on weights prepared as e4m3")[1]
     layer = layer.split("\n## ")[0]
-    assert ("command: `python -m jax_nvfp4.bench_layer --precision fp8 --tokens 4096,1024,256 "
+    assert ("command: `python -m jax_nvfp4.bench.layer --precision fp8 --tokens 4096,1024,256 "
             "--activations w4a4,w4a16 --reference-max-tokens 0 --hlo-tokens 0 --target-s 0.15`"
             in layer)
     assert "| 4096 | 24576 | w4a4 | 5.533 |" in layer

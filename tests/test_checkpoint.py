@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import warnings
 
+import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
@@ -207,7 +209,6 @@ def test_load_single_path_and_equal_scales(tmp_path):
 def test_load_from_mapping_of_raw_bytes_and_jax_arrays():
     """A mapping source: block scales as uint8 bytes (bitcast), weights as int8, jax arrays,
     bf16 weight_scale_2 (converted to float32)."""
-    import jax.numpy as jnp
     lin, extra = reference(seed=4)
     for t in lin.values():  # make ws2 exactly representable in bf16
         t["ws2"] = np.float32(np.asarray(t["ws2"]).astype(ml_dtypes.bfloat16))
@@ -277,7 +278,6 @@ def test_save_moe_roundtrip(tmp_path, fmt, names, scalar_shape):
     p = tmp_path / "rt.safetensors"
     ckpt.save_safetensors(p, out)
     w2 = load_quiet(p, "layers.0.ffn", cfg())
-    import jax
     for a, b in zip(jax.tree.leaves(w), jax.tree.leaves(w2)):
         assert a.dtype == b.dtype and a.shape == b.shape
         np.testing.assert_array_equal(raw(a), raw(b))
@@ -287,7 +287,6 @@ def test_quantized_weights_roundtrip():
     """Real quantized weights (jax_nvfp4.quantization.quantize) load without warnings and
     dequantize to the same values."""
     q = pytest.importorskip("jax_nvfp4.quantization")
-    import jax.numpy as jnp
     rng = np.random.default_rng(9)
     tensors = {f"{PREFIX}.gate.weight": rng.standard_normal((E, H)).astype(np.float32)}
     dense = {}
@@ -481,7 +480,6 @@ def test_save_moe_keeps_expert_ids(tmp_path):
     with pytest.raises(KeyError, match=r"experts\.0\."):
         ckpt.load_moe(p, PREFIX, cfg(), experts=[0])
     # a subset without ids (sliced by hand) is refused rather than renumbered
-    import jax
     sliced = dataclasses.replace(sub, expert_ids=None)
     with pytest.raises(ValueError, match="expert_ids"):
         ckpt.save_moe(sliced, cfg(), PREFIX)

@@ -9,6 +9,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_nvfp4 as jn
 from conftest import cpu_devices, QUANTIZE_STACK
+from oracles import dequant64
 
 
 def tensor(rng, shape=(4, 128, 64)):
@@ -95,7 +96,6 @@ def test_validate_layout_errors(rng):
 def test_dequantize_of_a_jit_constant(rng):
     # Codes closed over by a jitted function are compile-time constants; XLA's constant folding
     # of the uint8 -> float4_e2m1fn bitcast read each code as a whole byte (wrong values).
-    from oracles import dequant64
     t = tensor(rng, (2, 8, 64))
     ref = dequant64(t.data, t.scales, t.global_scale)
     np.testing.assert_allclose(np.asarray(jax.jit(lambda: jn.dequantize(t))()), ref, rtol=1e-6)

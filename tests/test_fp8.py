@@ -1043,6 +1043,17 @@ PREPARED_CASES = [   # (m, n, k, g, sizes, w4a4): every shape class of the fp8 G
     (24, 64, 128, 2, (10, 30), False),            # sizes past M
 ]
 BACKENDS = ["reference"] + (["ffi"] if HAS_FFI else [])
+PREPARED_CONFIGS = [   # every compiled configuration of the two families that read fp8-prepared weights
+    ("wgmma_fp8_prepared", 128, 6, 1), ("cutlass_fp8", 128, 6, 1), ("cutlass_fp8", 128, 6, 2),
+    ("cutlass_fp8", 64, 8, 1)]
+
+
+def _prepared_config(cfg, n):
+    """The KernelConfig of a PREPARED_CONFIGS entry, skipping the test where it does not handle N."""
+    c = jn.kernel_config.KernelConfig(*cfg)
+    if c.family == "cutlass_fp8" and n % 8:
+        pytest.skip("cutlass_fp8 needs N % 8 == 0")
+    return c
 
 
 def _fp8_both(backend):
@@ -1113,15 +1124,15 @@ def test_prepared_cpu_handler_sequential_order_and_nan(rng, on_cpu):
 @needs_ffi
 def test_prepared_lowering_names_layout_and_kernel(rng, on_cpu):
     """The prepared weights reach the FP8 call as e4m3 bytes [G, N, K], rhs_layout 2, with the
-    heuristic's wgmma_fp8_prepared configuration in the attributes."""
+    heuristic's configuration (cutlass_fp8 where N % 8 == 0) in the attributes."""
     lhs, rhs, gs, _, _ = gemm_case(rng, m=16, n=64, k=256, g=2, sizes=(8, 8))
     prep = jn.prepare_weights(rhs, "fp8")
     want = jn.kernel_config.choose(16, 64, 256, 2, rhs_layout="fp8", precision="fp8")
-    assert want.family == "wgmma_fp8_prepared"
+    assert want.family == "cutlass_fp8"
     text = jax.jit(lambda a, w, s: jn.grouped_gemm(a, w, s, backend="ffi", precision="fp8")).lower(
         lhs, prep, gs).as_text()
     assert "jax_nvfp4_grouped_gemm_fp8" in text
-    assert "rhs_layout = 2 : i32" in text and "kernel = 4 : i32" in text
+    assert "rhs_layout = 2 : i32" in text and "kernel = 5 : i32" in text
     assert f"token_tile = {want.token_tile} : i32" in text and "tensor<2x64x256xui8>" in text
 
 
@@ -1145,22 +1156,28 @@ def test_grad_through_prepared_weights(rng):
         assert (g[17:] == 0).all()
 
 
+@pytest.mark.parametrize("cfg", PREPARED_CONFIGS)
 @pytest.mark.parametrize("m,n,k,g,sizes,w4a4", PREPARED_CASES)
-def test_cuda_prepared_kernel_against_checkpoint_fp8_and_oracle(rng, m, n, k, g, sizes, w4a4):
-    """The wgmma_fp8_prepared kernel on every shape class of the prepared-weights tests: against
-    float64 and the CPU handler within the bound of test_cuda_kernel_against_cpu_handler_and_oracle
-    (the tensor core's chunk sums), against the checkpoint-layout fp8 kernel (the same operands)
-    within the same bound, float32 and bf16 out; rows past the groups are zero; the heuristic names
-    the kernel in the lowered attributes."""
+def test_cuda_prepared_kernel_against_checkpoint_fp8_and_oracle(rng, m, n, k, g, sizes, w4a4, cfg):
+    """Each configuration that reads fp8-prepared weights (wgmma_fp8_prepared, cutlass_fp8) on every
+    shape class of the prepared-weights tests: against float64 and the CPU handler within the bound
+    of test_cuda_kernel_against_cpu_handler_and_oracle (the tensor core's chunk sums), against the
+    checkpoint-layout fp8 kernel (the same operands) within the same bound, float32 and bf16 out;
+    rows past the groups are zero; the lowered attributes name the configuration."""
     gpu = _gpu()
+    kernel = _prepared_config(cfg, n)
     lhs, rhs, sz, want, mag = gemm_case(rng, m=m, n=n, k=k, g=g, sizes=sizes, w4a4=w4a4)
     prep = jn.prepare_weights(rhs, "fp8")
     on = lambda t: jax.device_put(t, gpu)  # noqa: E731
     f = jax.jit(lambda a, w, s: jn.grouped_gemm(a, w, s, backend="ffi", precision="fp8",
-                                                out_dtype=jnp.float32))
-    assert "kernel = 4 : i32" in f.lower(on(lhs), on(prep), on(sz)).as_text()
+                                                out_dtype=jnp.float32, kernel=kernel))
+    code = jn.kernel_config.FAMILIES.index(kernel.family)
+    text = f.lower(on(lhs), on(prep), on(sz)).as_text()
+    assert f"kernel = {code} : i32" in text and f"token_tile = {kernel.token_tile} : i32" in text
     got = np.asarray(f(on(lhs), on(prep), on(sz)), np.float64)
-    ckpt = np.asarray(f(on(lhs), on(rhs), on(sz)), np.float64)
+    ckpt = np.asarray(jax.jit(lambda a, w, s: jn.grouped_gemm(
+        a, w, s, backend="ffi", precision="fp8", out_dtype=jnp.float32))(on(lhs), on(rhs), on(sz)),
+        np.float64)
     cpu = jax.devices("cpu")[0]
     host = np.asarray(f(*(jax.device_put(t, cpu) for t in (lhs, prep, sz))), np.float64)
     tol = 2.0**-9 * mag + 1e-30
@@ -1170,22 +1187,25 @@ def test_cuda_prepared_kernel_against_checkpoint_fp8_and_oracle(rng, m, n, k, g,
     end = min(sum(max(s, 0) for s in sizes), m)
     assert (got[end:] == 0).all() and np.abs(got[:end]).max() > 0
     got16 = np.asarray(jax.jit(lambda a, w, s: jn.grouped_gemm(
-        a, w, s, backend="ffi", precision="fp8"))(on(lhs), on(prep), on(sz)), np.float64)
+        a, w, s, backend="ffi", precision="fp8", kernel=kernel))(on(lhs), on(prep), on(sz)), np.float64)
     assert np.all(np.abs(got16 - want) <= tol + 2.0**-8 * np.abs(want))
+    assert (got16[end:] == 0).all()
 
 
-def test_cuda_prepared_kernel_tile_edges_eager_closed_over_and_empty(rng):
-    """The prepared kernel's 128-token tile on groups that end inside and at the end of its WGMMA
-    N steps (32, 64, 128), one row, empty groups, N past a multiple of 128: against float64; eager
-    and with the weights closed over under jit (the same bound); M = 0 and all-empty groups give
-    zeros of the right shape."""
+@pytest.mark.parametrize("cfg", PREPARED_CONFIGS)
+def test_cuda_prepared_kernel_tile_edges_eager_closed_over_and_empty(rng, cfg):
+    """Each prepared-weights configuration on groups that end inside and at the end of its tiles
+    (and the 128-token kernel's WGMMA N steps 32, 64, 128), one row, empty groups, N past a
+    multiple of 128: against float64; eager and with the weights closed over under jit (the same
+    bound); M = 0 and all-empty groups give zeros of the right shape."""
     gpu = _gpu()
+    kernel = _prepared_config(cfg, 320)
     sizes = (700, 0, 256, 100, 300, 1, 64, 193, 129, 32, 33)
     m = sum(sizes) + 7
     lhs, rhs, sz, want, mag = gemm_case(rng, m=m, n=320, k=512, g=len(sizes), sizes=sizes)
     lhs, prep, sz = (jax.device_put(t, gpu) for t in (lhs, jn.prepare_weights(rhs, "fp8"), sz))
     f = lambda a, w, s: jn.grouped_gemm(a, w, s, backend="ffi", precision="fp8",  # noqa: E731
-                                        out_dtype=jnp.float32)
+                                        out_dtype=jnp.float32, kernel=kernel)
     tol = 2.0**-9 * mag + 1e-30
     for got in (f(lhs, prep, sz), jax.jit(f)(lhs, prep, sz), jax.jit(lambda: f(lhs, prep, sz))()):
         got = np.asarray(got, np.float64)

@@ -102,7 +102,8 @@ def test_what_the_layer_cannot_express(base, key, value, match):
 
 
 def test_quantization_configs(tmp_path):
-    q = lambda qc, **kw: MoEConfig.from_hf_config({**DEEPSEEK_V3, "quantization_config": qc}, **kw)
+    def q(qc, **kw):
+        return MoEConfig.from_hf_config({**DEEPSEEK_V3, "quantization_config": qc}, **kw)
     c = q(quark(inputs=QUARK_NVFP4))
     assert (c.activation, c.activation_scale) == ("w4a4", "static")
     dyn = [QUARK_NVFP4[0], {**QUARK_NVFP4[1], "is_dynamic": True}]
@@ -240,7 +241,8 @@ def test_quantization_config_nested_in_text_config_is_honoured():
     """Multimodal wrappers may keep quantization_config in text_config (vLLM's get_quant_config
     reads it from there when the top level has none): it sets the activation, and an unloadable
     one is refused instead of ignored."""
-    wrap = lambda tc, **top: {"model_type": "kimi_k25", "text_config": tc, **top}
+    def wrap(tc, **top):
+        return {"model_type": "kimi_k25", "text_config": tc, **top}
     c = MoEConfig.from_hf_config(wrap({**KIMI_K2, "quantization_config": quark()}))
     assert (c.activation, c.activation_scale) == ("w4a16", "dynamic")
     c = MoEConfig.from_hf_config(wrap({**KIMI_K2, "quantization_config": quark(inputs=QUARK_NVFP4)}))

@@ -28,7 +28,9 @@ def test_config_table():
         KernelConfig("wgmma", 32, 20, 1), KernelConfig("wgmma", 64, 12, 1),
         KernelConfig("wgmma", 128, 8, 1), KernelConfig("wgmma", 256, 5, 2),
         KernelConfig("wgmma_fp8", 32, 15, 1), KernelConfig("wgmma_fp8", 64, 12, 1),
-        KernelConfig("wgmma_fp8", 128, 8, 1), KernelConfig("wgmma_fp8_prepared", 128, 6, 1))
+        KernelConfig("wgmma_fp8", 128, 8, 1), KernelConfig("wgmma_fp8_prepared", 128, 6, 1),
+        KernelConfig("cutlass_fp8", 128, 6, 1), KernelConfig("cutlass_fp8", 128, 6, 2),
+        KernelConfig("cutlass_fp8", 64, 8, 1))
     assert {c.family for c in configs} == set(FAMILIES)
 
 
@@ -57,19 +59,23 @@ def test_fp8_heuristic(rows_per_group, tile):
 @needs_ext
 @pytest.mark.parametrize("rows_per_group", [1, 4, 32, 128, 512])
 def test_fp8_heuristic_prepared_weights(rows_per_group):
-    """Weights prepared as e4m3 (layout "fp8") run wgmma_fp8_prepared, its 128-token tile at every
-    size (docs/archive/fp8-prepared-lab.md), on any device; no other family reads them, and that
-    family reads nothing else."""
+    """Weights prepared as e4m3 (layout "fp8") run cutlass_fp8 (its 128-token cooperative tile), on
+    any device, and wgmma_fp8_prepared where N % 8 != 0; no other family reads them, and those two
+    read nothing else."""
     g, n, k = 48, 6144, 7168
     m = rows_per_group * g
     fams = ALL + kc.FP8_FAMILIES
     for arch, f in ((90, fams), (80, ("mma",)), (0, None)):
         got = kc.choose(m, n, k, g, arch=arch, families=f, rhs_layout="fp8", precision="fp8")
+        assert got == KernelConfig("cutlass_fp8", 128, 6, 1)
+        got = kc.choose(m, n + 4, k, g, arch=arch, families=f, rhs_layout="fp8", precision="fp8")
         assert got == KernelConfig("wgmma_fp8_prepared", 128, 6, 1)
     assert kc.choose(m, n, k, g, arch=90, families=fams, precision="fp8").family == "wgmma_fp8"
-    assert kc.for_family("wgmma_fp8_prepared", m, n, k, g, precision="fp8") is None   # checkpoint
-    assert kc.for_family("wgmma_fp8_prepared", m, n, k, g, rhs_layout="fp8") is None   # exact mode
-    assert kc.for_family("wgmma_fp8_prepared", m, n, k - 64, g, rhs_layout="fp8", precision="fp8") is None
+    for fam in ("wgmma_fp8_prepared", "cutlass_fp8"):
+        assert kc.for_family(fam, m, n, k, g, precision="fp8") is None   # checkpoint
+        assert kc.for_family(fam, m, n, k, g, rhs_layout="fp8") is None   # exact mode
+        assert kc.for_family(fam, m, n, k - 64, g, rhs_layout="fp8", precision="fp8") is None
+    assert kc.for_family("cutlass_fp8", m, n + 4, k, g, rhs_layout="fp8", precision="fp8") is None
     for fam in ALL + ("wgmma_fp8",):
         for prec in ("exact", "fp8"):
             assert kc.for_family(fam, m, n, k, g, rhs_layout="fp8", precision=prec) is None, (fam, prec)
@@ -136,7 +142,7 @@ def test_for_family_and_resolve(monkeypatch):
     assert kc.resolve("mma", *shape) == KernelConfig("mma", 64, 4, 1)
     assert kc.resolve(KernelConfig("wgmma", 32, 20, 1), *shape) == KernelConfig("wgmma", 32, 20, 1)
     with pytest.raises(ValueError, match=r"kernel: expected one of \('mma', 'mma_ws', 'wgmma', 'wgmma_fp8', "
-                                         r"'wgmma_fp8_prepared'\)"):
+                                         r"'wgmma_fp8_prepared', 'cutlass_fp8'\)"):
         kc.resolve("cutlass", *shape)
     with pytest.raises(ValueError, match="is not a compiled configuration"):
         kc.resolve(KernelConfig("mma", 24, 4, 1), *shape)
@@ -241,21 +247,28 @@ def test_handlers_check_the_mode_against_the_kernel(on_cpu):
     platform_device("cpu")
     assert np.all(np.isfinite(np.asarray(_raw_fp8_call()[0])))
     with pytest.raises(jax.errors.JaxRuntimeError,
-                       match=r"jax_nvfp4_grouped_gemm: kernels 3 \(wgmma_fp8\) and 4 \(wgmma_fp8_prepared\) "
-                             r"compute the FP8 mode"):
+                       match=r"jax_nvfp4_grouped_gemm: kernels 3 \(wgmma_fp8\), 4 \(wgmma_fp8_prepared\) "
+                             r"and 5 \(cutlass_fp8\) compute the FP8 mode"):
         _raw_call(kernel=np.int32(3), token_tile=np.int32(64), stages=np.int32(12))
     with pytest.raises(jax.errors.JaxRuntimeError, match=r"jax_nvfp4_grouped_gemm: kernels 3"):
         _raw_call(kernel=np.int32(4), token_tile=np.int32(128), stages=np.int32(6))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jax_nvfp4_grouped_gemm: kernels 3"):
+        _raw_call(kernel=np.int32(5), token_tile=np.int32(128), stages=np.int32(6))
     with pytest.raises(jax.errors.JaxRuntimeError,
                        match=r"jax_nvfp4_grouped_gemm_fp8: attributes kernel=mma \(0\), token_tile=16, "
                              r"stages=4, cluster=1 compute the exact mode: the FP8 call takes kernels 3 "
-                             r"\(wgmma_fp8\) and 4 \(wgmma_fp8_prepared\) only"):
+                             r"\(wgmma_fp8\), 4 \(wgmma_fp8_prepared\) and 5 \(cutlass_fp8\) only"):
         _raw_fp8_call(kernel=np.int32(0), token_tile=np.int32(16), stages=np.int32(4))
     # the FP8 family must read the weights' layout: wgmma_fp8_prepared the prepared bytes alone
     with pytest.raises(jax.errors.JaxRuntimeError,
                        match=r"kernel=wgmma_fp8_prepared \(4\), token_tile=128, stages=6, cluster=1 do not "
-                             r"read rhs_layout 0: kernel 4 \(wgmma_fp8_prepared\) reads the fp8-prepared"):
+                             r"read rhs_layout 0: kernels 4 \(wgmma_fp8_prepared\) and 5 \(cutlass_fp8\) read "
+                             r"the fp8-prepared"):
         _raw_fp8_call(kernel=np.int32(4), token_tile=np.int32(128), stages=np.int32(6))
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match=r"kernel=cutlass_fp8 \(5\), token_tile=64, stages=8, cluster=1 do not read "
+                             r"rhs_layout 0"):
+        _raw_fp8_call(kernel=np.int32(5), token_tile=np.int32(64), stages=np.int32(8))
     with pytest.raises(jax.errors.JaxRuntimeError,
                        match=r"kernel=wgmma_fp8 \(3\).* do not read rhs_layout 2"):
         _raw_prepared_call(kernel=np.int32(3), stages=np.int32(8))

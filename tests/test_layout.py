@@ -4,13 +4,18 @@ Oracle: ml_dtypes' float4_e2m1fn and bfloat16 decodes, and an index mapping writ
 from the layout's definition (loops over thread, tile and register), not the module's reshapes.
 """
 
+import dataclasses
 import os
+import re
+import shutil
+import subprocess
 
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from jax_nvfp4 import layout
 
@@ -95,8 +100,6 @@ def test_bad_input_names_the_argument():
 def test_selftest_host_copy_matches(rng, tmp_path):
     """tools/bench/sm90_layout_host.h (the GPU self-test's C++ copies of prepare_sm90 and
     prepare_scales_sm90) gives the same bytes."""
-    import shutil
-    import subprocess
     cxx = shutil.which("c++") or shutil.which("g++")
     if cxx is None:
         pytest.skip("no host C++ compiler")
@@ -229,8 +232,6 @@ def test_prepare_weights_bad_input(rng):
 def test_prepare_weights_on_expert_sharded_stacks(rng, axis_type, jit, on_cpu):
     """Weights already split over devices on the expert axis (shard_moe_weights) convert where
     they lie: same bytes as the unsplit conversion, the sharding kept, no gather of the stack."""
-    import re
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
     t = quantized(rng, (8, 256, 128))
     want = jn.prepare_weights(t)
     mesh = jax.make_mesh((4,), ("ep",), axis_types=(getattr(AxisType, axis_type),),
@@ -256,7 +257,6 @@ def test_prepare_weights_on_expert_sharded_stacks(rng, axis_type, jit, on_cpu):
 
 
 def test_prepare_weights_rejects_a_split_along_n(rng, on_cpu):
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
     t = quantized(rng, (2, 256, 128))
     mesh = jax.make_mesh((2,), ("tp",), axis_types=(AxisType.Explicit,), devices=cpu_devices(2))
     put = lambda v, s: jax.device_put(v, NamedSharding(mesh, s))  # noqa: E731
@@ -322,7 +322,6 @@ def test_prepare_weights_pairs_w13_and_checkpoint_unpairs(rng):
     np.testing.assert_array_equal(np.asarray(jn.prepare_weights(p, "sm90").w13.data),
                                   np.asarray(p.w13.data))          # already paired: kept
     # sm90 but unpaired (e.g. built by hand): pairing happens through the checkpoint order
-    import dataclasses
     unp = dataclasses.replace(jn.prepare_weights(p, "checkpoint"))
     by_hand = dataclasses.replace(unp, w13=jn.prepare_weights(unp.w13),
                                   shared_w13=jn.prepare_weights(unp.shared_w13),
@@ -340,7 +339,6 @@ def test_prepare_weights_pairs_w13_and_checkpoint_unpairs(rng):
 def test_pair_gate_up_on_an_expert_sharded_stack(rng, on_cpu):
     """A gate/up stack split over devices on the expert axis is paired where it lies (sm90:
     through the checkpoint order), same bytes as unsplit, the split kept."""
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
     t = jn.prepare_weights(quantized(rng, (4, 128, 64)))
     want = layout.pair_gate_up(t)
     mesh = jax.make_mesh((4,), ("ep",), axis_types=(AxisType.Explicit,), devices=cpu_devices(4))

@@ -12,7 +12,7 @@ import pytest
 
 import jax_nvfp4 as jn
 from jax_nvfp4 import checkpoint
-from jax_nvfp4.moe import RANK_SORT_MAX_ROWS, rank_sort_rows, sort_rows
+from jax_nvfp4.moe import RANK_SORT_MAX_ROWS, _expert_gemm, rank_sort_rows, sort_rows
 from oracles import dequant64, float_layer64, rel_err, route64, swiglu64
 from conftest import QUANTIZE, QUANTIZE_STACK, cpu_devices
 
@@ -687,7 +687,6 @@ def test_dispatch_quantizes_each_token_once(rng, backend):
     """W4A4 dynamic: the gate/up GEMM's input is quantized once per token and the packed rows
     dispatched, bit for bit the GEMM of the dispatched rows quantized one by one (each row's
     scale is its own amax); the layer's program quantizes T rows, not T * top_k."""
-    from jax_nvfp4.moe import _expert_gemm
     f = float_layer(rng, shared=False)
     w, c = quantized(f), cfg(n_shared_experts=0)
     x = jnp.asarray(rng.standard_normal((T, H)), jnp.float32)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import jax_nvfp4 as jn
 from jax_nvfp4 import _extension
-from oracles import decode_e2m1_bytes, dequant64
+from oracles import dequant64
 from test_quantization import codes_of, oracle_quantize
 
 FLT_MIN = 2.0**-126

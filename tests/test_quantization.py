@@ -37,7 +37,7 @@ class TestAgainstOracles:
     @pytest.mark.parametrize("shape,scale", [((64, 256), 1.0), ((8, 3, 512), 1e-3),
                                              ((33, 7168), 50.0)])
     def test_jax_cudnn_quantizer_bit_exact(self, rng, shape, scale):
-        from jax._src.cudnn.scaled_matmul_stablehlo import quantize as jax_quantize
+        from jax._src.cudnn.scaled_matmul_stablehlo import quantize as jax_quantize  # noqa: PLC0415 - private
         x = jnp.asarray(rng.standard_normal(shape, np.float32) * scale)
         t = jn.quantize(x)
         cfg = jax.nn.get_scaled_dot_general_config("nvfp4", t.global_scale)
@@ -171,7 +171,7 @@ def x64():
     """A context with 64-bit types on (jax.enable_x64 on jax >= 0.10, the experimental one before)."""
     if hasattr(jax, "enable_x64"):
         return jax.enable_x64(True)
-    from jax.experimental import enable_x64
+    from jax.experimental import enable_x64  # noqa: PLC0415 - jax < 0.10 only
     return enable_x64()
 
 

@@ -217,7 +217,7 @@ def test_metadata_name_rejected_and_metadata_roundtrips(tmp_path):
 def test_metadata_against_safetensors_package(tmp_path):
     """The package (the oracle) reads our metadata, and we read its."""
     sn = pytest.importorskip("safetensors.numpy")
-    from safetensors import safe_open
+    from safetensors import safe_open  # noqa: PLC0415 - after the importorskip
     t = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
     ours, theirs = tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors"
     st.save_safetensors(ours, t, metadata={"format": "np", "who": "jax_nvfp4"})

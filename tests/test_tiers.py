@@ -1,11 +1,17 @@
 """The test tiers: every id in tests/slow_tests.txt names a collected test (a renamed test would
-otherwise silently move back into the quick tier), and ``pairwise`` covers every pair."""
+otherwise silently move back into the quick tier), a quick test over the time budget fails
+(conftest.py), and ``pairwise`` covers every pair."""
 
 import itertools
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
-from conftest import COLLECTED, measured_slow_tests, pairwise
+import jax_nvfp4 as jn
+from conftest import COLLECTED, QUICK_BUDGET_ENV, measured_slow_tests, pairwise
 
 
 def test_every_listed_slow_test_exists():
@@ -34,3 +40,39 @@ def test_pairwise_covers_every_pair(axes, seed):
         full *= len(v)
     assert len(got) <= full // 4, len(got)
     assert got == pairwise(axes, seed)            # deterministic: test ids must not move
+
+
+def test_a_quick_test_over_the_budget_fails_asking_to_mark_it_slow(tmp_path):
+    """conftest.py's budget, in a pytest run of its own with a budget of 0.5 s: a 1 s quick test
+    fails with the message; the same test marked slow, a fast one and (budget 0) every one pass."""
+    (tmp_path / "test_budget.py").write_text(textwrap.dedent("""
+        import time
+        import pytest
+
+        def test_fast():
+            pass
+
+        def test_long():
+            time.sleep(1.0)
+
+        @pytest.mark.slow
+        def test_long_marked_slow():
+            time.sleep(1.0)
+    """))
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(jn.__file__)))
+    path = os.pathsep.join([here, root, *filter(None, os.environ.get("PYTHONPATH", "").split(
+        os.pathsep))])
+
+    def run(budget):
+        env = dict(os.environ, PYTHONPATH=path, JAX_PLATFORMS="cpu", **{QUICK_BUDGET_ENV: budget})
+        return subprocess.run([sys.executable, "-P", "-m", "pytest", "-p", "conftest", "-p",
+                               "no:cacheprovider", "-q", "-rf", "test_budget.py"], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=300)
+
+    r = run("0.5")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "1 failed, 2 passed" in r.stdout, r.stdout
+    assert "test_budget.py::test_long took 1." in r.stdout and "mark it @pytest.mark.slow" in r.stdout
+    r = run("0")
+    assert r.returncode == 0 and "3 passed" in r.stdout, r.stdout + r.stderr

@@ -35,11 +35,11 @@ import sys
 
 EXPERTS = 48
 SMALL_EXPERTS = 4
-LAYERS = {"L1": (7168, 6144), "L2": (3072, 7168)}          # (K, N) per expert: jax_nvfp4.bench
+LAYERS = {"L1": (7168, 6144), "L2": (3072, 7168)}          # (K, N) per expert: jax_nvfp4.bench.gemm
 SMALL_LAYERS = {"S1": (128, 256)}                          # its --small layer
 HBM_BYTES_PER_S = 4.05e12
 BF16_FLOPS = 711e12
-"""The constants of jax_nvfp4.bench (tests/test_bench.py checks that they agree)."""
+"""The constants of jax_nvfp4.bench.gemm (tests/test_bench.py checks that they agree)."""
 
 DEVICE = re.compile(r"^device: (?P<gpu>.+) \((?P<platform>[^()]+)\), jax (?P<jax>\S+)\s*$")
 ROW = re.compile(r"^  (?P<case>(?P<layer>\S+) rows (?P<rows>\d+))\s+(?P<impl>\w+)\s+"
@@ -49,7 +49,7 @@ FINAL_TABLE = re.compile(r"^case\s+\w")
 
 
 def floor_ms(rows, k, n, groups=EXPERTS):
-    """jax_nvfp4.bench.floor_ms: the larger of the NVFP4 weight bytes at 4.05 TB/s and the FLOPs
+    """jax_nvfp4.bench.gemm.floor_ms: the larger of the NVFP4 weight bytes at 4.05 TB/s and the FLOPs
     at 711 TFLOP/s, in ms."""
     weight_bytes = groups * n * k * 0.5625
     flops = 2.0 * rows * k * n
@@ -58,7 +58,7 @@ def floor_ms(rows, k, n, groups=EXPERTS):
 
 def parse(text, driver, notes=None, experts=None, layers=None, source=None):
     """The bench JSON (a dict) of a printed log ``text``; see the module's docstring. ``layers``:
-    case layer -> (K, N), default jax_nvfp4.bench's and its --small one. Raises ValueError on a
+    case layer -> (K, N), default jax_nvfp4.bench.gemm's and its --small one. Raises ValueError on a
     log without the device line or any measured row, a layer not in ``layers``, or a printed %
     of floor that the recomputed floor does not give (a wrong ``experts``)."""
     layers = {**LAYERS, **SMALL_LAYERS, **(layers or {})}

@@ -92,7 +92,7 @@ def ep_command(d):
     c = d["config"]
     cf = c.get("capacity_factor")
     tokens = ",".join(str(r["tokens"]) for r in d["results"])
-    return (f"python -m jax_nvfp4.bench_ep --ep {d['ep']} --tokens {tokens} --activation "
+    return (f"python -m jax_nvfp4.bench.ep --ep {d['ep']} --tokens {tokens} --activation "
             f"{c['activation']} --layout {c['layout']} --capacity-factor "
             f"{'none' if cf is None else cf}")
 
@@ -130,7 +130,7 @@ def gemm_command(d, impls_flag):
 
 
 def layer_command(d, unrecorded=""):
-    """The ``python -m jax_nvfp4.bench_layer`` command of a layer JSON: the flags its header and
+    """The ``python -m jax_nvfp4.bench.layer`` command of a layer JSON: the flags its header and
     rows record (precision, a layout other than the precision's default, tokens, activations,
     ``--reference-max-tokens 0`` where no row timed the reference backend, a target_s other than
     0.25), then ``unrecorded`` (flags the JSON does not record, such as ``--hlo-tokens``)."""
@@ -151,7 +151,7 @@ def layer_command(d, unrecorded=""):
     target_s = d.get("timing", {}).get("target_s", 0.25)
     if target_s != 0.25:
         flags.append(f"--target-s {target_s}")
-    return " ".join(["python -m jax_nvfp4.bench_layer", *flags])
+    return " ".join(["python -m jax_nvfp4.bench.layer", *flags])
 
 
 SHOW_NOTES = {"bench-h200-fp8-prepared.json"}
@@ -188,7 +188,7 @@ SECTIONS = [
      "Median ms; per-GPU DeepSeek-V4-Pro shard (48 experts, top-6, H 7168, I 3072, no shared "
      "expert), sm90 weights; gemm1 / gemm2: each grouped GEMM alone on the layer's routed rows. "
      "Plot: `bench-layer-h200.png`.",
-     lambda d: "python -m jax_nvfp4.bench_layer", layer_table),
+     lambda d: "python -m jax_nvfp4.bench.layer", layer_table),
     ("One device's share of the expert-parallel layer", "bench-layer-h200.json",
      "Median ms; device 0 of the ep-way layer simulated on one GPU, beside 1/ep of the "
      "one-device layer with all experts.",

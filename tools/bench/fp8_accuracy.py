@@ -5,7 +5,7 @@ computation, on the benchmark's GEMM shapes and a routed MoE layer (CPU is enoug
 
 (jax_nvfp4 installed, or PYTHONPATH=. from the repository root.)
 
-GEMMs (jax_nvfp4.bench's L1: K 7168, N 6144; L2: K 3072, N 7168; Gaussian weights and inputs,
+GEMMs (jax_nvfp4.bench.gemm's L1: K 7168, N 6144; L2: K 3072, N 7168; Gaussian weights and inputs,
 skewed group sizes): relative L2 difference of fp8 to exact, for W4A16 (bf16 inputs) and W4A4
 (inputs quantized to NVFP4), and each mode's error against the float64 product of the unquantized
 operands. MoE: a DeepSeek-V4-style layer (sqrt-softplus routing, SwiGLU limit 10, one shared
@@ -25,9 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_nvfp4 as jn
-from jax_nvfp4 import bench
+from jax_nvfp4.bench import gemm as bench
 
-LAYERS = {"L1": (7168, 6144), "L2": (3072, 7168)}          # (K, N), as in jax_nvfp4.bench
+LAYERS = {"L1": (7168, 6144), "L2": (3072, 7168)}          # (K, N), as in jax_nvfp4.bench.gemm
 
 
 def rel(x, ref) -> float:

@@ -21,7 +21,7 @@
 #                 (tests/test_fp8.py -k cuda_prepared_kernel) likewise;
 #   7. bench:     python -m jax_nvfp4.bench with its usual arguments (plus any given to this script,
 #                 e.g. --impls w4a16,w4a16_sm90,w4a4,w4a4_sm90 to leave out the slow peers);
-#   8. bench_layer: python -m jax_nvfp4.bench_layer (the MoE layer against its grouped GEMMs);
+#   8. bench_layer: python -m jax_nvfp4.bench.layer (the MoE layer against its grouped GEMMs);
 #      ep_share:  one device's share of the 8-way expert-parallel layer (tools/lab/ep_share_bench.py);
 #      fp8_check: the FP8 kernel against float64 on the bench shapes, timed beside the exact kernels;
 #      prepass:   the W4A4 pre-pass microbenchmark (tools/lab/prepass_bench.py);
@@ -117,7 +117,7 @@ step memcheck 150 bash -c memcheck
 step bench 420 python3 -P -m jax_nvfp4.bench --out "$out" --check "$@"
 
 
-step bench_layer 240 python3 -P -m jax_nvfp4.bench_layer --out "$out/layer"
+step bench_layer 240 python3 -P -m jax_nvfp4.bench.layer --out "$out/layer"
 
 step ep_share 120 python3 -P tools/lab/ep_share_bench.py --json "$out/ep_share.json"
 

@@ -26,8 +26,8 @@ import numpy as np
 
 import jax_nvfp4 as jn
 from jax_nvfp4 import sharding
-from jax_nvfp4.bench_common import random_layer, run_info, time_ms, write_json
-from jax_nvfp4.bench_layer import layer_config
+from jax_nvfp4.bench.common import random_layer, run_info, time_ms, write_json
+from jax_nvfp4.bench.layer import layer_config
 from jax_nvfp4.moe import row_ladder
 
 SMALL = dict(experts=8, hidden=128, inter=64, ep=4, tokens=64, target_s=0.02, repeats=3)

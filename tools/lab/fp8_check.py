@@ -20,7 +20,6 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-import jax_nvfp4
 from jax_nvfp4 import gemm, kernel_config, prepare, quantization
 
 E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float64)

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from jax_nvfp4 import gemm, kernel_config, prepare
+from jax_nvfp4 import gemm, kernel_config, options, prepare
 from jax_nvfp4.formats import NVFP4Tensor
 
 E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float64)
@@ -30,7 +30,7 @@ def call(x, w, alpha2, sizes, row_scale, limit, out_dtype, glu=True):
     g, n = w.data.shape[:2]
     cfg = kernel_config.resolve(None, m, n, k, g, rhs_layout=w.layout)
     args = (x, jnp.zeros((0,), jnp.float8_e4m3fn), w.data, w.scales)
-    attrs = dict(rhs_layout=np.int32(gemm.RHS_LAYOUT_CODES[w.layout]), **cfg.attributes())
+    attrs = dict(rhs_layout=np.int32(options.LAYOUT_CODES[w.layout]), **cfg.attributes())
     if glu:
         out_t = jax.ShapeDtypeStruct((m, n // 2), out_dtype)
         ws_t = jax.ShapeDtypeStruct((gemm.workspace_bytes(g, 2 * k),), jnp.uint8)

@@ -66,13 +66,14 @@ def main(argv=None):
     if args.cpu_smoke:
         os.environ["JAX_PLATFORMS"] = "cpu"
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))   # the repo root
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
+    # imported once JAX_PLATFORMS and sys.path are set
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
 
-    from jax_nvfp4 import quantization
-    from jax_nvfp4.formats import (BLOCK_SIZE, E2M1_VALUES, NVFP4Tensor, decode_e2m1,
-                                   unpack_nibbles)
+    from jax_nvfp4 import quantization  # noqa: PLC0415
+    from jax_nvfp4.formats import (BLOCK_SIZE, E2M1_VALUES, NVFP4Tensor,  # noqa: PLC0415
+                                   decode_e2m1, unpack_nibbles)
 
     def unpack_stack(data):
         """The former formats.unpack_nibbles."""

@@ -1,6 +1,6 @@
 """Benchmark and check of the expert-parallel MoE layer on the devices present.
 
-    python -m jax_nvfp4.bench_ep [--tokens 256,8192] [--ep 8] [--capacity-factor 1.25|none]
+    python -m jax_nvfp4.bench.ep [--tokens 256,8192] [--ep 8] [--capacity-factor 1.25|none]
         [--out bench-ep-out]
 
 DeepSeek-V4-Pro layer shapes (H 7168, I 3072, 384 experts, top-6, one shared expert) with random
@@ -33,10 +33,10 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_nvfp4 as jn
-from jax_nvfp4.bench_common import random_layer, run_info, time_ms, write_json
+from jax_nvfp4.bench.common import random_layer, run_info, time_ms, write_json
 
-COMBINES = ("psum", "psum_scatter")
-"""The combines of :func:`jax_nvfp4.moe_expert_parallel` timed and checked."""
+COMBINES = jn.options.COMBINES
+"""The combines of :func:`jax_nvfp4.moe_expert_parallel` timed and checked (all of them)."""
 DEFAULT_CAPACITY_FACTOR = inspect.signature(jn.moe_expert_parallel).parameters[
     "capacity_factor"].default
 """The layer's own default ``capacity_factor``."""
@@ -60,7 +60,8 @@ def _capacity_factor(text):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(prog="python -m jax_nvfp4.bench.ep",
+                                description=__doc__.splitlines()[0],
                                 epilog="Needs a GPU for meaningful numbers (the custom call's CUDA handler); "
                                        "--platform cpu runs on 8 CPU devices as a functional "
                                        "check only.",

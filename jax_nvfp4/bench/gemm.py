@@ -25,7 +25,7 @@ Per case (48 experts, skewed random group sizes) it times (``--impls``, default 
 - PyTorch's grouped GEMMs on the same group sizes, where ``import torch`` works and it has a
   CUDA device (else skipped, with the reason printed; torch is not a jax_nvfp4 dependency):
   ``torch_fp8_grouped`` (``torch._scaled_grouped_mm``, e4m3 operands, row-wise float32 scales)
-  and ``torch_bf16_grouped`` (``torch._grouped_mm``); details in :mod:`jax_nvfp4.bench_torch`.
+  and ``torch_bf16_grouped`` (``torch._grouped_mm``); details in :mod:`jax_nvfp4.bench.torch_peers`.
   Their timed call is the GEMM alone (operands already e4m3: no activation quantization), timed
   by CUDA events.
 
@@ -33,7 +33,7 @@ It prints median ms, TFLOP/s (of the case's rows, also for the uniform peers), w
 (weight bytes per element: NVFP4 0.5625, e4m3 1, bf16 2: :data:`WEIGHT_BYTES`) and % of the
 floor (max of NVFP4 weight bytes / 4.05 TB/s and FLOPs / 711 TFLOP/s, the HBM bandwidth and
 dense bf16 rate measured on an H200) and writes JSON: ``bench.json`` (the
-:func:`jax_nvfp4.bench_common.run_info` header, ``experts``, ``complete`` and the ``results``
+:func:`jax_nvfp4.bench.common.run_info` header, ``experts``, ``complete`` and the ``results``
 rows), rewritten after every case with ``"complete": false`` until the last case is done, so a
 run stopped part way (a time limit) keeps the cases it measured; then a PNG plot
 (``tools/bench/bench_log_to_json.py`` turns the printed log of a run into the same layout).
@@ -53,8 +53,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_nvfp4 as jn
-from jax_nvfp4.bench_common import rowwise_e4m3, run_info, time_ms, write_json
-from jax_nvfp4.bench_torch import TORCH_IMPLS, torch_peers
+from jax_nvfp4.bench.common import rowwise_e4m3, run_info, time_ms, write_json
+from jax_nvfp4.bench.torch_peers import TORCH_IMPLS, torch_peers
 
 EXPERTS = 48
 LAYERS = {"L1": (7168, 6144), "L2": (3072, 7168)}          # (K, N) per expert
@@ -166,11 +166,12 @@ def uniform_rows(x, groups):
 
 
 def _batched(a, w, contract_w):
-    """``a`` ``[G, M, K]`` times ``w`` (K on axis ``contract_w``), float32 accumulation, bf16
-    ``[G, M, N]``: one XLA dot_general with a batch dimension (cuBLAS on a GPU)."""
+    """``a`` ``[G, M, K]`` times ``w`` (K on axis ``contract_w``), bf16 ``[G, M, N]`` written by
+    the GEMM itself (cuBLAS accumulates in float32 inside): one XLA dot_general with a batch
+    dimension (cuBLAS on a GPU). A float32 result converted in a second pass would time that pass
+    too (about 20% at L1 24576 on an H100)."""
     dims = (((2,), (contract_w,)), ((0,), (0,)))
-    return jax.lax.dot_general(a, w, dims, preferred_element_type=jnp.float32).astype(
-        jnp.bfloat16)
+    return jax.lax.dot_general(a, w, dims, preferred_element_type=jnp.bfloat16)
 
 
 def uniform_fns(x, rhs_fp8, wb):
@@ -178,7 +179,7 @@ def uniform_fns(x, rhs_fp8, wb):
     "cublas_bf16_uniform": (fn, (a16, wb))}``.
 
     The case's rows split evenly over the experts (:func:`uniform_rows`, ``[G, M, K]``): in e4m3
-    (each row quantized on its own, :func:`jax_nvfp4.bench_common.rowwise_e4m3`, beforehand)
+    (each row quantized on its own, :func:`jax_nvfp4.bench.common.rowwise_e4m3`, beforehand)
     against the prepared e4m3 weights ``[G, N, K]`` in the logical k order (K contiguous in both:
     the "TN" operands cuBLAS's FP8 GEMM takes), and in bf16 against ``wb`` ``[G, K, N]``. No
     scales are applied (the tensor-core time only): a bound for the ragged GEMMs, which these
@@ -214,7 +215,7 @@ def check_case(case, fns, torch_rows, log=print):
     """``--check``: log the relative differences of one case's implementations: the exact
     kernels against ragged_dot, the fp8 mode against the exact kernel, the prepared fp8 weights
     against the checkpoint-layout ones (the same numbers: 0 or float32 summation order), the
-    torch peers (``torch_rows`` of :func:`jax_nvfp4.bench_torch.torch_peers`) against the fp8
+    torch peers (``torch_rows`` of :func:`jax_nvfp4.bench.torch_peers.torch_peers`) against the fp8
     mode and ragged_dot."""
     out = {name: fns[name][0](*fns[name][1]) for name in
            ("w4a16", "w4a16_sm90", "ragged_dot", "w4a16_fp8", "w4a4_fp8", *FP8_PREPARED)}
@@ -234,8 +235,8 @@ def check_case(case, fns, torch_rows, log=print):
 def pallas_best(x, wb, sizes, log, **timing):
     """Best median ms of the Pallas Mosaic-GPU ragged_dot over a few tile configs (or None)."""
     try:
-        from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
-    except Exception as e:  # noqa: BLE001
+        from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu  # noqa: PLC0415 - GPU-only module
+    except Exception as e:  # noqa: BLE001 - any import failure means: no Pallas peer
         log(f"  pallas_mgpu unavailable: {e}")
         return None, None
     n = wb.shape[2]
@@ -257,7 +258,8 @@ def pallas_best(x, wb, sizes, log, **timing):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="grouped NVFP4 GEMM benchmark (DeepSeek-V4 shapes)",
+    p = argparse.ArgumentParser(prog="python -m jax_nvfp4.bench",
+                                description="grouped NVFP4 GEMM benchmark (DeepSeek-V4 shapes)",
                                 epilog="Needs a GPU for meaningful numbers (the custom call's CUDA handler); "
                                        "on CPU it runs the C++ handler, far slower.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -342,9 +344,9 @@ def main(argv=None):
 
 def _plot(results, path):
     try:
-        import matplotlib
+        import matplotlib  # noqa: PLC0415 - optional (the bench extra)
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # noqa: PLC0415
     except ImportError:
         print("matplotlib not installed: no plot")
         return

@@ -1,6 +1,6 @@
 """Benchmark of the whole MoE layer against its two grouped GEMMs.
 
-    python -m jax_nvfp4.bench_layer [--out bench-layer-out] [--tokens 32,256,1024,4096]
+    python -m jax_nvfp4.bench.layer [--out bench-layer-out] [--tokens 32,256,1024,4096]
                                     [--precision exact|fp8] [--unfused]
 
 ``--precision fp8`` runs the layer's GEMMs in the FP8 mode (``MoEConfig.precision``) on weights
@@ -13,7 +13,7 @@ Needs a GPU for meaningful numbers; on a CPU it runs at small sizes (``--small``
 
 Per-GPU DeepSeek-V4-Pro shard: 48 routed experts, top-6, H 7168, I 3072, SwiGLU limit 10, no
 shared expert (it is two more GEMMs of the same kind), random NVFP4 weights
-(:func:`jax_nvfp4.bench_common.random_layer`) prepared once in ``--layout``
+(:func:`jax_nvfp4.bench.common.random_layer`) prepared once in ``--layout``
 (:func:`jax_nvfp4.prepare_weights`), bf16 tokens routed by a random router (real routing: uneven
 group sizes). For each token count and activation (W4A4 dynamic, W4A16) it times, in one run:
 
@@ -53,7 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_nvfp4 as jn
-from jax_nvfp4.bench_common import random_layer, run_info, time_ms, write_json
+from jax_nvfp4.bench.common import random_layer, run_info, time_ms, write_json
 
 ACTIVATIONS = ("w4a4", "w4a16")
 LAYOUTS = (*jn.LAYOUTS, jn.Fp8Weights.layout)
@@ -232,6 +232,7 @@ def run_layer_cases(args, dev, log=print):
 
 def _parser():
     p = argparse.ArgumentParser(
+        prog="python -m jax_nvfp4.bench.layer",
         description="MoE layer vs its grouped GEMMs (DeepSeek-V4-Pro per-GPU shard). Needs a GPU "
                     "for meaningful numbers; --small runs CPU-sized shapes.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -334,9 +335,9 @@ def main(argv=None):
 
 def _plot(results, path):
     try:
-        import matplotlib
+        import matplotlib  # noqa: PLC0415 - optional (the bench extra)
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # noqa: PLC0415
     except ImportError:
         print("matplotlib not installed: no plot")
         return

@@ -1,5 +1,5 @@
-"""What the benchmarks (:mod:`jax_nvfp4.bench`, :mod:`jax_nvfp4.bench_ep`,
-:mod:`jax_nvfp4.bench_layer`) share: the timer, the run's description (device, driver, jax) and
+"""What the benchmarks (:mod:`jax_nvfp4.bench.gemm`, :mod:`jax_nvfp4.bench.ep`,
+:mod:`jax_nvfp4.bench.layer`) share: the timer, the run's description (device, driver, jax) and
 random NVFP4 layer weights. Built on the public API only (``import jax_nvfp4 as jn``).
 """
 
@@ -26,7 +26,7 @@ def time_ms(f, *args, target_s=0.25, repeats=5, wait_each=False):
     """Median ms per call of ``f(*args)``: after a compile and warm-up call, ``repeats`` samples
     of n back-to-back calls with one block at the end (n chosen so that a sample takes about
     ``target_s``, 3 to 50 calls). ``wait_each`` blocks on every call instead (multi-device CPU
-    runs: see :mod:`jax_nvfp4.bench_ep`)."""
+    runs: see :mod:`jax_nvfp4.bench.ep`)."""
     jax.block_until_ready(f(*args))                      # compile + warm up
     t0 = time.perf_counter()
     jax.block_until_ready(f(*args))

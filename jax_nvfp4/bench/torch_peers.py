@@ -1,4 +1,4 @@
-"""PyTorch's grouped GEMMs as peers of :mod:`jax_nvfp4.bench` (rows ``torch_fp8_grouped`` and
+"""PyTorch's grouped GEMMs as peers of :mod:`jax_nvfp4.bench.gemm` (rows ``torch_fp8_grouped`` and
 ``torch_bf16_grouped``), on the bench's skewed group sizes.
 
 torch is never a dependency of jax_nvfp4: it is imported inside :func:`torch_or_reason`, and
@@ -26,7 +26,7 @@ Calling conventions (PyTorch 2.9-2.11, ``aten/src/ATen/native/cuda/GroupedBlas.c
 ``use_fast_accum=False``: the CUTLASS kernel promotes its accumulators to float32 in the
 mainloop, as the fp8 mode of jax_nvfp4 does every 128 k (fast accumulation would skip that).
 
-Timing (:func:`time_ms_torch`) mirrors :func:`jax_nvfp4.bench_common.time_ms`: a warm-up call,
+Timing (:func:`time_ms_torch`) mirrors :func:`jax_nvfp4.bench.common.time_ms`: a warm-up call,
 one timed call to pick n (3 to 50) calls per sample of about ``target_s``, then ``repeats``
 samples of n back-to-back calls between two ``torch.cuda.Event`` records; the median ms per call.
 The operands are moved from JAX through host numpy once per case, outside the timing; the timed
@@ -41,7 +41,7 @@ import statistics
 import jax
 import numpy as np
 
-from jax_nvfp4.bench_common import rowwise_e4m3
+from jax_nvfp4.bench.common import rowwise_e4m3
 
 TORCH_IMPLS = ("torch_fp8_grouped", "torch_bf16_grouped")
 FP8_WEIGHT_FACTOR = 8.0
@@ -99,7 +99,7 @@ def fp8_operands(x, w_codes, w_global_scale):
     """numpy operands of the fp8 peer: ``(a, scale_a, b, scale_b)``.
 
     ``x``: bf16 ``[R, K]`` tokens, quantized row-wise to e4m3
-    (:func:`jax_nvfp4.bench_common.rowwise_e4m3`).
+    (:func:`jax_nvfp4.bench.common.rowwise_e4m3`).
     ``w_codes``: float8_e4m3fn ``[G, N, K]`` in the logical k order
     (:meth:`jax_nvfp4.Fp8Weights.logical_codes`); ``w_global_scale`` float32 ``[G]`` or
     ``[G, 2]`` (halves of N). ``scale_b`` float32 ``[G, N]`` = ``2^3 * global scale``, so that
@@ -154,7 +154,7 @@ def torch_bf16_fn(torch, x, wb, sizes):
 
 
 def time_ms_torch(torch, f, target_s=0.25, repeats=5):
-    """Median ms per call of ``f()`` by CUDA events, as :func:`jax_nvfp4.bench_common.time_ms`
+    """Median ms per call of ``f()`` by CUDA events, as :func:`jax_nvfp4.bench.common.time_ms`
     times JAX: warm up, pick n calls per sample of about ``target_s`` (3 to 50), ``repeats``
     samples of n back-to-back calls."""
     f()                                                   # warm up (autotuning, allocations)

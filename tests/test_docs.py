@@ -1,0 +1,259 @@
+"""The documents against what they describe: the README's benchmark numbers against the committed
+JSON (docs/bench-*.json), its test counts against the collected quick tier; docs/design.md's kernel
+tables, the family lists (design.md, README, kernel_config, ffi/gemm_ffi.h) and Python's family and
+layout codes against the C++ enums and configuration table of csrc/gemm_contract.h, read from the
+header (a family added there with its rows and sections passes); section references into
+design.md. (The benchmarks page is generated: test_benchmarks_md.py.)"""
+
+import json
+import pathlib
+import re
+
+import pytest
+
+from jax_nvfp4 import kernel_config
+
+from conftest import COLLECTED, QUICK, QUICK_BUDGET_S
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def _section(text, heading):
+    return text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _gemm_ms(name):
+    """{(case, impl): ms} of a committed grouped GEMM benchmark JSON."""
+    d = json.loads((ROOT / "docs" / name).read_text())
+    return {(r["case"], r["impl"]): r["ms"] for r in d["results"]}
+
+
+def _printed(value, text):
+    """Whether ``text`` (a number as the document prints it) is ``value`` at that precision."""
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    return f"{value:.{decimals}f}" == text
+
+
+def _numbers(text):
+    return re.findall(r"\d+(?:\.\d+)?", text)
+
+
+README_COLUMNS = {"exact W4A16": "w4a16_sm90", "exact W4A4": "w4a4_sm90",
+                  "fp8 W4A16": "w4a16_fp8", "fp8 W4A4": "w4a4_fp8"}
+"""The README's performance table: column heading -> the benchmark's implementation."""
+
+
+def test_readme_gemm_table_is_the_committed_json():
+    perf = _section(README, "Performance")
+    assert "`docs/bench-h200-fp8-api.json`" in perf
+    ms = _gemm_ms("bench-h200-fp8-api.json")
+    lines = [ln for ln in perf.splitlines() if ln.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header[0] == "case" and set(header[1:]) <= set(README_COLUMNS), header
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:]]
+    assert {r[0] for r in rows} == {case for case, _ in ms}, "the table has every case"
+    for case, *cells in rows:
+        for col, cell in zip(header[1:], cells):
+            want = ms[(case, README_COLUMNS[col])]
+            assert _printed(want, cell), f"README {case} {col}: {cell}, the JSON has {want}"
+
+
+def test_readme_layer_sentence_is_the_committed_json():
+    """The layer's time and its overhead beyond its two GEMMs (layer / (gemm1 + gemm2) - 1),
+    W4A4, per token count, as docs/bench-layer-h200.json has them."""
+    m = re.search(r"The layer \(`python -m jax_nvfp4\.bench\.layer`, W4A4, weights prepared\) "
+                  r"takes ([\d./ ]+) ms at ([\d/ ]+) tokens per GPU, ([\d./ ]+)% beyond its two "
+                  r"GEMMs\s+\(`docs/bench-layer-h200\.json`", " ".join(README.split()))
+    assert m, "README: the layer's sentence is not in the form this test reads"
+    layer_ms, tokens, overhead = (_numbers(g) for g in m.groups())
+    d = json.loads((ROOT / "docs/bench-layer-h200.json").read_text())
+    rows = {r["tokens"]: r for r in d["results"] if r["activation"] == "w4a4"}
+    assert [int(t) for t in tokens] == sorted(rows) and len(layer_ms) == len(overhead) == len(rows)
+    for t, printed_ms, printed_pct in zip(tokens, layer_ms, overhead):
+        r = rows[int(t)]
+        assert _printed(r["layer_ms"], printed_ms), (t, printed_ms, r["layer_ms"])
+        beyond = 100 * (r["layer_ms"] / (r["gemm1_ms"] + r["gemm2_ms"]) - 1)
+        assert _printed(beyond, printed_pct), (t, printed_pct, beyond)
+
+
+def test_readme_fp8_prepared_figures_are_the_committed_json():
+    text = " ".join(_section(README, "Performance").split())
+    ms = _gemm_ms("bench-h200-fp8-prepared.json")
+    m = re.search(r"\(`docs/bench-h200-fp8-prepared\.json`, W4A16 / W4A4\): (.+?): level with",
+                  text)
+    assert m, "README: the fp8-prepared figures are not in the form this test reads"
+    pairs = re.findall(r"(L[12]) (\d+)(?: rows)? ([\d.]+) / ([\d.]+)", m.group(1))
+    assert len(pairs) == 4
+    for layer, rows, a16, a4 in pairs:
+        case = f"{layer} rows {rows}"
+        assert _printed(ms[(case, "w4a16_fp8_prepared")], a16), (case, a16)
+        assert _printed(ms[(case, "w4a4_fp8_prepared")], a4), (case, a4)
+    m = re.search(r"\(L1 192: ([\d.]+) against ([\d.]+)\)", text)
+    assert _printed(ms[("L1 rows 192", "w4a16_fp8_prepared")], m.group(1))
+    assert _printed(ms[("L1 rows 192", "w4a16_fp8")], m.group(2))
+    cases = ["L1 rows 6144", "L1 rows 24576", "L2 rows 6144"]
+    m = re.search(r"took ([\d./ ]+) ms at L1 6144 / L1 24576 / L2 6144, and cuBLAS's batched e4m3 "
+                  r"GEMM on an even split of the rows \(a bound: no raggedness\) ([\d./ ]+)\.", text)
+    for impl, printed in (("torch_fp8_grouped", m.group(1)), ("cublas_fp8_uniform", m.group(2))):
+        for case, value in zip(cases, _numbers(printed), strict=True):
+            assert _printed(ms[(case, impl)], value), (impl, case, value)
+    # 48 V4-Pro experts' w13 [2I, H] and w2 [H, I]: 1 byte per weight, NVFP4 0.5625
+    weights = 48 * (2 * 3072 * 7168 + 7168 * 3072)
+    assert f"i.e. {weights / 1e9:.2f} GB against {weights * 0.5625 / 1e9:.2f} for 48" in text
+
+
+def test_readme_quick_tier_counts():
+    """The README's "about N tests, M of them without a GPU" against this run's collection of
+    the quick tier (neither slow nor multidevice), within 10%; skipped unless this run collected
+    every test file."""
+    files = {f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*.py")}
+    if not files <= {i.split("::", 1)[0] for i in COLLECTED}:
+        pytest.skip("this run did not collect every test file")
+    m = re.search(r"runs the quick tier \(about ([\d,]+) tests, ([\d,]+) of them without a GPU",
+                  " ".join(README.split()))
+    assert m, "README: the quick tier's counts are not in the form this test reads"
+    said_all, said_cpu = (int(g.replace(",", "")) for g in m.groups())
+    have_all, have_cpu = len(QUICK), sum(not gpu for gpu in QUICK.values())
+    for said, have, what in ((said_all, have_all, "tests"), (said_cpu, have_cpu, "CPU tests")):
+        assert abs(said - have) <= 0.1 * have, (
+            f"README says about {said} quick-tier {what}; {have} are collected: update README.md")
+
+
+def test_readme_states_the_quick_tier_budget():
+    assert f"a quick test taking more than {QUICK_BUDGET_S:g} s fails" in " ".join(README.split())
+
+
+# --- docs/design.md, README.md and the code's comments against the kernels the code defines ---
+
+DESIGN = (ROOT / "docs/design.md").read_text()
+CONTRACT = (ROOT / "csrc/gemm_contract.h").read_text()
+
+
+def _cpp_enum(text, name):
+    """{enumerator: value} of ``enum class name`` in C++ source text."""
+    body = re.search(rf"enum class {name} : int32_t \{{(.*?)\}};", text, re.S).group(1)
+    return {k: int(v) for k, v in re.findall(r"\b(k\w+)\s*=\s*(\d+)", re.sub(r"//[^\n]*", "", body))}
+
+
+def cpp_families():
+    """{family name: kernel attribute code} from csrc/gemm_contract.h: the KernelFamily enum and
+    FamilyName's strings."""
+    enum = _cpp_enum(CONTRACT, "KernelFamily")
+    names = dict(re.findall(r"case KernelFamily::(k\w+): return \"(\w+)\";", CONTRACT))
+    assert set(names) == set(enum), "FamilyName names every KernelFamily"
+    return {names[k]: v for k, v in enum.items()}
+
+
+def cpp_layouts():
+    """{layout name: rhs_layout code} from the RhsLayout enum (kCheckpoint -> "checkpoint")."""
+    return {k[1:].lower(): v for k, v in _cpp_enum(CONTRACT, "RhsLayout").items()}
+
+
+def cpp_kernel_configs():
+    """kKernelConfigs of csrc/gemm_contract.h as (family, token_tile, stages, cluster) tuples."""
+    body = re.search(r"kKernelConfigs\[\] = \{(.*?)\};", CONTRACT, re.S).group(1)
+    names = cpp_families()
+    codes = _cpp_enum(CONTRACT, "KernelFamily")
+    by_code = {v: k for k, v in names.items()}
+    return [(by_code[codes[f]], int(t), int(s), int(c)) for f, t, s, c in
+            re.findall(r"\{KernelFamily::(k\w+),\s*(\d+),\s*(\d+),\s*(\d+)\}", body)]
+
+
+def _table(text, first_heading):
+    """The rows (lists of cells) of the Markdown table whose first column is ``first_heading``."""
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(f"| {first_heading} |"))
+    rows = []
+    for ln in lines[start + 2:]:
+        if not ln.startswith("|"):
+            break
+        rows.append([c.strip() for c in ln.strip().strip("|").split("|")])
+    return rows
+
+
+def _names(cell):
+    return {n for n in re.split(r"[,\s]+", cell.split("(")[0]) if n}
+
+
+def test_python_families_and_layouts_are_the_cpp_enums():
+    fams = cpp_families()
+    assert kernel_config.FAMILIES == tuple(sorted(fams, key=fams.get))
+    assert [fams[f] for f in kernel_config.FAMILIES] == list(range(len(fams)))
+    assert set(kernel_config.FP8_FAMILIES) <= set(fams)
+    assert kernel_config.LAYOUT_CODES == cpp_layouts()
+
+
+def test_kernel_configs_are_the_headers_table():
+    got = [(c.family, c.token_tile, c.stages, c.cluster) for c in kernel_config.kernel_configs()]
+    assert got == cpp_kernel_configs()
+
+
+def test_design_md_attribute_table():
+    rows = {r[0]: r[1] for r in _table(DESIGN, "attribute")}
+    kernel = {n: int(c) for c, n in re.findall(r"(\d+) `(\w+)`", rows["`kernel`"])}
+    assert kernel == cpp_families()
+    layouts = {n: int(c) for c, n in re.findall(r"\b(\d+) ([a-z]\w*)", rows["`rhs_layout`"])}
+    assert layouts == cpp_layouts()
+
+
+def test_design_md_has_a_section_per_kernel_family():
+    kernels = DESIGN.split("\n## The kernels\n", 1)[1].split("\n## ", 1)[0]
+    heads = re.findall(r"^### `(\w+)` \(([^)]*)\)", kernels, re.M)
+    assert sorted(name for name, _ in heads) == sorted(cpp_families())
+    for name, where in heads:
+        for path in re.findall(r"csrc/[\w./]+", where):
+            assert (ROOT / path).is_file(), f"design.md's section on {name} names {path}"
+
+
+def test_design_md_dispatch_table_names_every_family_and_real_tiles():
+    tiles = {}
+    for fam, tile, _, _ in cpp_kernel_configs():
+        tiles.setdefault(fam, set()).add(tile)
+    named = set()
+    for _, config in _table(DESIGN, "condition"):
+        fam = re.match(r"`(\w+)`", config).group(1)
+        named.add(fam)
+        said = {int(t) for t in re.findall(r"(\d+) (?:tokens|up to|above|\(cluster)", config)}
+        assert said and said <= tiles[fam], f"design.md's dispatch rule: {fam} tiles {said}"
+    assert named == set(cpp_families())
+
+
+def test_family_lists_name_every_family():
+    """design.md's builds table, the README's support matrix and kernel_config's docstring."""
+    fams = set(cpp_families())
+    builds = {r[0]: _names(r[1]) for r in _table(DESIGN, "image")}
+    assert builds["sm_90a machine code"] == fams
+    assert set().union(*builds.values()) == fams
+    support = [_names(r[1]) for r in _table(README, "GPU") if r[1] != "none: a clear error at call time"
+               and not r[1].startswith("the C++ handler")]
+    assert support[0] == fams and set().union(*support) == fams
+    assert set(re.findall(r'^\* ``"(\w+)"``', kernel_config.__doc__, re.M)) == fams
+    ffi = (ROOT / "ffi/gemm_ffi.h").read_text()
+    attrs = " ".join(re.search(r"//\s+kernel\s+i32 enum KernelFamily(.*?)//\s+token_tile", ffi,
+                               re.S).group(1).replace("//", " ").split())
+    assert {n: int(c) for c, n in re.findall(r"(?<!\w)(\d+) (\w+)", attrs)} == cpp_families()
+
+
+def _design_headings():
+    return [h.strip("`") for h in re.findall(r"^#+ (.+)$", DESIGN, re.M)]
+
+
+def test_section_references_name_existing_sections():
+    """Every ``design.md, "Section"`` / ``design.md "Section"`` in the code and docs names a
+    heading of docs/design.md (or the first words of one of its paragraphs)."""
+    heads = _design_headings()
+    paragraphs = {" ".join(p.split()) for p in DESIGN.split("\n\n")}
+    seen = 0
+    files = [p for d in ("csrc", "ffi", "jax_nvfp4", "tools", "tests", "examples")
+             for p in (ROOT / d).rglob("*") if p.suffix in (".py", ".h", ".cu", ".cuh", ".cc", ".sh")
+             and p.resolve() != pathlib.Path(__file__).resolve()]
+    chain = r"design\.md(?:\]\([^)]*\))?,? ((?:\"[^\"]+\"(?: / | or | and )?)+)"   # "A" / "B"
+    for path in files + [ROOT / "README.md", ROOT / "docs/usage.md"]:
+        text = re.sub(r"\n\s*(?://|#)?\s*", " ", path.read_text())     # comments joined
+        refs = [r for c in re.findall(chain, text) for r in re.findall(r"\"([^\"]+)\"", c)]
+        for ref in refs:
+            ok = any(h.startswith(ref) for h in heads) or any(p.startswith(ref) for p in paragraphs)
+            assert ok, f"{path.relative_to(ROOT)} refers to design.md \"{ref}\", which has no such section"
+        seen += len(refs)
+    assert seen >= 5
