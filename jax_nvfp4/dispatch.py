@@ -13,6 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from . import _extension
 from .options import resolve_backend
 from .quantization import dynamic_global_scale, e2m1_scaled, quantize
 from .rows import take_rows
