@@ -17,7 +17,7 @@ from .ragged import RaggedRhs, ragged_dot, ragged_rhs
 from .sharding import moe_expert_parallel, shard_moe_weights
 from .quantization import dequantize, quantize, stage_activation
 from .swizzle import swizzle_scales, unswizzle_scales
-from .serialization import export_checks
+from .export import export_checks
 from . import _extension as _ext
 
 # The custom calls are registered at import (not at the first call): a deserialized jax.export

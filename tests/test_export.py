@@ -1,4 +1,4 @@
-"""jax.export of the library (jax_nvfp4/serialization.py): jitted grouped_gemm, moe and
+"""jax.export of the library (jax_nvfp4/export.py): jitted grouped_gemm, moe and
 moe_expert_parallel export with ``disabled_checks=jn.export_checks()`` and nothing else written by
 hand; the artifact, deserialized and run in a fresh process, equals the jitted call bit for bit;
 a symbolic token count exports; the custom-call targets carry the interface version."""

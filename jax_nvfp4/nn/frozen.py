@@ -154,7 +154,7 @@ def _meta_from_bytes(b: bytes):
 
 
 # jax.export serializes the pytree structure of an exported function's arguments
-# (jax_nvfp4.serialization registers the core types)
+# (jax_nvfp4.export registers the core types)
 jax.export.register_pytree_node_serialization(
     FrozenMoEWeights, serialized_name="jax_nvfp4.nn.FrozenMoEWeights",
     serialize_auxdata=_meta_to_bytes, deserialize_auxdata=_meta_from_bytes)
