@@ -176,9 +176,9 @@ def test_artifact_of_another_interface_version_fails_naming_the_target(rng, monk
 
 def _moe_weights(rng, e=4, h=128, i=128, shared=True):
     f = lambda *s: jnp.asarray(rng.standard_normal(s) * 0.1, jnp.float32)  # noqa: E731
-    return jn.quantize_moe(f(e, h), f(e, 2 * i, h), f(e, h, i), router_bias=f(e) * 0.01,
-                           shared_w13=f(2 * i, h) if shared else None,
-                           shared_w2=f(h, i) if shared else None)
+    return jax.jit(jn.quantize_moe)(f(e, h), f(e, 2 * i, h), f(e, h, i), router_bias=f(e) * 0.01,
+                                    shared_w13=f(2 * i, h) if shared else None,
+                                    shared_w2=f(h, i) if shared else None)
 
 
 def _config(e=4, h=128, i=128, shared=True, **kw):
@@ -191,12 +191,12 @@ def test_library_pytrees_round_trip_through_serialization(rng):
     """Every argument type's structure (static layout, k order, expert ids, pairing, frozen
     metadata) survives serialize -> deserialize, and unflattens to an equal object."""
     w = _moe_weights(rng)
-    prepared = jn.prepare_weights(w)                             # sm90 layout, w13 paired
+    prepared = jax.jit(jn.prepare_weights)(w)                    # sm90 layout, w13 paired
     subset = jn.MoEWeights(w.router_weight, w.w13, w.w2, expert_ids=(3, 1, 0, 2))
-    rows = jn.fp8.quantize_rows(jnp.ones((4, 128), jnp.float32))
+    rows = jax.jit(jn.fp8.quantize_rows)(jnp.ones((4, 128), jnp.float32))
     trees = [QUANTIZE(jnp.ones((4, 64))), prepared.w13, prepared, subset,
-             jn.prepare_weights(w, "fp8").w13, rows, FrozenMoEWeights.freeze(prepared),
-             jn.ragged_rhs(prepared.w2)]
+             jax.jit(lambda t: jn.prepare_weights(t, "fp8"))(w.w13), rows,
+             FrozenMoEWeights.freeze(prepared), jn.ragged_rhs(prepared.w2)]
     for tree in trees:
         exp = jax.export.export(jax.jit(lambda t: jax.tree.leaves(t)[0]))(tree)
         back = jax.export.deserialize(exp.serialize())

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import QUANTIZE
+from conftest import QUANTIZE, QUANTIZE_STACK
 
 import jax_nvfp4 as jn
 from jax_nvfp4 import _extension
@@ -79,13 +79,14 @@ def test_to_qwix_of_library_weights(rng):
     """A power-of-two global scale converts exactly; jn.quantize's amax-derived one generally
     does not (block scale x global scale rounds in float32) and is refused, naming a block."""
     x = _weights(rng, (2, 48, 64), spread=False)
-    exact = jax.vmap(lambda v: jn.quantize(v, jnp.float32(2.0 ** -7)))(x)
-    for t in (exact, jn.prepare_weights(jax.vmap(lambda v: jn.quantize(v, jnp.float32(0.25)))(
-            _weights(rng, (2, 128, 64), spread=False)))):
+    pow2 = jax.jit(jax.vmap(lambda v, g: jn.quantize(v, g), in_axes=(0, None)))
+    exact = pow2(x, jnp.float32(2.0 ** -7))
+    for t in (exact, jax.jit(jn.prepare_weights)(pow2(_weights(rng, (2, 128, 64), spread=False),
+                                                      jnp.float32(0.25)))):
         q = qi.to_qwix(t, axis=1)
         np.testing.assert_array_equal(_bits(np.moveaxis(np.asarray(qwix.dequantize(q)), 1, -1)),
                                       _bits(jn.dequantize(t)))
-    t = jax.vmap(jn.quantize)(x)
+    t = QUANTIZE_STACK(x)
     assert not np.all(np.frexp(np.asarray(t.global_scale))[0] == 0.5)
     with pytest.raises(ValueError, match=r"block \(\d+, \d+, \d+\).*not exact in float32"):
         qi.to_qwix(t)
@@ -165,26 +166,37 @@ def test_grouped_gemm_takes_qwix_weights(rng, backend):
     assert jn.grouped_gemm(x[:0], q, gs * 0, backend=backend).shape == (0, 128)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_moe_takes_qwix_weights(rng, backend):
-    """MoEWeights whose w13 [E, H, 2I] and w2 [E, I, H] (and the shared expert's) are qwix NVFP4
-    arrays: the layer equals the layer on their conversions bit for bit, jitted with one and
-    many tokens, and eager."""
+def _moe_case(rng):
     e, h, i = 4, 64, 32
     f = lambda *s: _weights(rng, s, spread=False) * 0.1  # noqa: E731
     qw = jn.MoEWeights(
         router_weight=jnp.asarray(rng.standard_normal((e, h)), jnp.float32),
         w13=_qwix_nvfp4(f(e, h, 2 * i), 1), w2=_qwix_nvfp4(f(e, i, h), 1),
         shared_w13=_qwix_nvfp4(f(h, 2 * i), 0), shared_w2=_qwix_nvfp4(f(i, h), 0))
-    converted = qi.weights_from_qwix(qw)
-    assert isinstance(converted.w13, jn.NVFP4Tensor) and converted.w13.shape == (e, 2 * i, h)
-    assert converted.shared_w2.shape == (h, i) and converted.shared_w2.global_scale.shape == ()
     config = jn.MoEConfig.deepseek_v4_pro(num_experts=e, hidden_size=h, intermediate_size=i,
                                           n_shared_experts=1, top_k=2, n_group=1, topk_group=1)
-    layer = jax.jit(lambda x, w: jn.moe(x, w, config, backend=backend))
+    return qw, jax.jit(qi.weights_from_qwix)(qw), config, h
+
+
+def test_moe_takes_qwix_weights(rng):
+    """MoEWeights whose w13 [E, H, 2I] and w2 [E, I, H] (and the shared expert's) are qwix NVFP4
+    arrays: the jitted layer equals the layer on their conversions bit for bit, with one and
+    many tokens."""
+    qw, converted, config, h = _moe_case(rng)
+    e, i = config.num_experts, config.intermediate_size
+    assert isinstance(converted.w13, jn.NVFP4Tensor) and converted.w13.shape == (e, 2 * i, h)
+    assert converted.shared_w2.shape == (h, i) and converted.shared_w2.global_scale.shape == ()
+    layer = jax.jit(lambda x, w: jn.moe(x, w, config, backend=BACKENDS[0]))
     for t in (1, 9):
         x = jnp.asarray(rng.standard_normal((t, h)), jnp.bfloat16)
         np.testing.assert_array_equal(_bits(layer(x, qw)), _bits(layer(x, converted)))
-    if backend == BACKENDS[0]:                  # eager (slow: every operation dispatched alone)
-        np.testing.assert_array_equal(_bits(jn.moe(x, qw, config, backend=backend)),
-                                      _bits(layer(x, converted)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_moe_takes_qwix_weights_eager_and_every_backend(rng, backend):
+    """As above, eager (every operation dispatched alone: slow) and on each backend."""
+    qw, converted, config, h = _moe_case(rng)
+    x = jnp.asarray(rng.standard_normal((5, h)), jnp.bfloat16)
+    want = jax.jit(lambda x, w: jn.moe(x, w, config, backend=backend))(x, converted)
+    np.testing.assert_array_equal(_bits(jn.moe(x, qw, config, backend=backend)), _bits(want))

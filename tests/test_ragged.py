@@ -207,9 +207,9 @@ def test_maxtext_style_block_of_the_example(rng):
     router = jnp.asarray(rng.standard_normal((h, e)), jnp.float32)
     ws = [jnp.asarray(rng.standard_normal(s) * 0.2, jnp.bfloat16) for s in ((e, h, i), (e, h, i),
                                                                             (e, i, h))]
-    qs = [jn.ragged_rhs(jax.vmap(jn.quantize)(jnp.swapaxes(w, 1, 2).astype(jnp.float32)))
-          for w in ws]
-    deq = [jnp.swapaxes(jn.dequantize(q.tensor), 1, 2) for q in qs]      # [G, K, N] float32
+    qs = [jn.ragged_rhs(QUANTIZE_STACK(jnp.swapaxes(w, 1, 2).astype(jnp.float32))) for w in ws]
+    deq = [jax.jit(lambda t: jnp.swapaxes(jn.dequantize(t), 1, 2))(q.tensor)   # [G, K, N] f32
+           for q in qs]
     x = jnp.asarray(rng.standard_normal((t, h)), jnp.bfloat16)
     ours = jax.jit(lambda x, *w: ex.moe_block(x, router, *w, top_k=2, ragged_dot=jn.ragged_dot))(
         x, *qs)
