@@ -56,7 +56,7 @@ enum class KernelFamily : int32_t {
                           // (csrc/grouped_gemm_fp8_prepared_sm90.cu)
   kCutlassFp8 = 5,  // FP8 mode on fp8-prepared weights on CUTLASS's SM90 grouped GEMM with blockwise scaling
                     // (csrc/grouped_gemm_cutlass_fp8_sm90.cu): token_tile 128 cooperative, 64 ping-pong;
-                    // cluster = CTAs along M sharing a weight tile
+                    // cluster = CTAs along N sharing an activation tile
 };
 
 struct KernelConfig {
@@ -64,10 +64,13 @@ struct KernelConfig {
   int32_t token_tile = 16;  // rows of one group per CTA tile
   int32_t stages = 4;       // pipeline depth
   int32_t cluster = 1;      // CTAs per cluster (wgmma 256: pairs multicast the activation tile)
+  int32_t raster = 0;       // cutlass_fp8's tile order (its scheduler's raster order): 0 CUTLASS's heuristic,
+                            // 1 along M (the token tiles of one weight tile in turn), 2 along N; 0 elsewhere
 };
 
 constexpr bool operator==(const KernelConfig& a, const KernelConfig& b) {
-  return a.family == b.family && a.token_tile == b.token_tile && a.stages == b.stages && a.cluster == b.cluster;
+  return a.family == b.family && a.token_tile == b.token_tile && a.stages == b.stages && a.cluster == b.cluster &&
+         a.raster == b.raster;
 }
 
 // Every configuration the kernels are compiled for; the launchers instantiate exactly these.
@@ -80,7 +83,9 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     {KernelFamily::kWgmma, 64, 12, 1}, {KernelFamily::kWgmma, 128, 8, 1}, {KernelFamily::kWgmma, 256, 5, 2},
     {KernelFamily::kWgmmaFp8, 32, 15, 1}, {KernelFamily::kWgmmaFp8, 64, 12, 1}, {KernelFamily::kWgmmaFp8, 128, 8, 1},
     {KernelFamily::kWgmmaFp8Prepared, 128, 6, 1},
-    {KernelFamily::kCutlassFp8, 128, 6, 1}, {KernelFamily::kCutlassFp8, 128, 6, 2}, {KernelFamily::kCutlassFp8, 64, 8, 1},
+    {KernelFamily::kCutlassFp8, 128, 6, 1, 1}, {KernelFamily::kCutlassFp8, 128, 6, 1, 0},
+    {KernelFamily::kCutlassFp8, 128, 6, 1, 2}, {KernelFamily::kCutlassFp8, 128, 6, 2, 0},
+    {KernelFamily::kCutlassFp8, 128, 6, 2, 1}, {KernelFamily::kCutlassFp8, 64, 8, 1, 0},
 };
 inline constexpr int kNumKernelConfigs = static_cast<int>(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
 
@@ -121,7 +126,7 @@ inline constexpr bool Fp8FamilyReadsLayout(KernelFamily f, RhsLayout layout) {
 inline constexpr KernelConfig DefaultConfigFor(KernelFamily family, int32_t token_tile) {
   for (const KernelConfig& k : kKernelConfigs)
     if (k.family == family && k.token_tile == token_tile) return k;
-  return KernelConfig{family, 0, 0, 0};
+  return KernelConfig{family, 0, 0, 0, 0};
 }
 
 inline const char* FamilyName(KernelFamily f) {
@@ -198,12 +203,13 @@ inline constexpr bool WgmmaFp8PreparedShapeOk(const ProblemDesc& d) {
 }
 
 // Shape conditions of the CUTLASS FP8 grouped GEMM: fp8-prepared weights, K % 128 == 0 (one promotion per
-// 128-wide k tile, 16-byte aligned rows for TMA), N % 8 == 0 (16-byte output rows for the TMA store), K / 128
-// within the buffer of ones (kCutlassFp8MaxChunks) and the chunk scales' offsets within int32.
-inline constexpr int64_t kCutlassFp8MaxChunks = 8192;
+// 128-wide k tile, 16-byte aligned rows for TMA), N % 8 == 0 (16-byte output rows for the TMA store), the
+// weights' unit block scales (one per 128 x 128 block of an expert) within the buffer of ones
+// (kCutlassFp8MaxOnes) and the chunk scales' offsets within int32.
+inline constexpr int64_t kCutlassFp8MaxOnes = 16384;
 inline constexpr bool CutlassFp8ShapeOk(const ProblemDesc& d) {
   if (d.K <= 0 || d.K % 128 != 0 || d.N % 8 != 0 || d.layout != RhsLayout::kFp8) return false;
-  if (d.K / 128 > kCutlassFp8MaxChunks || d.M > INT32_MAX - 256) return false;
+  if ((d.N + 127) / 128 * (d.K / 128) > kCutlassFp8MaxOnes || d.M > INT32_MAX - 256) return false;
   return (d.K / 128) * (d.M + 1) <= INT32_MAX;
 }
 
@@ -246,6 +252,8 @@ inline constexpr KernelConfig ConfigForFamily(KernelFamily f, const ProblemDesc&
   // short tiles cost no MMA work; 32/64-token tiles were no faster at 4 rows per group and 10% slower at
   // 32: docs/archive/fp8-prepared-lab.md)
   if (f == KernelFamily::kWgmmaFp8Prepared) return DefaultConfigFor(f, 128);
+  // cutlass_fp8: its first entry, 128-token cooperative tiles walked along M (the token tiles of one weight
+  // tile in turn), the fastest of the sweep at 6144 and 24576 rows (docs/design.md)
   if (f == KernelFamily::kCutlassFp8) return DefaultConfigFor(f, 128);
   if (f == KernelFamily::kMmaWs) return DefaultConfigFor(f, 16);
   return DefaultConfigFor(f, avg <= 12 ? 16 : avg <= 40 ? 32 : 64);
@@ -261,7 +269,10 @@ inline constexpr KernelConfig ConfigForFamily(KernelFamily f, const ProblemDesc&
 inline constexpr KernelConfig ChooseKernelConfig(const ProblemDesc& d) {
   if (d.fp8) {
     if (d.layout != RhsLayout::kFp8) return ConfigForFamily(KernelFamily::kWgmmaFp8, d);
-    return ConfigForFamily(CutlassFp8ShapeOk(d) ? KernelFamily::kCutlassFp8 : KernelFamily::kWgmmaFp8Prepared, d);
+    // fp8-prepared weights: CUTLASS's grouped GEMM from 32 rows per group on average; below, the hand-written
+    // kernel, whose WGMMA N follows a short group's rows (4 rows per group: 0.63 against 0.70 ms at L1)
+    const bool cutlass = CutlassFp8ShapeOk(d) && AvgRowsPerGroup(d) >= 32;
+    return ConfigForFamily(cutlass ? KernelFamily::kCutlassFp8 : KernelFamily::kWgmmaFp8Prepared, d);
   }
   auto usable = [&d](KernelFamily f) { return (d.families & FamilyBit(f)) && FamilyHandles(f, d); };
   if (usable(KernelFamily::kWgmma) && AvgRowsPerGroup(d) >= 16) return ConfigForFamily(KernelFamily::kWgmma, d);
@@ -311,11 +322,11 @@ inline constexpr int64_t OutputColumns(const GroupedGemmParams& p) { return p.gl
 // 128-token kernel).
 inline constexpr size_t GroupedGemmScheduleBytes(int64_t G) { return 4096 + 32 * static_cast<size_t>(G); }
 // cutlass_fp8 keeps CUTLASS's per-group arguments after them (at most kCutlassFp8ArgsBytesPerGroup per
-// group, 13 arrays each 128-byte aligned), a buffer of ones (its weights' unit block scales, one float per
-// 128-k chunk) and CUTLASS's own workspace (per-SM tensor maps: 4 x 128 bytes per SM on the
+// group, 14 arrays each 128-byte aligned), a buffer of ones (its weights' unit block scales) and CUTLASS's
+// own workspace (per-SM tensor maps: 4 x 128 bytes per SM on the
 // configurations compiled; the launcher checks the bound).
 inline constexpr size_t kCutlassFp8ArgsBytesPerGroup = 256;
-inline constexpr size_t kCutlassFp8OnesBytes = 4 * kCutlassFp8MaxChunks;
+inline constexpr size_t kCutlassFp8OnesBytes = 4 * kCutlassFp8MaxOnes;
 inline constexpr size_t kCutlassFp8KernelWorkspaceBytes = 512 * 1024;
 // Bytes of workspace the CUDA launchers need.
 inline constexpr size_t GroupedGemmWorkspaceBytes(int64_t G) {
@@ -326,6 +337,9 @@ inline constexpr size_t GroupedGemmWorkspaceBytes(int64_t G) {
 // Bytes of the custom call's workspace output: the CUDA launchers', plus `cpu_row_bytes` for the
 // CPU handlers' decoded weight rows (K, or 2K with the SwiGLU epilogue). Python sizes the output
 // with this function (the extension's `workspace_bytes`), the handlers check it.
+// The FP8 call on fp8-prepared weights needs, past GroupedGemmWorkspaceBytes, room for the activations'
+// chunk scales regrouped into cutlass_fp8's per-group compact blocks (4 M K/128 bytes): its `cpu_row_bytes`.
+inline constexpr int64_t PreparedFp8ExtraWorkspaceBytes(int64_t M, int64_t K) { return 4 * M * (K / 128); }
 inline constexpr int64_t CustomCallWorkspaceBytes(int64_t G, int64_t cpu_row_bytes) {
   return static_cast<int64_t>(GroupedGemmWorkspaceBytes(G)) + cpu_row_bytes;
 }

@@ -7,15 +7,19 @@
 //     A      = q [M, K] e4m3, row-major (the FP8 mode's activation codes, kernel k order)
 //     B      = w8[g] [N, K] e4m3, K contiguous ("column-major" B), the same k order: a permutation of k
 //              inside each 128-wide chunk on both operands leaves every chunk's dot product unchanged
-//     SFA    = the activations' chunk scales, float32 [K/128, M] (granularity 1 x 128, M-major): group
-//              g's layout starts at row start_g and keeps the whole array's stride M between chunks
-//     SFB    = 1 (granularity 128 x 128: one float per chunk from a buffer of ones, the weights' own
-//              rounding carries their block scales), so each chunk's promotion is acc += part_c * s_c,
-//              exact in float32 like the definition's fma (s_c is a power of two)
+//     SFA    = the activations' chunk scales (granularity 1 x 128), M-major: CUTLASS derives each group's
+//              scale layout from its problem shape (compact [K/128, M_g], from the group's pointer), so a
+//              second small kernel copies the call's [K/128, M] scales into one such block per group in
+//              the workspace (each group's rows contiguous per chunk: a tile's 128 scales are one
+//              512-byte run, which measured ~9% faster at 24576 rows than the K-major [M, K/128] layout)
+//     SFB    = 1 (granularity 128 x 128, read from a buffer of ones: the weights' own rounding carries
+//              their block scales), so each chunk's promotion is acc += part_c * s_c, exact in float32
+//              like the definition's fma (s_c is a power of two)
 //     alpha  = alpha[g] * 8 (per-group epilogue scalar; undoes the weights' 2^-3), D bf16 or float32.
 // A setup kernel turns the device-side group sizes into CUTLASS's per-group arguments (problem shapes,
 // pointers, strides, scale layouts, alpha) in the workspace; no host synchronisation. Empty groups have
-// M = 0 and no tiles; the setup grid's other blocks zero the output rows past the last group.
+// M = 0 and no tiles; the setup grid's other blocks zero the output rows past the last group; a second
+// kernel regroups the chunk scales.
 #include "csrc/grouped_gemm.h"
 #include "csrc/grouped_gemm_schedule.cuh"
 
@@ -43,9 +47,9 @@ namespace {
 using namespace cute;
 
 // The GEMM of one configuration: TileM tokens x 128 weight rows x 128 k per tile (one promotion per
-// k tile), ClusterM CTAs along M sharing each weight tile (TMA multicast), cooperative (two consumer
+// k tile), ClusterN CTAs along N sharing each activation tile (TMA multicast), cooperative (two consumer
 // warpgroups on one tile) or ping-pong (two warpgroups on alternate tiles).
-template <int TileM, int Stages, int ClusterM, bool Pingpong, typename ElementD>
+template <int TileM, int Stages, int ClusterN, bool Pingpong, typename ElementD>
 struct CutlassFp8 {
   using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
   using ElementA = cutlass::float_e4m3_t;
@@ -56,8 +60,7 @@ struct CutlassFp8 {
   static constexpr int kAlignAB = 16;
   static constexpr int kAlignD = 16 / static_cast<int>(sizeof(ElementD));
   using TileShape = Shape<Int<TileM>, _128, _128>;
-  using ClusterShape = Shape<Int<ClusterM>, _1, _1>;
-  // SFA M-major (the activations' [K/128, M] chunk scales), SFB K-major (one stride-0 row of ones)
+  using ClusterShape = Shape<_1, Int<ClusterN>, _1>;
   using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::MN, cute::GMMA::Major::K>;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
@@ -107,6 +110,8 @@ struct ArgArrays {
   const float** alpha_ptr;
   float* ones;
   char* cutlass_ws;  // CUTLASS's own workspace (per-SM tensor maps)
+  int* starts;        // [G]: each group's first row (the clamped bounds)
+  float* sfa_t;      // the chunk scales regrouped: group g's [K/128, M_g] at start_g * K/128 (the extra bytes)
 };
 
 inline char* align_up(char* p, uintptr_t a) {
@@ -136,15 +141,17 @@ ArgArrays carve(void* workspace, int64_t G) {
   a.layout_sfb = take(sizeof(typename Cfg::LayoutSFB));
   a.alpha = reinterpret_cast<float*>(take(4));
   a.alpha_ptr = reinterpret_cast<const float**>(take(8));
+  a.starts = reinterpret_cast<int*>(take(4));
   a.ones = reinterpret_cast<float*>(q);
   a.cutlass_ws = align_up(q + kCutlassFp8OnesBytes, 128);
+  a.sfa_t = reinterpret_cast<float*>(static_cast<char*>(workspace) + GroupedGemmWorkspaceBytes(G));
   return a;
 }
 
 template <typename Cfg>
 constexpr size_t args_bytes_per_group() {
   return sizeof(typename Cfg::Shape3) + 7 * 8 + sizeof(typename Cfg::StrideA) + sizeof(typename Cfg::StrideB) +
-         sizeof(typename Cfg::StrideD) + sizeof(typename Cfg::LayoutSFA) + sizeof(typename Cfg::LayoutSFB) + 4;
+         sizeof(typename Cfg::StrideD) + sizeof(typename Cfg::LayoutSFA) + sizeof(typename Cfg::LayoutSFB) + 4 + 4;
 }
 
 struct SetupArgs {
@@ -186,7 +193,7 @@ __global__ void __launch_bounds__(1024) cutlass_fp8_setup_kernel(SetupArgs s, Ar
     w.ptr_a[i] = s.a + st * s.K;
     w.ptr_b[i] = s.b + i * s.N * s.K;
     w.ptr_d[i] = s.d + st * s.N * s.esize;
-    w.ptr_sfa[i] = s.sfa + st;
+    w.ptr_sfa[i] = w.sfa_t + st * kb;
     w.ptr_sfb[i] = w.ones;
     reinterpret_cast<typename Cfg::StrideA*>(w.stride_a)[i] =
         cutlass::make_cute_packed_stride(typename Cfg::StrideA{}, make_shape(m, k, 1));
@@ -194,20 +201,37 @@ __global__ void __launch_bounds__(1024) cutlass_fp8_setup_kernel(SetupArgs s, Ar
         cutlass::make_cute_packed_stride(typename Cfg::StrideB{}, make_shape(n, k, 1));
     reinterpret_cast<typename Cfg::StrideD*>(w.stride_d)[i] =
         cutlass::make_cute_packed_stride(typename Cfg::StrideD{}, make_shape(m, n, 1));
-    // SFA: rows [st, en) of the [K/128, M] chunk scales: stride 1 along M, M between chunks
-    using LA = typename Cfg::LayoutSFA;
-    reinterpret_cast<LA*>(w.layout_sfa)[i] =
-        LA(make_shape(make_shape(_1{}, m), make_shape(_128{}, kb), 1),
-           make_stride(make_stride(_0{}, _1{}), make_stride(_0{}, static_cast<int32_t>(s.M)), 0));
-    // SFB: every 128 x 128 block reads ones[chunk]
-    using LB = typename Cfg::LayoutSFB;
-    reinterpret_cast<LB*>(w.layout_sfb)[i] =
-        LB(make_shape(make_shape(_128{}, nb), make_shape(_128{}, kb), 1),
-           make_stride(make_stride(_0{}, 0), make_stride(_0{}, _1{}), 0));
+    // the compact layouts CUTLASS derives from the problem shape itself (its mainloop recomputes them)
+    reinterpret_cast<typename Cfg::LayoutSFA*>(w.layout_sfa)[i] =
+        Cfg::ScaleConfig::tile_atom_to_shape_SFA(make_shape(m, n, k, 1));
+    reinterpret_cast<typename Cfg::LayoutSFB*>(w.layout_sfb)[i] =
+        Cfg::ScaleConfig::tile_atom_to_shape_SFB(make_shape(m, n, k, 1));
+    w.starts[i] = static_cast<int>(st);
     w.alpha[i] = s.alpha_in[i] * 8.0f;
     w.alpha_ptr[i] = w.alpha + i;
   }
-  for (int c = tid; c < kb; c += 1024) w.ones[c] = 1.0f;
+  for (int c = tid; c < nb * kb; c += 1024) w.ones[c] = 1.0f;
+}
+
+// After the setup kernel: row r's chunk scales (the call's [K/128, M], column r) into its group's
+// [K/128, M_g] block. One thread per row, found in its group by a binary search over the starts; reads
+// and writes are coalesced (a group's rows are consecutive in both). Rows past the groups are left.
+template <typename Cfg>
+__global__ void __launch_bounds__(256) cutlass_fp8_regroup_scales_kernel(SetupArgs s, ArgArrays w) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
+  if (r >= s.M) return;
+  int64_t lo = 0, hi = s.G - 1;  // the last group starting at or before r
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (w.starts[mid] <= r) lo = mid;
+    else hi = mid - 1;
+  }
+  const int64_t st = w.starts[lo];
+  const int64_t m = get<0>(reinterpret_cast<const typename Cfg::Shape3*>(w.shapes)[lo]);
+  if (r < st || r >= st + m) return;
+  const int64_t kb = s.K / 128;
+  float* out = w.sfa_t + st * kb + (r - st);
+  for (int64_t c = 0; c < kb; ++c) out[c * m] = s.sfa[c * s.M + r];
 }
 
 int sm_count_of_current_device() {
@@ -225,7 +249,7 @@ int sm_count_of_current_device() {
 }
 
 template <typename Cfg>
-cudaError_t run_cutlass_fp8(const GroupedGemmParams& p, cudaStream_t stream) {
+cudaError_t run_cutlass_fp8(const GroupedGemmParams& p, int raster, cudaStream_t stream) {
   static_assert(args_bytes_per_group<Cfg>() <= kCutlassFp8ArgsBytesPerGroup, "per-group arguments fit the workspace");
   static_assert(Cfg::Kernel::SharedStorageSize <= 232448, "shared memory of the configuration's stages");
   const ArgArrays w = carve<Cfg>(p.workspace, p.G);
@@ -239,6 +263,9 @@ cudaError_t run_cutlass_fp8(const GroupedGemmParams& p, cudaStream_t stream) {
   const unsigned grid = 1u + static_cast<unsigned>(zero_blocks < 256 ? zero_blocks : 256);
   cutlass_fp8_setup_kernel<Cfg><<<grid, 1024, 0, stream>>>(s, w, tail);
   cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  cutlass_fp8_regroup_scales_kernel<Cfg><<<static_cast<unsigned>((p.M + 255) / 256), 256, 0, stream>>>(s, w);
+  e = cudaGetLastError();
   if (e != cudaSuccess) return e;
 
   using Gemm = typename Cfg::Gemm;
@@ -264,6 +291,8 @@ cudaError_t run_cutlass_fp8(const GroupedGemmParams& p, cudaStream_t stream) {
   fusion.beta_ptr_array = nullptr;
   fusion.dAlpha = {_0{}, _0{}, 1};
   fusion.dBeta = {_0{}, _0{}, 0};
+  using Raster = decltype(args.scheduler.raster_order);
+  args.scheduler.raster_order = raster == 1 ? Raster::AlongM : raster == 2 ? Raster::AlongN : Raster::Heuristic;
 
   const char* ws_end = static_cast<const char*>(p.workspace) + p.workspace_bytes;
   if (Gemm::get_workspace_size(args) > static_cast<size_t>(ws_end - w.cutlass_ws)) return cudaErrorInvalidValue;
@@ -286,8 +315,10 @@ cudaError_t launch_entry(const GroupedGemmParams& p, cudaStream_t stream) {
     // 64-token tiles run ping-pong (each consumer warpgroup its own tile), 128-token ones cooperative
     constexpr bool pingpong = c.token_tile == 64;
     static_assert(c.token_tile == 64 || c.token_tile == 128, "cutlass_fp8 tiles are 64 or 128 tokens");
-    if (p.out_f32) return run_cutlass_fp8<CutlassFp8<c.token_tile, c.stages, c.cluster, pingpong, float>>(p, stream);
-    return run_cutlass_fp8<CutlassFp8<c.token_tile, c.stages, c.cluster, pingpong, cutlass::bfloat16_t>>(p, stream);
+    if (p.out_f32)
+      return run_cutlass_fp8<CutlassFp8<c.token_tile, c.stages, c.cluster, pingpong, float>>(p, c.raster, stream);
+    return run_cutlass_fp8<CutlassFp8<c.token_tile, c.stages, c.cluster, pingpong, cutlass::bfloat16_t>>(p, c.raster,
+                                                                                                        stream);
   }
 }
 

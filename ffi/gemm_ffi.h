@@ -14,7 +14,7 @@
 //   rhs_layout  i32 enum RhsLayout      0 checkpoint, 1 sm90, 2 fp8 (e4m3-prepared; FP8 call only)
 //   kernel      i32 enum KernelFamily   0 mma, 1 mma_ws, 2 wgmma (exact calls); 3 wgmma_fp8,
 //                                       4 wgmma_fp8_prepared, 5 cutlass_fp8 (FP8 call)
-//   token_tile, stages, cluster  i32    together with kernel: one kKernelConfigs entry
+//   token_tile, stages, cluster, raster  i32    together with kernel: one kKernelConfigs entry
 //   glu_limit   f32 (SwiGLU call "jax_nvfp4_grouped_gemm_glu" only)  > 0, +inf for no clamp
 #pragma once
 
@@ -33,7 +33,8 @@ struct GemmAttrs {
   int32_t token_tile;
   int32_t stages;
   int32_t cluster;
-  KernelConfig config() const { return KernelConfig{kernel, token_tile, stages, cluster}; }
+  int32_t raster;
+  KernelConfig config() const { return KernelConfig{kernel, token_tile, stages, cluster, raster}; }
 };
 
 // The SwiGLU call's attributes: the exact call's and the clamp limit.
@@ -43,8 +44,9 @@ struct GluAttrs {
   int32_t token_tile;
   int32_t stages;
   int32_t cluster;
+  int32_t raster;
   float glu_limit;
-  GemmAttrs gemm() const { return GemmAttrs{rhs_layout, kernel, token_tile, stages, cluster}; }
+  GemmAttrs gemm() const { return GemmAttrs{rhs_layout, kernel, token_tile, stages, cluster, raster}; }
 };
 
 }  // namespace jax_nvfp4
@@ -56,13 +58,15 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_nvfp4::GemmAttrs,
                                       ::xla::ffi::StructMember<jax_nvfp4::KernelFamily>("kernel"),
                                       ::xla::ffi::StructMember<int32_t>("token_tile"),
                                       ::xla::ffi::StructMember<int32_t>("stages"),
-                                      ::xla::ffi::StructMember<int32_t>("cluster"));
+                                      ::xla::ffi::StructMember<int32_t>("cluster"),
+                                      ::xla::ffi::StructMember<int32_t>("raster"));
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_nvfp4::GluAttrs,
                                       ::xla::ffi::StructMember<jax_nvfp4::RhsLayout>("rhs_layout"),
                                       ::xla::ffi::StructMember<jax_nvfp4::KernelFamily>("kernel"),
                                       ::xla::ffi::StructMember<int32_t>("token_tile"),
                                       ::xla::ffi::StructMember<int32_t>("stages"),
                                       ::xla::ffi::StructMember<int32_t>("cluster"),
+                                      ::xla::ffi::StructMember<int32_t>("raster"),
                                       ::xla::ffi::StructMember<float>("glu_limit"));
 
 namespace jax_nvfp4 {
@@ -82,7 +86,7 @@ inline ffi::Error BadArgument(const std::string& msg) {
 inline std::string ConfigToString(const KernelConfig& c) {
   return std::string("kernel=") + FamilyName(c.family) + " (" + std::to_string(static_cast<int>(c.family)) +
          "), token_tile=" + std::to_string(c.token_tile) + ", stages=" + std::to_string(c.stages) +
-         ", cluster=" + std::to_string(c.cluster);
+         ", cluster=" + std::to_string(c.cluster) + (c.raster ? ", raster=" + std::to_string(c.raster) : "");
 }
 
 // Checks the attributes every call shares: rhs_layout, a compiled configuration, and that its family
@@ -154,13 +158,13 @@ inline ffi::Error CheckRhsAndOutputs(const std::string& target, U8Buffer3 rhs, f
   if (od.size() != 2 || od[0] != M || od[1] != cols)
     return bad("out shape " + DimsToString(od) + " does not match " + (glu ? "[M, N/2]" : "[M, N]") + " = [" +
                std::to_string(M) + ", " + std::to_string(cols) + "]");
-  // the CPU handlers decode one weight row (two with glu: a gate row and its up row; none for prepared
-  // weights, read as they lie) into the workspace
-  const int64_t ws_rows = prepared ? 0 : glu ? 2 : 1;
+  // the CPU handlers decode one weight row (two with glu: a gate row and its up row) into the workspace;
+  // prepared weights are read as they lie, and their extra space holds cutlass_fp8's transposed chunk scales
+  const int64_t ws_extra = prepared ? PreparedFp8ExtraWorkspaceBytes(M, K) : (glu ? 2 : 1) * K;
   const int64_t ws_bytes = workspace->dimensions()[0];
-  if (ws_bytes < CustomCallWorkspaceBytes(G, ws_rows * K))
+  if (ws_bytes < CustomCallWorkspaceBytes(G, ws_extra))
     return bad("workspace has " + std::to_string(ws_bytes) + " bytes, needs " +
-               std::to_string(CustomCallWorkspaceBytes(G, ws_rows * K)));
+               std::to_string(CustomCallWorkspaceBytes(G, ws_extra)));
   p->rhs = rhs.typed_data();
   p->rhs_scales = prepared ? nullptr : static_cast<const uint8_t*>(rhs_scales.untyped_data());
   p->alpha = alpha.typed_data();

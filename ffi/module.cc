@@ -31,7 +31,7 @@ static nb::capsule EncapsulateFfiHandler(Fn* fn) {
   return nb::capsule(reinterpret_cast<void*>(fn));
 }
 
-using ConfigTuple = std::tuple<std::string, int, int, int>;  // (family, token_tile, stages, cluster)
+using ConfigTuple = std::tuple<std::string, int, int, int, int>;  // (family, token_tile, stages, cluster, raster)
 
 static constexpr jax_nvfp4::KernelFamily kFamilies[] = {
     jax_nvfp4::KernelFamily::kMma, jax_nvfp4::KernelFamily::kMmaWs, jax_nvfp4::KernelFamily::kWgmma,
@@ -39,7 +39,7 @@ static constexpr jax_nvfp4::KernelFamily kFamilies[] = {
     jax_nvfp4::KernelFamily::kCutlassFp8};
 
 static ConfigTuple ToTuple(const jax_nvfp4::KernelConfig& c) {
-  return {jax_nvfp4::FamilyName(c.family), c.token_tile, c.stages, c.cluster};
+  return {jax_nvfp4::FamilyName(c.family), c.token_tile, c.stages, c.cluster, c.raster};
 }
 
 // The problem the heuristic sees, from the Python-side arguments.
@@ -94,7 +94,7 @@ NB_MODULE(_jax_nvfp4, m) {
     nb::list l;
     for (const jax_nvfp4::KernelConfig& c : jax_nvfp4::kKernelConfigs) l.append(ToTuple(c));
     return l;
-  }, "Every compiled kernel configuration as (family, token_tile, stages, cluster).");
+  }, "Every compiled kernel configuration as (family, token_tile, stages, cluster, raster).");
   m.def("runnable_families", [](int arch) {
     const uint32_t f = jax_nvfp4::RunnableFamilies(arch, jax_nvfp4::kBuiltCuda, jax_nvfp4::kBuiltSm90a);
     nb::list l;
@@ -132,7 +132,7 @@ NB_MODULE(_jax_nvfp4, m) {
       },
       nb::arg("arch"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("g"), nb::arg("rows_hint"),
       nb::arg("a_fp4"), nb::arg("rhs_layout"), nb::arg("families") = -1, nb::arg("fp8") = false,
-      "The kernel configuration ChooseKernelConfig picks, as (family, token_tile, stages, cluster). rhs_layout: 0 "
+      "The kernel configuration ChooseKernelConfig picks, as (family, token_tile, stages, cluster, raster). rhs_layout: 0 "
       "checkpoint, 1 sm90, 2 fp8-prepared. families: a mask of 1 << family (0 mma, 1 mma_ws, 2 wgmma, 3 wgmma_fp8, "
       "4 wgmma_fp8_prepared) the device can run; -1: this build's on arch. fp8: the FP8 mode (the "
       "jax_nvfp4_grouped_gemm_fp8 call).");

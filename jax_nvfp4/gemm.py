@@ -42,13 +42,18 @@ def _rows_for_choice(m, rows_hint: int, g: int) -> tuple[int, int]:
     return m, min(int(rows_hint), m)
 
 
-def _ffi_call(target, args, out_cols, out_dtype, rows_decoded, config, rhs_layout, **attrs):
+def _ffi_call(target, args, out_cols, out_dtype, rows_decoded, config, rhs_layout, ws_extra=None,
+              **attrs):
     """One of the custom calls on ``args`` (``lhs, lhs_scales, rhs_data, rhs_scales, ...``):
     out ``[M, out_cols]`` out_dtype, and the workspace for ``rows_decoded`` weight rows of the CPU
     handler (K bytes each; rhs_data's last axis is K/2)."""
     m, g, k = args[0].shape[0], args[2].shape[0], 2 * args[2].shape[2]
     out_t = varying_type(args, (m, out_cols), out_dtype)
-    ws_t = varying_type(args, (workspace_bytes(g, rows_decoded * k),), jnp.uint8)
+    extra = rows_decoded * k if ws_extra is None else ws_extra
+    # a symbolic extra (jax.export with a symbolic M: the fp8-prepared call's 4 M K/128 bytes) is
+    # added to the formula's constant part (it is linear in the extra bytes)
+    ws = workspace_bytes(g, extra) if isinstance(extra, int) else workspace_bytes(g, 0) + extra
+    ws_t = varying_type(args, (ws,), jnp.uint8)
     out, _ = jax.ffi.ffi_call(target, (out_t, ws_t), vmap_method="sequential")(
         *args, rhs_layout=np.int32(rhs_layout), **config.attributes(), **attrs)
     return out
@@ -80,10 +85,13 @@ def _grouped_gemm_jvp(out_dtype, config, rhs_layout, primals, tangents):
 
 def _ffi_grouped_gemm_fp8(codes, scales_t, rhs_data, rhs_scales, alpha, group_sizes, out_dtype,
                           config, rhs_layout):
-    # prepared e4m3 weights (rhs_layout 2) are read as they lie: the CPU handler decodes no row
-    rows_decoded = 0 if rhs_layout == LAYOUT_CODES["fp8"] else 1
+    # prepared e4m3 weights (rhs_layout 2) are read as they lie (the CPU handler decodes no row); their
+    # workspace holds cutlass_fp8's [M, K/128] copy of the chunk scales (the extension's formula)
+    ws_extra = None
+    if rhs_layout == LAYOUT_CODES["fp8"]:
+        ws_extra = 4 * codes.shape[0] * (rhs_data.shape[2] // 128)
     return _ffi_call(FP8_TARGET, (codes, scales_t, rhs_data, rhs_scales, alpha, group_sizes),
-                     rhs_data.shape[1], out_dtype, rows_decoded, config, rhs_layout)
+                     rhs_data.shape[1], out_dtype, 1, config, rhs_layout, ws_extra=ws_extra)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(6, 7, 8))

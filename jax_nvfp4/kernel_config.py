@@ -3,7 +3,8 @@
 The configurations and the heuristic that picks one live in the extension's C++ contract
 (``csrc/gemm_contract.h``: ``kKernelConfigs``, ``ChooseKernelConfig``); this module calls them at
 trace time, with the device's compute capability, and turns the result into the custom call's
-attributes (``kernel``, ``token_tile``, ``stages``, ``cluster``: visible in the lowered program).
+attributes (``kernel``, ``token_tile``, ``stages``, ``cluster``, ``raster``: visible in the lowered
+program).
 Families (docs/design.md describes each kernel):
 
 * ``"mma"``: mma.sync with a cp.async pipeline; every GPU from compute capability 8.0 (A100, L40S,
@@ -62,18 +63,21 @@ class KernelConfig:
       family: one of :data:`FAMILIES`.
       token_tile: rows of one group per CTA tile.
       stages: pipeline depth.
-      cluster: CTAs per cluster (2 for the 256-token wgmma tile).
+      cluster: CTAs per cluster (2 for the 256-token wgmma tile; cutlass_fp8: along N).
+      raster: cutlass_fp8's tile order (0 CUTLASS's heuristic, 1 along M, 2 along N); 0 elsewhere.
     """
 
     family: str
     token_tile: int
     stages: int
     cluster: int = 1
+    raster: int = 0
 
     def attributes(self) -> dict:
         """The custom call's typed attributes for this configuration (int32 scalars)."""
         return {"kernel": np.int32(FAMILIES.index(self.family)), "token_tile": np.int32(self.token_tile),
-                "stages": np.int32(self.stages), "cluster": np.int32(self.cluster)}
+                "stages": np.int32(self.stages), "cluster": np.int32(self.cluster),
+                "raster": np.int32(self.raster)}
 
 
 def _ext():

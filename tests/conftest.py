@@ -94,9 +94,9 @@ the README's test command must stay well under 10 minutes on 2 cores. Generous o
 slowest quick tests take ~10 s on a quiet 2-core machine, up to ~35 s on a loaded one)."""
 
 
-def quick_budget_s() -> float:
-    """The per-test budget of the quick tier in seconds (0: no check)."""
-    raw = os.environ.get(QUICK_BUDGET_ENV, "").strip()
+def quick_budget_s(environ=os.environ) -> float:
+    """The per-test budget of the quick tier in seconds (0: no check), from ``environ``."""
+    raw = environ.get(QUICK_BUDGET_ENV, "").strip()
     if not raw:
         return QUICK_BUDGET_S
     try:

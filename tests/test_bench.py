@@ -2,6 +2,7 @@
 (a benchmark of different computations would compare nothing), and the helpers are right."""
 
 import ast
+import importlib
 import importlib.util
 import json
 import math
@@ -406,3 +407,26 @@ def test_a_tokamax_error_skips_that_row_only(monkeypatch):
     assert list(got) == ["tokamax_bf16"] and got["tokamax_bf16"][0] > 0
     assert logged == ["  tokamax_int4 skipped: RuntimeError: no kernel for this"]
     assert bench_tokamax.tokamax_peers(x, wb, sizes, ["w4a16"], log=logged.append) == {}
+
+
+def test_tools_and_examples_import_what_exists():
+    """Every ``jax_nvfp4`` import of the scripts in tools/ and examples/ names a module, or a name
+    of one, that exists (they are not tested otherwise: a moved module would break them silently)."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    checked = 0
+    for path in [*(root / "tools").rglob("*.py"), *(root / "examples").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                pairs = [(a.name, None) for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                pairs = [(node.module, a.name) for a in node.names]
+            else:
+                continue
+            for module, name in pairs:
+                if module != "jax_nvfp4" and not module.startswith("jax_nvfp4."):
+                    continue
+                mod = importlib.import_module(module)
+                assert name is None or hasattr(mod, name) or importlib.util.find_spec(
+                    f"{module}.{name}") is not None, f"{path.relative_to(root)}: {module}.{name}"
+                checked += 1
+    assert checked > 20

@@ -151,13 +151,15 @@ def cpp_layouts():
 
 
 def cpp_kernel_configs():
-    """kKernelConfigs of csrc/gemm_contract.h as (family, token_tile, stages, cluster) tuples."""
+    """kKernelConfigs of csrc/gemm_contract.h as (family, token_tile, stages, cluster, raster) tuples
+    (raster 0 where an entry leaves it out)."""
     body = re.search(r"kKernelConfigs\[\] = \{(.*?)\};", CONTRACT, re.S).group(1)
     names = cpp_families()
     codes = _cpp_enum(CONTRACT, "KernelFamily")
     by_code = {v: k for k, v in names.items()}
-    return [(by_code[codes[f]], int(t), int(s), int(c)) for f, t, s, c in
-            re.findall(r"\{KernelFamily::(k\w+),\s*(\d+),\s*(\d+),\s*(\d+)\}", body)]
+    entries = re.findall(r"\{KernelFamily::(k\w+),\s*(\d+),\s*(\d+),\s*(\d+)(?:,\s*(\d+))?\}", body)
+    assert len(entries) == body.count("{KernelFamily::"), "an entry the pattern does not read"
+    return [(by_code[codes[f]], int(t), int(s), int(c), int(r or 0)) for f, t, s, c, r in entries]
 
 
 def _table(text, first_heading):
@@ -185,7 +187,7 @@ def test_python_families_and_layouts_are_the_cpp_enums():
 
 
 def test_kernel_configs_are_the_headers_table():
-    got = [(c.family, c.token_tile, c.stages, c.cluster) for c in kernel_config.kernel_configs()]
+    got = [(c.family, c.token_tile, c.stages, c.cluster, c.raster) for c in kernel_config.kernel_configs()]
     assert got == cpp_kernel_configs()
 
 
@@ -208,7 +210,7 @@ def test_design_md_has_a_section_per_kernel_family():
 
 def test_design_md_dispatch_table_names_every_family_and_real_tiles():
     tiles = {}
-    for fam, tile, _, _ in cpp_kernel_configs():
+    for fam, tile, _, _, _ in cpp_kernel_configs():
         tiles.setdefault(fam, set()).add(tile)
     named = set()
     for _, config in _table(DESIGN, "condition"):

@@ -136,8 +136,8 @@ def test_stale_extension_is_refused_naming_the_targets():
 
 def _gemm_case(rng, g=3, n=128, k=64, layout="checkpoint"):
     rhs = QUANTIZE_STACK(jnp.asarray(rng.standard_normal((g, n, k)), jnp.float32))
-    if layout == "sm90":
-        rhs = jn.prepare_weights(rhs)
+    if layout != "checkpoint":
+        rhs = jax.jit(lambda w: jn.prepare_weights(w, layout))(rhs)
     return rhs
 
 
@@ -211,21 +211,25 @@ def test_library_pytrees_round_trip_through_serialization(rng):
 
 
 @needs_ext
-@pytest.mark.parametrize("layout", ["checkpoint", "sm90"])
+@pytest.mark.parametrize("layout", ["checkpoint", "sm90", "fp8"])
 @pytest.mark.parametrize("lhs_kind", ["bf16", "nvfp4"])
 def test_grouped_gemm_exports_with_a_symbolic_row_count(rng, tmp_path, layout, lhs_kind):
-    rhs = _gemm_case(rng, layout=layout)
-    quant = lhs_kind == "nvfp4"
+    """Exact mode on checkpoint and sm90 weights; the fp8 mode on fp8-prepared weights (whose
+    workspace grows with M)."""
+    k = 128 if layout == "fp8" else 64
+    rhs = _gemm_case(rng, k=k, layout=layout)
+    quant, precision = lhs_kind == "nvfp4", "fp8" if layout == "fp8" else "exact"
     f = jax.jit(lambda x, w, gs: jn.grouped_gemm(QUANTIZE(x) if quant else x, w, gs,
-                                                 backend="ffi"))
+                                                 backend="ffi", precision=precision))
     m, = jax.export.symbolic_shape("m")
     exp = _export(f)(
-        jax.ShapeDtypeStruct((m, 64), jnp.bfloat16), rhs,
+        jax.ShapeDtypeStruct((m, k), jnp.bfloat16), rhs,
         jax.ShapeDtypeStruct((3,), jnp.int32))
-    assert "jax_nvfp4_grouped_gemm_v1" in exp.mlir_module()
+    assert ("jax_nvfp4_grouped_gemm_fp8_v1" if layout == "fp8"
+            else "jax_nvfp4_grouped_gemm_v1") in exp.mlir_module()
     calls = []
     for rows, gs in ((1, [1, 0, 0]), (7, [2, 0, 3]), (40, [17, 9, 14])):
-        x = jnp.asarray(rng.standard_normal((rows, 64)), jnp.bfloat16)
+        x = jnp.asarray(rng.standard_normal((rows, k)), jnp.bfloat16)
         calls.append(((x, rhs, jnp.array(gs, jnp.int32)), {}))
     for (args, _), (got,) in zip(calls, run_fresh(tmp_path, exp, calls)):
         want = f(*args)

@@ -521,9 +521,9 @@ class TestBadInput:
                                     backend="ffi")
         assert rel_err(np.asarray(f(), np.float64), ref) <= 1e-5
         # the size (the extension's formula: the CUDA launchers' 4096 + 32 G schedules, then
-        # cutlass_fp8's 128-byte aligned argument arrays, 256 bytes per group, 32 KiB of ones and
+        # cutlass_fp8's 128-byte aligned argument arrays, 256 bytes per group, 64 KiB of ones and
         # 512 KiB for CUTLASS's tensor maps; plus K here) against a reading of its own
-        cuda = 4096 + 32 * 2 + 128 + 256 * 2 + 14 * 128 + 4 * 8192 + 512 * 1024
+        cuda = 4096 + 32 * 2 + 128 + 256 * 2 + 14 * 128 + 4 * 16384 + 512 * 1024
         assert jn.gemm.workspace_bytes(2, 4160) == cuda + 4160
         monkeypatch.setattr(jn.gemm, "workspace_bytes", lambda g, k=0: 4096 + 32 * g)
         with pytest.raises(jax.errors.JaxRuntimeError,
@@ -856,7 +856,7 @@ class TestGroupedGemmSwigluBadInput:
         assert "glu_limit = 0x7F800000 : f32" in f(rhs, None)
         assert "rhs_layout = 1 : i32" in f(jn.prepare_weights(rhs), 10.0)
         plain = jax.jit(lambda a: jn.grouped_gemm(a, rhs, gs, backend="ffi")).lower(lhs).as_text()
-        for attr in ("kernel", "token_tile", "stages", "cluster"):
+        for attr in ("kernel", "token_tile", "stages", "cluster", "raster"):
             want = re.search(attr + r" = [^,}]*", plain).group(0)
             assert want in text, (attr, want)
 

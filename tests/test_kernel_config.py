@@ -29,8 +29,9 @@ def test_config_table():
         KernelConfig("wgmma", 128, 8, 1), KernelConfig("wgmma", 256, 5, 2),
         KernelConfig("wgmma_fp8", 32, 15, 1), KernelConfig("wgmma_fp8", 64, 12, 1),
         KernelConfig("wgmma_fp8", 128, 8, 1), KernelConfig("wgmma_fp8_prepared", 128, 6, 1),
-        KernelConfig("cutlass_fp8", 128, 6, 1), KernelConfig("cutlass_fp8", 128, 6, 2),
-        KernelConfig("cutlass_fp8", 64, 8, 1))
+        KernelConfig("cutlass_fp8", 128, 6, 1, 1), KernelConfig("cutlass_fp8", 128, 6, 1),
+        KernelConfig("cutlass_fp8", 128, 6, 1, 2), KernelConfig("cutlass_fp8", 128, 6, 2),
+        KernelConfig("cutlass_fp8", 128, 6, 2, 1), KernelConfig("cutlass_fp8", 64, 8, 1))
     assert {c.family for c in configs} == set(FAMILIES)
 
 
@@ -57,17 +58,19 @@ def test_fp8_heuristic(rows_per_group, tile):
 
 
 @needs_ext
-@pytest.mark.parametrize("rows_per_group", [1, 4, 32, 128, 512])
+@pytest.mark.parametrize("rows_per_group", [1, 4, 31, 32, 128, 512])
 def test_fp8_heuristic_prepared_weights(rows_per_group):
-    """Weights prepared as e4m3 (layout "fp8") run cutlass_fp8 (its 128-token cooperative tile), on
-    any device, and wgmma_fp8_prepared where N % 8 != 0; no other family reads them, and those two
-    read nothing else."""
+    """Weights prepared as e4m3 (layout "fp8") run cutlass_fp8 (128-token cooperative tiles walked
+    along M) from 32 rows per group on average, wgmma_fp8_prepared below that and where N % 8 != 0,
+    on any device; no other family reads them, and those two read nothing else."""
     g, n, k = 48, 6144, 7168
     m = rows_per_group * g
     fams = ALL + kc.FP8_FAMILIES
     for arch, f in ((90, fams), (80, ("mma",)), (0, None)):
         got = kc.choose(m, n, k, g, arch=arch, families=f, rhs_layout="fp8", precision="fp8")
-        assert got == KernelConfig("cutlass_fp8", 128, 6, 1)
+        want = (KernelConfig("cutlass_fp8", 128, 6, 1, 1) if rows_per_group >= 32 else
+                KernelConfig("wgmma_fp8_prepared", 128, 6, 1))
+        assert got == want
         got = kc.choose(m, n + 4, k, g, arch=arch, families=f, rhs_layout="fp8", precision="fp8")
         assert got == KernelConfig("wgmma_fp8_prepared", 128, 6, 1)
     assert kc.choose(m, n, k, g, arch=90, families=fams, precision="fp8").family == "wgmma_fp8"
@@ -198,7 +201,7 @@ def _raw_call(**attrs):
     out_t = jax.ShapeDtypeStruct((8, 16), jnp.float32)
     ws_t = jax.ShapeDtypeStruct((jn.gemm.workspace_bytes(2, 64),), jnp.uint8)
     base = dict(rhs_layout=np.int32(0), kernel=np.int32(0), token_tile=np.int32(16), stages=np.int32(4),
-                cluster=np.int32(1))
+                cluster=np.int32(1), raster=np.int32(0))
     base.update(attrs)
     call = jax.ffi.ffi_call(_extension.TARGET, (out_t, ws_t))
     return jax.block_until_ready(call(lhs, jnp.zeros((0,), jnp.float8_e4m3fn), rhs.data, rhs.scales,
@@ -233,7 +236,7 @@ def _raw_fp8_call(**attrs):
     out_t = jax.ShapeDtypeStruct((m, 16), jnp.float32)
     ws_t = jax.ShapeDtypeStruct((jn.gemm.workspace_bytes(2, k),), jnp.uint8)
     base = dict(rhs_layout=np.int32(0), kernel=np.int32(3), token_tile=np.int32(32),
-                stages=np.int32(15), cluster=np.int32(1))
+                stages=np.int32(15), cluster=np.int32(1), raster=np.int32(0))
     base.update(attrs)
     call = jax.ffi.ffi_call(jn.gemm.FP8_TARGET, (out_t, ws_t))
     lhs, lhs_scales = jnp.ones((m, k), jnp.float8_e4m3fn), jnp.ones((k // 128, m), jnp.float32)
@@ -279,15 +282,30 @@ def test_handlers_check_the_mode_against_the_kernel(on_cpu):
         _raw_prepared_call(scales=jnp.zeros((2, 16, 8), jnp.float8_e4m3fn))
 
 
+@needs_ext
+def test_prepared_call_needs_the_transposed_scales_workspace(on_cpu, monkeypatch):
+    """The FP8 call on prepared weights needs 4 M K/128 bytes past the launchers' workspace (the
+    chunk scales cutlass_fp8 reads K-major): a workspace without them is an error naming both
+    sizes, on the CPU handler too (one check for every handler)."""
+    platform_device("cpu")
+    with_extra = jn.gemm.workspace_bytes(2, 4 * 8 * 1)
+    monkeypatch.setattr(jn.gemm, "workspace_bytes", lambda g, k=0: with_extra - 32)
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match=rf"jax_nvfp4_grouped_gemm_fp8: workspace has {with_extra - 32} bytes, "
+                             rf"needs {with_extra}"):
+        _raw_prepared_call()
+
+
 def _raw_prepared_call(scales=None, **attrs):
     """The FP8 custom call on prepared e4m3 weights bytes [G, N, K] (rhs_layout 2, rhs_scales [0])."""
     m, k = 8, 128
     _, rhs, gs, _ = make_problem(np.random.default_rng(3), m, 16, k, [4, 4], False)
     w8 = jax.lax.bitcast_convert_type(jn.prepare_weights(rhs, "fp8").codes, jnp.uint8)
     out_t = jax.ShapeDtypeStruct((m, 16), jnp.float32)
-    ws_t = jax.ShapeDtypeStruct((jn.gemm.workspace_bytes(2, 0),), jnp.uint8)
+    # prepared weights: the workspace's extra bytes hold cutlass_fp8's [M, K/128] chunk scales
+    ws_t = jax.ShapeDtypeStruct((jn.gemm.workspace_bytes(2, 4 * m * (k // 128)),), jnp.uint8)
     base = dict(rhs_layout=np.int32(2), kernel=np.int32(4), token_tile=np.int32(128),
-                stages=np.int32(6), cluster=np.int32(1))
+                stages=np.int32(6), cluster=np.int32(1), raster=np.int32(0))
     base.update(attrs)
     call = jax.ffi.ffi_call(jn.gemm.FP8_TARGET, (out_t, ws_t))
     lhs, lhs_scales = jnp.ones((m, k), jnp.float8_e4m3fn), jnp.ones((k // 128, m), jnp.float32)

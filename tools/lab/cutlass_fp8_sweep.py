@@ -30,7 +30,7 @@ PREPARED = [c for c in jn.kernel_config.kernel_configs()
 
 
 def name(c):
-    return f"{c.family}_{c.token_tile}_s{c.stages}_c{c.cluster}"
+    return f"{c.family}_{c.token_tile}_s{c.stages}_c{c.cluster}_r{c.raster}"
 
 
 def main(argv=None):
