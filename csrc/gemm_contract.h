@@ -83,9 +83,9 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     {KernelFamily::kWgmma, 64, 12, 1}, {KernelFamily::kWgmma, 128, 8, 1}, {KernelFamily::kWgmma, 256, 5, 2},
     {KernelFamily::kWgmmaFp8, 32, 15, 1}, {KernelFamily::kWgmmaFp8, 64, 12, 1}, {KernelFamily::kWgmmaFp8, 128, 8, 1},
     {KernelFamily::kWgmmaFp8Prepared, 128, 6, 1},
-    {KernelFamily::kCutlassFp8, 128, 6, 1, 1}, {KernelFamily::kCutlassFp8, 128, 6, 1, 0},
-    {KernelFamily::kCutlassFp8, 128, 6, 1, 2}, {KernelFamily::kCutlassFp8, 128, 6, 2, 0},
-    {KernelFamily::kCutlassFp8, 128, 6, 2, 1}, {KernelFamily::kCutlassFp8, 64, 8, 1, 0},
+    {KernelFamily::kCutlassFp8, 128, 6, 2, 1}, {KernelFamily::kCutlassFp8, 128, 6, 1, 0},
+    {KernelFamily::kCutlassFp8, 128, 6, 1, 1}, {KernelFamily::kCutlassFp8, 128, 6, 1, 2},
+    {KernelFamily::kCutlassFp8, 128, 6, 2, 0}, {KernelFamily::kCutlassFp8, 64, 8, 1, 0},
 };
 inline constexpr int kNumKernelConfigs = static_cast<int>(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
 
@@ -252,8 +252,8 @@ inline constexpr KernelConfig ConfigForFamily(KernelFamily f, const ProblemDesc&
   // short tiles cost no MMA work; 32/64-token tiles were no faster at 4 rows per group and 10% slower at
   // 32: docs/archive/fp8-prepared-lab.md)
   if (f == KernelFamily::kWgmmaFp8Prepared) return DefaultConfigFor(f, 128);
-  // cutlass_fp8: its first entry, 128-token cooperative tiles walked along M (the token tiles of one weight
-  // tile in turn), the fastest of the sweep at 6144 and 24576 rows (docs/design.md)
+  // cutlass_fp8: its first entry, 128-token cooperative tiles in 2-CTA clusters along N walked along M (the
+  // token tiles of one weight tile in turn), the fastest of the sweep from 1536 to 24576 rows (docs/design.md)
   if (f == KernelFamily::kCutlassFp8) return DefaultConfigFor(f, 128);
   if (f == KernelFamily::kMmaWs) return DefaultConfigFor(f, 16);
   return DefaultConfigFor(f, avg <= 12 ? 16 : avg <= 40 ? 32 : 64);
@@ -269,9 +269,10 @@ inline constexpr KernelConfig ConfigForFamily(KernelFamily f, const ProblemDesc&
 inline constexpr KernelConfig ChooseKernelConfig(const ProblemDesc& d) {
   if (d.fp8) {
     if (d.layout != RhsLayout::kFp8) return ConfigForFamily(KernelFamily::kWgmmaFp8, d);
-    // fp8-prepared weights: CUTLASS's grouped GEMM from 32 rows per group on average; below, the hand-written
-    // kernel, whose WGMMA N follows a short group's rows (4 rows per group: 0.63 against 0.70 ms at L1)
-    const bool cutlass = CutlassFp8ShapeOk(d) && AvgRowsPerGroup(d) >= 32;
+    // fp8-prepared weights: CUTLASS's grouped GEMM from 64 rows per group on average; below, the hand-written
+    // kernel, whose WGMMA N follows a short group's rows (H100, L1: 0.63 against 0.70 ms at 4 rows per group,
+    // 0.78 against 0.83 at 32; at 128 CUTLASS leads, 1.03 against 1.12; 64 is the midpoint, not measured)
+    const bool cutlass = CutlassFp8ShapeOk(d) && AvgRowsPerGroup(d) >= 64;
     return ConfigForFamily(cutlass ? KernelFamily::kCutlassFp8 : KernelFamily::kWgmmaFp8Prepared, d);
   }
   auto usable = [&d](KernelFamily f) { return (d.families & FamilyBit(f)) && FamilyHandles(f, d); };

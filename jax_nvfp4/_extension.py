@@ -10,7 +10,24 @@ from typing import Optional
 
 import jax
 
-TARGET = "jax_nvfp4_grouped_gemm"
+ABI_VERSION = 1
+"""The version of the custom calls' interface (operands, attributes, what they compute), the
+suffix ``_v1`` of every target name (ffi/module.cc registers the names; bump both on any such
+change). A program serialized by ``jax.export`` calls the targets by name, so an artifact from a
+build of another version fails to compile, naming the missing target, instead of running the
+handlers on arguments they do not expect."""
+
+
+def target_name(base: str) -> str:
+    """The registered name of custom call ``base``: ``"jax_nvfp4_grouped_gemm"`` ->
+    ``"jax_nvfp4_grouped_gemm_v1"``."""
+    return f"{base}_v{ABI_VERSION}"
+
+
+TARGET = target_name("jax_nvfp4_grouped_gemm")
+TARGETS = tuple(target_name(f"jax_nvfp4_{n}") for n in (
+    "grouped_gemm", "grouped_gemm_fp8", "grouped_gemm_glu", "dispatch_rows", "quantize_fp8"))
+"""Every custom call of the extension (CPU handlers; CUDA ones where built, same names)."""
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
@@ -19,6 +36,7 @@ def _import():
     """``(module, None)`` or ``(None, import error text)``."""
     try:
         from . import _jax_nvfp4 as ext  # noqa: PLC0415
+        _check_abi(ext)
     except ImportError as e:
         return None, f"{type(e).__name__}: {e}"
     return ext, None
@@ -35,6 +53,19 @@ def load():
     for name, capsule in ext.cuda_registrations().items():
         jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
     return ext
+
+
+def _check_abi(ext) -> None:
+    """ImportError unless the compiled module registers this package's target names (a stale
+    build of another ABI version would otherwise surface as a missing target at the first call);
+    the extension then counts as not built, with this as the reason."""
+    missing = sorted(set(TARGETS) - set(ext.cpu_registrations()))
+    if missing:
+        raise ImportError(
+            f"jax_nvfp4: the compiled extension {ext.__file__} does not register the custom calls "
+            f"{missing} that this jax_nvfp4 (ABI version {ABI_VERSION}) calls; it registers "
+            f"{sorted(ext.cpu_registrations())}. It is a build of another version: reinstall "
+            "(pip install .) or rebuild it in place")
 
 
 def available() -> bool:
@@ -72,8 +103,8 @@ def source_tree_shadowing() -> Optional[str]:
     return (f"jax_nvfp4 was imported from the source tree {root} (the current directory or "
             f"PYTHONPATH put it first on sys.path), which holds no compiled extension{installed}. "
             "Run from another directory, or with `python -P` (keeps the current directory off "
-            "sys.path), after `pip install --no-build-isolation .`; or build in place with "
-            "`pip install --no-build-isolation -Ceditable.mode=inplace -e .`")
+            "sys.path), after `pip install .`; or build in place with "
+            "`pip install -Ceditable.mode=inplace -e .`")
 
 
 def not_built_message() -> str:

@@ -13,13 +13,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from . import _extension
 from .options import resolve_backend
 from .quantization import dynamic_global_scale, e2m1_scaled, quantize
 from .rows import take_rows
 from .varying import varying_type
 
 
-DISPATCH_TARGET = "jax_nvfp4_dispatch_rows"
+DISPATCH_TARGET = _extension.target_name("jax_nvfp4_dispatch_rows")
 """The custom call of :func:`dispatch_rows` (csrc/dispatch_rows.h)."""
 
 def dispatch_rows_reference(x: jax.Array, gather=None, row_scale=None) -> jax.Array:

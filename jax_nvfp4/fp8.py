@@ -53,7 +53,7 @@ CHUNK = FP8_CHUNK
 """k values per activation scale (and per float32 promotion of the kernel's accumulator)."""
 WEIGHT_SHIFT = FP8_WEIGHT_SHIFT
 """The weights enter e4m3 as ``e2m1 * scale * 2^-3``; the epilogue multiplies by ``2^3``."""
-QUANTIZE_TARGET = "jax_nvfp4_quantize_fp8"
+QUANTIZE_TARGET = _extension.target_name("jax_nvfp4_quantize_fp8")
 """The custom call of the activation quantizer in the kernel k order (csrc/quantize_fp8.h)."""
 FP8_NO_DERIVATIVE = (
     "jax_nvfp4.fp8: quantizing activations to e4m3 (quantize_rows, quantize_activations_fp8) has "

@@ -9,13 +9,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _extension, autodiff, fp8, gemm_args, kernel_config, quantization, reference
+from . import (_extension, autodiff, fp8, gemm_args, kernel_config, quantization, qwix_interop,
+               reference)
 from .formats import Fp8Weights, NVFP4Tensor
 from .kernel_config import KernelConfig
 from .options import EXACT, LAYOUT_CODES, check_precision, resolve_backend
 from .varying import varying_type
 
-FP8_TARGET = "jax_nvfp4_grouped_gemm_fp8"
+FP8_TARGET = _extension.target_name("jax_nvfp4_grouped_gemm_fp8")
 """The fp8 mode's custom call (docs/design.md, "FP8 mode")."""
 
 
@@ -27,6 +28,20 @@ def workspace_bytes(num_groups: int, k: int = 0) -> int:
     return int(_extension.load().workspace_bytes(num_groups, k))
 
 
+SYMBOLIC_ROWS_PER_GROUP = 128
+"""With a symbolic M (``jax.export`` with a symbolic token count) the kernel configuration, a static
+attribute of the custom call, is chosen for ``rows_hint`` rows when one is given, else for this many
+rows per group on average (the prefill-sized tiles). Any configuration computes every M."""
+
+
+def _rows_for_choice(m, rows_hint: int, g: int) -> tuple[int, int]:
+    """``(M, rows_hint)`` as static ints for the kernel choice (M symbolic: SYMBOLIC_ROWS_PER_GROUP);
+    a hint at or past M means M (as the kernels read it)."""
+    if not isinstance(m, int):
+        m = int(rows_hint) if rows_hint else SYMBOLIC_ROWS_PER_GROUP * g
+    return m, min(int(rows_hint), m)
+
+
 def _ffi_call(target, args, out_cols, out_dtype, rows_decoded, config, rhs_layout, ws_extra=None,
               **attrs):
     """One of the custom calls on ``args`` (``lhs, lhs_scales, rhs_data, rhs_scales, ...``):
@@ -35,7 +50,10 @@ def _ffi_call(target, args, out_cols, out_dtype, rows_decoded, config, rhs_layou
     m, g, k = args[0].shape[0], args[2].shape[0], 2 * args[2].shape[2]
     out_t = varying_type(args, (m, out_cols), out_dtype)
     extra = rows_decoded * k if ws_extra is None else ws_extra
-    ws_t = varying_type(args, (workspace_bytes(g, extra),), jnp.uint8)
+    # a symbolic extra (jax.export with a symbolic M: the fp8-prepared call's 4 M K/128 bytes) is
+    # added to the formula's constant part (it is linear in the extra bytes)
+    ws = workspace_bytes(g, extra) if isinstance(extra, int) else workspace_bytes(g, 0) + extra
+    ws_t = varying_type(args, (ws,), jnp.uint8)
     out, _ = jax.ffi.ffi_call(target, (out_t, ws_t), vmap_method="sequential")(
         *args, rhs_layout=np.int32(rhs_layout), **config.attributes(), **attrs)
     return out
@@ -178,7 +196,9 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         ``[G, N, K/16]``, global_scale float32 ``[G]``; ``rhs.layout`` "checkpoint" or "sm90"
         (from :func:`jax_nvfp4.prepare_weights`: every CUDA kernel reads it, with fewer
         instructions; with ``kernel="mma"`` a W4A4 lhs is a ValueError, since that choice keeps
-        W4A4 native and no kernel reads packed activations with sm90 weights).
+        W4A4 native and no kernel reads packed activations with sm90 weights) Or a qwix NVFP4
+        ``QArray`` ``[G, K, N]`` tiled along K (converted on each call by
+        :func:`jax_nvfp4.qwix_interop.from_qwix`; convert once to keep that out of the step).
       group_sizes: int32 ``[G]`` (or a list, tuple or array of other integers whose values fit
         int32; a concrete value that does not is a ValueError); rows are grouped consecutively in
         group order. Negative sizes count as 0 and the running sum is clamped to M.
@@ -227,6 +247,7 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
       ``[M, N]`` out_dtype; row r of group g is ``alpha_g * lhs[r] @ W_g.T`` with ``alpha_g = lhs
       global scale * rhs.global_scale[g]`` applied in the epilogue; rows past the groups are 0.
     """
+    rhs = qwix_interop.as_nvfp4(rhs, "rhs")
     if rows_hint is None:
         rows_hint = 0
     elif isinstance(rows_hint, bool) or not isinstance(rows_hint, (int, np.integer)) or rows_hint < 0:
@@ -245,13 +266,13 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         float_lhs_dtypes=None if precision == "fp8" else (jnp.bfloat16,))
     check_precision(precision, k)
     group_sizes = gemm_args.check_group_sizes(group_sizes, g)
-    rows_hint = min(int(rows_hint), m)            # a hint at or past M means M (as the kernels read it)
+    m_choice, rows_hint = _rows_for_choice(m, rows_hint, g)
     if precision == "fp8":
         if m == 0:
             return jnp.zeros((0, n), jnp.dtype(out_dtype))
         rhs_gs = jnp.broadcast_to(rhs.global_scale.astype(jnp.float32), (g,))
-        return _fp8_ffi(lhs, rhs, group_sizes, rhs_gs, jnp.dtype(out_dtype), kernel, m, n, k, g,
-                        int(rows_hint), precision)
+        return _fp8_ffi(lhs, rhs, group_sizes, rhs_gs, jnp.dtype(out_dtype), kernel, m_choice, n,
+                        k, g, rows_hint, precision)
     mma = _mma_requested(lhs, rhs, kernel)
     code = LAYOUT_CODES[rhs.layout]
     shape = dict(rows_hint=int(rows_hint), rhs_layout=rhs.layout, precision=precision)
@@ -261,23 +282,24 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         return jnp.zeros((0, n), out_dtype)
     no_sf = jnp.zeros((0,), jnp.float8_e4m3fn)
     if not isinstance(lhs, NVFP4Tensor):
-        config = kernel_config.resolve(kernel, m, n, k, g, **shape)
+        config = kernel_config.resolve(kernel, m_choice, n, k, g, **shape)
         return _grouped_gemm_op(jnp.asarray(lhs), no_sf, rhs.data, rhs.scales, rhs_gs, group_sizes,
                                 out_dtype, config, code)
     alpha = lhs.global_scale.astype(jnp.float32) * rhs_gs
     # the native route runs on the CPU only unless kernel "mma" was asked for (and the CPU
     # handler checks the configuration but ignores it), so a wgmma request still lowers
-    native_config = kernel_config.resolve(kernel if mma else None, m, n, k, g, w4a4=True, **shape)
+    native_config = kernel_config.resolve(kernel if mma else None, m_choice, n, k, g, w4a4=True,
+                                          **shape)
     args = (lhs.data, lhs.scales, rhs.data, rhs.scales, alpha, group_sizes)
     if mma:                                           # the mma kernel reads packed activations
         native, _ = _w4a4_routes(out_dtype, native_config, native_config, rhs.layout)
         return native(*args)
-    bf16_config = kernel_config.resolve(kernel, m, n, k, g, **shape)
+    bf16_config = kernel_config.resolve(kernel, m_choice, n, k, g, **shape)
     native, via_bf16 = _w4a4_routes(out_dtype, native_config, bf16_config, rhs.layout)
     return jax.lax.platform_dependent(*args, cpu=native, default=via_bf16)
 
 
-GLU_TARGET = "jax_nvfp4_grouped_gemm_glu"
+GLU_TARGET = _extension.target_name("jax_nvfp4_grouped_gemm_glu")
 """The gate/up GEMM with the SwiGLU in its epilogue (docs/design.md, "The fused SwiGLU epilogue")."""
 
 
@@ -352,11 +374,11 @@ def grouped_gemm_swiglu(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, row_sc
     m, k, g, n, alpha2, row_scale, lim = gemm_args.validate_swiglu_args(
         lhs, rhs, group_sizes, out_dtype, row_scale, limit, float_lhs_dtypes=(jnp.bfloat16,))
     group_sizes = gemm_args.check_group_sizes(group_sizes, g)
-    rows_hint = min(int(rows_hint), m)
     mma = _mma_requested(lhs, rhs, kernel)
     out_dtype = jnp.dtype(out_dtype)
     if m == 0:
         return jnp.zeros((0, n // 2), out_dtype)
+    m_choice, rows_hint = _rows_for_choice(m, rows_hint, g)
     code = LAYOUT_CODES[rhs.layout]
     shape = dict(rows_hint=int(rows_hint), rhs_layout=rhs.layout, precision=EXACT)
     no_sf = jnp.zeros((0,), jnp.float8_e4m3fn)
@@ -367,17 +389,18 @@ def grouped_gemm_swiglu(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, row_sc
                                     rs, out_dtype, config, code, lim)
 
     if not isinstance(lhs, NVFP4Tensor):
-        return call(jnp.asarray(lhs), no_sf, alpha2, kernel_config.resolve(kernel, m, n, k, g,
-                                                                           **shape))
+        return call(jnp.asarray(lhs), no_sf, alpha2, kernel_config.resolve(kernel, m_choice, n, k,
+                                                                           g, **shape))
     alpha2 = lhs.global_scale.astype(jnp.float32) * alpha2
-    native_config = kernel_config.resolve(kernel if mma else None, m, n, k, g, w4a4=True, **shape)
+    native_config = kernel_config.resolve(kernel if mma else None, m_choice, n, k, g, w4a4=True,
+                                          **shape)
 
     def native(a, a_sf, al):
         return call(a, a_sf, al, native_config)
 
     if mma:                                           # the mma kernel reads packed activations
         return native(lhs.data, lhs.scales, alpha2)
-    bf16_config = kernel_config.resolve(kernel, m, n, k, g, **shape)
+    bf16_config = kernel_config.resolve(kernel, m_choice, n, k, g, **shape)
 
     def via_bf16(a, a_sf, al):
         # As in _w4a4_routes: an exact dequantization to bf16 (global scale kept in alpha).

@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import autodiff, fp8
+from . import autodiff, fp8, qwix_interop
 from .dispatch import dispatch_rows, dispatch_rows_dynamic
 from .formats import Fp8Rows, Fp8Weights, NVFP4Tensor, keep_rounded
 from .gemm import grouped_gemm, grouped_gemm_swiglu
@@ -364,9 +364,11 @@ def sort_rows(key: jax.Array, groups: int):
       ties in row order, ``inv`` the inverse permutation (``order[inv] == arange(R)``), ``sizes``
       the rows per group. Small R ranks by pairwise comparison on CUDA GPUs, large R with few
       groups is a counting sort (one-hot prefix sums), else a stable sort; all give the same
-      arrays.
+      arrays. A symbolic R (``jax.export``) takes the stable sort.
     """
     r = key.shape[0]
+    if not isinstance(r, int):
+        return _sort_rows_by_sort(key, groups)
     if r <= RANK_SORT_MAX_ROWS:
         # on the CPU, XLA compiles and runs the R^2 form slower than its sort
         return jax.lax.platform_dependent(key, cuda=lambda k: rank_sort_rows(k, groups),
@@ -429,7 +431,8 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
     group_sizes = sizes[:num_local]
     # Expected rows of the local experts (uniform routing): a kernel/tile hint only, so that
     # expert parallelism's non-local rows (past the groups) do not make decode look like prefill.
-    hint = None if num_local >= config.num_experts else -(-t * k * num_local // config.num_experts)
+    hint = (None if num_local >= config.num_experts or not isinstance(t, int)   # t symbolic: export
+            else -(-t * k * num_local // config.num_experts))
     rw = route_weights.reshape(-1)
     # NaN weights (a hash-routed token with an invalid id, routing.route) stay NaN on every
     # device, so the token's row is NaN after the combine whatever the device count.
@@ -552,7 +555,9 @@ def moe(x, weights: MoEWeights, config: MoEConfig, *, token_ids=None, backend="a
       x: ``[..., H]`` float tokens (bf16 typical): ``[T, H]``, ``[B, S, H]``, or one token ``[H]``.
         The leading axes are flattened into T tokens and restored on the output.
       weights: :class:`MoEWeights` (w13 ``[E, 2I, H]``, w2 ``[E, H, I]`` NVFP4), in the
-        checkpoint layout or prepared by :func:`jax_nvfp4.prepare_weights`. Prepared weights
+        checkpoint layout or prepared by :func:`jax_nvfp4.prepare_weights`. The NVFP4 fields may
+        also be qwix NVFP4 ``QArray`` s (:func:`jax_nvfp4.qwix_interop.weights_from_qwix`:
+        converted on each call; convert once to keep the conversion out of the step). Prepared weights
         have their gate/up rows paired (``w13_paired``) and, in exact precision, run the
         gate/up GEMM and the SwiGLU as one fused call (module docstring): the same result up to
         float32 ulps of the SwiGLU and its epilogue factors (a bf16 rounding or a requantized
@@ -579,6 +584,7 @@ def moe(x, weights: MoEWeights, config: MoEConfig, *, token_ids=None, backend="a
     """
     if not isinstance(config, MoEConfig):
         raise ValueError(f"config: expected a MoEConfig, got {type(config).__name__}")
+    weights = qwix_interop.weights_from_qwix(weights)
     x = jnp.asarray(x)
     if x.ndim < 1 or x.shape[-1] != config.hidden_size:
         raise ValueError(f"x: expected [..., {config.hidden_size}], got {x.shape}")

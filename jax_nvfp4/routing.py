@@ -96,10 +96,11 @@ def top_k_ids(choice: jax.Array, k: int) -> jax.Array:
     first, ties to the lower index (``lax.top_k``'s order). On CUDA GPUs a small ``T x E x E``
     runs :func:`rank_top_k_ids` (no sort kernel: -3..10 us per decode layer on the H200); elsewhere,
     and for larger ones, ``lax.top_k`` (XLA's CPU backend compiles and runs the pairwise form
-    slower than its sort)."""
+    slower than its sort). A symbolic T (``jax.export`` with a symbolic token count) sorts: the
+    pairwise form's size is not known to be bounded."""
     t, e = choice.shape
     by_sort = lambda c: jax.lax.top_k(c, k)[1].astype(jnp.int32)  # noqa: E731
-    if t * e * e > RANK_TOP_K_MAX_COMPARES:
+    if not isinstance(t, int) or t * e * e > RANK_TOP_K_MAX_COMPARES:
         return by_sort(choice)
     return jax.lax.platform_dependent(choice, cuda=lambda c: rank_top_k_ids(c, k), default=by_sort)
 

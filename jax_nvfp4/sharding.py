@@ -77,13 +77,16 @@ def shard_moe_weights(weights: MoEWeights, mesh: jax.sharding.Mesh, axis_name: s
 
 def device_capacity(tokens: int, top_k: int, devices: int, capacity_factor) -> int | None:
     """The first (smallest) row count one device runs: ``ceil(capacity_factor * tokens * top_k
-    / devices)``, or None (all ``tokens * top_k`` rows) for ``capacity_factor=None``."""
+    / devices)``, or None (all ``tokens * top_k`` rows) for ``capacity_factor=None`` and for a
+    symbolic ``tokens`` (``jax.export``: the row counts a device may run are static sizes)."""
     if capacity_factor is None:
         return None
     if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, numbers.Real) \
             or not math.isfinite(capacity_factor) or capacity_factor <= 0:
         raise ValueError(f"capacity_factor: expected a finite number > 0 or None, got "
                          f"{capacity_factor!r}")
+    if not isinstance(tokens, int):
+        return None
     return max(1, math.ceil(capacity_factor * tokens * top_k / devices))
 
 

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import pathlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 import jax_nvfp4 as jn
-from jax_nvfp4.bench import gemm as bench, torch_peers as bench_torch
+from jax_nvfp4.bench import gemm as bench, tokamax_peers as bench_tokamax, torch_peers as bench_torch
 from oracles import dequant64, grouped_gemm64, rel_err
 from conftest import QUANTIZE_STACK
 
@@ -28,7 +29,8 @@ def test_every_implementation_computes_the_same_gemm():
     sizes = jnp.asarray(bench.skewed_group_sizes(rows, g, seed=2))
     fns, _, rhs_fp8 = bench.impl_fns(x, rhs, sizes)
     assert isinstance(rhs_fp8, jn.Fp8Weights)
-    assert set(fns) == set(bench.IMPLS) - {"pallas_mgpu", *bench_torch.TORCH_IMPLS}
+    assert set(fns) == set(bench.IMPLS) - {"pallas_mgpu", *bench_torch.TORCH_IMPLS,
+                                           *bench_tokamax.TOKAMAX_IMPLS}
     w64 = dequant64(rhs.data, rhs.scales, rhs.global_scale)
     ref16 = grouped_gemm64(np.asarray(x, np.float64), w64, np.ones(g), np.asarray(sizes))
     xq = jn.quantize(x.astype(jnp.float32))
@@ -145,11 +147,20 @@ def test_small_run_writes_the_json(tmp_path, capsys):
     assert saved["jax"] == jax.__version__ and saved["experts"] == bench.SMALL["experts"]
     assert saved["complete"] is True
     torch, reason = bench_torch.torch_or_reason()
-    ran = [i for i in impls if torch is not None or i not in bench_torch.TORCH_IMPLS]
+    tokamax, tokamax_reason = bench_tokamax.tokamax_or_reason()
+    ran = [i for i in impls if (torch is not None or i not in bench_torch.TORCH_IMPLS)
+           and (tokamax is not None or i not in bench_tokamax.TOKAMAX_IMPLS)]
     assert [r["impl"] for r in saved["results"]] == ran
     if torch is None:
         for impl in bench_torch.TORCH_IMPLS:
             assert f"{impl} skipped: {reason}" in printed
+    if tokamax is None:
+        for impl in bench_tokamax.TOKAMAX_IMPLS:
+            assert f"{impl} skipped: {tokamax_reason}" in printed
+    else:                                     # the bf16 peer is ragged_dot's numbers
+        m = re.search(r"rel diff tokamax_bf16 vs ragged_dot ([\d.e+-]+)", printed)
+        assert m and float(m.group(1)) <= 1e-2, printed[-2000:]
+        assert "rel diff tokamax_int4 vs ragged_dot" in printed
     for prepared in bench.FP8_PREPARED:
         assert f"rel diff {prepared} vs " in printed
     (k, n), = bench.SMALL["layers"].values()
@@ -371,6 +382,31 @@ def test_the_import_check_sees_each_form(tmp_path):
         assert any(map(_is_bench, names)), src
     f.write_text("from jax_nvfp4 import benchmarks_md, gemm\nimport jax_nvfp4.moe\n")
     assert not any(map(_is_bench, _imported_modules(f, "jax_nvfp4")))
+
+
+def test_a_tokamax_error_skips_that_row_only(monkeypatch):
+    """A tokamax peer that raises is skipped with the error printed; the others still run."""
+    class FakeTokamax:
+        @staticmethod
+        def ragged_dot(a, w, s):
+            if w.dtype != jnp.bfloat16:
+                raise RuntimeError("no kernel for this")
+            return jax.lax.ragged_dot(a, w, s)
+
+    class FakeQwix:
+        @staticmethod
+        def quantize(w, qtype, **kw):
+            return w.astype(jnp.float32)
+
+    monkeypatch.setattr(bench_tokamax, "tokamax_or_reason", lambda: ((FakeTokamax, FakeQwix), None))
+    logged = []
+    x, wb = jnp.ones((8, 128), jnp.bfloat16), jnp.ones((2, 128, 32), jnp.bfloat16)
+    sizes = jnp.array([3, 5], jnp.int32)
+    got = bench_tokamax.tokamax_peers(x, wb, sizes, list(bench_tokamax.TOKAMAX_IMPLS),
+                                      log=logged.append, target_s=0.001, repeats=1)
+    assert list(got) == ["tokamax_bf16"] and got["tokamax_bf16"][0] > 0
+    assert logged == ["  tokamax_int4 skipped: RuntimeError: no kernel for this"]
+    assert bench_tokamax.tokamax_peers(x, wb, sizes, ["w4a16"], log=logged.append) == {}
 
 
 def test_tools_and_examples_import_what_exists():

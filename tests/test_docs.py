@@ -77,27 +77,37 @@ def test_readme_layer_sentence_is_the_committed_json():
         assert _printed(beyond, printed_pct), (t, printed_pct, beyond)
 
 
+def _sweep_ms(name):
+    d = json.loads((ROOT / "docs" / name).read_text())
+    return {(r["case"], r["impl"]): r["ms"] for r in d["results"] if "ms" in r}
+
+
 def test_readme_fp8_prepared_figures_are_the_committed_json():
     text = " ".join(_section(README, "Performance").split())
-    ms = _gemm_ms("bench-h200-fp8-prepared.json")
-    m = re.search(r"\(`docs/bench-h200-fp8-prepared\.json`, W4A16 / W4A4\): (.+?): level with",
-                  text)
+    ms = _sweep_ms("bench-h100-cutlass-fp8-sweep.json")
+    ours = "cutlass_fp8_128_s6_c2_r1"
+    m = re.search(r"\(`docs/bench-h100-cutlass-fp8-sweep\.json`, W4A16 / W4A4, `cutlass_fp8`\): (.+?)\. In "
+                  r"the same run", text)
     assert m, "README: the fp8-prepared figures are not in the form this test reads"
     pairs = re.findall(r"(L[12]) (\d+)(?: rows)? ([\d.]+) / ([\d.]+)", m.group(1))
     assert len(pairs) == 4
     for layer, rows, a16, a4 in pairs:
         case = f"{layer} rows {rows}"
-        assert _printed(ms[(case, "w4a16_fp8_prepared")], a16), (case, a16)
-        assert _printed(ms[(case, "w4a4_fp8_prepared")], a4), (case, a4)
-    m = re.search(r"\(L1 192: ([\d.]+) against ([\d.]+)\)", text)
-    assert _printed(ms[("L1 rows 192", "w4a16_fp8_prepared")], m.group(1))
-    assert _printed(ms[("L1 rows 192", "w4a16_fp8")], m.group(2))
-    cases = ["L1 rows 6144", "L1 rows 24576", "L2 rows 6144"]
-    m = re.search(r"took ([\d./ ]+) ms at L1 6144 / L1 24576 / L2 6144, and cuBLAS's batched e4m3 "
-                  r"GEMM on an even split of the rows \(a bound: no raggedness\) ([\d./ ]+)\.", text)
-    for impl, printed in (("torch_fp8_grouped", m.group(1)), ("cublas_fp8_uniform", m.group(2))):
+        assert _printed(ms[(case, f"w4a16_{ours}")], a16), (case, a16)
+        assert _printed(ms[(case, f"w4a4_{ours}")], a4), (case, a4)
+    cases = ["L1 rows 6144", "L1 rows 24576", "L2 rows 6144", "L2 rows 24576"]
+    m = re.search(r"the GEMM alone\) took ([\d./ ]+) ms and cuBLAS's batched e4m3 GEMM on an even split "
+                  r"of the rows \(a bound: no raggedness\) ([\d./ ]+)\.", text)
+    assert m, "README: the peers' figures are not in the form this test reads"
+    for impl, printed in (("torch_fp8_grouped", m.group(1)), ("cublas_fp8_uniform_bf16out", m.group(2))):
         for case, value in zip(cases, _numbers(printed), strict=True):
             assert _printed(ms[(case, impl)], value), (impl, case, value)
+    m = re.search(r"\(L1 1536 rows: ([\d.]+) ms against ([\d.]+) on e4m3 weights\)", text)
+    assert _printed(ms[("L1 rows 1536", "w4a16_wgmma_fp8")], m.group(1))
+    assert _printed(ms[("L1 rows 1536", "w4a16_wgmma_fp8_prepared_128_s6_c1_r0")], m.group(2))
+    m = re.search(r"\(L1 6144: ([\d.]+) against ([\d.]+) ms; L1 24576: ([\d.]+) against ([\d.]+)\)", text)
+    for case, a, b in (("L1 rows 6144", m.group(1), m.group(2)), ("L1 rows 24576", m.group(3), m.group(4))):
+        assert _printed(ms[(case, f"w4a16_{ours}")], a) and _printed(ms[(case, "w4a16_wgmma_fp8")], b)
     # 48 V4-Pro experts' w13 [2I, H] and w2 [H, I]: 1 byte per weight, NVFP4 0.5625
     weights = 48 * (2 * 3072 * 7168 + 7168 * 3072)
     assert f"i.e. {weights / 1e9:.2f} GB against {weights * 0.5625 / 1e9:.2f} for 48" in text

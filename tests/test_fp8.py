@@ -1125,16 +1125,17 @@ def test_prepared_cpu_handler_sequential_order_and_nan(rng, on_cpu):
 @needs_ffi
 def test_prepared_lowering_names_layout_and_kernel(rng, on_cpu):
     """The prepared weights reach the FP8 call as e4m3 bytes [G, N, K], rhs_layout 2, with the
-    heuristic's configuration (cutlass_fp8 from 32 rows per group, N % 8 == 0) in the attributes."""
-    lhs, rhs, gs, _, _ = gemm_case(rng, m=64, n=64, k=256, g=2, sizes=(32, 32))
+    heuristic's configuration (cutlass_fp8 from 64 rows per group, N % 8 == 0) in the attributes."""
+    lhs, rhs, gs, _, _ = gemm_case(rng, m=128, n=64, k=256, g=2, sizes=(64, 64))
     prep = jn.prepare_weights(rhs, "fp8")
-    want = jn.kernel_config.choose(64, 64, 256, 2, rhs_layout="fp8", precision="fp8")
-    assert want.family == "cutlass_fp8" and want.raster == 1
+    want = jn.kernel_config.choose(128, 64, 256, 2, rhs_layout="fp8", precision="fp8")
+    assert want.family == "cutlass_fp8" and want.raster == 1 and want.cluster == 2
     text = jax.jit(lambda a, w, s: jn.grouped_gemm(a, w, s, backend="ffi", precision="fp8")).lower(
         lhs, prep, gs).as_text()
     assert "jax_nvfp4_grouped_gemm_fp8" in text
     assert "rhs_layout = 2 : i32" in text and "kernel = 5 : i32" in text and "raster = 1 : i32" in text
-    assert f"token_tile = {want.token_tile} : i32" in text and "tensor<2x64x256xui8>" in text
+    assert f"token_tile = {want.token_tile} : i32" in text and "cluster = 2 : i32" in text
+    assert "tensor<2x64x256xui8>" in text
 
 
 def test_grad_through_prepared_weights(rng):

@@ -29,9 +29,9 @@ def test_config_table():
         KernelConfig("wgmma", 128, 8, 1), KernelConfig("wgmma", 256, 5, 2),
         KernelConfig("wgmma_fp8", 32, 15, 1), KernelConfig("wgmma_fp8", 64, 12, 1),
         KernelConfig("wgmma_fp8", 128, 8, 1), KernelConfig("wgmma_fp8_prepared", 128, 6, 1),
-        KernelConfig("cutlass_fp8", 128, 6, 1, 1), KernelConfig("cutlass_fp8", 128, 6, 1),
-        KernelConfig("cutlass_fp8", 128, 6, 1, 2), KernelConfig("cutlass_fp8", 128, 6, 2),
-        KernelConfig("cutlass_fp8", 128, 6, 2, 1), KernelConfig("cutlass_fp8", 64, 8, 1))
+        KernelConfig("cutlass_fp8", 128, 6, 2, 1), KernelConfig("cutlass_fp8", 128, 6, 1),
+        KernelConfig("cutlass_fp8", 128, 6, 1, 1), KernelConfig("cutlass_fp8", 128, 6, 1, 2),
+        KernelConfig("cutlass_fp8", 128, 6, 2), KernelConfig("cutlass_fp8", 64, 8, 1))
     assert {c.family for c in configs} == set(FAMILIES)
 
 
@@ -58,17 +58,18 @@ def test_fp8_heuristic(rows_per_group, tile):
 
 
 @needs_ext
-@pytest.mark.parametrize("rows_per_group", [1, 4, 31, 32, 128, 512])
+@pytest.mark.parametrize("rows_per_group", [1, 4, 32, 63, 64, 128, 512])
 def test_fp8_heuristic_prepared_weights(rows_per_group):
-    """Weights prepared as e4m3 (layout "fp8") run cutlass_fp8 (128-token cooperative tiles walked
-    along M) from 32 rows per group on average, wgmma_fp8_prepared below that and where N % 8 != 0,
+    """Weights prepared as e4m3 (layout "fp8") run cutlass_fp8 (128-token cooperative tiles, 2-CTA
+    clusters along N, walked along M) from 64 rows per group on average, wgmma_fp8_prepared below
+    that and where N % 8 != 0,
     on any device; no other family reads them, and those two read nothing else."""
     g, n, k = 48, 6144, 7168
     m = rows_per_group * g
     fams = ALL + kc.FP8_FAMILIES
     for arch, f in ((90, fams), (80, ("mma",)), (0, None)):
         got = kc.choose(m, n, k, g, arch=arch, families=f, rhs_layout="fp8", precision="fp8")
-        want = (KernelConfig("cutlass_fp8", 128, 6, 1, 1) if rows_per_group >= 32 else
+        want = (KernelConfig("cutlass_fp8", 128, 6, 2, 1) if rows_per_group >= 64 else
                 KernelConfig("wgmma_fp8_prepared", 128, 6, 1))
         assert got == want
         got = kc.choose(m, n + 4, k, g, arch=arch, families=f, rhs_layout="fp8", precision="fp8")

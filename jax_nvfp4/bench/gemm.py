@@ -22,6 +22,9 @@ Per case (48 experts, skewed random group sizes) it times (``--impls``, default 
   batch dimension on the same rows split evenly over the experts (``[G, ceil(rows / G), K] x
   [G, K, N]``). They ignore the raggedness (no group sizes, every expert's tile full), so they
   are a bound, not a like-for-like peer;
+- tokamax's ``ragged_dot`` (default configuration) on the bf16 weights (``tokamax_bf16``) and on
+  int4 weights made from them by qwix (``tokamax_int4``), where tokamax imports (else skipped, with
+  the reason printed; never a dependency): :mod:`jax_nvfp4.bench.tokamax_peers`;
 - PyTorch's grouped GEMMs on the same group sizes, where ``import torch`` works and it has a
   CUDA device (else skipped, with the reason printed; torch is not a jax_nvfp4 dependency):
   ``torch_fp8_grouped`` (``torch._scaled_grouped_mm``, e4m3 operands, row-wise float32 scales)
@@ -54,6 +57,7 @@ import numpy as np
 
 import jax_nvfp4 as jn
 from jax_nvfp4.bench.common import rowwise_e4m3, run_info, time_ms, write_json
+from jax_nvfp4.bench.tokamax_peers import TOKAMAX_IMPLS, tokamax_peers
 from jax_nvfp4.bench.torch_peers import TORCH_IMPLS, torch_peers
 
 EXPERTS = 48
@@ -63,7 +67,7 @@ HBM_BYTES_PER_S = 4.05e12
 BF16_FLOPS = 711e12
 IMPLS = ("w4a16", "w4a16_sm90", "w4a4", "w4a4_sm90", "w4a16_fp8", "w4a4_fp8",
          "w4a16_fp8_prepared", "w4a4_fp8_prepared", "ragged_dot", "dequant_ragged_dot",
-         "pallas_mgpu", "cublas_fp8_uniform", "cublas_bf16_uniform") + TORCH_IMPLS
+         "pallas_mgpu", "cublas_fp8_uniform", "cublas_bf16_uniform") + TORCH_IMPLS + TOKAMAX_IMPLS
 NVFP4_IMPLS = ("w4a16", "w4a16_sm90", "w4a4", "w4a4_sm90", "w4a16_fp8", "w4a4_fp8",
                "dequant_ragged_dot")                                          # 4.5-bit weights
 FP8_IMPLS = ("w4a16_fp8", "w4a4_fp8", "w4a16_fp8_prepared", "w4a4_fp8_prepared")
@@ -77,9 +81,10 @@ WEIGHT_BYTES = {**{i: 0.5625 for i in NVFP4_IMPLS},
                 **{i: 1.0 for i in ("w4a16_fp8_prepared", "w4a4_fp8_prepared",
                                     "cublas_fp8_uniform", "torch_fp8_grouped")},
                 **{i: 2.0 for i in ("ragged_dot", "pallas_mgpu", "cublas_bf16_uniform",
-                                    "torch_bf16_grouped")}}
+                                    "torch_bf16_grouped", "tokamax_bf16")},
+                "tokamax_int4": 0.5 + 2 / 128}
 """Bytes per weight element each implementation reads: NVFP4 (4 bits + an e4m3 scale per 16),
-e4m3, bf16."""
+e4m3, bf16, int4 (a bf16 scale per 128)."""
 
 
 def skewed_group_sizes(rows, groups, seed):
@@ -211,7 +216,7 @@ def _rel(got, want):
     return float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
 
 
-def check_case(case, fns, torch_rows, log=print):
+def check_case(case, fns, torch_rows, log=print, tokamax_rows=None):
     """``--check``: log the relative differences of one case's implementations: the exact
     kernels against ragged_dot, the fp8 mode against the exact kernel, the prepared fp8 weights
     against the checkpoint-layout ones (the same numbers: 0 or float32 summation order), the
@@ -230,6 +235,8 @@ def check_case(case, fns, torch_rows, log=print):
     refs = {"torch_fp8_grouped": "w4a16_fp8", "torch_bf16_grouped": "ragged_dot"}
     for impl, (_, _, got) in torch_rows.items():
         log(f"  check {case}: rel diff {impl} vs {refs[impl]} {_rel(got, out[refs[impl]]):.2e}")
+    for impl, (_, _, got) in (tokamax_rows or {}).items():     # int4: a requantization
+        log(f"  check {case}: rel diff {impl} vs ragged_dot {_rel(got, out['ragged_dot']):.2e}")
 
 
 def pallas_best(x, wb, sizes, log, **timing):
@@ -298,18 +305,20 @@ def main(argv=None):
                                   experts=experts)
         fns, wb, rhs_fp8 = impl_fns(x, rhs, sizes)
         torch_rows = torch_peers(x, rhs_fp8, wb, sizes, impls, log=print, **timing)
+        tokamax_rows = tokamax_peers(x, wb, sizes, impls, log=print, **timing)
         if args.check:
-            check_case(case, fns, torch_rows)
+            check_case(case, fns, torch_rows, tokamax_rows=tokamax_rows)
         for impl in impls:
             extra = None
             if impl == "pallas_mgpu":
                 ms, extra = pallas_best(x, wb, sizes, print, **timing)
                 if ms is None:
                     continue
-            elif impl in TORCH_IMPLS:
-                if impl not in torch_rows:                     # skipped: the reason is printed
+            elif impl in TORCH_IMPLS or impl in TOKAMAX_IMPLS:
+                peers = torch_rows if impl in TORCH_IMPLS else tokamax_rows
+                if impl not in peers:                          # skipped: the reason is printed
                     continue
-                ms, extra, _ = torch_rows[impl]
+                ms, extra, _ = peers[impl]
             elif impl in UNIFORM_IMPLS:
                 ms, extra = uniform_ms(impl, *fns[impl], log=print, **timing)
                 if ms is None:
@@ -328,7 +337,7 @@ def main(argv=None):
             results.append(r)
             print(f"  {case:16s} {impl:20s} {ms:9.3f} ms {r['tflops']:7.1f} TFLOP/s "
                   f"{r['weight_gbs']:8.1f} GB/s {r['pct_of_floor']:6.1f}% of floor", flush=True)
-        del x, rhs, wb, rhs_fp8, fns, torch_rows
+        del x, rhs, wb, rhs_fp8, fns, torch_rows, tokamax_rows
         write_json(json_path, meta)                           # "complete": false so far
     meta["complete"] = True
     write_json(json_path, meta)

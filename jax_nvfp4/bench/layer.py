@@ -160,7 +160,7 @@ def gemm_cases(x, token_of, sizes, weights, config, backend="auto"):
             (jax.jit(gemm2), (lhs2, weights.w2, sizes)))
 
 
-FUSED_TARGET = "jax_nvfp4_grouped_gemm_glu"
+FUSED_TARGET = jn.gemm.GLU_TARGET
 """The custom call of :func:`jax_nvfp4.grouped_gemm_swiglu`, as it appears in a lowered program."""
 
 

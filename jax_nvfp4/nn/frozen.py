@@ -21,6 +21,7 @@ uint32; codes and hash tables as they are). Why:
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -138,3 +139,22 @@ class FrozenMoEWeights:
     def __repr__(self) -> str:
         shapes = {k: tuple(getattr(v, "shape", ())) for k, v in self.bits.items()}
         return f"FrozenMoEWeights({shapes}, expert_ids={self.meta[2]}, w13_paired={self.meta[3]})"
+
+
+def _meta_to_bytes(meta) -> bytes:
+    keys, dtypes, expert_ids, paired, layouts = meta
+    return json.dumps([list(keys), list(dtypes), None if expert_ids is None else list(expert_ids),
+                       bool(paired), [list(p) for p in layouts]]).encode("utf-8")
+
+
+def _meta_from_bytes(b: bytes):
+    keys, dtypes, expert_ids, paired, layouts = json.loads(b.decode("utf-8"))
+    return (tuple(keys), tuple(dtypes), None if expert_ids is None else tuple(expert_ids),
+            bool(paired), tuple(tuple(p) for p in layouts))
+
+
+# jax.export serializes the pytree structure of an exported function's arguments
+# (jax_nvfp4.export registers the core types)
+jax.export.register_pytree_node_serialization(
+    FrozenMoEWeights, serialized_name="jax_nvfp4.nn.FrozenMoEWeights",
+    serialize_auxdata=_meta_to_bytes, deserialize_auxdata=_meta_from_bytes)

@@ -57,6 +57,21 @@ def layer_table(d):
                    "overhead share", "reference backend"], rows)
 
 
+def sweep_table(d):
+    """Median ms per case (rows) and implementation or configuration (columns) of a
+    tools/lab/cutlass_fp8_sweep.py JSON (its rows with ``ms``; the ``value`` rows are its checks)."""
+    rows = [r for r in d["results"] if "ms" in r]
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    ms = {(r["case"], r["impl"]): r["ms"] for r in rows}
+    return _table(["case"] + impls, [[c] + [_ms(ms.get((c, i))) for i in impls] for c in cases])
+
+
+SWEEP_COMMAND = ("python -P tools/lab/cutlass_fp8_sweep.py --cases L1-1536,L1-6144,L1-24576,L2-6144,"
+                 "L2-24576 --configs cutlass_fp8_128_s6_c1_r1,wgmma_fp8_prepared_128_s6_c1_r0,"
+                 "cutlass_fp8_128_s6_c2_r1,cutlass_fp8_128_s6_c1_r0")
+
+
 def ep_share_table(d):
     rows = [[r["tokens"], r["activation"], f"{r['ep']} ({r['local_experts']} of {r['experts']})",
              r["own_rows"], r["rows_run"], _ms(r["share_ms"]), _ms(r["share_all_rows_ms"]),
@@ -199,6 +214,32 @@ SECTIONS = [
      "(`jn.prepare_weights(w, \"fp8\")`, the bench_layer default with `--precision fp8`); "
      "gemm1 / gemm2: each grouped GEMM alone, in the fp8 mode, on the layer's routed rows.",
      lambda d: layer_command(d, "--hlo-tokens 0"), layer_table),
+]
+SECTIONS += [
+    ("FP8 compute mode on weights prepared as e4m3: cutlass_fp8 against wgmma_fp8_prepared, cuBLAS "
+     "and PyTorch", "bench-h100-cutlass-fp8-sweep.json",
+     "Median ms per call in one run, the bench's cases (48 experts, skewed group sizes); each "
+     "configuration named `family_tile_sStages_cCluster_rRaster` (kernel= given explicitly), "
+     "`heuristic_prepared` the call without `kernel=`, `wgmma_fp8` the in-kernel mode on NVFP4 "
+     "checkpoint weights; `cublas_fp8_uniform_bf16out`: cuBLAS's batched e4m3 GEMM on an even split "
+     "of the rows, bf16 written by the GEMM (a bound: no raggedness); `torch_fp8_grouped`: "
+     "`torch._scaled_grouped_mm` (GEMM only, no activation quantization). Before: "
+     "`wgmma_fp8_prepared`; after: `cutlass_fp8_128_s6_c2_r1`, the heuristic's from 64 rows per "
+     "group (in this run the heuristic still named `cutlass_fp8_128_s6_c1_r1`: its column).", lambda d: SWEEP_COMMAND, sweep_table),
+    ("MoE layer, FP8 compute mode on e4m3-prepared weights (cutlass_fp8), H100",
+     "bench-layer-h100-fp8-cutlass.json",
+     "Median ms; the per-GPU shard as above, W4A4, `precision=\"fp8\"` on weights prepared as "
+     "e4m3. The exact mode on sm90 weights in the same session (its JSON was not kept; "
+     "`docs/archive/cutlass-fp8-log.md`): 2.231 / 5.800 ms at 1024 / 4096 tokens.",
+     lambda d: layer_command(d), layer_table),
+    ("Whole DeepSeek-V4-Pro layer on one GPU (384 experts), FP8 mode on e4m3-prepared weights",
+     "bench-layer-h100-v4pro-8192-fp8.json",
+     "Median ms; 384 routed experts, top-6, H 7168, I 3072, 8192 tokens.",
+     lambda d: layer_command(d, "--experts 384"), layer_table),
+    ("Whole DeepSeek-V4-Pro layer on one GPU (384 experts), exact mode on sm90 weights",
+     "bench-layer-h100-v4pro-8192-exact.json",
+     "Median ms; as above, `precision=\"exact\"`.",
+     lambda d: layer_command(d, "--experts 384"), layer_table),
 ]
 SECTIONS += [
     (f"Expert-parallel layer, {name}", f"bench-ep-h200x2-{name}.json",

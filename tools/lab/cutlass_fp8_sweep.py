@@ -38,7 +38,10 @@ def main(argv=None):
     p.add_argument("--cases", default="")
     p.add_argument("--out", default="sweep-out")
     p.add_argument("--target-s", type=float, default=0.25)
+    p.add_argument("--configs", default="", help="comma list of config names (default all), e.g. "
+                   "cutlass_fp8_128_s6_c1_r1,wgmma_fp8_prepared_128_s6_c1_r0")
     args = p.parse_args(argv)
+    configs = [c for c in PREPARED if not args.configs or name(c) in args.configs.split(",")]
     cases = [(lay, r) for lay in LAYERS for r in ROWS]
     if args.cases:
         want = set(args.cases.split(","))
@@ -55,7 +58,7 @@ def main(argv=None):
         w8 = jax.jit(lambda w: jn.prepare_weights(w, "fp8"))(rhs)
         res = {}
         outs = {}
-        for c in PREPARED:
+        for c in configs:
             f = jax.jit(lambda a, w, s, c=c: jn.grouped_gemm(a, w, s, backend="ffi", precision="fp8", kernel=c))
             for act, a in (("w4a16", x), ("w4a4", xq)):
                 res[f"{act}_{name(c)}"] = time_ms(f, a, w8, sizes, **timing)
@@ -71,11 +74,11 @@ def main(argv=None):
         res["cublas_fp8_uniform_bf16out"] = time_ms(uni, a8, wl, **timing)
         for impl, (ms, _, _) in torch_peers(x, w8, None, sizes, ["torch_fp8_grouped"], **timing).items():
             res[impl] = ms
-        ref = outs[name(PREPARED[0])]
+        ref = outs[name(configs[0])]
         scale = float(np.max(np.abs(ref))) + 1e-30
         for nm, o in outs.items():
             d = float(np.max(np.abs(o - ref)) / scale)
-            print(f"  {case} {nm}: max |diff| / max |ref| against {name(PREPARED[0])} = {d:.2e}", flush=True)
+            print(f"  {case} {nm}: max |diff| / max |ref| against {name(configs[0])} = {d:.2e}", flush=True)
             rows_out.append({"case": case, "impl": f"diff_{nm}", "value": d})
         for impl, ms in res.items():
             rows_out.append({"case": case, "impl": impl, "ms": round(ms, 4)})

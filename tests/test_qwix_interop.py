@@ -1,0 +1,202 @@
+"""qwix interop (jax_nvfp4/qwix_interop.py) against the real qwix: NVFP4 QArray <-> NVFP4Tensor
+with identical dequantized values (qwix.dequantize is the oracle), refusals where not exact, and
+grouped_gemm / moe taking qwix NVFP4 weights directly."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import QUANTIZE, QUANTIZE_STACK
+
+import jax_nvfp4 as jn
+from jax_nvfp4 import _extension
+from jax_nvfp4 import qwix_interop as qi
+
+qwix = pytest.importorskip("qwix", reason="qwix is not installed (pip install '.[interop]')")
+BACKENDS = ["ffi", "reference"] if _extension.available() else ["reference"]
+
+
+def _bits(a) -> np.ndarray:
+    a = np.asarray(a)
+    return a.view(np.uint16 if a.dtype.itemsize == 2 else np.uint32)
+
+
+def _weights(rng, shape, spread=True):
+    """float32 values whose 16-value blocks span many octaves (and one all-zero block)."""
+    w = rng.standard_normal(shape).astype(np.float32)
+    if spread:
+        w *= np.exp2(rng.integers(-12, 6, shape[:-2] + (1, shape[-1]))).astype(np.float32)
+    w.reshape(-1)[:16] = 0.0
+    return jnp.asarray(w)
+
+
+def _qwix_nvfp4(w, axis, dtype=jnp.float32):
+    others = tuple(a for a in range(w.ndim) if a != axis)
+    return qwix.quantize(w.astype(dtype), "nvfp4", channelwise_axes=others, tiled_axes={axis: 16})
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("shape,axis", [((3, 64, 48), 1), ((64, 40), 0), ((5, 32), 1)])
+def test_from_qwix_dequantizes_as_qwix_does(rng, shape, axis, dtype):
+    q = _qwix_nvfp4(_weights(rng, shape), axis, dtype)
+    assert q.qtype == "nvfp4" and q.qvalue.dtype == jnp.float4_e2m1fn
+    t = qi.from_qwix(q)
+    assert t.layout == "checkpoint" and t.shape == tuple(np.moveaxis(np.empty(shape), axis, -1).shape)
+    assert t.global_scale.shape == tuple(t.shape[:-2])
+    g = np.asarray(t.global_scale)                       # powers of two
+    assert np.all(np.frexp(g)[0] == 0.5)
+    oracle = np.moveaxis(np.asarray(qwix.dequantize(q)), axis, -1)
+    assert oracle.dtype == jnp.dtype(dtype)
+    np.testing.assert_array_equal(_bits(jn.dequantize(t, dtype)), _bits(oracle))
+    # and jitted (traced scales: no refusal possible, none needed here)
+    t2 = jax.jit(qi.from_qwix)(q)
+    np.testing.assert_array_equal(_bits(jn.dequantize(t2, dtype)), _bits(oracle))
+
+
+def test_shared_scales_broadcast(rng):
+    """qwix's default (no channelwise axes): one scale per K block shared by every row."""
+    q = qwix.quantize(_weights(rng, (2, 64, 8), spread=False), "nvfp4", tiled_axes={1: 16})
+    assert q.scale.shape == (1, 4, 1)
+    t = qi.from_qwix(q)
+    np.testing.assert_array_equal(_bits(jn.dequantize(t)),
+                                  _bits(np.moveaxis(np.asarray(qwix.dequantize(q)), 1, -1)))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_round_trip_back_to_qwix(rng, dtype):
+    q = _qwix_nvfp4(_weights(rng, (3, 64, 48)), 1, dtype)
+    back = qi.to_qwix(qi.from_qwix(q), axis=1, dtype=dtype)
+    assert isinstance(back, qwix.QArray) and back.qtype == "nvfp4" and back.zero_point is None
+    np.testing.assert_array_equal(np.asarray(back.qvalue, np.float32),
+                                  np.asarray(q.qvalue, np.float32))
+    np.testing.assert_array_equal(_bits(back.scale), _bits(q.scale))
+    np.testing.assert_array_equal(_bits(qwix.dequantize(back)), _bits(qwix.dequantize(q)))
+
+
+def test_to_qwix_of_library_weights(rng):
+    """A power-of-two global scale converts exactly; jn.quantize's amax-derived one generally
+    does not (block scale x global scale rounds in float32) and is refused, naming a block."""
+    x = _weights(rng, (2, 48, 64), spread=False)
+    pow2 = jax.jit(jax.vmap(lambda v, g: jn.quantize(v, g), in_axes=(0, None)))
+    exact = pow2(x, jnp.float32(2.0 ** -7))
+    for t in (exact, jax.jit(jn.prepare_weights)(pow2(_weights(rng, (2, 128, 64), spread=False),
+                                                      jnp.float32(0.25)))):
+        q = qi.to_qwix(t, axis=1)
+        np.testing.assert_array_equal(_bits(np.moveaxis(np.asarray(qwix.dequantize(q)), 1, -1)),
+                                      _bits(jn.dequantize(t)))
+    t = QUANTIZE_STACK(x)
+    assert not np.all(np.frexp(np.asarray(t.global_scale))[0] == 0.5)
+    with pytest.raises(ValueError, match=r"block \(\d+, \d+, \d+\).*not exact in float32"):
+        qi.to_qwix(t)
+    # traced: the inexact blocks' scales are NaN, never other numbers
+    q = jax.jit(qi.to_qwix)(t)
+    d = np.asarray(qwix.dequantize(q))
+    ref = np.asarray(jn.dequantize(t))
+    finite = np.isfinite(d)
+    assert not finite.all()
+    np.testing.assert_array_equal(d[finite], ref[finite])
+
+
+def test_inexact_qwix_scale_is_refused_or_nan(rng):
+    """A scale that is no e4m3 value times a power of two (here 0.3, 0.3 * 2^-k has a full
+    mantissa) cannot be NVFP4: a ValueError naming the block when concrete, NaN when traced."""
+    q = _qwix_nvfp4(_weights(rng, (2, 32, 8), spread=False), 1)
+    bad = dataclasses.replace(q, scale=q.scale.at[1, 1, 3].set(0.3))
+    with pytest.raises(ValueError, match=r"scale 0\.3.* of block \(1, 3, 1\).*not an e4m3 value"):
+        qi.from_qwix(bad, name="w")
+    t = jax.jit(qi.from_qwix)(bad)
+    d = np.asarray(jn.dequantize(t))
+    assert np.isnan(d[1, 3, 16:32]).all()
+    np.testing.assert_array_equal(d[0], np.moveaxis(np.asarray(qwix.dequantize(bad)), 1, -1)[0])
+    for v in (np.nan, np.inf):
+        with pytest.raises(ValueError, match="not an e4m3 value"):
+            qi.from_qwix(dataclasses.replace(q, scale=q.scale.at[0, 0, 0].set(v)))
+
+
+def test_not_nvfp4_is_refused(rng):
+    w = _weights(rng, (64, 32), spread=False)
+    with pytest.raises(ValueError, match=r"w: expected a qwix QArray with qtype 'nvfp4', got"):
+        qi.from_qwix(qwix.quantize(w, jnp.int8, channelwise_axes=(1,)), name="w")
+    for k in (16, 48):
+        with pytest.raises(ValueError, match=r"tiled axis 0\).*multiple of 32"):
+            qi.from_qwix(_qwix_nvfp4(w[:k], 0))
+    q = _qwix_nvfp4(w, 0)
+    with pytest.raises(ValueError, match="no zero point"):
+        qi.from_qwix(dataclasses.replace(q, zero_point=jnp.zeros(q.scale.shape, jnp.float4_e2m1fn)))
+    with pytest.raises(ValueError, match="exactly one axis"):
+        qi.from_qwix(dataclasses.replace(q, scale=jnp.ones((4, 2), jnp.float32)))
+    with pytest.raises(ValueError, match="expected a qwix QArray"):
+        qi.from_qwix(w)
+    assert qi.as_nvfp4(w, "w") is w and not qi.is_qwix_array(QUANTIZE(w))
+
+
+def _ragged_oracle(x, w_gkn, gs):
+    """float64 numpy: row r of group g is x[r] @ w[g] (rows past the groups 0)."""
+    x, w = np.asarray(x, np.float64), np.asarray(w_gkn, np.float64)
+    out, r = np.zeros((x.shape[0], w.shape[2])), 0
+    for g, n in enumerate(np.asarray(gs)):
+        out[r:r + n] = x[r:r + n] @ w[g]
+        r += n
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grouped_gemm_takes_qwix_weights(rng, backend):
+    """A qwix ragged_dot weight [G, K, N]: the same bits as its conversion, every idiom (eager,
+    jit with arguments, jit closed over), and the float64 product of qwix's own dequantization."""
+    q = _qwix_nvfp4(_weights(rng, (3, 64, 128)), 1)
+    x = jnp.asarray(rng.standard_normal((20, 64)), jnp.bfloat16)
+    gs = jnp.array([7, 0, 11], jnp.int32)
+    want = jn.grouped_gemm(x, qi.from_qwix(q), gs, backend=backend, out_dtype=jnp.float32)
+    runs = [jn.grouped_gemm(x, q, gs, backend=backend, out_dtype=jnp.float32),
+            jax.jit(lambda x, q, gs: jn.grouped_gemm(x, q, gs, backend=backend,
+                                                     out_dtype=jnp.float32))(x, q, gs),
+            jax.jit(lambda x: jn.grouped_gemm(x, q, gs, backend=backend,
+                                              out_dtype=jnp.float32))(x)]
+    for got in runs:
+        np.testing.assert_array_equal(_bits(got), _bits(want))
+    oracle = _ragged_oracle(x, qwix.dequantize(q), gs)
+    scale = np.abs(np.asarray(x, np.float64)) @ np.abs(np.asarray(qwix.dequantize(q), np.float64)
+                                                       ).max(0)
+    assert np.all(np.abs(np.asarray(want, np.float64) - oracle) <= 2e-6 * scale + 1e-30)
+    assert np.all(np.asarray(want)[18:] == 0)
+    # no rows: an empty lhs
+    assert jn.grouped_gemm(x[:0], q, gs * 0, backend=backend).shape == (0, 128)
+
+
+def _moe_case(rng):
+    e, h, i = 4, 64, 32
+    f = lambda *s: _weights(rng, s, spread=False) * 0.1  # noqa: E731
+    qw = jn.MoEWeights(
+        router_weight=jnp.asarray(rng.standard_normal((e, h)), jnp.float32),
+        w13=_qwix_nvfp4(f(e, h, 2 * i), 1), w2=_qwix_nvfp4(f(e, i, h), 1),
+        shared_w13=_qwix_nvfp4(f(h, 2 * i), 0), shared_w2=_qwix_nvfp4(f(i, h), 0))
+    config = jn.MoEConfig.deepseek_v4_pro(num_experts=e, hidden_size=h, intermediate_size=i,
+                                          n_shared_experts=1, top_k=2, n_group=1, topk_group=1)
+    return qw, jax.jit(qi.weights_from_qwix)(qw), config, h
+
+
+def test_moe_takes_qwix_weights(rng):
+    """MoEWeights whose w13 [E, H, 2I] and w2 [E, I, H] (and the shared expert's) are qwix NVFP4
+    arrays: the jitted layer equals the layer on their conversions bit for bit, with one and
+    many tokens."""
+    qw, converted, config, h = _moe_case(rng)
+    e, i = config.num_experts, config.intermediate_size
+    assert isinstance(converted.w13, jn.NVFP4Tensor) and converted.w13.shape == (e, 2 * i, h)
+    assert converted.shared_w2.shape == (h, i) and converted.shared_w2.global_scale.shape == ()
+    layer = jax.jit(lambda x, w: jn.moe(x, w, config, backend=BACKENDS[0]))
+    for t in (1, 9):
+        x = jnp.asarray(rng.standard_normal((t, h)), jnp.bfloat16)
+        np.testing.assert_array_equal(_bits(layer(x, qw)), _bits(layer(x, converted)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_moe_takes_qwix_weights_eager_and_every_backend(rng, backend):
+    """As above, eager (every operation dispatched alone: slow) and on each backend."""
+    qw, converted, config, h = _moe_case(rng)
+    x = jnp.asarray(rng.standard_normal((5, h)), jnp.bfloat16)
+    want = jax.jit(lambda x, w: jn.moe(x, w, config, backend=backend))(x, converted)
+    np.testing.assert_array_equal(_bits(jn.moe(x, qw, config, backend=backend)), _bits(want))
