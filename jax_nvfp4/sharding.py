@@ -250,8 +250,8 @@ def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sha
     tok = jnp.zeros((t,), jnp.int32) if token_ids is None else jnp.asarray(token_ids)
 
     def body(x, w, tok):
-        if t == 0:     # no tokens: nothing to route, gather or combine (zero-size collectives
-            return jnp.zeros((0, h), x.dtype)     # and a zero-row switch do not lower)
+        if isinstance(t, int) and t == 0:   # no tokens (zero-size collectives and a zero-row
+            return jnp.zeros((0, h), x.dtype)          # switch do not lower): nothing to do
         idx = jax.lax.axis_index(axis_name)
         # x is the same on every device, and every device uses it (its token slice, its
         # experts' rows): typed as varying once here (no data moves), the backward sums x's
