@@ -150,29 +150,73 @@ def test_equinox_training_step_over_is_inexact_array_keeps_weights(rng, name):
     assert same_bits(new.moe.moe_weights, w)
 
 
-@pytest.mark.parametrize("name", ["sgd", "sgd_momentum", "rmsprop"])
+def _optax_optimizer(name):
+    optax = pytest.importorskip("optax")
+    return {"sgd": lambda: optax.sgd(1e-2), "sgd_momentum": lambda: optax.sgd(1e-2, momentum=0.9),
+            "rmsprop": lambda: optax.rmsprop(1e-3), "adabelief": lambda: optax.adabelief(1e-2),
+            "adamax": lambda: optax.adamax(1e-2), "radam": lambda: optax.radam(1e-2),
+            "adam": lambda: optax.adam(1e-2), "adamw": lambda: optax.adamw(1e-2, weight_decay=0.1),
+            "nadam": lambda: optax.nadam(1e-2), "lion": lambda: optax.lion(1e-3),
+            "adafactor": lambda: optax.adafactor(1e-2), "adagrad": lambda: optax.adagrad(1e-2),
+            "lamb": lambda: optax.lamb(1e-2)}[name]()
+
+
+# optax 0.2.8's update for these carries a moment through optax.tree.cast_like(new, state), which
+# tree-maps over the new moments: a leaf with no gradient (None, as eqx.filter_value_and_grad gives
+# every integer array) has a None moment there while the state made by init holds zeros for it, and
+# the structures differ. The optimizers below keep None moments consistently.
+IS_ARRAY_RUNS = ["sgd", "sgd_momentum", "rmsprop", "adabelief", "adamax", "radam"]
+IS_ARRAY_OPTAX_LIMITED = ["adam", "adamw", "nadam", "lion", "adafactor", "adagrad", "lamb"]
+
+
+@pytest.mark.parametrize("name", IS_ARRAY_RUNS)
 def test_equinox_training_step_over_is_array_keeps_weights(rng, name):
     """The ``eqx.is_array`` form selects the integer weight bits too: optimizers whose update
     leaves a leaf with no gradient alone run and keep the weights' bits."""
     eqx = pytest.importorskip("equinox")
-    optax = pytest.importorskip("optax")
-    tx = {"sgd": optax.sgd(1e-2), "sgd_momentum": optax.sgd(1e-2, momentum=0.9),
-          "rmsprop": optax.rmsprop(1e-3)}[name]
-    w, model, state, step = _eqx_model_and_step(rng, eqx.is_array, tx)
+    w, model, state, step = _eqx_model_and_step(rng, eqx.is_array, _optax_optimizer(name))
     new, state, loss = step(model, state)
     new, state, loss2 = step(new, state)
     assert np.isfinite(loss) and loss2 < loss
     assert same_bits(new.moe.moe_weights, w)
 
 
-@pytest.mark.xfail(raises=ValueError, strict=True,
-                   reason="optax (0.2.8) adam-family update casts its moments like the state "
-                          "without allowing for None gradients: any Equinox model holding an "
-                          "integer array fails the eqx.is_array form (docs/usage.md, Frameworks)")
-def test_equinox_adam_over_is_array_is_optax_limited(rng):
+def _plain_equinox_step_with_an_integer_leaf(tx):
+    """Equinox's idiom over ``eqx.is_array`` on a model that holds nothing of this library: a
+    float weight and one int32 array (a vocabulary index, a buffer of positions)."""
     eqx = pytest.importorskip("equinox")
-    w, model, state, step = _eqx_model_and_step(rng, eqx.is_array, optimizers()["adam"])
-    step(model, state)
+
+    class Plain(eqx.Module):
+        w: jax.Array
+        positions: jax.Array
+
+        def __call__(self, x):
+            return x @ self.w + self.positions.sum()
+
+    model = Plain(jnp.ones((3, 2)), jnp.arange(3, dtype=jnp.int32))
+    state = tx.init(eqx.filter(model, eqx.is_array))
+    grads = eqx.filter_grad(lambda m: jnp.sum(m(jnp.ones((4, 3))) ** 2))(model)
+    tx.update(grads, state, eqx.filter(model, eqx.is_array))
+
+
+# Not fixable on this side: eqx.filter_jit traces exactly the eqx.is_array leaves (anything else
+# is a static, baked-in and hashed, argument), and eqx.filter_value_and_grad gives None for every
+# array that is not inexact, so weights that are traced and not trained are such a leaf. An
+# inexact carrier would be trained by the eqx.is_inexact_array form (adamw's weight decay moves
+# it). The plain model shows the same error without this library; strict, so that an optax which
+# lifts the limit fails here and docs/usage.md (Frameworks) gets updated.
+@pytest.mark.xfail(raises=ValueError, strict=True,
+                   reason="optax 0.2.8: moments of a None gradient vs. the init state's zeros "
+                          "(any Equinox model holding an integer array; docs/usage.md, Frameworks)")
+@pytest.mark.parametrize("model", ["plain_equinox", "nvfp4_moe"])
+@pytest.mark.parametrize("name", IS_ARRAY_OPTAX_LIMITED)
+def test_equinox_is_array_form_is_optax_limited(rng, name, model):
+    eqx = pytest.importorskip("equinox")
+    if model == "plain_equinox":
+        _plain_equinox_step_with_an_integer_leaf(_optax_optimizer(name))
+    else:
+        w, model, state, step = _eqx_model_and_step(rng, eqx.is_array, _optax_optimizer(name))
+        step(model, state)
 
 
 def test_nnx_optimizer_step_over_params_keeps_weights(rng):
