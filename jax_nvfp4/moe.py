@@ -521,7 +521,8 @@ def validate_moe(x, weights: MoEWeights, config: MoEConfig):
             lo, hi = known
             if not (MIN_GLOBAL_SCALE <= lo and hi <= MAX_GLOBAL_SCALE):  # False for NaN
                 raise ValueError(f"weights.{name}: static input scales must be finite and >= "
-                                 f"2^-126, got values in [{lo}, {hi}]")
+                                 f"2^-126 (the smallest normal float32, {MIN_GLOBAL_SCALE:.3g}), "
+                                 f"got values in [{lo:.3g}, {hi:.3g}]")
     if weights.hash_table is not None:
         check_hash_table(weights.hash_table, config)
     for name, w, shape in (("w13", weights.w13, (e, 2 * i, h)), ("w2", weights.w2, (e, h, i)),

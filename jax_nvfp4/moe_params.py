@@ -17,6 +17,26 @@ from .options import (ACTIVATION_SCALES, ACTIVATIONS, FP8_CHUNK, ROW_DTYPES, SCO
                       check_choice, check_precision)
 
 
+def _float_range(v: jax.Array) -> np.ndarray:
+    """float64 ``[min, max]`` of a concrete float jax Array, both NaN when any value is NaN.
+
+    XLA's float comparisons treat subnormals as zero on CPU (and a GPU may flush them), so a
+    jnp.min over ``[1e-40, 1]`` reads 0.0: the comparison runs on the bit patterns instead, mapped
+    to integers ordered as the floats are (a negative float's magnitude bits flipped), and the
+    chosen patterns are read back as floats on the host.
+    """
+    width = {1: jnp.int8, 2: jnp.int16, 4: jnp.int32, 8: jnp.int64}[v.dtype.itemsize]
+    flip = jnp.iinfo(width).max
+    bits = jax.lax.bitcast_convert_type(v.reshape(-1), width)
+    key = jnp.where(bits < 0, bits ^ flip, bits)          # an involution: key -> bits likewise
+    ends = jnp.stack([jnp.min(key), jnp.max(key)])
+    ends = np.asarray(jnp.where(ends < 0, ends ^ flip, ends))
+    both = ends.view(np.dtype(v.dtype)).astype(np.float64)
+    if bool(jnp.any(jnp.isnan(v))):
+        both[:] = np.nan
+    return both
+
+
 def known_range(v) -> Optional[tuple]:
     """``(min, max)`` of the values of ``v`` as Python scalars when they are known while tracing,
     else None (a traced value, or an empty one).
@@ -34,10 +54,10 @@ def known_range(v) -> Optional[tuple]:
         with jax.ensure_compile_time_eval():
             if v.size == 0:
                 return None
-            both = jnp.stack([jnp.min(v), jnp.max(v)])
-            if jnp.issubdtype(v.dtype, jnp.inexact):
-                both = jnp.where(jnp.any(jnp.isnan(v)), jnp.nan, both.astype(jnp.float32))
-            both = np.asarray(both)
+            if jnp.issubdtype(v.dtype, jnp.floating):
+                both = _float_range(v)
+            else:
+                both = np.asarray(jnp.stack([jnp.min(v), jnp.max(v)]))
     else:
         a = np.asarray(v)
         if a.size == 0:

@@ -682,6 +682,30 @@ class TestHashAndArgumentChecks:
                 jn.moe(x, quantized(f, **{**ok, name: v}), c, backend="reference")
 
 
+    @pytest.mark.parametrize("as_numpy", [True, False])
+    def test_subnormal_static_input_scale_named_with_its_value(self, rng, as_numpy):
+        """A subnormal input scale (one below 2^-126) is refused naming the tensor and printing
+        the value it holds (not 0.0), eager and closed over by a jit."""
+        f = float_layer(rng)
+        arr = np.asarray if as_numpy else jnp.asarray
+        ok = dict(w13_input_scale=np.full(E, 0.01, np.float32),
+                  w2_input_scale=np.full(E, 0.01, np.float32),
+                  shared_w13_input_scale=np.float32(0.01), shared_w2_input_scale=np.float32(0.01))
+        w = quantized(f, **ok)
+        c = cfg(activation_scale="static")
+        x = jnp.ones((4, H))
+        for name, v, shown in (
+                ("w13_input_scale", np.where(np.arange(E) == 3, 1e-40, 0.01), r"\[1e-40, 0.01\]"),
+                ("w2_input_scale", np.where(np.arange(E) == 0, -1e-41, 0.5), r"\[-1e-41, 0.5\]"),
+                ("shared_w2_input_scale", np.float32(2.0**-127), r"\[5.88e-39, 5.88e-39\]")):
+            bad = dataclasses.replace(w, **{name: arr(np.asarray(v, np.float32))})
+            msg = f"weights.{name}: static input scales must be finite.*got values in {shown}"
+            with pytest.raises(ValueError, match=msg):
+                jn.moe(x, bad, c, backend="reference")
+            with pytest.raises(ValueError, match=msg):
+                jax.jit(lambda x: jn.moe(x, bad, c, backend="reference"))(x)
+
+
 @pytest.mark.parametrize("backend", ["reference", "ffi"])
 def test_dispatch_quantizes_each_token_once(rng, backend):
     """W4A4 dynamic: the gate/up GEMM's input is quantized once per token and the packed rows

@@ -93,6 +93,25 @@ def test_known_range():
     assert seen[-1] == (4, 9)                              # closed over: known
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "float8_e4m3fn"])
+def test_known_range_of_a_jax_array_keeps_subnormals_and_signs(rng, dtype):
+    """A concrete jax Array's range is its values' exact min and max, as numpy's float64 min/max
+    of the same values gives them (XLA's comparisons would read a subnormal as zero): subnormals
+    of either sign, signed zeros, infinities."""
+    dt = jnp.dtype(dtype)
+    tiny = float(jnp.finfo(dt).smallest_subnormal)
+    cases = [[tiny, 1.0], [1.0, 3 * tiny], [-3 * tiny, 2.0], [-2.5, -tiny], [tiny, -tiny],
+             [-0.0, 0.0], [0.0, -0.0], [-np.inf, 0.5], [0.25, np.inf],
+             rng.standard_normal(37) * rng.choice([tiny, 1.0], 37)]
+    if dt == jnp.float8_e4m3fn:                              # no infinities in e4m3fn
+        cases = cases[:7] + cases[9:]
+    for vals in cases:
+        a = np.asarray(vals, np.float64).astype(dt)          # exactly the values the array holds
+        lo, hi = known_range(jnp.asarray(a))
+        want = a.astype(np.float64)
+        assert (lo, hi) == (want.min(), want.max()), (dtype, vals)
+
+
 def test_presets_are_the_documented_models():
     """deepseek_v4_pro / deepseek_v3 (their docstrings), and overrides replace single fields."""
     v4 = MoEConfig.deepseek_v4_pro()
