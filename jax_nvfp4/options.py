@@ -27,6 +27,8 @@ where it enters the public API.
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 
 import jax
@@ -111,6 +113,18 @@ def check_layout(layout, name: str = "layout") -> str:
 
 
 _warned_fallback = False
+_PACKAGE_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                      for m in (sys.modules[__package__], jax))
+
+
+def caller_stacklevel() -> int:
+    """The ``warnings.warn`` stacklevel, for a warning issued in the function calling this, of the
+    first frame outside jax_nvfp4 and JAX: the user's line, however many wrappers (the autodiff
+    rule, a jit trace) lie between."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIRS):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def resolve_backend(backend) -> str:
@@ -133,5 +147,5 @@ def resolve_backend(backend) -> str:
         why = ("the extension was built without the CUDA handler (no nvcc at build time)"
                if _extension.available() else _extension.not_built_message())
         warnings.warn(f"jax_nvfp4: grouped_gemm falls back to the pure-jnp reference (slow): {why}",
-                      RuntimeWarning, stacklevel=3)
+                      RuntimeWarning, stacklevel=caller_stacklevel())
     return "reference"

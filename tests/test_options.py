@@ -3,6 +3,7 @@ that very object), and ``precision`` is checked once where it enters the public 
 down as a checked :class:`~jax_nvfp4.options.Precision`."""
 
 import pickle
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +47,80 @@ def test_precision_is_its_name():
     assert options.check_precision("fp8", 256) == "fp8" and options.check_precision("exact", 96)
     with pytest.raises(ValueError, match="K=96: precision='fp8' needs K to be a multiple of 128"):
         options.check_precision(options.FP8, 96)                 # a checked value: K still checked
+
+
+def test_fp8_k_check_names_the_argument():
+    """K must be a multiple of 128 under precision='fp8'; the error names the option (by default
+    ``precision``, or the name the caller gives) and says why."""
+    options.check_fp8_k(128)
+    options.check_fp8_k(256 * 3)
+    with pytest.raises(ValueError, match=r"^K=160: precision='fp8' needs K to be a multiple of "
+                                         r"128 \(one activation scale per 128-wide k chunk\)$"):
+        options.check_fp8_k(160)
+    with pytest.raises(ValueError, match=r"^K=96: config.precision='fp8' needs K"):
+        options.check_precision("fp8", 96, name="config.precision")
+    with pytest.raises(ValueError, match=r"^K=64: mode='fp8' needs K"):
+        options.check_fp8_k(64, "mode")
+
+
+def test_resolve_backend(monkeypatch):
+    """docs/usage.md: backend "ffi" runs the custom call (a RuntimeError saying why when the
+    extension is not built), "reference" the pure-jnp reference always, "auto" the custom call
+    where it can run (on this CPU with the extension built) and else the reference."""
+    from jax_nvfp4 import _extension
+    assert options.resolve_backend("reference") == "reference"
+    if _extension.available() and jax.default_backend() == "cpu":
+        assert options.resolve_backend("ffi") == "ffi"
+        assert options.resolve_backend("auto") == "ffi"
+    with pytest.raises(ValueError, match="backend: expected one of"):
+        options.resolve_backend("AUTO")
+    monkeypatch.setattr(_extension, "available", lambda: False)
+    monkeypatch.setattr(options, "_warned_fallback", True)       # the warning: below
+    assert options.resolve_backend("reference") == "reference"  # needs no extension
+    assert options.resolve_backend("auto") == "reference"
+    with pytest.raises(RuntimeError, match="backend='ffi': "):
+        options.resolve_backend("ffi")
+
+
+@pytest.mark.parametrize("built, cuda, platform, want", [
+    (True, False, "cpu", "ffi"), (True, True, "gpu", "ffi"), (True, False, "gpu", "reference"),
+    (False, False, "cpu", "reference"), (False, False, "gpu", "reference")])
+def test_auto_backend_falls_back_once_with_a_warning_at_the_caller(monkeypatch, built, cuda,
+                                                                   platform, want):
+    """backend="auto" runs the custom call where it can (the CPU handler on CPU, the CUDA handler
+    on a GPU) and otherwise the reference, warning once per process (a RuntimeWarning saying why,
+    pointing at the user's call); "reference" never warns."""
+    from jax_nvfp4 import _extension
+    monkeypatch.setattr(_extension, "available", lambda: built)
+    monkeypatch.setattr(_extension, "has_cuda", lambda: built and cuda)
+    monkeypatch.setattr(jax, "default_backend", lambda: platform)
+    monkeypatch.setattr(options, "_warned_fallback", False)
+    if want == "ffi":
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert options.resolve_backend("auto") == "ffi"
+        assert options._warned_fallback is False
+        return
+    why = "built without the CUDA handler" if built else _extension.not_built_message()
+    rhs = QUANTIZE_STACK(jax.random.normal(jax.random.key(0), (2, 32, 32), jnp.float32))
+    x, sizes = jnp.ones((4, 32), jnp.bfloat16), jnp.array([1, 3], jnp.int32)
+    with pytest.warns(RuntimeWarning) as record:
+        jn.grouped_gemm(x, rhs, sizes, backend="auto")
+    [w] = record.list
+    assert w.lineno == sys._getframe().f_lineno - 2               # the call above
+    assert str(w.message).startswith("jax_nvfp4: grouped_gemm falls back to the pure-jnp "
+                                     "reference (slow): ") and why in str(w.message)
+    assert w.filename == __file__                                 # the user's line
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                            # once: no second warning
+        assert options.resolve_backend("auto") == "reference"
+        assert options.resolve_backend("reference") == "reference"
+    monkeypatch.setattr(options, "_warned_fallback", False)
+    with pytest.warns(RuntimeWarning) as record:                  # traced: still the user's line
+        jax.jit(lambda a: jn.grouped_gemm(a, rhs, sizes, backend="auto")).lower(x)
+    assert [(w.filename, w.lineno) for w in record.list] == [(__file__, sys._getframe().f_lineno - 1)]
 
 
 def test_moe_config_stores_a_checked_precision():
