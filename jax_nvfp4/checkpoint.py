@@ -89,7 +89,7 @@ import numpy as np
 
 from .hf_folder import open_checkpoint, where_looked
 from .formats import BLOCK_SIZE, E2M1_VALUES, E4M3_MAX, E2M1_MAX, K_MULTIPLE, NVFP4Tensor
-from .options import CHECKPOINT_FORMATS, WEIGHT_LAYOUTS
+from .options import CHECKPOINT_FORMATS, WEIGHT_LAYOUTS, caller_stacklevel
 from .prepare import prepare_weights
 from .quantization import MIN_GLOBAL_SCALE
 from .moe_params import MoEConfig, MoEWeights
@@ -303,13 +303,12 @@ def _deq_amax_over_gs(data: np.ndarray, scales: np.ndarray) -> float:
 
 def _check_conventions(name: str, groups: list[tuple[str, np.ndarray, np.ndarray]],
                        ws2: dict[str, np.ndarray], inputs: dict[str, np.ndarray],
-                       sample: dict[str, tuple[np.ndarray, np.ndarray, float]],
-                       stacklevel: int = 3) -> None:
+                       sample: dict[str, tuple[np.ndarray, np.ndarray, float]]) -> None:
     """Warn (once per layer) when the scales do not look like the ModelOpt convention.
 
     groups: (label, scale bytes [E, ...] of tensors sharing one weight_scale_2, labels per expert)
     ws2/inputs: label -> float32 [E] values; sample: label -> (data, scales, ws2) of one tensor.
-    stacklevel: passed to warnings.warn, so that the warning names the caller's line.
+    The warning names the user's line (the first frame outside jax_nvfp4 and JAX).
     """
     problems: list[str] = []
     lo, hi = E4M3_MAX / 4, E4M3_MAX
@@ -345,7 +344,7 @@ def _check_conventions(name: str, groups: list[tuple[str, np.ndarray, np.ndarray
     if problems:
         warnings.warn(f"{name}: the NVFP4 scales do not look like the ModelOpt/Quark convention "
                       "(x = e2m1 * weight_scale * weight_scale_2):\n  " + "\n  ".join(problems),
-                      stacklevel=stacklevel)
+                      stacklevel=caller_stacklevel())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -597,8 +596,7 @@ def _check_loaded(prefix: str, I: int, rt: _Routed, sh) -> None:
         ws2["shared"] = np.asarray([sg.ws2, su.ws2, sd.ws2], np.float32)
         if sg.inp is not None:
             inputs["shared"] = np.asarray([sg.inp, su.inp, sd.inp], np.float32)
-    # stacklevel: warn at the line calling load_moe (_check_loaded <- load_moe <- caller)
-    _check_conventions(prefix, groups, ws2, inputs, sample, stacklevel=4)
+    _check_conventions(prefix, groups, ws2, inputs, sample)
 
 
 def _assemble(router, bias, hash_table, ids: list[int], E: int, rt: _Routed, sh) -> MoEWeights:
