@@ -31,13 +31,19 @@ def test_take_rows_equals_numpy_indexing(rng, dtype, cols):
     np.testing.assert_array_equal(_bits(const), _bits(want))
 
 
-def test_take_rows_gathers_words(rng):
-    a = jnp.asarray(rng.standard_normal((8, 64)), jnp.bfloat16)
+@pytest.mark.parametrize("dtype,cols,gathered", [
+    (jnp.bfloat16, 64, "4x32xui32"), (jnp.bfloat16, 6, "4x3xui32"), (jnp.bfloat16, 2, "4x1xui32"),
+    (jnp.uint8, 36, "4x9xui32"), (jnp.float8_e4m3fn, 4, "4x1xui32"),
+    (jnp.bfloat16, 5, "4x5xbf16"), (jnp.uint8, 6, "4x6xui8"), (jnp.float32, 8, "4x8xf32")])
+def test_take_rows_gathers_words(rng, dtype, cols, gathered):
+    """1- and 2-byte rows that are whole 32-bit words are gathered as uint32 words (the module's
+    contract); any other row is gathered as it is."""
+    a = jnp.asarray(rng.standard_normal((8, cols)), dtype)
     rows = jnp.asarray([3, 1, 1, 7], jnp.int32)
     hlo = jax.jit(take_rows).lower(a, rows).as_text()
     gathers = [ln.split("->")[-1] for ln in hlo.splitlines() if "stablehlo.gather" in ln]
-    assert gathers == [" tensor<4x32xui32>"], gathers
-    assert ml_dtypes.bfloat16 == np.asarray(take_rows(a, rows)).dtype
+    assert gathers == [f" tensor<{gathered}>"], gathers
+    assert np.asarray(take_rows(a, rows)).dtype == jnp.dtype(dtype)
 
 
 def test_take_rows_gradient_is_the_gathers(rng):
