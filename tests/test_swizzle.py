@@ -38,5 +38,13 @@ def test_matches_closed_form(rng, lead, rows, kb):
 def test_bad_input():
     with pytest.raises(ValueError, match="sf: expected float8_e4m3fn"):
         jn.swizzle_scales(jnp.ones((4, 4), jnp.uint8))
-    with pytest.raises(ValueError, match="sf_swizzled"):
+    with pytest.raises(ValueError, match=r"sf_swizzled: expected last axis 512 for rows=128, "
+                                         r"k_blocks=4, got shape \(100,\)"):
         jn.unswizzle_scales(jnp.zeros((100,), jnp.float8_e4m3fn), 128, 4)
+    with pytest.raises(ValueError, match=r"sf_swizzled: expected last axis 1024 for rows=130, "
+                                         r"k_blocks=3"):
+        jn.unswizzle_scales(jnp.zeros((2, 512), jnp.float8_e4m3fn), 130, 3)
+    with pytest.raises(ValueError, match="sf_swizzled: expected float8_e4m3fn, got uint8"):
+        jn.unswizzle_scales(jnp.zeros((512,), jnp.uint8), 128, 4)
+    with pytest.raises(ValueError, match=r"sf: expected \[\.\.\., rows, K/16\], got shape \(16,\)"):
+        jn.swizzle_scales(jnp.zeros((16,), jnp.float8_e4m3fn))
