@@ -34,6 +34,8 @@ EDGES = [
     # the kept groups must hold top_k experts: 2 groups of 2 hold 4
     (dict(n_group=4, topk_group=2, top_k=4), dict(n_group=4, topk_group=2, top_k=5),
      "topk_group"),
+    (dict(n_group=2, topk_group=1, top_k=4), dict(n_group=2, topk_group=1, top_k=5),
+     "topk_group"),                                                # the smallest grouping
     (dict(n_shared_experts=0), dict(n_shared_experts=-1), "n_shared_experts"),
     (dict(hidden_size=32), dict(hidden_size=0), "hidden_size"),
     (dict(hidden_size=32), dict(hidden_size=16), "hidden_size"),
