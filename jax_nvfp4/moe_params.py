@@ -153,7 +153,9 @@ class MoEConfig:
         # The clamp min(gate, L), clip(up, -L, L): L <= 0 (or one that is 0 in float32) zeroes
         # or flips the SwiGLU, NaN makes it NaN. inf means no clamp, as None does.
         lim = self.swiglu_limit
-        if lim is not None and not np.float32(lim) > 0:     # False for NaN (inf: float32 inf)
+        with np.errstate(over="ignore"):                    # past float32's range: inf, no clamp
+            lim32 = None if lim is None else np.float32(lim)
+        if lim is not None and not lim32 > 0:               # False for NaN (inf: float32 inf)
             raise ValueError(f"swiglu_limit: expected None or a number > 0 (float32), got {lim!r}")
 
     def _check_types(self):

@@ -76,6 +76,57 @@ def test_every_choice_and_a_near_miss(field, choices):
             build(**size, **{field: bad})
 
 
+INT_FIELDS = ("num_experts", "top_k", "hidden_size", "intermediate_size", "n_group",
+              "topk_group", "n_shared_experts")
+
+
+@pytest.mark.parametrize("field", INT_FIELDS)
+def test_int_fields_take_ints_only(field):
+    """A wrong type is a TypeError naming the field (a bool or a float is not an int); a numpy
+    integer is stored as the Python int, so equal configs compare and hash alike."""
+    for bad in (True, np.bool_(False), float(BASE.get(field, 1)), "8", None):
+        with pytest.raises(TypeError, match=rf"^{field}: expected an int, got {bad!r:.100}$"):
+            build(**{field: bad})
+    c = build(**{field: np.int64(build().__dict__[field])})
+    assert type(getattr(c, field)) is int and c == build() and hash(c) == hash(build())
+
+
+def test_float_and_bool_and_str_fields_are_type_checked():
+    for name, bad, what in (("routed_scaling_factor", None, "a number"),
+                            ("routed_scaling_factor", "2.5", "a number"),
+                            ("routed_scaling_factor", True, "a number"),
+                            ("swiglu_limit", "10", "a number or None"),
+                            ("swiglu_limit", np.bool_(True), "a number or None")):
+        with pytest.raises(TypeError, match=rf"^{name}: expected {what}, got {bad!r:.100}$"):
+            build(**{name: bad})
+    c = build(routed_scaling_factor=np.float32(2.5), swiglu_limit=np.float64(7.0),
+              norm_topk_prob=np.bool_(False))
+    assert type(c.routed_scaling_factor) is float and c.routed_scaling_factor == 2.5
+    assert type(c.swiglu_limit) is float and c.swiglu_limit == 7.0
+    assert c.norm_topk_prob is False
+    assert c == build(routed_scaling_factor=2.5, swiglu_limit=7.0, norm_topk_prob=False)
+    assert build(swiglu_limit=None).swiglu_limit is None
+    for bad in (1, None, "yes"):
+        with pytest.raises(TypeError, match=rf"^norm_topk_prob: expected a bool, got {bad!r}$"):
+            build(norm_topk_prob=bad)
+    for name in ("scoring_func", "activation", "activation_scale", "precision", "row_dtype"):
+        with pytest.raises(TypeError, match=rf"^{name}: expected a str, got 1$"):
+            build(**{name: 1})
+
+
+def test_floats_past_float32_do_not_warn():
+    """A float beyond float32's range is the documented ValueError for routed_scaling_factor and
+    no clamp (float32 inf) for swiglu_limit, without a numpy overflow RuntimeWarning."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="^routed_scaling_factor: "):
+            build(routed_scaling_factor=1e300)
+        assert build(swiglu_limit=1e300).swiglu_limit == 1e300
+        with pytest.raises(ValueError, match="^swiglu_limit: "):
+            build(swiglu_limit=-1e300)
+
+
 def test_known_range():
     assert known_range(None) is None
     assert known_range(np.zeros((0,), np.float32)) is None
