@@ -132,6 +132,9 @@ def test_known_range():
     assert known_range(np.zeros((0,), np.float32)) is None
     assert known_range(jnp.zeros((0,), jnp.float32)) is None
     assert known_range(np.array([3, -2, 7], np.int64)) == (-2, 7)
+    for ints in (np.array([3, -2, 7], np.int64), jnp.array([3, -2, 7], jnp.int32)):
+        assert [type(b) for b in known_range(ints)] == [int, int]  # messages print ids as ints
+    assert [type(b) for b in known_range(np.array([0.5], np.float32))] == [float, float]
     assert known_range(jnp.array([0.5, 2.0])) == (0.5, 2.0)
     lo, hi = known_range(np.array([1.0, np.nan]))
     assert np.isnan(lo) and np.isnan(hi)
