@@ -3,6 +3,7 @@ jit, vmap, shard_map and tree_map, default "checkpoint", checked by validate()."
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
@@ -100,3 +101,122 @@ def test_dequantize_of_a_jit_constant(rng):
     ref = dequant64(t.data, t.scales, t.global_scale)
     np.testing.assert_allclose(np.asarray(jax.jit(lambda: jn.dequantize(t))()), ref, rtol=1e-6)
     np.testing.assert_allclose(np.asarray(jax.jit(jn.dequantize)(t)), ref, rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------
+# The E2M1 codec and its byte packing, against ml_dtypes' float4_e2m1fn (an oracle we did not
+# write): every code, every byte, every rounding tie.
+# ------------------------------------------------------------------------------------------------
+
+F4 = ml_dtypes.float4_e2m1fn
+
+
+def _f4_values(codes):
+    """The float64 values of uint8 codes 0..15 as ml_dtypes reads the 4-bit patterns."""
+    codes = np.asarray(codes, np.uint8)
+    return codes.view(F4).astype(np.float64)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+def test_decode_e2m1_every_code_bit_for_bit(dtype):
+    codes = np.arange(256, dtype=np.uint8)               # only the low nibble is read
+    want = _f4_values(codes & 0xF).astype(jnp.dtype(dtype))
+    got = np.asarray(jax.jit(lambda c: jn.formats.decode_e2m1(c, dtype))(jnp.asarray(codes)))
+    assert got.dtype == jnp.dtype(dtype)
+    np.testing.assert_array_equal(got.view(f"u{got.itemsize}"), want.view(f"u{want.itemsize}"))
+    assert np.signbit(got[8]) and got[8] == 0             # code 8 is -0.0
+    np.testing.assert_array_equal(jn.formats.E2M1_VALUES, _f4_values(np.arange(16)))
+
+
+def test_pack_and_unpack_every_byte():
+    data = np.arange(256, dtype=np.uint8).reshape(4, 64)
+    codes = np.asarray(jn.formats.unpack_nibbles(jnp.asarray(data)))
+    assert codes.dtype == np.uint8 and codes.shape == (4, 128)
+    np.testing.assert_array_equal(codes[:, 0::2], data & 0xF)          # element 2j: low nibble
+    np.testing.assert_array_equal(codes[:, 1::2], data >> 4)
+    np.testing.assert_array_equal(np.asarray(jn.formats.pack_nibbles(jnp.asarray(codes))), data)
+    vals = np.asarray(jn.formats.decode_packed(jnp.asarray(data), jnp.bfloat16))
+    assert vals.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(vals.astype(np.float64), _f4_values(codes))
+    f4 = np.asarray(jn.formats.unpack_codes(jnp.asarray(data)))
+    assert f4.dtype == F4
+    np.testing.assert_array_equal(f4.view(np.uint8) & 0xF, codes)     # the same 4-bit patterns
+    np.testing.assert_array_equal(np.asarray(jn.formats.pack_codes(jnp.asarray(f4))), data)
+    # a constant folded inside jit, as the docstrings promise
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda: jn.formats.pack_codes(f4))()), data)
+
+
+def test_encode_e2m1_rounds_like_a_float4_cast():
+    """Round to nearest, ties to even, as ml_dtypes' cast to float4_e2m1fn: every midpoint, its
+    float32 neighbours, the signed zeros."""
+    mags = np.array([0, .5, 1, 1.5, 2, 3, 4, 6], np.float32)
+    mids = (mags[1:] + mags[:-1]) / 2
+    pts = np.concatenate([mags, mids, np.nextafter(mids, 0), np.nextafter(mids, 7), [0.1, 5.9]])
+    x = np.concatenate([pts, -pts]).astype(np.float32)
+    got = np.asarray(jn.formats.encode_e2m1(jnp.asarray(x)))
+    want = x.astype(F4).view(np.uint8) & 0xF
+    np.testing.assert_array_equal(got, want)
+
+
+def test_check_k_and_scales_from_bytes():
+    for k in (32, 64, 2**20):
+        jn.formats.check_k(k)
+    for k in (0, -32, 16, 48):
+        with pytest.raises(ValueError, match=rf"^w: the last \(K\) axis has size {k}; NVFP4 needs "
+                                             r"K to be a positive multiple of 32 "):
+            jn.formats.check_k(k, "w")
+    raw = np.arange(256, dtype=np.uint8)
+    for r in (raw, raw.view(np.int8)):
+        got = np.asarray(jn.formats.scales_from_bytes(jnp.asarray(r)))
+        assert got.dtype == ml_dtypes.float8_e4m3fn
+        np.testing.assert_array_equal(got.view(np.uint8), raw)           # a bitcast
+    f8 = jnp.asarray(raw.view(ml_dtypes.float8_e4m3fn))
+    assert jn.formats.scales_from_bytes(f8) is f8
+    with pytest.raises(ValueError, match="^scales: expected uint8/int8 bytes or float8_e4m3fn, "
+                                         "got int16"):
+        jn.formats.scales_from_bytes(jnp.zeros(4, jnp.int16))
+
+
+@pytest.mark.parametrize("dtype,barrier", [(jnp.bfloat16, True), (jnp.float16, True),
+                                           (jnp.float32, False), (jnp.uint8, False)])
+def test_keep_rounded_bars_half_precision_only(dtype, barrier):
+    x = jnp.ones((4,), dtype)
+    jaxpr = str(jax.make_jaxpr(jn.formats.keep_rounded)(x))
+    assert ("optimization_barrier" in jaxpr) == barrier
+    assert jn.formats.keep_rounded(x).dtype == x.dtype
+
+
+def test_expand_global_scale():
+    """A [G] scale broadcasts over the leading axis; a [G, 2] scale of [G, N, K] scales rows :N/2
+    (gate) and N/2: (up) apart; a scalar stays a scalar."""
+    g = jnp.asarray([2.0, 3.0])
+    assert jn.formats.expand_global_scale(g, 3).shape == (2, 1, 1)
+    assert jn.formats.expand_global_scale(jnp.float32(5), 2).shape == (1, 1)
+    half = jnp.asarray([[1.0, 10.0], [2.0, 20.0]])
+    e = np.asarray(jn.formats.expand_global_scale(half, 3, lead=(2, 6)))
+    assert e.dtype == np.float32 and e.shape == (2, 6, 1)
+    np.testing.assert_array_equal(e[..., 0], [[1, 1, 1, 10, 10, 10], [2, 2, 2, 20, 20, 20]])
+    # [G, 2] against a stack whose rows are 2 (N = 2) is one row each, and a [G] scale with a lead
+    # is only broadcast
+    e2 = np.asarray(jn.formats.expand_global_scale(half, 3, lead=(2, 2)))
+    np.testing.assert_array_equal(e2[..., 0], [[1, 10], [2, 20]])
+    assert jn.formats.expand_global_scale(g, 3, lead=(2, 6)).shape == (2, 1, 1)
+
+
+def test_kernel_k_order_is_the_documented_permutation_and_inverts():
+    """Inside each 128-wide chunk, position 32j + 16h + 4t + i holds logical k 32t + 8j + 4h + i."""
+    k = np.arange(256, dtype=np.int32)
+    got = np.asarray(jn.formats.to_kernel_k_order(jnp.asarray(np.stack([k, k + 1000]))))
+    want = np.empty(256, np.int32)
+    for c in range(2):
+        for t in range(4):
+            for j in range(4):
+                for h in range(2):
+                    for i in range(4):
+                        pos = 128 * c + 32 * j + 16 * h + 4 * t + i
+                        want[pos] = 128 * c + 32 * t + 8 * j + 4 * h + i
+    np.testing.assert_array_equal(got, np.stack([want, want + 1000]))
+    np.testing.assert_array_equal(np.asarray(jn.formats.from_kernel_k_order(jnp.asarray(got))),
+                                  np.stack([k, k + 1000]))
+    with pytest.raises(ValueError, match="^q: K=64 is not a multiple of 128"):
+        jn.formats.to_kernel_k_order(jnp.zeros((2, 64)))
