@@ -220,3 +220,79 @@ def test_kernel_k_order_is_the_documented_permutation_and_inverts():
                                   np.stack([k, k + 1000]))
     with pytest.raises(ValueError, match="^q: K=64 is not a multiple of 128"):
         jn.formats.to_kernel_k_order(jnp.zeros((2, 64)))
+
+
+@pytest.mark.parametrize("gshape,lead,half", [
+    ((4, 2), (4, 6), True), ((1, 2), (4, 6), True), ((2,), (6,), True),
+    ((4, 1, 2), (4, 3, 6), True), ((4, 3, 2), (4, 3, 6), True),
+    ((4, 2), (4, 5), False), ((4, 2), (4, 2), False), ((3, 2), (4, 6), False),
+    ((4, 2, 2), (4, 3, 6), False), ((2,), (), False), ((4, 3), (4, 6), False),
+    ((4,), (4, 6), False)])
+def test_global_scale_half_split(gshape, lead, half):
+    """A [..., 2] global scale over [..., N] (N even, not 2; the other axes matching or 1) scales
+    the two halves of N apart; anything else broadcasts as it is."""
+    g = jnp.arange(1, 1 + int(np.prod(gshape)), dtype=jnp.float32).reshape(gshape)
+    e = np.asarray(jn.formats.expand_global_scale(g, len(lead) + 1, lead=lead))
+    if half:
+        n = lead[-1]
+        assert e.shape == gshape[:-1] + (n, 1)
+        gate, up = (np.repeat(np.asarray(g)[..., j:j + 1], n // 2, -1) for j in (0, 1))
+        np.testing.assert_array_equal(e[..., : n // 2, 0], gate)
+        np.testing.assert_array_equal(e[..., n // 2:, 0], up)
+    else:
+        assert e.shape == gshape + (1,) * (len(lead) + 1 - len(gshape))
+
+
+def _t(data_shape, scales_shape=None, g_shape=(), layout="checkpoint", ddt=jnp.uint8,
+       sdt=jnp.float8_e4m3fn, gdt=jnp.float32):
+    if scales_shape is None:
+        scales_shape = data_shape[:-1] + (data_shape[-1] // 8,)
+    return jn.NVFP4Tensor(jnp.zeros(data_shape, ddt), jnp.zeros(scales_shape, sdt),
+                          jnp.ones(g_shape, gdt), layout)
+
+
+def test_validate_accepts_every_documented_global_scale_and_layout():
+    for g in [(), (4,), (1,), (4, 1), (4, 2), (4, 128), (1, 128)]:
+        _t((4, 128, 32), g_shape=g).validate("w")
+    _t((128, 32), g_shape=()).validate()
+    _t((128, 32), layout="sm90").validate()                  # N 128, K 64: the smallest sm90
+    _t((2, 256, 64), layout="sm90", g_shape=(2,)).validate()
+
+
+@pytest.mark.parametrize("t, msg", [
+    (lambda: _t((4, 128, 32), ddt=jnp.int8),
+     r"^w\.data: expected uint8 packed E2M1 codes, got int8$"),
+    (lambda: _t((4, 128, 32), sdt=jnp.uint8),
+     r"^w\.scales: expected float8_e4m3fn, got uint8 \(raw bytes: use "
+     r"jax_nvfp4\.scales_from_bytes, a bitcast\)$"),
+    (lambda: _t((4, 128, 32), gdt=jnp.bfloat16),
+     r"^w\.global_scale: expected float32, got bfloat16$"),
+    (lambda: _t((4, 128, 8)), r"^w\.data: the last \(K\) axis has size 16; NVFP4 needs K"),
+    (lambda: _t((4, 128, 32), scales_shape=(4, 128, 3)),
+     r"^w\.scales: expected shape \(4, 128, 4\) for data \(4, 128, 32\), got \(4, 128, 3\)$"),
+    (lambda: _t((4, 128, 32), scales_shape=(128, 4)),
+     r"^w\.scales: expected shape \(4, 128, 4\) for data \(4, 128, 32\), got \(128, 4\)$"),
+    (lambda: _t((4, 128, 32), g_shape=(3,)),
+     r"^w\.global_scale: shape \(3,\) does not match the leading axes \(4, 128\) \(use \[\] "
+     r"for one tensor, \[G\] for \[G, N, K\], \[G, 2\] for separate first/second halves of N\)$"),
+    (lambda: _t((4, 128, 32), g_shape=(4, 128, 1)), r"^w\.global_scale: shape \(4, 128, 1\) does"),
+    (lambda: _t((4, 5, 32), g_shape=(4, 2)), r"^w\.global_scale: shape \(4, 2\) does not match"),
+    (lambda: _t((4, 128, 32), layout="tiled"),
+     r"^w\.layout: expected one of \('checkpoint', 'sm90'\), got 'tiled'$"),
+    (lambda: _t((64,), layout="sm90"),
+     r"^w: layout 'sm90' needs data \[\.\.\., N, K/2\] with N % 128 == 0 and K % 64 == 0, got "
+     r"N = None, K = 128 \(data \(64,\)\)$"),
+    (lambda: _t((64, 32), layout="sm90"),
+     r"^w: layout 'sm90' needs .* got N = 64, K = 64 \(data \(64, 32\)\)$"),
+    (lambda: _t((128, 16), layout="sm90"), r"^w: layout 'sm90' needs .* got N = 128, K = 32 "),
+])
+def test_validate_errors_name_the_field(t, msg):
+    with pytest.raises(ValueError, match=msg):
+        t().validate("w")
+
+
+def test_validate_default_name():
+    with pytest.raises(ValueError, match=r"^tensor\.data: expected uint8"):
+        _t((4, 32), ddt=jnp.int8).validate()
+    with pytest.raises(ValueError, match=r"^tensor\.data: the last \(K\) axis"):
+        _t((4, 8)).validate()
