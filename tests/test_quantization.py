@@ -1,5 +1,6 @@
 """Quantization: bit-exact against oracles not written here, hand-worked vectors, old bugs."""
 
+import re
 
 import jax
 import jax.numpy as jnp
@@ -101,6 +102,22 @@ class TestAgainstOracles:
         assert np.abs(d).max() <= 6 * 448 * gs * (1 + 1e-6)
         big = np.abs(x) > 0.5
         assert np.all(np.abs(d[big]) >= 0.5 * 0.99)   # saturated, not wrapped or zeroed
+
+
+@pytest.mark.parametrize("layout", ["checkpoint", "sm90"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_e2m1_scaled_of_a_stack_is_the_float64_product(rng, layout, dtype):
+    """e2m1(data) * scale without the global scale, [G, N, K] in dtype (exact in bfloat16), read
+    in either layout: the float64 oracle's product."""
+    from jax_nvfp4.quantization import e2m1_scaled
+    w = jnp.asarray(rng.standard_normal((3, 128, 128)) * 3, jnp.float32)
+    t = jax.vmap(jn.quantize)(w)
+    want = dequant64(np.asarray(t.data), np.asarray(t.scales))
+    if layout == "sm90":
+        t = jn.prepare_weights(t)
+    got = np.asarray(e2m1_scaled(t, dtype))
+    assert got.dtype == jnp.dtype(dtype) and got.shape == (3, 128, 128)
+    np.testing.assert_array_equal(got.astype(np.float64), want)
 
 
 class TestHandWorked:
@@ -206,6 +223,23 @@ class TestOutOfRange:
             jn.quantize(jnp.ones((2, 32)), gs)
         with pytest.raises(ValueError, match="global_scale: expected a finite"):
             jn.stage_activation(jnp.ones((2, 32)), gs)
+
+    def test_static_global_scale_range_edges(self):
+        """The smallest normal float32 and the largest finite one are accepted; the float32
+        neighbours outside are refused with the value and why."""
+        x = jnp.ones((2, 32))
+        for gs in (2.0**-126, float(np.finfo(np.float32).max)):
+            t = jn.quantize(x, gs)
+            assert float(t.global_scale) == gs
+            jn.stage_activation(x, gs)
+        below = float(np.nextafter(np.float32(2.0**-126), np.float32(0)))
+        msg = (r"^global_scale: expected a finite float32 >= 2\^-126 \(the smallest normal "
+               r"float32\), got {}; a zero, negative, subnormal or non-finite scale cannot "
+               r"dequantize to the input$")
+        with pytest.raises(ValueError, match=msg.format(re.escape(repr(below)))):
+            jn.quantize(x, below)
+        with pytest.raises(ValueError, match=msg.format("inf")):
+            jn.quantize(x, np.float32(np.inf))
 
     @pytest.mark.parametrize("gs", [0.0, -0.5, np.nan, np.inf])
     def test_traced_invalid_global_scale_gives_nan(self, gs):
@@ -349,8 +383,10 @@ class TestRoundTripAndApi:
             jn.stage_activation(jnp.ones((2, k)))
 
     def test_bad_inputs(self):
-        with pytest.raises(ValueError, match="x: expected a floating"):
+        with pytest.raises(ValueError, match="^x: expected a floating-point array, got int32$"):
             jn.quantize(jnp.ones((2, 32), jnp.int32))
+        with pytest.raises(ValueError, match="^x: expected a floating-point array, got int32$"):
+            jn.stage_activation(jnp.ones((2, 32), jnp.int32))
         with pytest.raises(ValueError, match="global_scale"):
             jn.quantize(jnp.ones((2, 32)), jnp.ones((2,)))
         with pytest.raises(ValueError, match=r"x: expected \[M, K\]"):
