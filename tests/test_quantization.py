@@ -192,6 +192,35 @@ def x64():
     return enable_x64()
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_dequantize_half_precision_rounds_the_float32_product_once(rng, dtype):
+    """dequantize computes in float32 and rounds once to a narrower dtype (docstring): bit for
+    bit dequantize(t, float32).astype(dtype), with a global scale that is not a power of two."""
+    t = jax.vmap(jn.quantize)(jnp.asarray(rng.standard_normal((2, 64, 256)), jnp.float32))
+    t = jn.NVFP4Tensor(t.data, t.scales, jnp.asarray([0.3, 1.7e-3], jnp.float32))
+    want = np.asarray(jn.dequantize(t, jnp.float32)).astype(jnp.dtype(dtype))
+    got = np.asarray(jn.dequantize(t, dtype))
+    assert got.dtype == jnp.dtype(dtype)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+def test_dequantize_float64_is_exact_under_x64(rng):
+    """float64 output multiplies in float64: e2m1 * scale (6 bits) * a float32 global scale is
+    exact there, the float64 oracle's value."""
+    t = jax.vmap(jn.quantize)(jnp.asarray(rng.standard_normal((2, 64, 256)), jnp.float32))
+    g = np.asarray([0.3, 1.7e-3], np.float32)
+    with x64():
+        t64 = jn.NVFP4Tensor(t.data, t.scales, jnp.asarray(g))
+        got = np.asarray(jn.dequantize(t64, jnp.float64))
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, dequant64(np.asarray(t.data), np.asarray(t.scales), g))
+
+
+def test_dequantize_refuses_what_is_not_a_tensor():
+    with pytest.raises(ValueError, match="^t: expected an NVFP4Tensor, got ndarray$"):
+        jn.dequantize(np.zeros((2, 16), np.uint8))
+
+
 class TestOutOfRange:
     """Issue 23, item 6: tiny, zero and huge scales have a defined result, never a silent 0."""
 
