@@ -221,6 +221,29 @@ def test_dequantize_refuses_what_is_not_a_tensor():
         jn.dequantize(np.zeros((2, 16), np.uint8))
 
 
+def test_dynamic_global_scale_counts_subnormals_and_empty_input():
+    """docstring: amax over the finite values, clipped to [2^-126, FLT_MAX], 1.0 when there is no
+    finite non-zero value. Subnormal float32 values are non-zero (on every backend: XLA's CPU
+    compares flush them); no value at all is 1.0."""
+    from jax_nvfp4.quantization import dynamic_global_scale
+    for x in (np.array([1e-40, -3e-41, 0.0], np.float32), np.array([-2.0**-149], np.float32)):
+        assert float(dynamic_global_scale(jnp.asarray(x))) == 2.0**-126
+        assert float(jax.jit(dynamic_global_scale)(jnp.asarray(x))) == 2.0**-126
+    for x in (np.zeros((0,), np.float32), np.zeros((0, 32), np.float32),
+              np.array([0.0, -0.0, np.nan, np.inf], np.float32)):
+        assert float(dynamic_global_scale(jnp.asarray(x))) == 1.0
+
+
+def test_dequantize_gate_up_global_scales(rng):
+    """A [G, 2] global scale of a [G, 2I, H] stack scales rows :I (gate) and I: (up) apart."""
+    t = jax.vmap(jn.quantize)(jnp.asarray(rng.standard_normal((2, 64, 128)), jnp.float32))
+    g = np.asarray([[0.5, 3.0], [0.25, 7.0]], np.float32)
+    t = jn.NVFP4Tensor(t.data, t.scales, jnp.asarray(g))
+    want = dequant64(np.asarray(t.data), np.asarray(t.scales))
+    want = want * np.repeat(g.astype(np.float64), 32, axis=1)[..., None]
+    np.testing.assert_array_equal(np.asarray(jn.dequantize(t)).astype(np.float64), want)
+
+
 class TestOutOfRange:
     """Issue 23, item 6: tiny, zero and huge scales have a defined result, never a silent 0."""
 
