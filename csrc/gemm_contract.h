@@ -83,9 +83,9 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     {KernelFamily::kWgmma, 64, 12, 1}, {KernelFamily::kWgmma, 128, 8, 1}, {KernelFamily::kWgmma, 256, 5, 2},
     {KernelFamily::kWgmmaFp8, 32, 15, 1}, {KernelFamily::kWgmmaFp8, 64, 12, 1}, {KernelFamily::kWgmmaFp8, 128, 8, 1},
     {KernelFamily::kWgmmaFp8Prepared, 128, 6, 1},
-    {KernelFamily::kCutlassFp8, 128, 6, 2, 1}, {KernelFamily::kCutlassFp8, 128, 6, 1, 0},
-    {KernelFamily::kCutlassFp8, 128, 6, 1, 1}, {KernelFamily::kCutlassFp8, 128, 6, 1, 2},
-    {KernelFamily::kCutlassFp8, 128, 6, 2, 0}, {KernelFamily::kCutlassFp8, 64, 8, 1, 0},
+    {KernelFamily::kCutlassFp8, 128, 5, 1, 1}, {KernelFamily::kCutlassFp8, 128, 5, 2, 1},
+    {KernelFamily::kCutlassFp8, 128, 5, 1, 0}, {KernelFamily::kCutlassFp8, 128, 5, 2, 0},
+    {KernelFamily::kCutlassFp8, 64, 8, 1, 0},
 };
 inline constexpr int kNumKernelConfigs = static_cast<int>(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
 
@@ -204,8 +204,8 @@ inline constexpr bool WgmmaFp8PreparedShapeOk(const ProblemDesc& d) {
 
 // Shape conditions of the CUTLASS FP8 grouped GEMM: fp8-prepared weights, K % 128 == 0 (one promotion per
 // 128-wide k tile, 16-byte aligned rows for TMA), N % 8 == 0 (16-byte output rows for the TMA store), the
-// weights' unit block scales (one per 128 x 128 block of an expert) within the buffer of ones
-// (kCutlassFp8MaxOnes) and the chunk scales' offsets within int32.
+// weights' unit block scales (one per tile-wide block of weight rows and 128 k, the tile 128 or 192 rows
+// wide: counted here per 128) within the buffer of ones (kCutlassFp8MaxOnes) and the chunk scales' offsets within int32.
 inline constexpr int64_t kCutlassFp8MaxOnes = 16384;
 inline constexpr bool CutlassFp8ShapeOk(const ProblemDesc& d) {
   if (d.K <= 0 || d.K % 128 != 0 || d.N % 8 != 0 || d.layout != RhsLayout::kFp8) return false;

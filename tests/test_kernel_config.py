@@ -29,9 +29,9 @@ def test_config_table():
         KernelConfig("wgmma", 128, 8, 1), KernelConfig("wgmma", 256, 5, 2),
         KernelConfig("wgmma_fp8", 32, 15, 1), KernelConfig("wgmma_fp8", 64, 12, 1),
         KernelConfig("wgmma_fp8", 128, 8, 1), KernelConfig("wgmma_fp8_prepared", 128, 6, 1),
-        KernelConfig("cutlass_fp8", 128, 6, 2, 1), KernelConfig("cutlass_fp8", 128, 6, 1),
-        KernelConfig("cutlass_fp8", 128, 6, 1, 1), KernelConfig("cutlass_fp8", 128, 6, 1, 2),
-        KernelConfig("cutlass_fp8", 128, 6, 2), KernelConfig("cutlass_fp8", 64, 8, 1))
+        KernelConfig("cutlass_fp8", 128, 5, 1, 1), KernelConfig("cutlass_fp8", 128, 5, 2, 1),
+        KernelConfig("cutlass_fp8", 128, 5, 1), KernelConfig("cutlass_fp8", 128, 5, 2),
+        KernelConfig("cutlass_fp8", 64, 8, 1))
     assert {c.family for c in configs} == set(FAMILIES)
 
 
@@ -60,8 +60,8 @@ def test_fp8_heuristic(rows_per_group, tile):
 @needs_ext
 @pytest.mark.parametrize("rows_per_group", [1, 4, 32, 63, 64, 128, 512])
 def test_fp8_heuristic_prepared_weights(rows_per_group):
-    """Weights prepared as e4m3 (layout "fp8") run cutlass_fp8 (128-token cooperative tiles, 2-CTA
-    clusters along N, walked along M) from 64 rows per group on average, wgmma_fp8_prepared below
+    """Weights prepared as e4m3 (layout "fp8") run cutlass_fp8 (128 x 192 cooperative tiles walked
+    along M) from 64 rows per group on average, wgmma_fp8_prepared below
     that and where N % 8 != 0,
     on any device; no other family reads them, and those two read nothing else."""
     g, n, k = 48, 6144, 7168
@@ -69,7 +69,7 @@ def test_fp8_heuristic_prepared_weights(rows_per_group):
     fams = ALL + kc.FP8_FAMILIES
     for arch, f in ((90, fams), (80, ("mma",)), (0, None)):
         got = kc.choose(m, n, k, g, arch=arch, families=f, rhs_layout="fp8", precision="fp8")
-        want = (KernelConfig("cutlass_fp8", 128, 6, 2, 1) if rows_per_group >= 64 else
+        want = (KernelConfig("cutlass_fp8", 128, 5, 1, 1) if rows_per_group >= 64 else
                 KernelConfig("wgmma_fp8_prepared", 128, 6, 1))
         assert got == want
         got = kc.choose(m, n + 4, k, g, arch=arch, families=f, rhs_layout="fp8", precision="fp8")
@@ -257,7 +257,7 @@ def test_handlers_check_the_mode_against_the_kernel(on_cpu):
     with pytest.raises(jax.errors.JaxRuntimeError, match=r"jax_nvfp4_grouped_gemm: kernels 3"):
         _raw_call(kernel=np.int32(4), token_tile=np.int32(128), stages=np.int32(6))
     with pytest.raises(jax.errors.JaxRuntimeError, match=r"jax_nvfp4_grouped_gemm: kernels 3"):
-        _raw_call(kernel=np.int32(5), token_tile=np.int32(128), stages=np.int32(6))
+        _raw_call(kernel=np.int32(5), token_tile=np.int32(128), stages=np.int32(5))
     with pytest.raises(jax.errors.JaxRuntimeError,
                        match=r"jax_nvfp4_grouped_gemm_fp8: attributes kernel=mma \(0\), token_tile=16, "
                              r"stages=4, cluster=1 compute the exact mode: the FP8 call takes kernels 3 "
