@@ -85,11 +85,6 @@ struct P8Params {
   const float* row_scale;
 };
 
-__device__ __forceinline__ float2 lds64f(uint32_t a) {
-  float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a));
-  return v;
-}
 
 // WGMMA m64nNk32 SS, e4m3 x e4m3 -> f32, both operands K-major from shared memory.
 template <int NN>
