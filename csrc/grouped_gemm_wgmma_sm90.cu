@@ -371,6 +371,50 @@ __device__ __forceinline__ bool next_tile(const TileWalk& w, int L, int& gcur, T
   return true;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Producer roles (warpgroup 0): each walks the same tiles as the consumers and steps through the
+// stage ring on its own (s, ph). The scale warps' and warp 0's roles stay in the kernel body: moved
+// into functions like this one, they compile to other machine code (ptxas allocates and schedules
+// the producer code differently), and refactors of this kernel keep its SASS identical
+// (tools/lab/sass_compare.py).
+
+// Warp 3, the weight loader: 128 rows x 32 bytes per stage = 256 x 16-byte cp.async, 8 per lane;
+// rows past N are zero-filled. Arrives on full[s] once this lane's copies have landed.
+template <int BTMAX, int STAGES, bool SM90L, int CL>
+__device__ __forceinline__ void load_weight_tiles(const WParams& p, const TileWalk& walk, uint8_t* smem,
+                                                  uint32_t full0, uint32_t empty0, int KT, int lane) {
+  using C = WCfg<BTMAX, STAGES>;
+  const int64_t N = p.N, KH = p.K / 2;
+  int s = 0;
+  uint32_t ph = 0;
+  int gcur = 0;
+  Tile t;
+  for (int L = first_tile<CL>(walk); next_tile<CL, BTMAX>(walk, L, gcur, t); L += tile_step<CL>(walk)) {
+    // Checkpoint layout: lane pairs copy one row's 32 bytes (two 16-byte halves), 16 rows per
+    // instruction. sm90 layout: the k-tile's block is 4096 contiguous bytes (the tile's blocks
+    // follow each other; N % 128 == 0), 512 per instruction, landing in the same order.
+    const int half = lane & 1;
+    const int rows_ok = static_cast<int>(N - t.n0 < kRowsW ? N - t.n0 : kRowsW);  // <= 0: a cluster's spare n-tile
+    const uint8_t* wtile = CL == 1 || rows_ok > 0 ? p.rhs + (static_cast<int64_t>(t.g) * N + t.n0) * KH : p.rhs;
+    const uint8_t* base = wtile + 16 * half;
+#pragma unroll 1
+    for (int kt = 0; kt < KT; ++kt) {
+      mbar_wait(empty0 + s * 8, ph ^ 1);
+      const uint32_t dst = smem_u32(smem) + s * C::kStage + C::kWOff + 16 * half;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int q = (lane >> 1) + 16 * i;
+        const bool ok = q < rows_ok;
+        const uint8_t* src = SM90L ? base + static_cast<int64_t>(kt) * 4096 + q * 32
+                                   : base + (ok ? q * KH + kt * 32 : 0);
+        cp_async16(dst + q * 32, src, SM90L || ok ? 16u : 0u);
+      }
+      cp_async_mbar_arrive(full0 + s * 8);
+      advance_stage<STAGES>(s, ph);
+    }
+  }
+}
+
 template <int BTMAX, int STAGES, bool SM90L, int CL>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tm_a,
@@ -427,37 +471,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ------------------------------- producer warpgroup -------------------------------
     setmaxnreg_dec<kProducerRegs>();
     if (warp == 3) {
-      // Weight loader: 128 rows x 32 bytes per stage = 256 x 16-byte cp.async, 8 per lane; rows
-      // past N are zero-filled. Arrives on full[s] once this lane's copies have landed.
-      const int64_t N = p.N, KH = p.K / 2;
-      int s = 0;
-      uint32_t ph = 0;
-      int gcur = 0;
-      Tile t;
-      for (int L = first_tile<CL>(walk); next_tile<CL, BTMAX>(walk, L, gcur, t); L += tile_step<CL>(walk)) {
-        // Checkpoint layout: lane pairs copy one row's 32 bytes (two 16-byte halves), 16 rows per
-        // instruction. sm90 layout: the k-tile's block is 4096 contiguous bytes (the tile's blocks
-        // follow each other; N % 128 == 0), 512 per instruction, landing in the same order.
-        const int half = lane & 1;
-        const int rows_ok = static_cast<int>(N - t.n0 < kRowsW ? N - t.n0 : kRowsW);  // <= 0: a cluster's spare n-tile
-        const uint8_t* wtile = CL == 1 || rows_ok > 0 ? p.rhs + (static_cast<int64_t>(t.g) * N + t.n0) * KH : p.rhs;
-        const uint8_t* base = wtile + 16 * half;
-#pragma unroll 1
-        for (int kt = 0; kt < KT; ++kt) {
-          mbar_wait(empty0 + s * 8, ph ^ 1);
-          const uint32_t dst = smem_u32(smem) + s * C::kStage + C::kWOff + 16 * half;
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            const int q = (lane >> 1) + 16 * i;
-            const bool ok = q < rows_ok;
-            const uint8_t* src = SM90L ? base + static_cast<int64_t>(kt) * 4096 + q * 32
-                                       : base + (ok ? q * KH + kt * 32 : 0);
-            cp_async16(dst + q * 32, src, SM90L || ok ? 16u : 0u);
-          }
-          cp_async_mbar_arrive(full0 + s * 8);
-          advance_stage<STAGES>(s, ph);
-        }
-      }
+      load_weight_tiles<BTMAX, STAGES, SM90L, CL>(p, walk, smem, full0, empty0, KT, lane);
       return;
     }
     if (warp > kScaleWarps) return;
