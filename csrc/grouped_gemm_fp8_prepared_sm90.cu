@@ -141,13 +141,12 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
       da[j] = desc_hi | (a_lo0 + soff + j * 2);
       db[j] = desc_hi | (b_lo0 + soff + j * 2);
     }
-    uint32_t zero = 0u, one = 1u;
-    asm volatile("" : "+r"(zero), "+r"(one)::"memory");
+    const uint2 flags = fence_operands(0u, 1u);  // (zero, one): the scale-d of the first k32 step, the others
     fence_acc(part);
     cute::warpgroup_arrive();
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(j == 0 ? zero : one);
+      const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(j == 0 ? flags.x : flags.y);
       wgmma_ss<NN>(da[j], db[j], part, sc, std::make_index_sequence<NN / 2>{});
     }
     cute::warpgroup_commit_batch();
@@ -195,9 +194,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(empty0 + s * 8, kConsumerWarps);  // one per consumer warp
     }
     TileRing<C::kTileOff>::init(smem, kConsumerWarps);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_a)) : "memory");
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_w)) : "memory");
+    fence_mbarrier_init();
+    prefetch_tensormap(&tm_a);
+    prefetch_tensormap(&tm_w);
   }
   __syncthreads();
 
@@ -213,7 +212,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warp < 4) {
     // ------------------------------- producer warpgroup -------------------------------
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    setmaxnreg_dec<kProducerRegs>();
     if (warp >= 2) return;
     int s = 0;
     uint32_t ph = 0;
@@ -263,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     // ------------------------------- consumer warpgroups -------------------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+    setmaxnreg_inc<kConsumerRegs>();
     const int cw = warp - 4;
     const int wg = cw >> 2;
     const int r0 = cw * 16 + (lane >> 2);  // tile rows r0 and r0 + 8 (the m64 D fragment of warp cw % 4)
@@ -275,7 +274,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     bool have = ring.next(t, lane);
     while (have) {
       // the epilogue's alpha into L1 now, so that its load after the mainloop does not wait on L2
-      asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p.alpha + t.g));
+      prefetch_l1(p.alpha + t.g);
 #pragma unroll
       for (int i = 0; i < BTMAX / 2; ++i) acc[i] = 0.0f;
       with_tile_n<BTMAX>(t.rows, ConsumerMainloop<BTMAX, STAGES>{}, &acc, smem, bar_base, KT, wg, &s, &ph);

@@ -215,15 +215,14 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       desc[j] = (smem_desc_sw128(0) & 0xFFFFFFFF00000000ull) | (dlo + j * 2);  // + 32 bytes per k32 step
-      asm volatile("" : "+l"(desc[j])::"memory");
+      fence_operand(desc[j]);
     }
-    uint32_t zero = 0u, one = 1u;
-    asm volatile("" : "+r"(zero), "+r"(one)::"memory");
+    const uint2 flags = fence_operands(0u, 1u);  // (zero, one): the scale-d of the first k32 step, the others
     fence_acc(part);
     cute::warpgroup_arrive();
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(j == 0 ? zero : one);
+      const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(j == 0 ? flags.x : flags.y);
       wgmma_fp8<NN>(frag[buf][j], desc[j], part, sc, std::make_index_sequence<NN / 2>{});
     }
     cute::warpgroup_commit_batch();
@@ -294,15 +293,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(empty0 + s * 8, kConsumerWarps);    // one per consumer warp
     }
     TileRing<C::kTileOff>::init(smem, kConsumerWarps);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_a)) : "memory");
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_w)) : "memory");
+    fence_mbarrier_init();
+    prefetch_tensormap(&tm_a);
+    prefetch_tensormap(&tm_w);
   }
   if (threadIdx.x < 256) {
     const uint2 e = product_table(threadIdx.x);
-    asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(smem_u32(smem + C::kTableOff) + threadIdx.x * 8),
-                 "r"(e.x), "r"(e.y)
-                 : "memory");
+    sts64(smem_u32(smem + C::kTableOff) + threadIdx.x * 8, e.x, e.y);
   }
   __syncthreads();
 
@@ -318,7 +315,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warp < 4) {
     // ------------------------------- producer warpgroup -------------------------------
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    setmaxnreg_dec<kProducerRegs>();
     if (warp >= 2) return;
     int s = 0;
     uint32_t ph = 0;
@@ -383,7 +380,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     // ------------------------------- consumer warpgroups -------------------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+    setmaxnreg_inc<kConsumerRegs>();
     const int cw = warp - 4;
     const int r0 = cw * 16 + (lane >> 2);  // tile rows r0 and r0 + 8
     float acc[BTMAX / 2];
@@ -394,7 +391,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     bool have = ring.next(t, lane);
     while (have) {
       // the epilogue's alpha into L1 now, so that its load after the mainloop does not wait on L2
-      asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p.alpha + t.g));
+      prefetch_l1(p.alpha + t.g);
 #pragma unroll
       for (int i = 0; i < BTMAX / 2; ++i) acc[i] = 0.0f;
       with_tile_n<BTMAX>(t.rows, ConsumerMainloop<BTMAX, STAGES>{}, &acc, smem, bar_base, KT, r0, &s, &ph);
