@@ -107,15 +107,6 @@ struct F8Params {
 };
 
 // ---------------------------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t lds_u16(uint32_t a) {
-  uint16_t v;
-  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(a));
-  return v;
-}
-// 8-byte cp.async, zero-filled past src_bytes (0 or 8).
-__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
 
 // The 8-byte product table of scale byte b: byte m = e4m3_rn(e2m1(m) * s * 2^-3), m = 0..7 (a NaN
 // scale gives NaN bytes, as e2m1 * NaN does in the exact kernels).
