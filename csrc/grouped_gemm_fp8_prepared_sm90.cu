@@ -48,8 +48,8 @@ namespace {
 
 namespace gmma = cute::SM90::GMMA;
 
-constexpr int kBK = 128;       // k per stage = one promotion chunk = one 128-byte swizzle row of e4m3
-constexpr int kBoxT = 32;      // tokens per activation TMA box
+constexpr int kBK = kFp8BK;      // k per stage = one promotion chunk = one 128-byte swizzle row of e4m3
+constexpr int kBoxT = kFp8BoxT;  // tokens per activation TMA box
 constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 constexpr int kConsumerWarps = 8;
 constexpr int kProducerRegs = 40;
@@ -292,21 +292,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Host side
 template <int BTMAX, int STAGES>
 cudaError_t launch_prepared(const GroupedGemmParams& p, const P8Params& fp, cudaStream_t stream) {
-  using C = P8Cfg<BTMAX, STAGES>;
-  auto kernel = grouped_gemm_fp8_prepared_kernel<BTMAX, STAGES>;
   static std::atomic<uint64_t> done_mask{0};
-  cudaError_t e = set_smem_once(kernel, C::kSmem, done_mask);
-  if (e != cudaSuccess) return e;
-  CUtensorMap tm_a, tm_w;
-  // activations: e4m3 [M][K], box 128 k x 32 tokens, 128-byte swizzle (WGMMA K-major B)
-  e = encode_2d(&tm_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.lhs, p.K, p.M, 1, kBK, kBoxT, CU_TENSOR_MAP_SWIZZLE_128B);
-  if (e != cudaSuccess) return e;
   // prepared weights: e4m3 [G * N][K], box 128 k x 128 rows, 128-byte swizzle (WGMMA K-major A)
-  e = encode_2d(&tm_w, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.rhs, p.K, p.G * p.N, 1, kBK, kRowsW,
-                CU_TENSOR_MAP_SWIZZLE_128B);
-  if (e != cudaSuccess) return e;
-  kernel<<<num_sms(), kThreads, C::kSmem, stream>>>(tm_a, tm_w, fp);
-  return cudaGetLastError();
+  return launch_fp8_kernel(grouped_gemm_fp8_prepared_kernel<BTMAX, STAGES>, kThreads, P8Cfg<BTMAX, STAGES>::kSmem,
+                           done_mask, p, fp, p.K, kBK, CU_TENSOR_MAP_SWIZZLE_128B, stream);
 }
 
 template <int I>
@@ -326,20 +315,8 @@ cudaError_t launch_entry(const GroupedGemmParams& p, const P8Params& fp, cudaStr
 // fp8-prepared weights; with WgmmaFp8PreparedShapeOk: K % kBK == 0, G * N within the tensor map's
 // int32 rows).
 cudaError_t LaunchGroupedGemmFp8Prepared(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream) {
-  if (p.M == 0 || p.N == 0) return cudaSuccess;
-
-  int* ws = static_cast<int*>(p.workspace);
-  cudaError_t e = launch_setup(p, c.token_tile, ws, stream);
-  if (e != cudaSuccess) return e;
-
-  P8Params fp;
-  fill_common_params(fp, p, ws);
-  fp.xs = p.lhs_chunk_scales;
-  fp.NT = static_cast<int>((p.N + kRowsW - 1) / kRowsW);
-  fp.KT = static_cast<int>(p.K / kBK);
-
-  return WithConfigEntry(c, cudaErrorInvalidValue,
-                         [&](auto i) { return launch_entry<decltype(i)::value>(p, fp, stream); });
+  return run_fp8_gemm<P8Params>(
+      p, c, stream, [&](auto i, const P8Params& fp) { return launch_entry<decltype(i)::value>(p, fp, stream); });
 }
 
 }  // namespace jax_nvfp4

@@ -64,8 +64,8 @@ namespace {
 
 namespace gmma = cute::SM90::GMMA;
 
-constexpr int kBK = 128;       // k per pipeline stage = one promotion chunk = one 128-byte e4m3 swizzle row
-constexpr int kBoxT = 32;      // tokens per activation TMA box
+constexpr int kBK = kFp8BK;    // k per pipeline stage = one promotion chunk = one 128-byte e4m3 swizzle row
+constexpr int kBoxT = kFp8BoxT;  // tokens per activation TMA box
 constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 constexpr int kConsumerWarps = 8;
 constexpr int kProducerRegs = 40;
@@ -400,21 +400,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Host side
 template <int BTMAX, int STAGES>
 cudaError_t launch_fp8(const GroupedGemmParams& p, const F8Params& fp, cudaStream_t stream) {
-  using C = F8Cfg<BTMAX, STAGES>;
-  auto kernel = grouped_gemm_fp8_kernel<BTMAX, STAGES>;
   static std::atomic<uint64_t> done_mask{0};
-  cudaError_t e = set_smem_once(kernel, C::kSmem, done_mask);
-  if (e != cudaSuccess) return e;
-  CUtensorMap tm_a, tm_w;
-  // activations: e4m3 [M][K] (as bytes), box 128 k x 32 tokens, 128-byte swizzle (WGMMA K-major B)
-  e = encode_2d(&tm_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.lhs, p.K, p.M, 1, kBK, kBoxT, CU_TENSOR_MAP_SWIZZLE_128B);
-  if (e != cudaSuccess) return e;
   // weight codes: u8 [G * N][K / 2], box 64 bytes (128 k) x 128 rows, no swizzle
-  e = encode_2d(&tm_w, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.rhs, p.K / 2, p.G * p.N, 1, kBK / 2, kRowsW,
-                CU_TENSOR_MAP_SWIZZLE_NONE);
-  if (e != cudaSuccess) return e;
-  kernel<<<num_sms(), kThreads, C::kSmem, stream>>>(tm_a, tm_w, fp);
-  return cudaGetLastError();
+  return launch_fp8_kernel(grouped_gemm_fp8_kernel<BTMAX, STAGES>, kThreads, F8Cfg<BTMAX, STAGES>::kSmem, done_mask, p,
+                           fp, p.K / 2, kBK / 2, CU_TENSOR_MAP_SWIZZLE_NONE, stream);
 }
 
 template <int I>
@@ -427,29 +416,13 @@ cudaError_t launch_entry(const GroupedGemmParams& p, const F8Params& fp, cudaStr
   }
 }
 
-cudaError_t launch_config(const GroupedGemmParams& p, const KernelConfig& c, const F8Params& fp, cudaStream_t stream) {
-  return WithConfigEntry(c, cudaErrorInvalidValue,
-                         [&](auto i) { return launch_entry<decltype(i)::value>(p, fp, stream); });
-}
-
 }  // namespace
 
 // Preconditions: LaunchGroupedGemm's (csrc/grouped_gemm.h), c of family wgmma_fp8 (p.fp8; with
 // WgmmaFp8ShapeOk: K % kBK == 0, checkpoint weights, G * N within the tensor map's int32 rows).
 cudaError_t LaunchGroupedGemmFp8(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream) {
-  if (p.M == 0 || p.N == 0) return cudaSuccess;
-
-  int* ws = static_cast<int*>(p.workspace);
-  cudaError_t e = launch_setup(p, c.token_tile, ws, stream);
-  if (e != cudaSuccess) return e;
-
-  F8Params fp;
-  fill_common_params(fp, p, ws);
-  fp.xs = p.lhs_chunk_scales;
-  fp.NT = static_cast<int>((p.N + kRowsW - 1) / kRowsW);
-  fp.KT = static_cast<int>(p.K / kBK);
-
-  return launch_config(p, c, fp, stream);
+  return run_fp8_gemm<F8Params>(
+      p, c, stream, [&](auto i, const F8Params& fp) { return launch_entry<decltype(i)::value>(p, fp, stream); });
 }
 
 }  // namespace jax_nvfp4

@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include "csrc/epilogue.cuh"
+#include "csrc/grouped_gemm_schedule.cuh"
 #include "csrc/mbarrier_sm90.cuh"
 
 namespace jax_nvfp4 {
@@ -329,6 +330,52 @@ inline cudaError_t encode_2d(CUtensorMap* map, CUtensorMapDataType type, const v
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
   return cudaSuccess;
+}
+
+// Host side of the two FP8 kernels (csrc/grouped_gemm_fp8_sm90.cu, csrc/grouped_gemm_fp8_prepared_sm90.cu).
+// kFp8BK: k per pipeline stage = one promotion chunk = one 128-byte swizzle row of e4m3; kFp8BoxT: tokens
+// per activation TMA box.
+constexpr int kFp8BK = 128;
+constexpr int kFp8BoxT = 32;
+
+// Launches `kernel` (persistent: one CTA of `threads` per SM, smem_bytes of dynamic shared memory, raised
+// once per device through done_mask) on two tensor maps: tm_a, the e4m3 activations [M][K] in boxes of
+// kFp8BK k x kFp8BoxT tokens, 128-byte swizzle (the WGMMA K-major B layout); tm_w, the weights as bytes
+// [G * N][w_cols] in boxes of w_box bytes x kRowsW rows, swizzled by w_swizzle.
+template <typename Kernel, typename KParams>
+cudaError_t launch_fp8_kernel(Kernel kernel, int threads, int smem_bytes, std::atomic<uint64_t>& done_mask,
+                              const GroupedGemmParams& p, const KParams& kp, int64_t w_cols, uint32_t w_box,
+                              CUtensorMapSwizzle w_swizzle, cudaStream_t stream) {
+  cudaError_t e = set_smem_once(kernel, smem_bytes, done_mask);
+  if (e != cudaSuccess) return e;
+  CUtensorMap tm_a, tm_w;
+  e = encode_2d(&tm_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.lhs, p.K, p.M, 1, kFp8BK, kFp8BoxT, CU_TENSOR_MAP_SWIZZLE_128B);
+  if (e != cudaSuccess) return e;
+  e = encode_2d(&tm_w, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.rhs, w_cols, p.G * p.N, 1, w_box, kRowsW, w_swizzle);
+  if (e != cudaSuccess) return e;
+  kernel<<<num_sms(), threads, smem_bytes, stream>>>(tm_a, tm_w, kp);
+  return cudaGetLastError();
+}
+
+// The FP8 kernels' entry (LaunchGroupedGemmFp8, LaunchGroupedGemmFp8Prepared): the schedule (setup
+// kernel), the kernel parameters (KParams: F8Params or P8Params, with the chunk scales xs and the tile
+// counts NT, KT), then launch_entry<I>(kp) for c's entry I of the configuration table.
+template <typename KParams, typename LaunchEntry>
+cudaError_t run_fp8_gemm(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream,
+                         LaunchEntry launch_entry) {
+  if (p.M == 0 || p.N == 0) return cudaSuccess;
+
+  int* ws = static_cast<int*>(p.workspace);
+  cudaError_t e = launch_setup(p, c.token_tile, ws, stream);
+  if (e != cudaSuccess) return e;
+
+  KParams kp;
+  fill_common_params(kp, p, ws);
+  kp.xs = p.lhs_chunk_scales;
+  kp.NT = static_cast<int>((p.N + kRowsW - 1) / kRowsW);
+  kp.KT = static_cast<int>(p.K / kFp8BK);
+
+  return WithConfigEntry(c, cudaErrorInvalidValue, [&](auto i) { return launch_entry(i, kp); });
 }
 
 }  // namespace
