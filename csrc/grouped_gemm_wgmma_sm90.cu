@@ -137,7 +137,8 @@ struct WParams {
 };
 
 // ---------------------------------------------------------------------------------------------
-// PTX helpers (mbarriers, cp.async's barrier arrival and bulk copies: csrc/mbarrier_sm90.cuh)
+// PTX helpers of this kernel alone (the shared ones: csrc/wgmma_sm90_common.cuh; mbarriers, cp.async's
+// barrier arrival and bulk copies: csrc/mbarrier_sm90.cuh)
 // The same box multicast into the shared memory of every CTA in ctas (a cluster rank mask), at the
 // same offset, completing on each CTA's mbarrier at offset bar.
 __device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0,

@@ -1,8 +1,9 @@
 // Pieces shared by the persistent Hopper kernels (csrc/grouped_gemm_wgmma_sm90.cu, exact mode;
-// csrc/grouped_gemm_fp8_sm90.cu and csrc/grouped_gemm_fp8_prepared_sm90.cu, FP8 mode): small PTX
-// wrappers (cp.async, TMA, 128-bit shared loads, the K-major 128-byte-swizzle WGMMA descriptor), the
-// persistent tile walk over the group schedule (csrc/grouped_gemm_schedule.cuh), the FP8 kernels'
-// schedule ring, the tile epilogue, and the host's tensor-map encoder and SM count.
+// csrc/grouped_gemm_fp8_sm90.cu and csrc/grouped_gemm_fp8_prepared_sm90.cu, FP8 mode): the named
+// wrappers of the PTX they use (setmaxnreg, cp.async, TMA and tensor-map prefetch, shared loads and
+// stores, fences, the K-major 128-byte-swizzle WGMMA descriptor), the persistent tile walk over the
+// group schedule (csrc/grouped_gemm_schedule.cuh), the FP8 kernels' schedule ring, the tile epilogue,
+// the host's tensor-map encoder and SM count, and the FP8 kernels' launch path.
 // Included by each .cu file (internal linkage).
 #pragma once
 
