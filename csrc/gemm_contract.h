@@ -46,6 +46,17 @@ inline constexpr bool IsKnownLayout(RhsLayout l) {
   return l == RhsLayout::kCheckpoint || l == RhsLayout::kSm90 || l == RhsLayout::kFp8;
 }
 
+// The layout's name in the Python API (jax_nvfp4.options.WEIGHT_LAYOUTS; the extension hands Python the
+// name -> code map, ffi/module.cc).
+inline const char* LayoutName(RhsLayout l) {
+  switch (l) {
+    case RhsLayout::kCheckpoint: return "checkpoint";
+    case RhsLayout::kSm90: return "sm90";
+    case RhsLayout::kFp8: return "fp8";
+  }
+  return "?";
+}
+
 // Kernel families. Each is one kernel file; the table below lists its compiled configurations.
 enum class KernelFamily : int32_t {
   kMma = 0,    // mma.sync, cp.async multistage (csrc/grouped_gemm_mma.cu): sm_80 and newer

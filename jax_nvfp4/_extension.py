@@ -42,6 +42,12 @@ def _import():
     return ext, None
 
 
+def compiled_module():
+    """The compiled module ``jax_nvfp4._jax_nvfp4`` without registering its handlers, or None if
+    it is not built (or is a build of another ABI version)."""
+    return _import()[0]
+
+
 @functools.lru_cache(maxsize=None)
 def load():
     """Import ``jax_nvfp4._jax_nvfp4`` and register its handlers; None if it was not built."""
