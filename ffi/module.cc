@@ -15,13 +15,11 @@
 namespace nb = nanobind;
 
 extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmCpu(XLA_FFI_CallFrame* call_frame);
-extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmFp8Cpu(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmGluCpu(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxNvfp4DispatchRowsCpu(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxNvfp4QuantizeFp8Cpu(XLA_FFI_CallFrame* call_frame);
 #ifdef JAX_NVFP4_WITH_CUDA
 extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmCuda(XLA_FFI_CallFrame* call_frame);
-extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmFp8Cuda(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmGluCuda(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxNvfp4DispatchRowsCuda(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxNvfp4QuantizeFp8Cuda(XLA_FFI_CallFrame* call_frame);
@@ -78,21 +76,19 @@ static jax_nvfp4::ProblemDesc Problem(int64_t m, int64_t n, int64_t k, int64_t g
 NB_MODULE(_jax_nvfp4, m) {
   m.def("cpu_registrations", []() {
     nb::dict d;
-    d["jax_nvfp4_grouped_gemm_v1"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmCpu);
-    d["jax_nvfp4_grouped_gemm_fp8_v1"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmFp8Cpu);
-    d["jax_nvfp4_grouped_gemm_glu_v1"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmGluCpu);
-    d["jax_nvfp4_dispatch_rows_v1"] = EncapsulateFfiHandler(JaxNvfp4DispatchRowsCpu);
-    d["jax_nvfp4_quantize_fp8_v1"] = EncapsulateFfiHandler(JaxNvfp4QuantizeFp8Cpu);
+    d["jax_nvfp4_grouped_gemm_v2"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmCpu);
+    d["jax_nvfp4_grouped_gemm_glu_v2"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmGluCpu);
+    d["jax_nvfp4_dispatch_rows_v2"] = EncapsulateFfiHandler(JaxNvfp4DispatchRowsCpu);
+    d["jax_nvfp4_quantize_fp8_v2"] = EncapsulateFfiHandler(JaxNvfp4QuantizeFp8Cpu);
     return d;
   });
   m.def("cuda_registrations", []() {
     nb::dict d;
 #ifdef JAX_NVFP4_WITH_CUDA
-    d["jax_nvfp4_grouped_gemm_v1"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmCuda);
-    d["jax_nvfp4_grouped_gemm_fp8_v1"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmFp8Cuda);
-    d["jax_nvfp4_grouped_gemm_glu_v1"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmGluCuda);
-    d["jax_nvfp4_dispatch_rows_v1"] = EncapsulateFfiHandler(JaxNvfp4DispatchRowsCuda);
-    d["jax_nvfp4_quantize_fp8_v1"] = EncapsulateFfiHandler(JaxNvfp4QuantizeFp8Cuda);
+    d["jax_nvfp4_grouped_gemm_v2"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmCuda);
+    d["jax_nvfp4_grouped_gemm_glu_v2"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmGluCuda);
+    d["jax_nvfp4_dispatch_rows_v2"] = EncapsulateFfiHandler(JaxNvfp4DispatchRowsCuda);
+    d["jax_nvfp4_quantize_fp8_v2"] = EncapsulateFfiHandler(JaxNvfp4QuantizeFp8Cuda);
 #endif
     return d;
   });
@@ -163,6 +159,6 @@ NB_MODULE(_jax_nvfp4, m) {
       nb::arg("a_fp4"), nb::arg("rhs_layout"), nb::arg("families") = -1, nb::arg("fp8") = false,
       "The kernel configuration ChooseKernelConfig picks, as (family, token_tile, stages, cluster, raster). rhs_layout: 0 "
       "checkpoint, 1 sm90, 2 fp8-prepared. families: a mask of 1 << family (0 mma, 1 mma_ws, 2 wgmma, 3 wgmma_fp8, "
-      "4 wgmma_fp8_prepared) the device can run; -1: this build's on arch. fp8: the FP8 mode (the "
-      "jax_nvfp4_grouped_gemm_fp8 call).");
+      "4 wgmma_fp8_prepared, 5 cutlass_fp8) the device can run; -1: this build's on arch. fp8: the FP8 mode (the "
+      "FP8 families).");
 }
