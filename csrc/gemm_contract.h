@@ -274,9 +274,9 @@ inline constexpr KernelConfig ConfigForFamily(KernelFamily f, const ProblemDesc&
 // weights faster: 0.35 ms against 0.51 ms at 4 rows per group on the H200, while from 32 rows up
 // wgmma is 1.3-1.8x faster); the warp-specialized mma variant for 16-token tiles of sm90 weights
 // (2-4% faster at decode); otherwise the mma kernel.
-// FP8 mode has one family per weight layout (wgmma_fp8_prepared for fp8-prepared weights, wgmma_fp8
-// otherwise): its configuration is returned whether or not the device runs it (the handler then names
-// the device).
+// FP8 mode: checkpoint-layout weights run wgmma_fp8; fp8-prepared weights run cutlass_fp8 or
+// wgmma_fp8_prepared by the average rows per group (below). The configuration is returned whether or
+// not the device runs it (the handler then names the device).
 inline constexpr KernelConfig ChooseKernelConfig(const ProblemDesc& d) {
   if (d.fp8) {
     if (d.layout != RhsLayout::kFp8) return ConfigForFamily(KernelFamily::kWgmmaFp8, d);

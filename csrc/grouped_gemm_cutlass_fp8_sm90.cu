@@ -93,7 +93,8 @@ struct CutlassFp8 {
 };
 
 // The per-group arguments CUTLASS reads from device memory, carved from the workspace past the
-// schedule words the other families use (CutlassFp8ArgsBytes per group, kCutlassFp8OnesBytes of ones).
+// schedule words the other families use (kCutlassFp8ArgsBytesPerGroup per group, kCutlassFp8OnesBytes of
+// ones).
 struct ArgArrays {
   void* shapes;
   const void** ptr_a;
@@ -174,20 +175,9 @@ __global__ void __launch_bounds__(1024) cutlass_fp8_setup_kernel(SetupArgs s, Ar
     zero_tail_rows(s.gs, s.G, s.M, tail, s_warp);
     return;
   }
-  const int tid = threadIdx.x;
-  const int64_t per = (s.G + 1023) / 1024;
-  const int64_t b = tid * per;
-  const int64_t e = b + per < s.G ? b + per : s.G;
-  long long local = 0;
-  for (int64_t i = b; i < e; ++i) local += max(s.gs[i], 0);
-  long long pre = block_inclusive_scan(local, s_warp, tid) - local;
-
   const int n = static_cast<int>(s.N), k = static_cast<int>(s.K);
   const int kb = k / 128, nb = (n + 127) / 128;
-  for (int64_t i = b; i < e; ++i) {
-    const long long st = pre < s.M ? pre : s.M;
-    pre += max(s.gs[i], 0);
-    const long long en = pre < s.M ? pre : s.M;
+  for_each_clamped_group(s.gs, s.G, s.M, group_run_of_thread(s.G), s_warp, [&](int64_t i, long long st, long long en) {
     const int m = static_cast<int>(en - st);
     reinterpret_cast<typename Cfg::Shape3*>(w.shapes)[i] = typename Cfg::Shape3(m, n, k);
     w.ptr_a[i] = s.a + st * s.K;
@@ -209,8 +199,8 @@ __global__ void __launch_bounds__(1024) cutlass_fp8_setup_kernel(SetupArgs s, Ar
     w.starts[i] = static_cast<int>(st);
     w.alpha[i] = s.alpha_in[i] * 8.0f;
     w.alpha_ptr[i] = w.alpha + i;
-  }
-  for (int c = tid; c < nb * kb; c += 1024) w.ones[c] = 1.0f;
+  });
+  for (int c = threadIdx.x; c < nb * kb; c += 1024) w.ones[c] = 1.0f;
 }
 
 // After the setup kernel: row r's chunk scales (the call's [K/128, M], column r) into its group's
@@ -272,6 +262,7 @@ cudaError_t run_cutlass_fp8(const GroupedGemmParams& p, int raster, cudaStream_t
   cutlass::KernelHardwareInfo hw;
   if (cudaGetDevice(&hw.device_id) != cudaSuccess) return cudaErrorInvalidDevice;
   hw.sm_count = sm_count_of_current_device();
+  if (hw.sm_count <= 0) return cudaErrorInvalidDevice;  // CUTLASS's persistent grid is sized from it
   typename Gemm::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGrouped,
       {static_cast<int>(p.G), static_cast<typename Cfg::Shape3*>(w.shapes), nullptr},
