@@ -85,7 +85,7 @@ def _sweep_ms(name):
 def test_readme_fp8_prepared_figures_are_the_committed_json():
     text = " ".join(_section(README, "Performance").split())
     ms = _sweep_ms("bench-h100-cutlass-fp8-sweep.json")
-    ours = "cutlass_fp8_128_s6_c2_r1"
+    ours = "cutlass_fp8_128_s5_c1_r1"
     m = re.search(r"\(`docs/bench-h100-cutlass-fp8-sweep\.json`, W4A16 / W4A4, `cutlass_fp8`\): (.+?)\. In "
                   r"the same run", text)
     assert m, "README: the fp8-prepared figures are not in the form this test reads"
