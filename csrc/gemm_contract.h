@@ -4,7 +4,7 @@
 // out[r, n] = alpha[g] * sum_k A[r, k] * W[g, n, k]   for rows r of group g,
 // with W = e2m1(rhs_data) * e4m3(rhs_scales) (one scale per 16 consecutive k), and
 // A = lhs (bf16, W4A16) or e2m1(lhs) * e4m3(lhs_scales) (W4A4). Accumulation in f32.
-// FP8 mode (the custom call "jax_nvfp4_grouped_gemm_fp8", params.fp8): A is e4m3 codes with one
+// FP8 mode (params.fp8; the custom call's kernel attribute of an FP8 family): A is e4m3 codes with one
 // power-of-two float32 scale per row and 128-wide k chunk, W is rounded to e4m3 as
 // e4m3(e2m1 * scale * 2^-3), each chunk's dot is promoted into the float32 accumulator times the
 // row's chunk scale, and the epilogue multiplies by alpha * 2^3 (docs/design.md, "FP8 mode").
@@ -38,12 +38,23 @@ namespace jax_nvfp4 {
 enum class RhsLayout : int32_t {
   kCheckpoint = 0,  // [G, N, K/2] rows, element 2j in the low nibble of byte j; scales [G, N, K/16]
   kSm90 = 1,        // the load-time layout of jax_nvfp4/layout.py (N % 128 == 0, K % 64 == 0)
-  kFp8 = 2,         // FP8 call only: e4m3 [G, N, K], e4m3(e2m1 * scale * 2^-3) in the kernel k order of each
+  kFp8 = 2,         // FP8 mode only: e4m3 [G, N, K], e4m3(e2m1 * scale * 2^-3) in the kernel k order of each
                     // 128-chunk (jax_nvfp4.prepare_weights(w, "fp8")); no scales (rhs_scales [0])
 };
 
 inline constexpr bool IsKnownLayout(RhsLayout l) {
   return l == RhsLayout::kCheckpoint || l == RhsLayout::kSm90 || l == RhsLayout::kFp8;
+}
+
+// The layout's name in the Python API (jax_nvfp4.options.WEIGHT_LAYOUTS; the extension hands Python the
+// name -> code map, ffi/module.cc).
+inline const char* LayoutName(RhsLayout l) {
+  switch (l) {
+    case RhsLayout::kCheckpoint: return "checkpoint";
+    case RhsLayout::kSm90: return "sm90";
+    case RhsLayout::kFp8: return "fp8";
+  }
+  return "?";
 }
 
 // Kernel families. Each is one kernel file; the table below lists its compiled configurations.
@@ -83,9 +94,9 @@ inline constexpr KernelConfig kKernelConfigs[] = {
     {KernelFamily::kWgmma, 64, 12, 1}, {KernelFamily::kWgmma, 128, 8, 1}, {KernelFamily::kWgmma, 256, 5, 2},
     {KernelFamily::kWgmmaFp8, 32, 15, 1}, {KernelFamily::kWgmmaFp8, 64, 12, 1}, {KernelFamily::kWgmmaFp8, 128, 8, 1},
     {KernelFamily::kWgmmaFp8Prepared, 128, 6, 1},
-    {KernelFamily::kCutlassFp8, 128, 6, 2, 1}, {KernelFamily::kCutlassFp8, 128, 6, 1, 0},
-    {KernelFamily::kCutlassFp8, 128, 6, 1, 1}, {KernelFamily::kCutlassFp8, 128, 6, 1, 2},
-    {KernelFamily::kCutlassFp8, 128, 6, 2, 0}, {KernelFamily::kCutlassFp8, 64, 8, 1, 0},
+    {KernelFamily::kCutlassFp8, 128, 5, 1, 1}, {KernelFamily::kCutlassFp8, 128, 5, 2, 1},
+    {KernelFamily::kCutlassFp8, 128, 5, 1, 0}, {KernelFamily::kCutlassFp8, 128, 5, 2, 0},
+    {KernelFamily::kCutlassFp8, 64, 8, 1, 0},
 };
 inline constexpr int kNumKernelConfigs = static_cast<int>(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
 
@@ -204,8 +215,8 @@ inline constexpr bool WgmmaFp8PreparedShapeOk(const ProblemDesc& d) {
 
 // Shape conditions of the CUTLASS FP8 grouped GEMM: fp8-prepared weights, K % 128 == 0 (one promotion per
 // 128-wide k tile, 16-byte aligned rows for TMA), N % 8 == 0 (16-byte output rows for the TMA store), the
-// weights' unit block scales (one per 128 x 128 block of an expert) within the buffer of ones
-// (kCutlassFp8MaxOnes) and the chunk scales' offsets within int32.
+// weights' unit block scales (one per tile-wide block of weight rows and 128 k, the tile 128 or 192 rows
+// wide: counted here per 128) within the buffer of ones (kCutlassFp8MaxOnes) and the chunk scales' offsets within int32.
 inline constexpr int64_t kCutlassFp8MaxOnes = 16384;
 inline constexpr bool CutlassFp8ShapeOk(const ProblemDesc& d) {
   if (d.K <= 0 || d.K % 128 != 0 || d.N % 8 != 0 || d.layout != RhsLayout::kFp8) return false;
@@ -263,9 +274,9 @@ inline constexpr KernelConfig ConfigForFamily(KernelFamily f, const ProblemDesc&
 // weights faster: 0.35 ms against 0.51 ms at 4 rows per group on the H200, while from 32 rows up
 // wgmma is 1.3-1.8x faster); the warp-specialized mma variant for 16-token tiles of sm90 weights
 // (2-4% faster at decode); otherwise the mma kernel.
-// FP8 mode has one family per weight layout (wgmma_fp8_prepared for fp8-prepared weights, wgmma_fp8
-// otherwise): its configuration is returned whether or not the device runs it (the handler then names
-// the device).
+// FP8 mode: checkpoint-layout weights run wgmma_fp8; fp8-prepared weights run cutlass_fp8 or
+// wgmma_fp8_prepared by the average rows per group (below). The configuration is returned whether or
+// not the device runs it (the handler then names the device).
 inline constexpr KernelConfig ChooseKernelConfig(const ProblemDesc& d) {
   if (d.fp8) {
     if (d.layout != RhsLayout::kFp8) return ConfigForFamily(KernelFamily::kWgmmaFp8, d);
@@ -304,8 +315,8 @@ struct GroupedGemmParams {
   RhsLayout rhs_layout = RhsLayout::kCheckpoint;
   // FP8 mode: lhs is e4m3 [M, K] in the kernel k order (docs/design.md), lhs_chunk_scales f32
   // [K/128, M] (power-of-two scale of row r's chunk c at c * M + r); lhs_scales unused. The FFI layer
-  // sets it from the custom call's target and checks there that the configuration's family computes
-  // this mode (FamilyComputesMode); the launchers dispatch on the family alone.
+  // sets it from the configuration's family (FamilyComputesMode holds); the launchers dispatch on the
+  // family alone.
   bool fp8 = false;
   const float* lhs_chunk_scales = nullptr;
   // SwiGLU epilogue (see the top of this file): alpha is f32 [G, 2], out [M, N/2]; row_scale f32 [M]
@@ -338,7 +349,7 @@ inline constexpr size_t GroupedGemmWorkspaceBytes(int64_t G) {
 // Bytes of the custom call's workspace output: the CUDA launchers', plus `cpu_row_bytes` for the
 // CPU handlers' decoded weight rows (K, or 2K with the SwiGLU epilogue). Python sizes the output
 // with this function (the extension's `workspace_bytes`), the handlers check it.
-// The FP8 call on fp8-prepared weights needs, past GroupedGemmWorkspaceBytes, room for the activations'
+// The FP8 mode on fp8-prepared weights needs, past GroupedGemmWorkspaceBytes, room for the activations'
 // chunk scales regrouped into cutlass_fp8's per-group compact blocks (4 M K/128 bytes): its `cpu_row_bytes`.
 inline constexpr int64_t PreparedFp8ExtraWorkspaceBytes(int64_t M, int64_t K) { return 4 * M * (K / 128); }
 inline constexpr int64_t CustomCallWorkspaceBytes(int64_t G, int64_t cpu_row_bytes) {

@@ -12,7 +12,7 @@
 //              second small kernel copies the call's [K/128, M] scales into one such block per group in
 //              the workspace (each group's rows contiguous per chunk: a tile's 128 scales are one
 //              512-byte run; the K-major [M, K/128] alternative measured the same, within 1%)
-//     SFB    = 1 (granularity 128 x 128, read from a buffer of ones: the weights' own rounding carries
+//     SFB    = 1 (one per tile-wide block of weight rows and 128 k, read from a buffer of ones: the weights' own rounding carries
 //              their block scales), so each chunk's promotion is acc += part_c * s_c, exact in float32
 //              like the definition's fma (s_c is a power of two)
 //     alpha  = alpha[g] * 8 (per-group epilogue scalar; undoes the weights' 2^-3), D bf16 or float32.
@@ -46,11 +46,13 @@ namespace {
 
 using namespace cute;
 
-// The GEMM of one configuration: TileM tokens x 128 weight rows x 128 k per tile (one promotion per
-// k tile), ClusterN CTAs along N sharing each activation tile (TMA multicast), cooperative (two consumer
+// The GEMM of one configuration: TileM tokens x TileN weight rows x 128 k per tile (one promotion per
+// k tile): 128 x 192 cooperative (each consumer warpgroup 64 x 192: two float32 accumulators of 96
+// registers per thread, the promotion's, fit beside the rest) or 64 x 128 ping-pong, ClusterN CTAs along N sharing each activation tile (TMA multicast), cooperative (two consumer
 // warpgroups on one tile) or ping-pong (two warpgroups on alternate tiles).
 template <int TileM, int Stages, int ClusterN, bool Pingpong, typename ElementD>
 struct CutlassFp8 {
+  static constexpr int TileN = TileM == 128 ? 192 : 128;
   using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
   using ElementA = cutlass::float_e4m3_t;
   using ElementB = cutlass::float_e4m3_t;
@@ -59,9 +61,10 @@ struct CutlassFp8 {
   using LayoutD = cutlass::layout::RowMajor;
   static constexpr int kAlignAB = 16;
   static constexpr int kAlignD = 16 / static_cast<int>(sizeof(ElementD));
-  using TileShape = Shape<Int<TileM>, _128, _128>;
+  using TileShape = Shape<Int<TileM>, Int<TileN>, _128>;
   using ClusterShape = Shape<_1, Int<ClusterN>, _1>;
-  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::MN, cute::GMMA::Major::K>;
+  // SFB's granularity is the tile's N (CUTLASS's mainloop takes one weight scale per tile and k block)
+  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, TileN, 128, cute::GMMA::Major::MN, cute::GMMA::Major::K>;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
   using KernelSchedule =
@@ -93,7 +96,8 @@ struct CutlassFp8 {
 };
 
 // The per-group arguments CUTLASS reads from device memory, carved from the workspace past the
-// schedule words the other families use (CutlassFp8ArgsBytes per group, kCutlassFp8OnesBytes of ones).
+// schedule words the other families use (kCutlassFp8ArgsBytesPerGroup per group, kCutlassFp8OnesBytes of
+// ones).
 struct ArgArrays {
   void* shapes;
   const void** ptr_a;
@@ -174,20 +178,9 @@ __global__ void __launch_bounds__(1024) cutlass_fp8_setup_kernel(SetupArgs s, Ar
     zero_tail_rows(s.gs, s.G, s.M, tail, s_warp);
     return;
   }
-  const int tid = threadIdx.x;
-  const int64_t per = (s.G + 1023) / 1024;
-  const int64_t b = tid * per;
-  const int64_t e = b + per < s.G ? b + per : s.G;
-  long long local = 0;
-  for (int64_t i = b; i < e; ++i) local += max(s.gs[i], 0);
-  long long pre = block_inclusive_scan(local, s_warp, tid) - local;
-
   const int n = static_cast<int>(s.N), k = static_cast<int>(s.K);
-  const int kb = k / 128, nb = (n + 127) / 128;
-  for (int64_t i = b; i < e; ++i) {
-    const long long st = pre < s.M ? pre : s.M;
-    pre += max(s.gs[i], 0);
-    const long long en = pre < s.M ? pre : s.M;
+  const int kb = k / 128, nb = (n + Cfg::TileN - 1) / Cfg::TileN;
+  for_each_clamped_group(s.gs, s.G, s.M, group_run_of_thread(s.G), s_warp, [&](int64_t i, long long st, long long en) {
     const int m = static_cast<int>(en - st);
     reinterpret_cast<typename Cfg::Shape3*>(w.shapes)[i] = typename Cfg::Shape3(m, n, k);
     w.ptr_a[i] = s.a + st * s.K;
@@ -209,8 +202,8 @@ __global__ void __launch_bounds__(1024) cutlass_fp8_setup_kernel(SetupArgs s, Ar
     w.starts[i] = static_cast<int>(st);
     w.alpha[i] = s.alpha_in[i] * 8.0f;
     w.alpha_ptr[i] = w.alpha + i;
-  }
-  for (int c = tid; c < nb * kb; c += 1024) w.ones[c] = 1.0f;
+  });
+  for (int c = threadIdx.x; c < nb * kb; c += 1024) w.ones[c] = 1.0f;
 }
 
 // After the setup kernel: row r's chunk scales (the call's [K/128, M], column r) into its group's
@@ -272,6 +265,7 @@ cudaError_t run_cutlass_fp8(const GroupedGemmParams& p, int raster, cudaStream_t
   cutlass::KernelHardwareInfo hw;
   if (cudaGetDevice(&hw.device_id) != cudaSuccess) return cudaErrorInvalidDevice;
   hw.sm_count = sm_count_of_current_device();
+  if (hw.sm_count <= 0) return cudaErrorInvalidDevice;  // CUTLASS's persistent grid is sized from it
   typename Gemm::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGrouped,
       {static_cast<int>(p.G), static_cast<typename Cfg::Shape3*>(w.shapes), nullptr},

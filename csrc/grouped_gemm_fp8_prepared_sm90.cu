@@ -48,8 +48,8 @@ namespace {
 
 namespace gmma = cute::SM90::GMMA;
 
-constexpr int kBK = 128;       // k per stage = one promotion chunk = one 128-byte swizzle row of e4m3
-constexpr int kBoxT = 32;      // tokens per activation TMA box
+constexpr int kBK = kFp8BK;      // k per stage = one promotion chunk = one 128-byte swizzle row of e4m3
+constexpr int kBoxT = kFp8BoxT;  // tokens per activation TMA box
 constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 constexpr int kConsumerWarps = 8;
 constexpr int kProducerRegs = 40;
@@ -85,11 +85,6 @@ struct P8Params {
   const float* row_scale;
 };
 
-__device__ __forceinline__ float2 lds64f(uint32_t a) {
-  float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a));
-  return v;
-}
 
 // WGMMA m64nNk32 SS, e4m3 x e4m3 -> f32, both operands K-major from shared memory.
 template <int NN>
@@ -146,13 +141,12 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
       da[j] = desc_hi | (a_lo0 + soff + j * 2);
       db[j] = desc_hi | (b_lo0 + soff + j * 2);
     }
-    uint32_t zero = 0u, one = 1u;
-    asm volatile("" : "+r"(zero), "+r"(one)::"memory");
+    const uint2 flags = fence_operands(0u, 1u);  // (zero, one): the scale-d of the first k32 step, the others
     fence_acc(part);
     cute::warpgroup_arrive();
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(j == 0 ? zero : one);
+      const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(j == 0 ? flags.x : flags.y);
       wgmma_ss<NN>(da[j], db[j], part, sc, std::make_index_sequence<NN / 2>{});
     }
     cute::warpgroup_commit_batch();
@@ -200,9 +194,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(empty0 + s * 8, kConsumerWarps);  // one per consumer warp
     }
     TileRing<C::kTileOff>::init(smem, kConsumerWarps);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_a)) : "memory");
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_w)) : "memory");
+    fence_mbarrier_init();
+    prefetch_tensormap(&tm_a);
+    prefetch_tensormap(&tm_w);
   }
   __syncthreads();
 
@@ -218,7 +212,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warp < 4) {
     // ------------------------------- producer warpgroup -------------------------------
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    setmaxnreg_dec<kProducerRegs>();
     if (warp >= 2) return;
     int s = 0;
     uint32_t ph = 0;
@@ -268,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     // ------------------------------- consumer warpgroups -------------------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+    setmaxnreg_inc<kConsumerRegs>();
     const int cw = warp - 4;
     const int wg = cw >> 2;
     const int r0 = cw * 16 + (lane >> 2);  // tile rows r0 and r0 + 8 (the m64 D fragment of warp cw % 4)
@@ -280,7 +274,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     bool have = ring.next(t, lane);
     while (have) {
       // the epilogue's alpha into L1 now, so that its load after the mainloop does not wait on L2
-      asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p.alpha + t.g));
+      prefetch_l1(p.alpha + t.g);
 #pragma unroll
       for (int i = 0; i < BTMAX / 2; ++i) acc[i] = 0.0f;
       with_tile_n<BTMAX>(t.rows, ConsumerMainloop<BTMAX, STAGES>{}, &acc, smem, bar_base, KT, wg, &s, &ph);
@@ -298,21 +292,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Host side
 template <int BTMAX, int STAGES>
 cudaError_t launch_prepared(const GroupedGemmParams& p, const P8Params& fp, cudaStream_t stream) {
-  using C = P8Cfg<BTMAX, STAGES>;
-  auto kernel = grouped_gemm_fp8_prepared_kernel<BTMAX, STAGES>;
   static std::atomic<uint64_t> done_mask{0};
-  cudaError_t e = set_smem_once(kernel, C::kSmem, done_mask);
-  if (e != cudaSuccess) return e;
-  CUtensorMap tm_a, tm_w;
-  // activations: e4m3 [M][K], box 128 k x 32 tokens, 128-byte swizzle (WGMMA K-major B)
-  e = encode_2d(&tm_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.lhs, p.K, p.M, 1, kBK, kBoxT, CU_TENSOR_MAP_SWIZZLE_128B);
-  if (e != cudaSuccess) return e;
   // prepared weights: e4m3 [G * N][K], box 128 k x 128 rows, 128-byte swizzle (WGMMA K-major A)
-  e = encode_2d(&tm_w, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.rhs, p.K, p.G * p.N, 1, kBK, kRowsW,
-                CU_TENSOR_MAP_SWIZZLE_128B);
-  if (e != cudaSuccess) return e;
-  kernel<<<num_sms(), kThreads, C::kSmem, stream>>>(tm_a, tm_w, fp);
-  return cudaGetLastError();
+  return launch_fp8_kernel(grouped_gemm_fp8_prepared_kernel<BTMAX, STAGES>, kThreads, P8Cfg<BTMAX, STAGES>::kSmem,
+                           done_mask, p, fp, p.K, kBK, CU_TENSOR_MAP_SWIZZLE_128B, stream);
 }
 
 template <int I>
@@ -332,20 +315,8 @@ cudaError_t launch_entry(const GroupedGemmParams& p, const P8Params& fp, cudaStr
 // fp8-prepared weights; with WgmmaFp8PreparedShapeOk: K % kBK == 0, G * N within the tensor map's
 // int32 rows).
 cudaError_t LaunchGroupedGemmFp8Prepared(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream) {
-  if (p.M == 0 || p.N == 0) return cudaSuccess;
-
-  int* ws = static_cast<int*>(p.workspace);
-  cudaError_t e = launch_setup(p, c.token_tile, ws, stream);
-  if (e != cudaSuccess) return e;
-
-  P8Params fp;
-  fill_common_params(fp, p, ws);
-  fp.xs = p.lhs_chunk_scales;
-  fp.NT = static_cast<int>((p.N + kRowsW - 1) / kRowsW);
-  fp.KT = static_cast<int>(p.K / kBK);
-
-  return WithConfigEntry(c, cudaErrorInvalidValue,
-                         [&](auto i) { return launch_entry<decltype(i)::value>(p, fp, stream); });
+  return run_fp8_gemm<P8Params>(
+      p, c, stream, [&](auto i, const P8Params& fp) { return launch_entry<decltype(i)::value>(p, fp, stream); });
 }
 
 }  // namespace jax_nvfp4

@@ -64,8 +64,8 @@ namespace {
 
 namespace gmma = cute::SM90::GMMA;
 
-constexpr int kBK = 128;       // k per pipeline stage = one promotion chunk = one 128-byte e4m3 swizzle row
-constexpr int kBoxT = 32;      // tokens per activation TMA box
+constexpr int kBK = kFp8BK;    // k per pipeline stage = one promotion chunk = one 128-byte e4m3 swizzle row
+constexpr int kBoxT = kFp8BoxT;  // tokens per activation TMA box
 constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 constexpr int kConsumerWarps = 8;
 constexpr int kProducerRegs = 40;
@@ -107,25 +107,6 @@ struct F8Params {
 };
 
 // ---------------------------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t lds_u16(uint32_t a) {
-  uint16_t v;
-  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(a));
-  return v;
-}
-__device__ __forceinline__ uint2 lds64(uint32_t a) {
-  uint2 v;
-  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a));
-  return v;
-}
-__device__ __forceinline__ float2 lds64f(uint32_t a) {
-  float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a));
-  return v;
-}
-// 8-byte cp.async, zero-filled past src_bytes (0 or 8).
-__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
 
 // The 8-byte product table of scale byte b: byte m = e4m3_rn(e2m1(m) * s * 2^-3), m = 0..7 (a NaN
 // scale gives NaN bytes, as e2m1 * NaN does in the exact kernels).
@@ -225,15 +206,14 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       desc[j] = (smem_desc_sw128(0) & 0xFFFFFFFF00000000ull) | (dlo + j * 2);  // + 32 bytes per k32 step
-      asm volatile("" : "+l"(desc[j])::"memory");
+      fence_operand(desc[j]);
     }
-    uint32_t zero = 0u, one = 1u;
-    asm volatile("" : "+r"(zero), "+r"(one)::"memory");
+    const uint2 flags = fence_operands(0u, 1u);  // (zero, one): the scale-d of the first k32 step, the others
     fence_acc(part);
     cute::warpgroup_arrive();
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(j == 0 ? zero : one);
+      const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(j == 0 ? flags.x : flags.y);
       wgmma_fp8<NN>(frag[buf][j], desc[j], part, sc, std::make_index_sequence<NN / 2>{});
     }
     cute::warpgroup_commit_batch();
@@ -304,15 +284,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(empty0 + s * 8, kConsumerWarps);    // one per consumer warp
     }
     TileRing<C::kTileOff>::init(smem, kConsumerWarps);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_a)) : "memory");
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_w)) : "memory");
+    fence_mbarrier_init();
+    prefetch_tensormap(&tm_a);
+    prefetch_tensormap(&tm_w);
   }
   if (threadIdx.x < 256) {
     const uint2 e = product_table(threadIdx.x);
-    asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(smem_u32(smem + C::kTableOff) + threadIdx.x * 8),
-                 "r"(e.x), "r"(e.y)
-                 : "memory");
+    sts64(smem_u32(smem + C::kTableOff) + threadIdx.x * 8, e.x, e.y);
   }
   __syncthreads();
 
@@ -328,7 +306,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warp < 4) {
     // ------------------------------- producer warpgroup -------------------------------
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    setmaxnreg_dec<kProducerRegs>();
     if (warp >= 2) return;
     int s = 0;
     uint32_t ph = 0;
@@ -393,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     // ------------------------------- consumer warpgroups -------------------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+    setmaxnreg_inc<kConsumerRegs>();
     const int cw = warp - 4;
     const int r0 = cw * 16 + (lane >> 2);  // tile rows r0 and r0 + 8
     float acc[BTMAX / 2];
@@ -404,7 +382,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     bool have = ring.next(t, lane);
     while (have) {
       // the epilogue's alpha into L1 now, so that its load after the mainloop does not wait on L2
-      asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p.alpha + t.g));
+      prefetch_l1(p.alpha + t.g);
 #pragma unroll
       for (int i = 0; i < BTMAX / 2; ++i) acc[i] = 0.0f;
       with_tile_n<BTMAX>(t.rows, ConsumerMainloop<BTMAX, STAGES>{}, &acc, smem, bar_base, KT, r0, &s, &ph);
@@ -422,21 +400,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Host side
 template <int BTMAX, int STAGES>
 cudaError_t launch_fp8(const GroupedGemmParams& p, const F8Params& fp, cudaStream_t stream) {
-  using C = F8Cfg<BTMAX, STAGES>;
-  auto kernel = grouped_gemm_fp8_kernel<BTMAX, STAGES>;
   static std::atomic<uint64_t> done_mask{0};
-  cudaError_t e = set_smem_once(kernel, C::kSmem, done_mask);
-  if (e != cudaSuccess) return e;
-  CUtensorMap tm_a, tm_w;
-  // activations: e4m3 [M][K] (as bytes), box 128 k x 32 tokens, 128-byte swizzle (WGMMA K-major B)
-  e = encode_2d(&tm_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.lhs, p.K, p.M, 1, kBK, kBoxT, CU_TENSOR_MAP_SWIZZLE_128B);
-  if (e != cudaSuccess) return e;
   // weight codes: u8 [G * N][K / 2], box 64 bytes (128 k) x 128 rows, no swizzle
-  e = encode_2d(&tm_w, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.rhs, p.K / 2, p.G * p.N, 1, kBK / 2, kRowsW,
-                CU_TENSOR_MAP_SWIZZLE_NONE);
-  if (e != cudaSuccess) return e;
-  kernel<<<num_sms(), kThreads, C::kSmem, stream>>>(tm_a, tm_w, fp);
-  return cudaGetLastError();
+  return launch_fp8_kernel(grouped_gemm_fp8_kernel<BTMAX, STAGES>, kThreads, F8Cfg<BTMAX, STAGES>::kSmem, done_mask, p,
+                           fp, p.K / 2, kBK / 2, CU_TENSOR_MAP_SWIZZLE_NONE, stream);
 }
 
 template <int I>
@@ -449,29 +416,13 @@ cudaError_t launch_entry(const GroupedGemmParams& p, const F8Params& fp, cudaStr
   }
 }
 
-cudaError_t launch_config(const GroupedGemmParams& p, const KernelConfig& c, const F8Params& fp, cudaStream_t stream) {
-  return WithConfigEntry(c, cudaErrorInvalidValue,
-                         [&](auto i) { return launch_entry<decltype(i)::value>(p, fp, stream); });
-}
-
 }  // namespace
 
 // Preconditions: LaunchGroupedGemm's (csrc/grouped_gemm.h), c of family wgmma_fp8 (p.fp8; with
 // WgmmaFp8ShapeOk: K % kBK == 0, checkpoint weights, G * N within the tensor map's int32 rows).
 cudaError_t LaunchGroupedGemmFp8(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream) {
-  if (p.M == 0 || p.N == 0) return cudaSuccess;
-
-  int* ws = static_cast<int*>(p.workspace);
-  cudaError_t e = launch_setup(p, c.token_tile, ws, stream);
-  if (e != cudaSuccess) return e;
-
-  F8Params fp;
-  fill_common_params(fp, p, ws);
-  fp.xs = p.lhs_chunk_scales;
-  fp.NT = static_cast<int>((p.N + kRowsW - 1) / kRowsW);
-  fp.KT = static_cast<int>(p.K / kBK);
-
-  return launch_config(p, c, fp, stream);
+  return run_fp8_gemm<F8Params>(
+      p, c, stream, [&](auto i, const F8Params& fp) { return launch_entry<decltype(i)::value>(p, fp, stream); });
 }
 
 }  // namespace jax_nvfp4

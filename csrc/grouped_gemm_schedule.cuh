@@ -171,6 +171,32 @@ __device__ __forceinline__ void zero_tail_rows(const int32_t* __restrict__ gs, i
   }
 }
 
+// Setup kernels run one block of 1024 threads over the groups, each thread a contiguous run [b, e).
+struct GroupRun {
+  int64_t b, e;
+};
+__device__ __forceinline__ GroupRun group_run_of_thread(int64_t G) {
+  const int64_t per = (G + 1023) / 1024;
+  const int64_t b = threadIdx.x * per;
+  return {b, b + per < G ? b + per : G};
+}
+
+// Every group's clamped row bounds (the contract's: [min(start, M), min(end, M)), a negative size
+// read as 0): one block scan gives the thread's first start, then f(i, start, end) for each group i
+// of its run, in order.
+template <typename F>
+__device__ __forceinline__ void for_each_clamped_group(const int32_t* __restrict__ gs, int64_t G, int64_t M,
+                                                       GroupRun run, long long* s_warp, F&& f) {
+  long long local = 0;
+  for (int64_t i = run.b; i < run.e; ++i) local += max(gs[i], 0);
+  long long pre = block_inclusive_scan(local, s_warp, threadIdx.x) - local;
+  for (int64_t i = run.b; i < run.e; ++i) {
+    const long long st = pre < M ? pre : M;
+    pre += max(gs[i], 0);
+    f(i, st, pre < M ? pre : M);
+  }
+}
+
 // Block 0: tiles of BT rows; with BTB > 0 also the split schedule at ws_split_off(G): each group's
 // last partial tile of at most BTB rows there, in tiles of BTB rows (split_head_rows). Blocks 1..:
 // the output rows past the last group (zero_tail_rows).
@@ -183,20 +209,9 @@ __global__ void __launch_bounds__(1024) setup_kernel(const int32_t* __restrict__
     return;
   }
   const int tid = threadIdx.x;
-  const int64_t per = (G + 1023) / 1024;
-  const int64_t b = tid * per;
-  const int64_t e = b + per < G ? b + per : G;
-
-  long long local = 0;
-  for (int64_t i = b; i < e; ++i) local += max(gs[i], 0);
-  const long long incl = block_inclusive_scan(local, s_warp, tid);
-  long long pre = incl - local;
-
   int* split = ws + ws_split_off(G);
-  for (int64_t i = b; i < e; ++i) {
-    const long long st = pre < M ? pre : M;
-    pre += max(gs[i], 0);
-    const long long en = pre < M ? pre : M;
+  const GroupRun run = group_run_of_thread(G);
+  for_each_clamped_group(gs, G, M, run, s_warp, [&](int64_t i, long long st, long long en) {
     const long long mid = st + split_head_rows(en - st, BT, BTB);
     ws[ws_start_off(G) + i] = static_cast<int>(st);
     ws[ws_end_off(G) + i] = static_cast<int>(mid);
@@ -204,9 +219,9 @@ __global__ void __launch_bounds__(1024) setup_kernel(const int32_t* __restrict__
       split[ws_start_off(G) + i] = static_cast<int>(mid);
       split[ws_end_off(G) + i] = static_cast<int>(en);
     }
-  }
-  write_tile_prefix(s_warp, tid, b, e, G, BT, ws);
-  if (BTB > 0) write_tile_prefix(s_warp, tid, b, e, G, BTB, split);
+  });
+  write_tile_prefix(s_warp, tid, run.b, run.e, G, BT, ws);
+  if (BTB > 0) write_tile_prefix(s_warp, tid, run.b, run.e, G, BTB, split);
 }
 
 // ---------------------------------------------------------------------------------------------

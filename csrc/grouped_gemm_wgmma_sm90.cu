@@ -137,7 +137,8 @@ struct WParams {
 };
 
 // ---------------------------------------------------------------------------------------------
-// PTX helpers (mbarriers, cp.async's barrier arrival and bulk copies: csrc/mbarrier_sm90.cuh)
+// PTX helpers of this kernel alone (the shared ones: csrc/wgmma_sm90_common.cuh; mbarriers, cp.async's
+// barrier arrival and bulk copies: csrc/mbarrier_sm90.cuh)
 // The same box multicast into the shared memory of every CTA in ctas (a cluster rank mask), at the
 // same offset, completing on each CTA's mbarrier at offset bar.
 __device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0,
@@ -302,16 +303,14 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) {
       desc[kb] = (smem_desc_sw128(0) & 0xFFFFFFFF00000000ull) | (dlo + kb * 2);
-      asm volatile("" : "+l"(desc[kb])::"memory");
+      fence_operand(desc[kb]);
     }
-    uint32_t first = kt > 0 ? 1u : 0u;
-    uint32_t one = 1u;
-    asm volatile("" : "+r"(first), "+r"(one)::"memory");
+    const uint2 flags = fence_operands(kt > 0 ? 1u : 0u, 1u);  // (first k-block's, the others')
     fence_acc(acc);
     cute::warpgroup_arrive();
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) {
-      const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(kb == 0 ? first : one);
+      const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(kb == 0 ? flags.x : flags.y);
       wgmma_rs<NN>(frag[buf][kb], desc[kb], acc, sc, std::make_index_sequence<NN / 2>{});
     }
     cute::warpgroup_commit_batch();
@@ -373,6 +372,50 @@ __device__ __forceinline__ bool next_tile(const TileWalk& w, int L, int& gcur, T
   return true;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Producer roles (warpgroup 0): each walks the same tiles as the consumers and steps through the
+// stage ring on its own (s, ph). The scale warps' and warp 0's roles stay in the kernel body: moved
+// into functions like this one, they compile to other machine code (ptxas allocates and schedules
+// the producer code differently), and refactors of this kernel keep its SASS identical
+// (tools/lab/sass_compare.py).
+
+// Warp 3, the weight loader: 128 rows x 32 bytes per stage = 256 x 16-byte cp.async, 8 per lane;
+// rows past N are zero-filled. Arrives on full[s] once this lane's copies have landed.
+template <int BTMAX, int STAGES, bool SM90L, int CL>
+__device__ __forceinline__ void load_weight_tiles(const WParams& p, const TileWalk& walk, uint8_t* smem,
+                                                  uint32_t full0, uint32_t empty0, int KT, int lane) {
+  using C = WCfg<BTMAX, STAGES>;
+  const int64_t N = p.N, KH = p.K / 2;
+  int s = 0;
+  uint32_t ph = 0;
+  int gcur = 0;
+  Tile t;
+  for (int L = first_tile<CL>(walk); next_tile<CL, BTMAX>(walk, L, gcur, t); L += tile_step<CL>(walk)) {
+    // Checkpoint layout: lane pairs copy one row's 32 bytes (two 16-byte halves), 16 rows per
+    // instruction. sm90 layout: the k-tile's block is 4096 contiguous bytes (the tile's blocks
+    // follow each other; N % 128 == 0), 512 per instruction, landing in the same order.
+    const int half = lane & 1;
+    const int rows_ok = static_cast<int>(N - t.n0 < kRowsW ? N - t.n0 : kRowsW);  // <= 0: a cluster's spare n-tile
+    const uint8_t* wtile = CL == 1 || rows_ok > 0 ? p.rhs + (static_cast<int64_t>(t.g) * N + t.n0) * KH : p.rhs;
+    const uint8_t* base = wtile + 16 * half;
+#pragma unroll 1
+    for (int kt = 0; kt < KT; ++kt) {
+      mbar_wait(empty0 + s * 8, ph ^ 1);
+      const uint32_t dst = smem_u32(smem) + s * C::kStage + C::kWOff + 16 * half;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int q = (lane >> 1) + 16 * i;
+        const bool ok = q < rows_ok;
+        const uint8_t* src = SM90L ? base + static_cast<int64_t>(kt) * 4096 + q * 32
+                                   : base + (ok ? q * KH + kt * 32 : 0);
+        cp_async16(dst + q * 32, src, SM90L || ok ? 16u : 0u);
+      }
+      cp_async_mbar_arrive(full0 + s * 8);
+      advance_stage<STAGES>(s, ph);
+    }
+  }
+}
+
 template <int BTMAX, int STAGES, bool SM90L, int CL>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tm_a,
@@ -397,8 +440,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(ready0 + s * 8, kScaleWarps * 32); // every thread of the scale warps
       mbar_init(empty0 + s * 8, kConsumerWarps * CL);  // one per consumer warp of each CTA the stage feeds
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_a)) : "memory");
+    fence_mbarrier_init();
+    prefetch_tensormap(&tm_a);
   }
   // With clusters the peer CTA arrives on these barriers and multicasts into this CTA's stages:
   // it must see them initialized.
@@ -427,41 +470,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warp < 4) {
     // ------------------------------- producer warpgroup -------------------------------
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    setmaxnreg_dec<kProducerRegs>();
     if (warp == 3) {
-      // Weight loader: 128 rows x 32 bytes per stage = 256 x 16-byte cp.async, 8 per lane; rows
-      // past N are zero-filled. Arrives on full[s] once this lane's copies have landed.
-      const int64_t N = p.N, KH = p.K / 2;
-      int s = 0;
-      uint32_t ph = 0;
-      int gcur = 0;
-      Tile t;
-      for (int L = first_tile<CL>(walk); next_tile<CL, BTMAX>(walk, L, gcur, t); L += tile_step<CL>(walk)) {
-        // Checkpoint layout: lane pairs copy one row's 32 bytes (two 16-byte halves), 16 rows per
-        // instruction. sm90 layout: the k-tile's block is 4096 contiguous bytes (the tile's blocks
-        // follow each other; N % 128 == 0), 512 per instruction, landing in the same order.
-        const int half = lane & 1;
-        const int rows_ok = static_cast<int>(N - t.n0 < kRowsW ? N - t.n0 : kRowsW);  // <= 0: a cluster's spare n-tile
-        const uint8_t* wtile = CL == 1 || rows_ok > 0 ? p.rhs + (static_cast<int64_t>(t.g) * N + t.n0) * KH : p.rhs;
-        const uint8_t* base = wtile + 16 * half;
-#pragma unroll 1
-        for (int kt = 0; kt < KT; ++kt) {
-          mbar_wait(empty0 + s * 8, ph ^ 1);
-          const uint32_t dst = smem_u32(smem) + s * C::kStage + C::kWOff + 16 * half;
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            const int q = (lane >> 1) + 16 * i;
-            const bool ok = q < rows_ok;
-            const uint8_t* src = SM90L ? base + static_cast<int64_t>(kt) * 4096 + q * 32
-                                       : base + (ok ? q * KH + kt * 32 : 0);
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + q * 32), "l"(src),
-                         "r"(SM90L || ok ? 16u : 0u)
-                         : "memory");
-          }
-          cp_async_mbar_arrive(full0 + s * 8);
-          advance_stage<STAGES>(s, ph);
-        }
-      }
+      load_weight_tiles<BTMAX, STAGES, SM90L, CL>(p, walk, smem, full0, empty0, KT, lane);
       return;
     }
     if (warp > kScaleWarps) return;
@@ -480,19 +491,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kt = 0; kt < KT; ++kt) {
           mbar_wait(full0 + s * 8, ph);
           const uint32_t st = smem_u32(smem) + s * C::kStage;
-          uint2 raw;
-          asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(raw.x), "=r"(raw.y) : "r"(st + C::kSOff + 8 * c));
+          const uint2 raw = lds64(st + C::kSOff + 8 * c);
           uint32_t o[8];
           scale_pairs(raw.x, o[0], o[1]);
           scale_pairs(raw.x >> 16, o[2], o[3]);
           scale_pairs(raw.y, o[4], o[5]);
           scale_pairs(raw.y >> 16, o[6], o[7]);
-          asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(st + C::kS2Off + 32 * c), "r"(o[0]),
-                       "r"(o[1]), "r"(o[2]), "r"(o[3])
-                       : "memory");
-          asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(st + C::kS2Off + 32 * c + 16), "r"(o[4]),
-                       "r"(o[5]), "r"(o[6]), "r"(o[7])
-                       : "memory");
+          sts128(st + C::kS2Off + 32 * c, o[0], o[1], o[2], o[3]);
+          sts128(st + C::kS2Off + 32 * c + 16, o[4], o[5], o[6], o[7]);
           if (BTMAX == 256) {
             // Zero the activation rows the tile's N = 256 wgmmas read past the group's end (the
             // next group's rows, or a stale tile's), 128 bytes per row (the swizzle permutes
@@ -502,12 +508,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             // TMA boxes rewrite.
             const int zhi = kt < STAGES ? BTMAX : zbox;
             for (int q = c; q < (zhi - t.rows) * 8; q += kScaleWarps * 32)
-              asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(st + C::kActOff + (t.rows * 8 + q) * 16),
-                           "r"(0u)
-                           : "memory");
+              sts128_zero(st + C::kActOff + (t.rows * 8 + q) * 16);
             // the wgmmas read the tile through the async proxy (and the next TMA into this stage
             // writes through it): order these generic-proxy stores before both
-            if (zhi > t.rows) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            if (zhi > t.rows) fence_proxy_async_shared();
           }
           mbar_arrive(ready0 + s * 8);
           advance_stage<STAGES>(s, ph);
@@ -568,7 +572,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     // ------------------------------- consumer warpgroups -------------------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+    setmaxnreg_inc<kConsumerRegs>();
     const int cw = warp - 4;                    // consumer warp 0..7
     const int g8 = lane >> 2, t4 = lane & 3;
     const int r0 = cw * 16 + g8;                // tile rows r0 and r0 + 8 (warp cw covers 16cw..16cw+15)

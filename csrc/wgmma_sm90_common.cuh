@@ -1,8 +1,9 @@
 // Pieces shared by the persistent Hopper kernels (csrc/grouped_gemm_wgmma_sm90.cu, exact mode;
-// csrc/grouped_gemm_fp8_sm90.cu and csrc/grouped_gemm_fp8_prepared_sm90.cu, FP8 mode): small PTX
-// wrappers (cp.async, TMA, 128-bit shared loads, the K-major 128-byte-swizzle WGMMA descriptor), the
-// persistent tile walk over the group schedule (csrc/grouped_gemm_schedule.cuh), the FP8 kernels'
-// schedule ring, the tile epilogue, and the host's tensor-map encoder and SM count.
+// csrc/grouped_gemm_fp8_sm90.cu and csrc/grouped_gemm_fp8_prepared_sm90.cu, FP8 mode): the named
+// wrappers of the PTX they use (setmaxnreg, cp.async, TMA and tensor-map prefetch, shared loads and
+// stores, fences, the K-major 128-byte-swizzle WGMMA descriptor), the persistent tile walk over the
+// group schedule (csrc/grouped_gemm_schedule.cuh), the FP8 kernels' schedule ring, the tile epilogue,
+// the host's tensor-map encoder and SM count, and the FP8 kernels' launch path.
 // Included by each .cu file (internal linkage).
 #pragma once
 
@@ -14,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include "csrc/epilogue.cuh"
+#include "csrc/grouped_gemm_schedule.cuh"
 #include "csrc/mbarrier_sm90.cuh"
 
 namespace jax_nvfp4 {
@@ -21,6 +23,36 @@ namespace {
 
 constexpr int kRowsW = 128;  // weight rows (output columns) per CTA tile of both kernels
 
+// Warp-specialization register split (setmaxnreg, warpgroup-wide): the producer warpgroup lowers
+// its per-thread register count to R, the consumers raise theirs to R.
+template <uint32_t R>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+template <uint32_t R>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+// Fetches a __grid_constant__ tensor map's descriptor ahead of its first TMA.
+__device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+// Brings the line holding p into L1 (no wait).
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p)); }
+// Orders this thread's generic-proxy shared-memory stores before later async-proxy accesses
+// (wgmma operand reads, TMA writes) of the same memory.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// 16-byte cp.async bypassing L1, zero-filled past src_bytes (0 or 16).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+// 8-byte cp.async, zero-filled past src_bytes (0 or 8).
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
 // 4-byte cp.async, zero-filled past src_bytes (0 or 4).
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, uint32_t src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
@@ -37,6 +69,31 @@ __device__ __forceinline__ uint4 lds128(uint32_t a) {
   asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
   return v;
 }
+__device__ __forceinline__ uint32_t lds_u16(uint32_t a) {
+  uint16_t v;
+  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ uint2 lds64(uint32_t a) {
+  uint2 v;
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ float2 lds64f(uint32_t a) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ void sts64(uint32_t a, uint32_t x, uint32_t y) {
+  asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(a), "r"(x), "r"(y) : "memory");
+}
+__device__ __forceinline__ void sts128(uint32_t a, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
+}
+// 16 zero bytes at a.
+__device__ __forceinline__ void sts128_zero(uint32_t a) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(a), "r"(0u) : "memory");
+}
 // Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
 __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t addr) {
   return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
@@ -47,6 +104,13 @@ template <int N>
 __device__ __forceinline__ void fence_acc(float (&acc)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+}
+// The same for wgmma inputs that are not accumulators (descriptors, scale-d flags): computed before
+// the fence, not sunk between the wgmmas (which makes ptxas serialize them).
+__device__ __forceinline__ void fence_operand(uint64_t& x) { asm volatile("" : "+l"(x)::"memory"); }
+__device__ __forceinline__ uint2 fence_operands(uint32_t x, uint32_t y) {
+  asm volatile("" : "+r"(x), "+r"(y)::"memory");
+  return make_uint2(x, y);
 }
 
 // Runs f.template operator()<NN>(args...) with NN = the smallest WGMMA N of 32/64/128 covering a tile of
@@ -267,6 +331,52 @@ inline cudaError_t encode_2d(CUtensorMap* map, CUtensorMapDataType type, const v
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
   return cudaSuccess;
+}
+
+// Host side of the two FP8 kernels (csrc/grouped_gemm_fp8_sm90.cu, csrc/grouped_gemm_fp8_prepared_sm90.cu).
+// kFp8BK: k per pipeline stage = one promotion chunk = one 128-byte swizzle row of e4m3; kFp8BoxT: tokens
+// per activation TMA box.
+constexpr int kFp8BK = 128;
+constexpr int kFp8BoxT = 32;
+
+// Launches `kernel` (persistent: one CTA of `threads` per SM, smem_bytes of dynamic shared memory, raised
+// once per device through done_mask) on two tensor maps: tm_a, the e4m3 activations [M][K] in boxes of
+// kFp8BK k x kFp8BoxT tokens, 128-byte swizzle (the WGMMA K-major B layout); tm_w, the weights as bytes
+// [G * N][w_cols] in boxes of w_box bytes x kRowsW rows, swizzled by w_swizzle.
+template <typename Kernel, typename KParams>
+cudaError_t launch_fp8_kernel(Kernel kernel, int threads, int smem_bytes, std::atomic<uint64_t>& done_mask,
+                              const GroupedGemmParams& p, const KParams& kp, int64_t w_cols, uint32_t w_box,
+                              CUtensorMapSwizzle w_swizzle, cudaStream_t stream) {
+  cudaError_t e = set_smem_once(kernel, smem_bytes, done_mask);
+  if (e != cudaSuccess) return e;
+  CUtensorMap tm_a, tm_w;
+  e = encode_2d(&tm_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.lhs, p.K, p.M, 1, kFp8BK, kFp8BoxT, CU_TENSOR_MAP_SWIZZLE_128B);
+  if (e != cudaSuccess) return e;
+  e = encode_2d(&tm_w, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.rhs, w_cols, p.G * p.N, 1, w_box, kRowsW, w_swizzle);
+  if (e != cudaSuccess) return e;
+  kernel<<<num_sms(), threads, smem_bytes, stream>>>(tm_a, tm_w, kp);
+  return cudaGetLastError();
+}
+
+// The FP8 kernels' entry (LaunchGroupedGemmFp8, LaunchGroupedGemmFp8Prepared): the schedule (setup
+// kernel), the kernel parameters (KParams: F8Params or P8Params, with the chunk scales xs and the tile
+// counts NT, KT), then launch_entry<I>(kp) for c's entry I of the configuration table.
+template <typename KParams, typename LaunchEntry>
+cudaError_t run_fp8_gemm(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream,
+                         LaunchEntry launch_entry) {
+  if (p.M == 0 || p.N == 0) return cudaSuccess;
+
+  int* ws = static_cast<int*>(p.workspace);
+  cudaError_t e = launch_setup(p, c.token_tile, ws, stream);
+  if (e != cudaSuccess) return e;
+
+  KParams kp;
+  fill_common_params(kp, p, ws);
+  kp.xs = p.lhs_chunk_scales;
+  kp.NT = static_cast<int>((p.N + kRowsW - 1) / kRowsW);
+  kp.KT = static_cast<int>(p.K / kFp8BK);
+
+  return WithConfigEntry(c, cudaErrorInvalidValue, [&](auto i) { return launch_entry(i, kp); });
 }
 
 }  // namespace

@@ -1,19 +1,18 @@
-// The custom calls "jax_nvfp4_grouped_gemm" (exact), "jax_nvfp4_grouped_gemm_glu" (exact, SwiGLU
-// epilogue) and "jax_nvfp4_grouped_gemm_fp8" (FP8 mode) as
-// XLA FFI sees them, shared by the CPU and the CUDA handlers: the typed attributes (decoded into
-// GemmAttrs) and the buffer checks that turn the call frame into GroupedGemmParams
-// (csrc/gemm_contract.h). Both handlers accept and check the same attributes; the CPU handlers
-// ignore the kernel configuration once it is checked.
+// The custom calls "jax_nvfp4_grouped_gemm" (exact or FP8 mode) and "jax_nvfp4_grouped_gemm_glu"
+// (exact, SwiGLU epilogue) as XLA FFI sees them, shared by the CPU and the CUDA handlers: the typed
+// attributes (decoded into GemmAttrs) and the buffer checks that turn the call frame into
+// GroupedGemmParams (csrc/gemm_contract.h). Both handlers accept and check the same attributes; the
+// CPU handlers ignore the kernel configuration once it is checked.
 //
-// The compute mode reaches C++ one way: the target. "jax_nvfp4_grouped_gemm_fp8" decodes its
-// operands as the FP8 mode's and sets GroupedGemmParams::fp8; the decoders check here, once, that the
-// kernel attribute's family computes the target's mode (FamilyComputesMode) and run
-// GroupedGemmCheckParams, once. What the handlers and launchers do after that takes both as given.
+// The compute mode is stated once, by the kernel attribute: a family that computes the FP8 mode
+// (IsFp8Family) makes "jax_nvfp4_grouped_gemm" decode its operands as the FP8 mode's and set
+// GroupedGemmParams::fp8. The decoders run GroupedGemmCheckParams once; what the handlers and
+// launchers do after that takes it as given.
 //
 // Attributes (jax_nvfp4/gemm.py sets them; the lowered program shows them):
-//   rhs_layout  i32 enum RhsLayout      0 checkpoint, 1 sm90, 2 fp8 (e4m3-prepared; FP8 call only)
-//   kernel      i32 enum KernelFamily   0 mma, 1 mma_ws, 2 wgmma (exact calls); 3 wgmma_fp8,
-//                                       4 wgmma_fp8_prepared, 5 cutlass_fp8 (FP8 call)
+//   rhs_layout  i32 enum RhsLayout      0 checkpoint, 1 sm90, 2 fp8 (e4m3-prepared; FP8 kernels only)
+//   kernel      i32 enum KernelFamily   0 mma, 1 mma_ws, 2 wgmma (exact mode); 3 wgmma_fp8,
+//                                       4 wgmma_fp8_prepared, 5 cutlass_fp8 (FP8 mode)
 //   token_tile, stages, cluster, raster  i32    together with kernel: one kKernelConfigs entry
 //   glu_limit   f32 (SwiGLU call "jax_nvfp4_grouped_gemm_glu" only)  > 0, +inf for no clamp
 #pragma once
@@ -89,26 +88,20 @@ inline std::string ConfigToString(const KernelConfig& c) {
          ", cluster=" + std::to_string(c.cluster) + (c.raster ? ", raster=" + std::to_string(c.raster) : "");
 }
 
-// Checks the attributes every call shares: rhs_layout, a compiled configuration, and that its family
-// computes the target's mode (fp8: the FP8 call).
-inline ffi::Error CheckAttributes(const std::string& target, const GemmAttrs& attrs, bool fp8) {
+// Checks the attributes every call shares: rhs_layout, a compiled configuration, and a layout the
+// configuration's family reads (fp8-prepared weights: the FP8 families that read them).
+inline ffi::Error CheckAttributes(const std::string& target, const GemmAttrs& attrs) {
   auto bad = [&target](const std::string& m) { return ffi::Error::InvalidArgument(target + ": " + m); };
   if (!IsKnownLayout(attrs.rhs_layout))
     return bad("attribute rhs_layout must be 0 (checkpoint), 1 (sm90) or 2 (fp8), got " +
                std::to_string(static_cast<int>(attrs.rhs_layout)));
-  if (attrs.rhs_layout == RhsLayout::kFp8 && !fp8)
-    return bad("rhs_layout 2 (weights prepared as e4m3 by jax_nvfp4.prepare_weights(w, 'fp8')) belongs to the FP8 "
-               "call jax_nvfp4_grouped_gemm_fp8");
   if (!IsKnownConfig(attrs.config()))
     return bad("attributes " + ConfigToString(attrs.config()) +
                " are not a compiled kernel configuration (jax_nvfp4.kernel_configs() lists them)");
-  if (!FamilyComputesMode(attrs.kernel, fp8))
-    return bad(fp8 ? "attributes " + ConfigToString(attrs.config()) +
-                         " compute the exact mode: the FP8 call takes kernels 3 (wgmma_fp8), 4 (wgmma_fp8_prepared) "
-                         "and 5 (cutlass_fp8) only"
-                   : std::string("kernels 3 (wgmma_fp8), 4 (wgmma_fp8_prepared) and 5 (cutlass_fp8) compute the FP8 "
-                                 "mode: they belong to jax_nvfp4_grouped_gemm_fp8"));
-  if (fp8 && !Fp8FamilyReadsLayout(attrs.kernel, attrs.rhs_layout))
+  if (attrs.rhs_layout == RhsLayout::kFp8 && !IsFp8Family(attrs.kernel))
+    return bad("rhs_layout 2 (weights prepared as e4m3 by jax_nvfp4.prepare_weights(w, 'fp8')) belongs to the FP8 "
+               "mode: kernels 4 (wgmma_fp8_prepared) and 5 (cutlass_fp8), got " + ConfigToString(attrs.config()));
+  if (IsFp8Family(attrs.kernel) && !Fp8FamilyReadsLayout(attrs.kernel, attrs.rhs_layout))
     return bad("attributes " + ConfigToString(attrs.config()) + " do not read rhs_layout " +
                std::to_string(static_cast<int>(attrs.rhs_layout)) +
                ": kernels 4 (wgmma_fp8_prepared) and 5 (cutlass_fp8) read the fp8-prepared weights (rhs_layout 2), "
@@ -189,7 +182,10 @@ inline ffi::Error DecodeExactOperands(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_sca
                                       const GemmAttrs& attrs, GroupedGemmParams* p, bool glu) {
   const std::string target = glu ? "jax_nvfp4_grouped_gemm_glu" : "jax_nvfp4_grouped_gemm";
   auto bad = [&target](const std::string& m) { return ffi::Error::InvalidArgument(target + ": " + m); };
-  if (ffi::Error err = CheckAttributes(target, attrs, /*fp8=*/false); err.failure()) return err;
+  if (ffi::Error err = CheckAttributes(target, attrs); err.failure()) return err;
+  if (IsFp8Family(attrs.kernel))  // the SwiGLU call: DecodeGroupedGemm sends the FP8 families elsewhere
+    return bad("attributes " + ConfigToString(attrs.config()) +
+               " compute the FP8 mode; the SwiGLU epilogue runs the exact kernels 0 (mma), 1 (mma_ws) and 2 (wgmma)");
 
   const auto rd = rhs.dimensions();
   const int64_t G = rd[0], N = rd[1], K = 2 * rd[2];
@@ -235,17 +231,6 @@ inline ffi::Error DecodeExactOperands(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_sca
   return ffi::Error::Success();
 }
 
-// The exact call "jax_nvfp4_grouped_gemm": checks its attributes and buffers and fills *p.
-inline ffi::Error DecodeGroupedGemm(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs,
-                                    ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
-                                    ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
-                                    const GemmAttrs& attrs, GroupedGemmParams* p) {
-  if (ffi::Error err = DecodeExactOperands(lhs, lhs_scales, rhs, rhs_scales, alpha, group_sizes, out, workspace,
-                                           attrs, p, /*glu=*/false);
-      err.failure())
-    return err;
-  return CheckParams("jax_nvfp4_grouped_gemm", *p);
-}
 
 // The SwiGLU call "jax_nvfp4_grouped_gemm_glu": the exact call's operands with gate/up-paired weight
 // rows (csrc/gemm_contract.h), alpha f32 [2G], then row_scale f32 [M] or [0] (none); out [M, N/2].
@@ -273,15 +258,15 @@ inline ffi::Error DecodeGroupedGemmGlu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_sc
   return CheckParams("jax_nvfp4_grouped_gemm_glu", *p);
 }
 
-// The FP8-mode call: lhs e4m3 [M, K] (kernel k order), lhs_scales f32 [K/128, M], rhs as for the
-// exact call with kernel wgmma_fp8, or (rhs_layout 2) e4m3 bytes [G, N, K] in the kernel k order with
-// rhs_scales [0] and kernel wgmma_fp8_prepared. Checks the attributes and buffers and fills *p.
-inline ffi::Error DecodeGroupedGemmFp8(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs,
-                                       ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
-                                       ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
-                                       const GemmAttrs& attrs, GroupedGemmParams* p) {
-  auto bad = [](const std::string& m) { return ffi::Error::InvalidArgument("jax_nvfp4_grouped_gemm_fp8: " + m); };
-  if (ffi::Error err = CheckAttributes("jax_nvfp4_grouped_gemm_fp8", attrs, /*fp8=*/true); err.failure()) return err;
+// The FP8 mode's operands (kernel of an FP8 family): lhs e4m3 [M, K] (kernel k order), lhs_scales f32
+// [K/128, M], rhs as for the exact mode with kernel wgmma_fp8, or (rhs_layout 2) e4m3 bytes [G, N, K] in
+// the kernel k order with rhs_scales [0] and kernel wgmma_fp8_prepared or cutlass_fp8. Checks the
+// buffers and fills *p (CheckAttributes has run).
+inline ffi::Error DecodeFp8Operands(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs,
+                                    ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
+                                    ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
+                                    const GemmAttrs& attrs, GroupedGemmParams* p) {
+  auto bad = [](const std::string& m) { return ffi::Error::InvalidArgument("jax_nvfp4_grouped_gemm (FP8 mode): " + m); };
 
   const bool prepared = attrs.rhs_layout == RhsLayout::kFp8;
   const auto rd = rhs.dimensions();
@@ -299,8 +284,8 @@ inline ffi::Error DecodeGroupedGemmFp8(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_sc
     return bad("lhs_scales must be float32 [K/128, M] = [" + std::to_string(K / 128) + ", " + std::to_string(M) +
                "], got shape " + DimsToString(lsd));
 
-  if (ffi::Error err = CheckRhsAndOutputs("jax_nvfp4_grouped_gemm_fp8", rhs, rhs_scales, alpha, group_sizes, out,
-                                          workspace, M, p, /*glu=*/false, prepared);
+  if (ffi::Error err = CheckRhsAndOutputs("jax_nvfp4_grouped_gemm (FP8 mode)", rhs, rhs_scales, alpha, group_sizes,
+                                          out, workspace, M, p, /*glu=*/false, prepared);
       err.failure())
     return err;
   if (attrs.rhs_layout == RhsLayout::kSm90 && N % 128 != 0)
@@ -312,7 +297,29 @@ inline ffi::Error DecodeGroupedGemmFp8(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_sc
   p->a_fp4 = false;
   p->fp8 = true;
   p->rhs_layout = attrs.rhs_layout;
-  return CheckParams("jax_nvfp4_grouped_gemm_fp8", *p);
+  return ffi::Error::Success();
+}
+
+// The grouped GEMM call "jax_nvfp4_grouped_gemm": its kernel attribute's family states the mode, and the
+// operands are checked as that mode's (exact: DecodeExactOperands, FP8: DecodeFp8Operands). Checks the
+// attributes and buffers and fills *p.
+inline ffi::Error DecodeGroupedGemm(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs,
+                                    ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
+                                    ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
+                                    const GemmAttrs& attrs, GroupedGemmParams* p) {
+  if (!IsFp8Family(attrs.kernel)) {
+    if (ffi::Error err = DecodeExactOperands(lhs, lhs_scales, rhs, rhs_scales, alpha, group_sizes, out, workspace,
+                                             attrs, p, /*glu=*/false);
+        err.failure())
+      return err;
+    return CheckParams("jax_nvfp4_grouped_gemm", *p);
+  }
+  if (ffi::Error err = CheckAttributes("jax_nvfp4_grouped_gemm", attrs); err.failure()) return err;
+  if (ffi::Error err = DecodeFp8Operands(lhs, lhs_scales, rhs, rhs_scales, alpha, group_sizes, out, workspace,
+                                         attrs, p);
+      err.failure())
+    return err;
+  return CheckParams("jax_nvfp4_grouped_gemm (FP8 mode)", *p);
 }
 
 }  // namespace jax_nvfp4

@@ -9,7 +9,7 @@
 // result is bitwise the one of the checkpoint layout.
 // The SwiGLU handler ("jax_nvfp4_grouped_gemm_glu") runs the same loops over each gate row and its
 // up row (csrc/gemm_contract.h) and stores silu(min(gate, L)) * clamp(up, -L, L).
-// The FP8-mode handler ("jax_nvfp4_grouped_gemm_fp8", same file) computes the arithmetic of
+// In the FP8 mode (a kernel attribute of an FP8 family) the same handler computes the arithmetic of
 // docs/design.md "FP8 mode": weights rounded to e4m3 as e4m3(e2m1 * scale * 2^-3), one float32 dot
 // per 128-wide chunk, promoted with fma(part, chunk scale, acc), the epilogue times alpha * 2^3.
 // Weights prepared as e4m3 (rhs_layout 2: those values, in the kernel k order inside each chunk) are
@@ -228,21 +228,6 @@ void ExactGemmCpu(const jax_nvfp4::GroupedGemmParams& p, uint8_t* wcodes) {
   });
 }
 
-ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs_data,
-                          ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
-                          ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
-                          jax_nvfp4::GemmAttrs attrs) {
-  // The kernel configuration gets the decoders' checks (a compiled configuration of a family that
-  // computes this target's mode) and is then not used.
-  jax_nvfp4::GroupedGemmParams p;
-  if (ffi::Error err = jax_nvfp4::DecodeGroupedGemm(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, out,
-                                                    workspace, attrs, &p);
-      err.failure())
-    return err;
-  ExactGemmCpu(p, workspace->typed_data());
-  return ffi::Error::Success();
-}
-
 ffi::Error GroupedGemmGluCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs_data,
                              ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
                              F32Buffer1 row_scale, ffi::Result<ffi::AnyBuffer> out,
@@ -263,15 +248,8 @@ int KernelOrderToLogical(int s) {
   return 32 * t + 8 * j + 4 * h + i;
 }
 
-ffi::Error GroupedGemmFp8Cpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs_data,
-                             ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
-                             ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
-                             jax_nvfp4::GemmAttrs attrs) {
-  jax_nvfp4::GroupedGemmParams p;
-  if (ffi::Error err = jax_nvfp4::DecodeGroupedGemmFp8(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes,
-                                                       out, workspace, attrs, &p);
-      err.failure())
-    return err;
+// The FP8 mode (p.fp8): wrow, the workspace (one weight row).
+void Fp8GemmCpu(const jax_nvfp4::GroupedGemmParams& p, uint8_t* wrow) {
   const int64_t N = p.N, K = p.K;
   const bool out_f32 = p.out_f32;
   const bool sm90 = p.rhs_layout == jax_nvfp4::RhsLayout::kSm90;
@@ -285,14 +263,13 @@ ffi::Error GroupedGemmFp8Cpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Bu
   const uint8_t* ws = p.rhs_scales;
   const uint8_t* a8 = static_cast<const uint8_t*>(p.lhs);
   const float* xs = p.lhs_chunk_scales;
-  const float* al = alpha.typed_data();
-  float* of = static_cast<float*>(out->untyped_data());
-  uint16_t* ob = static_cast<uint16_t*>(out->untyped_data());
+  const float* al = p.alpha;
+  float* of = static_cast<float*>(p.out);
+  uint16_t* ob = static_cast<uint16_t*>(p.out);
   const int64_t KB = K / 16, KC = K / 128;
 
   // workspace: one weight row's codes, then (in place) its e4m3 weights, in logical k order; prepared
   // weights: the row itself, already in the kernel k order (position s of a chunk holds logical[s])
-  uint8_t* wrow = workspace->typed_data();
   int w_index[128];
   for (int s = 0; s < 128; ++s) w_index[s] = prepared ? s : logical[s];
   ForEachGroup(p, [&](int64_t g, int64_t start, int64_t end) {
@@ -326,6 +303,21 @@ ffi::Error GroupedGemmFp8Cpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Bu
       }
     }
   });
+}
+
+ffi::Error GroupedGemmCpu(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs_data,
+                          ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
+                          ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
+                          jax_nvfp4::GemmAttrs attrs) {
+  // The kernel configuration gets the decoder's checks (a compiled configuration; its family states
+  // the mode) and then only the mode is used.
+  jax_nvfp4::GroupedGemmParams p;
+  if (ffi::Error err = jax_nvfp4::DecodeGroupedGemm(lhs, lhs_scales, rhs_data, rhs_scales, alpha, group_sizes, out,
+                                                    workspace, attrs, &p);
+      err.failure())
+    return err;
+  if (p.fp8) Fp8GemmCpu(p, workspace->typed_data());
+  else ExactGemmCpu(p, workspace->typed_data());
   return ffi::Error::Success();
 }
 
@@ -356,14 +348,3 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4GroupedGemmGluCpu, GroupedGemmGluCpu,
                                   .Ret<U8Buffer1>()       // workspace (CPU: a gate row's and an up row's codes)
                                   .Attrs<jax_nvfp4::GluAttrs>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4GroupedGemmFp8Cpu, GroupedGemmFp8Cpu,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // lhs: e4m3 [M, K], kernel k order
-                                  .Arg<ffi::AnyBuffer>()  // lhs_scales: f32 [K/128, M]
-                                  .Arg<U8Buffer3>()       // rhs_data
-                                  .Arg<ffi::AnyBuffer>()  // rhs_scales
-                                  .Arg<F32Buffer1>()      // alpha
-                                  .Arg<S32Buffer1>()      // group_sizes
-                                  .Ret<ffi::AnyBuffer>()  // out
-                                  .Ret<U8Buffer1>()       // workspace (CPU: one row's weights)
-                                  .Attrs<jax_nvfp4::GemmAttrs>());

@@ -1,5 +1,6 @@
-// XLA FFI CUDA handlers for "jax_nvfp4_grouped_gemm", "jax_nvfp4_grouped_gemm_glu" (the same kernels
-// with the SwiGLU epilogue) and "jax_nvfp4_grouped_gemm_fp8": each checks the call (ffi/gemm_ffi.h),
+// XLA FFI CUDA handlers for "jax_nvfp4_grouped_gemm" (exact or FP8 mode, by the kernel attribute's
+// family) and "jax_nvfp4_grouped_gemm_glu" (the exact kernels with the SwiGLU epilogue): each checks
+// the call (ffi/gemm_ffi.h),
 // checks that the kernel configuration it was lowered with runs on this device with this build,
 // computes this problem and can read these buffers, and enqueues exactly that configuration
 // (csrc/grouped_gemm.h): what the lowered attributes name is what runs, or the call fails. No
@@ -77,6 +78,11 @@ ffi::Error GroupedGemmCudaImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::Any
                                                     workspace, attrs, &p);
       err.failure())
     return err;
+  // The FP8 mode: the wgmma_fp8 kernel on checkpoint-layout weights, wgmma_fp8_prepared and cutlass_fp8 on
+  // fp8-prepared weights (rhs_layout 2; the decoder checked that the configuration's family reads the layout).
+  if (p.fp8 && p.rhs_layout == jax_nvfp4::RhsLayout::kSm90)
+    return BadArgument("(FP8 mode) the CUDA kernels read checkpoint-layout weights only (rhs_layout 0), got "
+                       "rhs_layout 1 (sm90); use jax_nvfp4.prepare_weights(w, 'checkpoint') for the FP8 mode");
   if (p.rhs_layout == jax_nvfp4::RhsLayout::kSm90 && p.a_fp4)
     return BadArgument("rhs_layout 1 (sm90 weights) takes a bf16 lhs only on the GPU, got packed e2m1 "
                        "(jax_nvfp4.grouped_gemm dequantizes W4A4 activations to bf16 first for such weights)");
@@ -98,25 +104,6 @@ ffi::Error GroupedGemmGluCudaImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::
         "jax_nvfp4_grouped_gemm_glu: rhs_layout 1 (sm90 weights) takes a bf16 lhs only on the GPU, got packed e2m1 "
         "(jax_nvfp4.grouped_gemm_swiglu dequantizes W4A4 activations to bf16 first for such weights)");
   return CheckAndLaunch(p, attrs.gemm().config(), stream);
-}
-
-// The FP8 mode ("jax_nvfp4_grouped_gemm_fp8"): the wgmma_fp8 kernel on checkpoint-layout weights, the
-// wgmma_fp8_prepared kernel on fp8-prepared weights (rhs_layout 2; the configuration names the family,
-// and the decoder checks that it reads the layout).
-ffi::Error GroupedGemmFp8CudaImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, U8Buffer3 rhs,
-                                  ffi::AnyBuffer rhs_scales, F32Buffer1 alpha, S32Buffer1 group_sizes,
-                                  ffi::Result<ffi::AnyBuffer> out, ffi::Result<U8Buffer1> workspace,
-                                  jax_nvfp4::GemmAttrs attrs) {
-  jax_nvfp4::GroupedGemmParams p;
-  if (ffi::Error err = jax_nvfp4::DecodeGroupedGemmFp8(lhs, lhs_scales, rhs, rhs_scales, alpha, group_sizes, out,
-                                                       workspace, attrs, &p);
-      err.failure())
-    return err;
-  if (p.rhs_layout == jax_nvfp4::RhsLayout::kSm90)
-    return ffi::Error::InvalidArgument(
-        "jax_nvfp4_grouped_gemm_fp8: the CUDA kernel reads checkpoint-layout weights only (rhs_layout 0), got "
-        "rhs_layout 1 (sm90); use jax_nvfp4.prepare_weights(w, 'checkpoint') for the FP8 mode");
-  return CheckAndLaunch(p, attrs.config(), stream);
 }
 
 }  // namespace
@@ -150,16 +137,3 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4GroupedGemmGluCuda, GroupedGemmGluCudaImpl
                                   .Attrs<jax_nvfp4::GluAttrs>(),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4GroupedGemmFp8Cuda, GroupedGemmFp8CudaImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<CudaStream>()
-                                  .Arg<ffi::AnyBuffer>()  // lhs: e4m3 [M, K], kernel k order
-                                  .Arg<ffi::AnyBuffer>()  // lhs_scales: f32 [K/128, M]
-                                  .Arg<U8Buffer3>()       // rhs_data
-                                  .Arg<ffi::AnyBuffer>()  // rhs_scales
-                                  .Arg<F32Buffer1>()      // alpha
-                                  .Arg<S32Buffer1>()      // group_sizes
-                                  .Ret<ffi::AnyBuffer>()  // out
-                                  .Ret<U8Buffer1>()       // workspace
-                                  .Attrs<jax_nvfp4::GemmAttrs>(),
-                              {xla::ffi::Traits::kCmdBufferCompatible});

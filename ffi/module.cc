@@ -5,6 +5,7 @@
 #include <nanobind/stl/tuple.h>
 
 #include <cstdint>
+#include <string>
 #include <tuple>
 
 #include "csrc/gemm_contract.h"
@@ -14,13 +15,11 @@
 namespace nb = nanobind;
 
 extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmCpu(XLA_FFI_CallFrame* call_frame);
-extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmFp8Cpu(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmGluCpu(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxNvfp4DispatchRowsCpu(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxNvfp4QuantizeFp8Cpu(XLA_FFI_CallFrame* call_frame);
 #ifdef JAX_NVFP4_WITH_CUDA
 extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmCuda(XLA_FFI_CallFrame* call_frame);
-extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmFp8Cuda(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxNvfp4GroupedGemmGluCuda(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxNvfp4DispatchRowsCuda(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxNvfp4QuantizeFp8Cuda(XLA_FFI_CallFrame* call_frame);
@@ -38,6 +37,18 @@ static constexpr jax_nvfp4::KernelFamily kFamilies[] = {
     jax_nvfp4::KernelFamily::kWgmmaFp8, jax_nvfp4::KernelFamily::kWgmmaFp8Prepared,
     jax_nvfp4::KernelFamily::kCutlassFp8};
 
+static constexpr jax_nvfp4::RhsLayout kLayouts[] = {jax_nvfp4::RhsLayout::kCheckpoint, jax_nvfp4::RhsLayout::kSm90,
+                                                    jax_nvfp4::RhsLayout::kFp8};
+
+// "0 (checkpoint), 1 (sm90), 2 (fp8)": the codes and names, for error messages.
+template <typename E, size_t N, typename Name>
+static std::string CodeList(const E (&values)[N], Name name) {
+  std::string s;
+  for (size_t i = 0; i < N; ++i)
+    s += (i ? ", " : "") + std::to_string(static_cast<int>(values[i])) + " (" + name(values[i]) + ")";
+  return s;
+}
+
 static ConfigTuple ToTuple(const jax_nvfp4::KernelConfig& c) {
   return {jax_nvfp4::FamilyName(c.family), c.token_tile, c.stages, c.cluster, c.raster};
 }
@@ -48,7 +59,7 @@ static jax_nvfp4::ProblemDesc Problem(int64_t m, int64_t n, int64_t k, int64_t g
                                       int rhs_layout, bool fp8) {
   const auto layout = static_cast<jax_nvfp4::RhsLayout>(rhs_layout);
   if (!jax_nvfp4::IsKnownLayout(layout))
-    throw nb::value_error(("rhs_layout: expected 0 (checkpoint), 1 (sm90) or 2 (fp8), got " +
+    throw nb::value_error(("rhs_layout: expected one of " + CodeList(kLayouts, jax_nvfp4::LayoutName) + ", got " +
                            std::to_string(rhs_layout)).c_str());
   jax_nvfp4::ProblemDesc d;
   d.M = m;
@@ -65,24 +76,39 @@ static jax_nvfp4::ProblemDesc Problem(int64_t m, int64_t n, int64_t k, int64_t g
 NB_MODULE(_jax_nvfp4, m) {
   m.def("cpu_registrations", []() {
     nb::dict d;
-    d["jax_nvfp4_grouped_gemm_v1"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmCpu);
-    d["jax_nvfp4_grouped_gemm_fp8_v1"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmFp8Cpu);
-    d["jax_nvfp4_grouped_gemm_glu_v1"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmGluCpu);
-    d["jax_nvfp4_dispatch_rows_v1"] = EncapsulateFfiHandler(JaxNvfp4DispatchRowsCpu);
-    d["jax_nvfp4_quantize_fp8_v1"] = EncapsulateFfiHandler(JaxNvfp4QuantizeFp8Cpu);
+    d["jax_nvfp4_grouped_gemm_v2"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmCpu);
+    d["jax_nvfp4_grouped_gemm_glu_v2"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmGluCpu);
+    d["jax_nvfp4_dispatch_rows_v2"] = EncapsulateFfiHandler(JaxNvfp4DispatchRowsCpu);
+    d["jax_nvfp4_quantize_fp8_v2"] = EncapsulateFfiHandler(JaxNvfp4QuantizeFp8Cpu);
     return d;
   });
   m.def("cuda_registrations", []() {
     nb::dict d;
 #ifdef JAX_NVFP4_WITH_CUDA
-    d["jax_nvfp4_grouped_gemm_v1"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmCuda);
-    d["jax_nvfp4_grouped_gemm_fp8_v1"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmFp8Cuda);
-    d["jax_nvfp4_grouped_gemm_glu_v1"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmGluCuda);
-    d["jax_nvfp4_dispatch_rows_v1"] = EncapsulateFfiHandler(JaxNvfp4DispatchRowsCuda);
-    d["jax_nvfp4_quantize_fp8_v1"] = EncapsulateFfiHandler(JaxNvfp4QuantizeFp8Cuda);
+    d["jax_nvfp4_grouped_gemm_v2"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmCuda);
+    d["jax_nvfp4_grouped_gemm_glu_v2"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmGluCuda);
+    d["jax_nvfp4_dispatch_rows_v2"] = EncapsulateFfiHandler(JaxNvfp4DispatchRowsCuda);
+    d["jax_nvfp4_quantize_fp8_v2"] = EncapsulateFfiHandler(JaxNvfp4QuantizeFp8Cuda);
 #endif
     return d;
   });
+  // The custom call's enum codes (csrc/gemm_contract.h), which jax_nvfp4.options takes from here.
+  m.def("family_codes", []() {
+    nb::dict d;
+    for (auto f : kFamilies) d[jax_nvfp4::FamilyName(f)] = static_cast<int>(f);
+    return d;
+  }, "The kernel families as {name: the custom call's `kernel` attribute code} (the KernelFamily enum).");
+  m.def("fp8_families", []() {
+    nb::list l;
+    for (auto f : kFamilies)
+      if (jax_nvfp4::IsFp8Family(f)) l.append(std::string(jax_nvfp4::FamilyName(f)));
+    return l;
+  }, "The families that compute the FP8 mode (IsFp8Family), in code order.");
+  m.def("layout_codes", []() {
+    nb::dict d;
+    for (auto l : kLayouts) d[jax_nvfp4::LayoutName(l)] = static_cast<int>(l);
+    return d;
+  }, "The weight layouts as {name: the custom call's `rhs_layout` attribute code} (the RhsLayout enum).");
   m.def("built_with_cuda", []() { return jax_nvfp4::kBuiltCuda; });
   m.def("cuda_targets", []() { return std::string(jax_nvfp4::kBuiltCudaTargets); },
         "The CUDA images in this build, e.g. 'sm_80 sm_90a compute_80' (empty without CUDA).");
@@ -112,9 +138,8 @@ NB_MODULE(_jax_nvfp4, m) {
             if (!jax_nvfp4::FamilyHandles(fam, d)) return nb::none();
             return nb::cast(ToTuple(jax_nvfp4::ConfigForFamily(fam, d)));
           }
-        throw nb::value_error(
-            ("kernel: unknown family '" + family + "' (expected mma, mma_ws, wgmma, wgmma_fp8 or wgmma_fp8_prepared)")
-                .c_str());
+        throw nb::value_error(("kernel: unknown family '" + family + "' (expected one of " +
+                               CodeList(kFamilies, jax_nvfp4::FamilyName) + ")").c_str());
       },
       nb::arg("family"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("g"), nb::arg("rows_hint"),
       nb::arg("a_fp4"), nb::arg("rhs_layout"), nb::arg("fp8") = false,
@@ -134,6 +159,6 @@ NB_MODULE(_jax_nvfp4, m) {
       nb::arg("a_fp4"), nb::arg("rhs_layout"), nb::arg("families") = -1, nb::arg("fp8") = false,
       "The kernel configuration ChooseKernelConfig picks, as (family, token_tile, stages, cluster, raster). rhs_layout: 0 "
       "checkpoint, 1 sm90, 2 fp8-prepared. families: a mask of 1 << family (0 mma, 1 mma_ws, 2 wgmma, 3 wgmma_fp8, "
-      "4 wgmma_fp8_prepared) the device can run; -1: this build's on arch. fp8: the FP8 mode (the "
-      "jax_nvfp4_grouped_gemm_fp8 call).");
+      "4 wgmma_fp8_prepared, 5 cutlass_fp8) the device can run; -1: this build's on arch. fp8: the FP8 mode (the "
+      "FP8 families).");
 }

@@ -10,9 +10,9 @@ from typing import Optional
 
 import jax
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 """The version of the custom calls' interface (operands, attributes, what they compute), the
-suffix ``_v1`` of every target name (ffi/module.cc registers the names; bump both on any such
+suffix ``_v2`` of every target name (ffi/module.cc registers the names; bump both on any such
 change). A program serialized by ``jax.export`` calls the targets by name, so an artifact from a
 build of another version fails to compile, naming the missing target, instead of running the
 handlers on arguments they do not expect."""
@@ -20,13 +20,13 @@ handlers on arguments they do not expect."""
 
 def target_name(base: str) -> str:
     """The registered name of custom call ``base``: ``"jax_nvfp4_grouped_gemm"`` ->
-    ``"jax_nvfp4_grouped_gemm_v1"``."""
+    ``"jax_nvfp4_grouped_gemm_v2"``."""
     return f"{base}_v{ABI_VERSION}"
 
 
 TARGET = target_name("jax_nvfp4_grouped_gemm")
 TARGETS = tuple(target_name(f"jax_nvfp4_{n}") for n in (
-    "grouped_gemm", "grouped_gemm_fp8", "grouped_gemm_glu", "dispatch_rows", "quantize_fp8"))
+    "grouped_gemm", "grouped_gemm_glu", "dispatch_rows", "quantize_fp8"))
 """Every custom call of the extension (CPU handlers; CUDA ones where built, same names)."""
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -40,6 +40,12 @@ def _import():
     except ImportError as e:
         return None, f"{type(e).__name__}: {e}"
     return ext, None
+
+
+def compiled_module():
+    """The compiled module ``jax_nvfp4._jax_nvfp4`` without registering its handlers, or None if
+    it is not built (or is a build of another ABI version)."""
+    return _import()[0]
 
 
 @functools.lru_cache(maxsize=None)

@@ -16,9 +16,6 @@ from .kernel_config import KernelConfig
 from .options import EXACT, LAYOUT_CODES, check_precision, resolve_backend
 from .varying import varying_type
 
-FP8_TARGET = _extension.target_name("jax_nvfp4_grouped_gemm_fp8")
-"""The fp8 mode's custom call (docs/design.md, "FP8 mode")."""
-
 
 def workspace_bytes(num_groups: int, k: int = 0) -> int:
     """Bytes of the custom call's workspace output (the handlers allocate nothing themselves):
@@ -90,15 +87,17 @@ def _ffi_grouped_gemm_fp8(codes, scales_t, rhs_data, rhs_scales, alpha, group_si
     ws_extra = None
     if rhs_layout == LAYOUT_CODES["fp8"]:
         ws_extra = 4 * codes.shape[0] * (rhs_data.shape[2] // 128)
-    return _ffi_call(FP8_TARGET, (codes, scales_t, rhs_data, rhs_scales, alpha, group_sizes),
+    # the grouped GEMM's target: the configuration's (FP8) family states the mode
+    return _ffi_call(_extension.TARGET, (codes, scales_t, rhs_data, rhs_scales, alpha, group_sizes),
                      rhs_data.shape[1], out_dtype, 1, config, rhs_layout, ws_extra=ws_extra)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(6, 7, 8))
 def _grouped_gemm_fp8_op(codes, scales_t, rhs_data, rhs_scales, alpha, group_sizes, out_dtype,
                          config, rhs_layout):
-    """The fp8 custom call: ``codes`` e4m3 ``[M, K]`` in the kernel k order, ``scales_t`` float32
-    ``[K/128, M]`` (chunk-major), ``alpha`` the full epilogue factor per group (without the 8)."""
+    """The custom call in the FP8 mode (an FP8 family in ``config``): ``codes`` e4m3 ``[M, K]``
+    in the kernel k order, ``scales_t`` float32 ``[K/128, M]`` (chunk-major), ``alpha`` the full
+    epilogue factor per group (without the 8)."""
     return _ffi_grouped_gemm_fp8(codes, scales_t, rhs_data, rhs_scales, alpha, group_sizes,
                                  out_dtype, config, rhs_layout)
 

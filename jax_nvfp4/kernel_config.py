@@ -39,7 +39,7 @@ import jax
 import numpy as np
 
 from . import _extension
-from .options import FAMILIES, FP8_FAMILIES, LAYOUT_CODES, check_precision
+from .options import FAMILIES, FAMILY_CODES, FP8_FAMILIES, LAYOUT_CODES, check_precision
 
 
 def _is_fp8(precision) -> bool:
@@ -75,7 +75,7 @@ class KernelConfig:
 
     def attributes(self) -> dict:
         """The custom call's typed attributes for this configuration (int32 scalars)."""
-        return {"kernel": np.int32(FAMILIES.index(self.family)), "token_tile": np.int32(self.token_tile),
+        return {"kernel": np.int32(FAMILY_CODES[self.family]), "token_tile": np.int32(self.token_tile),
                 "stages": np.int32(self.stages), "cluster": np.int32(self.cluster),
                 "raster": np.int32(self.raster)}
 
@@ -127,7 +127,9 @@ def choose(m: int, n: int, k: int, groups: int, *, rows_hint: int = 0, w4a4: boo
     fp8 = _is_fp8(precision)
     if arch is None:
         arch = device_arch()
-    mask = -1 if families is None else sum(1 << FAMILIES.index(f) for f in families)
+    if families is not None and not set(families) <= set(FAMILIES):
+        raise ValueError(f"families: expected names from {FAMILIES}, got {families!r}")
+    mask = -1 if families is None else sum(1 << FAMILY_CODES[f] for f in families)
     return KernelConfig(*_ext().choose_kernel(int(arch), int(m), int(n), int(k), int(groups), int(rows_hint),
                                               bool(w4a4), _layout_code(rhs_layout), mask, fp8))
 

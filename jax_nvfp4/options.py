@@ -16,8 +16,8 @@ where it enters the public API.
 * The MoE layer's: ``activation``, ``activation_scale``, ``scoring_func``, ``row_dtype``
   (:class:`jax_nvfp4.MoEConfig`); the expert-parallel ``combine``.
 * ``kernel``: a CUDA kernel family (:data:`FAMILIES`; :mod:`jax_nvfp4.kernel_config`), and the
-  custom call's codes for families and weight layouts (:data:`LAYOUT_CODES`; the C++ enums of
-  ``csrc/gemm_contract.h``, which tests/test_docs.py reads to check that they agree).
+  custom call's codes for families and weight layouts (:data:`LAYOUT_CODES`): the C++ enums of
+  ``csrc/gemm_contract.h``, taken from the compiled extension (a copy where it is not built).
 * The FP8 activation rows' k order (:data:`FP8_K_ORDERS`), the checkpoint formats
   (:data:`CHECKPOINT_FORMATS`).
 
@@ -55,14 +55,30 @@ CHECKPOINT_FORMATS = ("modelopt", "quark")
 """Checkpoint formats :func:`jax_nvfp4.checkpoint.load_moe` understands (``"auto"`` picks one
 from the names)."""
 
-FAMILIES = ("mma", "mma_ws", "wgmma", "wgmma_fp8", "wgmma_fp8_prepared", "cutlass_fp8")
-"""Kernel families, in the order of the custom call's ``kernel`` attribute codes (0 .. 5; the
-``KernelFamily`` enum of csrc/gemm_contract.h)."""
-FP8_FAMILIES = ("wgmma_fp8", "wgmma_fp8_prepared", "cutlass_fp8")
-"""The families that compute the FP8 mode (and nothing else)."""
-LAYOUT_CODES = {"checkpoint": 0, "sm90": 1, "fp8": 2}
-"""The weight layouts as the custom call's ``rhs_layout`` attribute (and the heuristic) code them
-(the ``RhsLayout`` enum of csrc/gemm_contract.h)."""
+# The custom call's codes are the C++ enums of csrc/gemm_contract.h; the compiled module hands them
+# over (family_codes, fp8_families, layout_codes in ffi/module.cc). These copies serve a package
+# without the extension (the reference backend); tests/test_options.py checks them against the
+# module, tests/test_docs.py against the header.
+_FAMILY_CODES_UNBUILT = {"mma": 0, "mma_ws": 1, "wgmma": 2, "wgmma_fp8": 3, "wgmma_fp8_prepared": 4,
+                         "cutlass_fp8": 5}
+_FP8_FAMILIES_UNBUILT = ("wgmma_fp8", "wgmma_fp8_prepared", "cutlass_fp8")
+_LAYOUT_CODES_UNBUILT = {"checkpoint": 0, "sm90": 1, "fp8": 2}
+
+
+def contract_codes(ext) -> tuple[dict, tuple, dict]:
+    """``(family codes, FP8 families, layout codes)`` from the compiled module ``ext`` (the C++
+    enums), or, for ``ext=None`` (not built), this module's copies of them."""
+    if ext is None:
+        return dict(_FAMILY_CODES_UNBUILT), _FP8_FAMILIES_UNBUILT, dict(_LAYOUT_CODES_UNBUILT)
+    return dict(ext.family_codes()), tuple(ext.fp8_families()), dict(ext.layout_codes())
+
+
+FAMILY_CODES, FP8_FAMILIES, LAYOUT_CODES = contract_codes(_extension.compiled_module())
+# FAMILY_CODES: {family: the custom call's ``kernel`` attribute code} (the ``KernelFamily`` enum);
+# FP8_FAMILIES: the families that compute the FP8 mode (and nothing else); LAYOUT_CODES: {weight
+# layout: the ``rhs_layout`` attribute code, as the heuristic takes it too} (the ``RhsLayout`` enum).
+FAMILIES = tuple(sorted(FAMILY_CODES, key=FAMILY_CODES.get))
+"""Kernel families, in the order of their codes (:data:`FAMILY_CODES`)."""
 
 FP8_CHUNK = 128
 """k per FP8-mode promotion chunk: the activations' scale granularity, and the K multiple the

@@ -70,7 +70,7 @@ def test_fp8_precision_runs_on_prepared_weights(tmp_path):
     token_of, sizes = jax.jit(bench_layer.routed_rows, static_argnums=2)(x, w, cfg)
     for g, a in bench_layer.gemm_cases(x, token_of, sizes, w, cfg, "ffi"):
         text = g.lower(*a).as_text()
-        assert "jax_nvfp4_grouped_gemm_fp8" in text and "rhs_layout = 2 : i32" in text
+        assert jn._extension.TARGET in text and "rhs_layout = 2 : i32" in text
 
 
 @pytest.mark.slow

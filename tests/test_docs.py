@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from jax_nvfp4 import kernel_config
+from jax_nvfp4 import kernel_config, options
 
 from conftest import COLLECTED, QUICK, QUICK_BUDGET_S
 
@@ -85,7 +85,7 @@ def _sweep_ms(name):
 def test_readme_fp8_prepared_figures_are_the_committed_json():
     text = " ".join(_section(README, "Performance").split())
     ms = _sweep_ms("bench-h100-cutlass-fp8-sweep.json")
-    ours = "cutlass_fp8_128_s6_c2_r1"
+    ours = "cutlass_fp8_128_s5_c1_r1"
     m = re.search(r"\(`docs/bench-h100-cutlass-fp8-sweep\.json`, W4A16 / W4A4, `cutlass_fp8`\): (.+?)\. In "
                   r"the same run", text)
     assert m, "README: the fp8-prepared figures are not in the form this test reads"
@@ -194,6 +194,13 @@ def test_python_families_and_layouts_are_the_cpp_enums():
     assert [fams[f] for f in kernel_config.FAMILIES] == list(range(len(fams)))
     assert set(kernel_config.FP8_FAMILIES) <= set(fams)
     assert kernel_config.LAYOUT_CODES == cpp_layouts()
+    # the copies a package without the compiled module uses
+    unbuilt_families, unbuilt_fp8, unbuilt_layouts = options.contract_codes(None)
+    assert unbuilt_families == fams and unbuilt_layouts == cpp_layouts()
+    fp8_body = re.search(r"bool IsFp8Family\(KernelFamily f\) \{(.*?)\}", CONTRACT, re.S).group(1)
+    by_enum = {f"k{''.join(w.title() for w in n.split('_'))}": n for n in fams}   # wgmma_fp8 -> kWgmmaFp8
+    assert unbuilt_fp8 == tuple(sorted((by_enum[e] for e in re.findall(r"KernelFamily::(k\w+)", fp8_body)),
+                                       key=fams.get))
 
 
 def test_kernel_configs_are_the_headers_table():

@@ -111,10 +111,10 @@ def test_export_checks_name_every_versioned_target():
     assert all(isinstance(c, jax.export.DisabledSafetyCheck) for c in checks)
     names = [c.is_custom_call() for c in checks]                 # the target name, or None
     assert set(_extension.TARGETS) <= set(names) and len(set(names)) == len(names)
-    assert len(_extension.TARGETS) == 5
+    assert len(_extension.TARGETS) == 4                          # one grouped GEMM target for both modes
     for t in _extension.TARGETS:
         assert t.startswith("jax_nvfp4_") and t.endswith(f"_v{_extension.ABI_VERSION}")
-    assert _extension.TARGET == "jax_nvfp4_grouped_gemm_v1"
+    assert _extension.TARGET == "jax_nvfp4_grouped_gemm_v2"
 
 
 @needs_ext
@@ -130,7 +130,7 @@ def test_stale_extension_is_refused_naming_the_targets():
     old = types.SimpleNamespace(__file__="/x/_jax_nvfp4.so",
                                 cpu_registrations=lambda: {"jax_nvfp4_grouped_gemm": None})
     with pytest.raises(ImportError, match=r"does not register the custom calls "
-                                          r"\[.*'jax_nvfp4_grouped_gemm_v1'.*ABI version 1"):
+                                          r"\[.*'jax_nvfp4_grouped_gemm_v2'.*ABI version 2"):
         _extension._check_abi(old)
 
 
@@ -148,7 +148,7 @@ def test_export_without_the_checks_is_refused(rng):
     f = jax.jit(lambda x, w, gs: jn.grouped_gemm(x, w, gs, backend="ffi"))
     x = jnp.ones((8, 64), jnp.bfloat16)
     gs = jnp.array([3, 0, 5], jnp.int32)
-    with pytest.raises(ValueError, match="jax_nvfp4_grouped_gemm_v1"):
+    with pytest.raises(ValueError, match="jax_nvfp4_grouped_gemm_v2"):
         jax.export.export(f, platforms=("cpu",))(x, rhs, gs)
 
 
@@ -225,8 +225,7 @@ def test_grouped_gemm_exports_with_a_symbolic_row_count(rng, tmp_path, layout, l
     exp = _export(f)(
         jax.ShapeDtypeStruct((m, k), jnp.bfloat16), rhs,
         jax.ShapeDtypeStruct((3,), jnp.int32))
-    assert ("jax_nvfp4_grouped_gemm_fp8_v1" if layout == "fp8"
-            else "jax_nvfp4_grouped_gemm_v1") in exp.mlir_module()
+    assert "jax_nvfp4_grouped_gemm_v2" in exp.mlir_module()     # both modes: one target
     calls = []
     for rows, gs in ((1, [1, 0, 0]), (7, [2, 0, 3]), (40, [17, 9, 14])):
         x = jnp.asarray(rng.standard_normal((rows, k)), jnp.bfloat16)
@@ -252,7 +251,7 @@ def test_moe_exports_with_a_symbolic_token_count(rng, tmp_path, prepared, activa
     exp = _export(f)(
         jax.ShapeDtypeStruct((t, 128), jnp.bfloat16), w)
     if prepared:
-        assert "jax_nvfp4_grouped_gemm_glu_v1" in exp.mlir_module()
+        assert "jax_nvfp4_grouped_gemm_glu_v2" in exp.mlir_module()
     xs = [jnp.asarray(rng.standard_normal((n, 128)), jnp.bfloat16) for n in (1, 5, 16)]
     calls = [((x, w), {}) for x in xs]
     for x, (got,) in zip(xs, run_fresh(tmp_path, exp, calls)):
@@ -346,4 +345,4 @@ def test_moe_exports_for_cpu_and_cuda(rng):
     got = jax.export.deserialize(exp.serialize()).call(x, w)
     assert_bitwise(np.asarray(got), f(x, w))
     cuda = jax.export.export(f, disabled_checks=jn.export_checks(), platforms=("cuda",))(spec, w)
-    assert "jax_nvfp4_grouped_gemm_v1" in cuda.mlir_module()
+    assert "jax_nvfp4_grouped_gemm_v2" in cuda.mlir_module()

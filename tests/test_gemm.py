@@ -503,7 +503,7 @@ class TestBadInput:
             call(3)
         with pytest.raises(jax.errors.JaxRuntimeError,
                            match=r"jax_nvfp4_grouped_gemm: rhs_layout 2 \(weights prepared as e4m3 "
-                                 r".*belongs to the FP8 call"):
+                                 r".*belongs to the FP8 mode"):
             call(2)
         with pytest.raises(jax.errors.JaxRuntimeError,
                            match=r"sm90 layout \(rhs_layout 1\) needs N % 128 == 0 and K % 64 == "

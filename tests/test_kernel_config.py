@@ -29,9 +29,9 @@ def test_config_table():
         KernelConfig("wgmma", 128, 8, 1), KernelConfig("wgmma", 256, 5, 2),
         KernelConfig("wgmma_fp8", 32, 15, 1), KernelConfig("wgmma_fp8", 64, 12, 1),
         KernelConfig("wgmma_fp8", 128, 8, 1), KernelConfig("wgmma_fp8_prepared", 128, 6, 1),
-        KernelConfig("cutlass_fp8", 128, 6, 2, 1), KernelConfig("cutlass_fp8", 128, 6, 1),
-        KernelConfig("cutlass_fp8", 128, 6, 1, 1), KernelConfig("cutlass_fp8", 128, 6, 1, 2),
-        KernelConfig("cutlass_fp8", 128, 6, 2), KernelConfig("cutlass_fp8", 64, 8, 1))
+        KernelConfig("cutlass_fp8", 128, 5, 1, 1), KernelConfig("cutlass_fp8", 128, 5, 2, 1),
+        KernelConfig("cutlass_fp8", 128, 5, 1), KernelConfig("cutlass_fp8", 128, 5, 2),
+        KernelConfig("cutlass_fp8", 64, 8, 1))
     assert {c.family for c in configs} == set(FAMILIES)
 
 
@@ -60,8 +60,8 @@ def test_fp8_heuristic(rows_per_group, tile):
 @needs_ext
 @pytest.mark.parametrize("rows_per_group", [1, 4, 32, 63, 64, 128, 512])
 def test_fp8_heuristic_prepared_weights(rows_per_group):
-    """Weights prepared as e4m3 (layout "fp8") run cutlass_fp8 (128-token cooperative tiles, 2-CTA
-    clusters along N, walked along M) from 64 rows per group on average, wgmma_fp8_prepared below
+    """Weights prepared as e4m3 (layout "fp8") run cutlass_fp8 (128 x 192 cooperative tiles walked
+    along M) from 64 rows per group on average, wgmma_fp8_prepared below
     that and where N % 8 != 0,
     on any device; no other family reads them, and those two read nothing else."""
     g, n, k = 48, 6144, 7168
@@ -69,7 +69,7 @@ def test_fp8_heuristic_prepared_weights(rows_per_group):
     fams = ALL + kc.FP8_FAMILIES
     for arch, f in ((90, fams), (80, ("mma",)), (0, None)):
         got = kc.choose(m, n, k, g, arch=arch, families=f, rhs_layout="fp8", precision="fp8")
-        want = (KernelConfig("cutlass_fp8", 128, 6, 2, 1) if rows_per_group >= 64 else
+        want = (KernelConfig("cutlass_fp8", 128, 5, 1, 1) if rows_per_group >= 64 else
                 KernelConfig("wgmma_fp8_prepared", 128, 6, 1))
         assert got == want
         got = kc.choose(m, n + 4, k, g, arch=arch, families=f, rhs_layout="fp8", precision="fp8")
@@ -224,14 +224,17 @@ def test_cpu_handler_rejects_invalid_attributes(on_cpu):
     with pytest.raises(jax.errors.JaxRuntimeError,
                        match=r"rhs_layout must be 0 \(checkpoint\), 1 \(sm90\) or 2 \(fp8\), got 3"):
         _raw_call(rhs_layout=np.int32(3))
-    with pytest.raises(jax.errors.JaxRuntimeError, match=r"rhs_layout 2 .* belongs to the FP8 call"):
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match=r"rhs_layout 2 .* belongs to the FP8 mode: kernels 4 \(wgmma_fp8_prepared\) and 5 "
+                             r"\(cutlass_fp8\), got kernel=mma \(0\)"):
         _raw_call(rhs_layout=np.int32(2))
     with pytest.raises(jax.errors.JaxRuntimeError, match="Wrong scalar data type"):
         _raw_call(token_tile=np.float32(16.5))              # typed: int32 only
 
 
 def _raw_fp8_call(**attrs):
-    """The FP8 custom call with hand-written attributes: e4m3 lhs [M, K], chunk scales [K/128, M]."""
+    """The custom call in the FP8 mode (kernel of an FP8 family) with hand-written attributes: e4m3
+    lhs [M, K], chunk scales [K/128, M]."""
     m, k = 8, 128
     _, rhs, gs, _ = make_problem(np.random.default_rng(3), m, 16, k, [4, 4], False)
     out_t = jax.ShapeDtypeStruct((m, 16), jnp.float32)
@@ -239,29 +242,52 @@ def _raw_fp8_call(**attrs):
     base = dict(rhs_layout=np.int32(0), kernel=np.int32(3), token_tile=np.int32(32),
                 stages=np.int32(15), cluster=np.int32(1), raster=np.int32(0))
     base.update(attrs)
-    call = jax.ffi.ffi_call(jn.gemm.FP8_TARGET, (out_t, ws_t))
+    call = jax.ffi.ffi_call(_extension.TARGET, (out_t, ws_t))
     lhs, lhs_scales = jnp.ones((m, k), jnp.float8_e4m3fn), jnp.ones((k // 128, m), jnp.float32)
     return jax.block_until_ready(call(lhs, lhs_scales, rhs.data, rhs.scales, rhs.global_scale, gs, **base))
 
 
 @needs_ext
-def test_handlers_check_the_mode_against_the_kernel(on_cpu):
-    """The compute mode reaches the handler as the target alone; the decoder checks once that the
-    kernel attribute's family computes it (wgmma_fp8 the FP8 mode, the others the exact mode)."""
+def test_swiglu_call_runs_the_exact_families_only(on_cpu):
+    platform_device("cpu")
+    lhs, rhs, gs, _ = make_problem(np.random.default_rng(2), 8, 16, 64, [4, 4], False)
+    call = jax.ffi.ffi_call(jn.gemm.GLU_TARGET, (jax.ShapeDtypeStruct((8, 8), jnp.float32),
+                                                 jax.ShapeDtypeStruct((jn.gemm.workspace_bytes(2, 128),),
+                                                                      jnp.uint8)))
+
+    def run(kernel, tile, stages):
+        return jax.block_until_ready(call(
+            lhs, jnp.zeros((0,), jnp.float8_e4m3fn), rhs.data, rhs.scales, jnp.ones((4,), jnp.float32), gs,
+            jnp.zeros((0,), jnp.float32), rhs_layout=np.int32(0), kernel=np.int32(kernel),
+            token_tile=np.int32(tile), stages=np.int32(stages), cluster=np.int32(1), raster=np.int32(0),
+            glu_limit=np.float32(np.inf)))
+
+    assert np.all(np.isfinite(np.asarray(run(0, 16, 4)[0])))
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match=r"jax_nvfp4_grouped_gemm_glu: attributes kernel=wgmma_fp8 \(3\), token_tile=64, "
+                             r"stages=12, cluster=1 compute the FP8 mode; the SwiGLU epilogue runs the exact "
+                             r"kernels"):
+        run(3, 64, 12)
+
+
+@needs_ext
+def test_the_kernel_attribute_states_the_mode(on_cpu):
+    """One target for both modes: the kernel attribute's family states the mode, and the decoder
+    checks the operands as that mode's (wgmma_fp8, wgmma_fp8_prepared, cutlass_fp8: the FP8 mode's
+    e4m3 lhs and float32 chunk scales; the other families the exact mode's)."""
     platform_device("cpu")
     assert np.all(np.isfinite(np.asarray(_raw_fp8_call()[0])))
+    # exact operands (a bf16 lhs) with an FP8 family: decoded as the FP8 mode's, refused as such
     with pytest.raises(jax.errors.JaxRuntimeError,
-                       match=r"jax_nvfp4_grouped_gemm: kernels 3 \(wgmma_fp8\), 4 \(wgmma_fp8_prepared\) "
-                             r"and 5 \(cutlass_fp8\) compute the FP8 mode"):
+                       match=r"jax_nvfp4_grouped_gemm \(FP8 mode\): FP8 mode needs K = 2 \* "
+                             r"rhs_data.shape\[2\] to be a multiple of 128, got K = 64"):
         _raw_call(kernel=np.int32(3), token_tile=np.int32(64), stages=np.int32(12))
-    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jax_nvfp4_grouped_gemm: kernels 3"):
-        _raw_call(kernel=np.int32(4), token_tile=np.int32(128), stages=np.int32(6))
-    with pytest.raises(jax.errors.JaxRuntimeError, match=r"jax_nvfp4_grouped_gemm: kernels 3"):
-        _raw_call(kernel=np.int32(5), token_tile=np.int32(128), stages=np.int32(6))
+    for kernel, tile, stages in ((4, 128, 6), (5, 128, 5)):     # the prepared-weight FP8 families
+        with pytest.raises(jax.errors.JaxRuntimeError, match=r"do not read rhs_layout 0"):
+            _raw_call(kernel=np.int32(kernel), token_tile=np.int32(tile), stages=np.int32(stages))
+    # FP8 operands with an exact family: decoded as the exact mode's
     with pytest.raises(jax.errors.JaxRuntimeError,
-                       match=r"jax_nvfp4_grouped_gemm_fp8: attributes kernel=mma \(0\), token_tile=16, "
-                             r"stages=4, cluster=1 compute the exact mode: the FP8 call takes kernels 3 "
-                             r"\(wgmma_fp8\), 4 \(wgmma_fp8_prepared\) and 5 \(cutlass_fp8\) only"):
+                       match=r"jax_nvfp4_grouped_gemm: lhs must be bf16 \(W4A16\) or uint8 packed e2m1 \(W4A4\)"):
         _raw_fp8_call(kernel=np.int32(0), token_tile=np.int32(16), stages=np.int32(4))
     # the FP8 family must read the weights' layout: wgmma_fp8_prepared the prepared bytes alone
     with pytest.raises(jax.errors.JaxRuntimeError,
@@ -285,20 +311,20 @@ def test_handlers_check_the_mode_against_the_kernel(on_cpu):
 
 @needs_ext
 def test_prepared_call_needs_the_transposed_scales_workspace(on_cpu, monkeypatch):
-    """The FP8 call on prepared weights needs 4 M K/128 bytes past the launchers' workspace (the
+    """The FP8 mode on prepared weights needs 4 M K/128 bytes past the launchers' workspace (the
     chunk scales cutlass_fp8 reads K-major): a workspace without them is an error naming both
     sizes, on the CPU handler too (one check for every handler)."""
     platform_device("cpu")
     with_extra = jn.gemm.workspace_bytes(2, 4 * 8 * 1)
     monkeypatch.setattr(jn.gemm, "workspace_bytes", lambda g, k=0: with_extra - 32)
     with pytest.raises(jax.errors.JaxRuntimeError,
-                       match=rf"jax_nvfp4_grouped_gemm_fp8: workspace has {with_extra - 32} bytes, "
+                       match=rf"jax_nvfp4_grouped_gemm \(FP8 mode\): workspace has {with_extra - 32} bytes, "
                              rf"needs {with_extra}"):
         _raw_prepared_call()
 
 
 def _raw_prepared_call(scales=None, **attrs):
-    """The FP8 custom call on prepared e4m3 weights bytes [G, N, K] (rhs_layout 2, rhs_scales [0])."""
+    """The custom call in the FP8 mode on prepared e4m3 weights bytes [G, N, K] (rhs_layout 2, rhs_scales [0])."""
     m, k = 8, 128
     _, rhs, gs, _ = make_problem(np.random.default_rng(3), m, 16, k, [4, 4], False)
     w8 = jax.lax.bitcast_convert_type(jn.prepare_weights(rhs, "fp8").codes, jnp.uint8)
@@ -308,7 +334,7 @@ def _raw_prepared_call(scales=None, **attrs):
     base = dict(rhs_layout=np.int32(2), kernel=np.int32(4), token_tile=np.int32(128),
                 stages=np.int32(6), cluster=np.int32(1), raster=np.int32(0))
     base.update(attrs)
-    call = jax.ffi.ffi_call(jn.gemm.FP8_TARGET, (out_t, ws_t))
+    call = jax.ffi.ffi_call(_extension.TARGET, (out_t, ws_t))
     lhs, lhs_scales = jnp.ones((m, k), jnp.float8_e4m3fn), jnp.ones((k // 128, m), jnp.float32)
     sc = jnp.zeros((0,), jnp.float8_e4m3fn) if scales is None else scales
     return jax.block_until_ready(call(lhs, lhs_scales, w8, sc, rhs.global_scale, gs, **base))

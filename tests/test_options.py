@@ -3,7 +3,9 @@ that very object), and ``precision`` is checked once where it enters the public 
 down as a checked :class:`~jax_nvfp4.options.Precision`."""
 
 import pickle
+import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +13,7 @@ import numpy as np
 import pytest
 
 import jax_nvfp4 as jn
-from jax_nvfp4 import checkpoint, fp8, formats, gemm, kernel_config, options, sharding
+from jax_nvfp4 import _extension, checkpoint, fp8, formats, gemm, kernel_config, options, sharding
 from conftest import QUANTIZE_STACK
 
 
@@ -26,6 +28,45 @@ def test_vocabularies_live_in_options():
     assert not hasattr(gemm, "RHS_LAYOUT_CODES")                  # no second layout -> code map
     assert set(options.LAYOUT_CODES) == set(options.WEIGHT_LAYOUTS)
     assert sorted(options.LAYOUT_CODES.values()) == list(range(len(options.LAYOUT_CODES)))
+
+
+def test_codes_come_from_the_compiled_module():
+    ext = _extension.compiled_module()
+    if ext is None:
+        pytest.skip("the compiled extension is not built")
+    assert options.FAMILY_CODES == ext.family_codes()
+    assert options.FP8_FAMILIES == tuple(ext.fp8_families())
+    assert options.LAYOUT_CODES == ext.layout_codes()
+    assert options.FAMILIES == tuple(sorted(ext.family_codes(), key=ext.family_codes().get))
+    # the copies a package without the extension uses are the module's (the C++ enums)
+    assert options.contract_codes(None) == options.contract_codes(ext)
+    # and what a configuration's attributes and the heuristic's family mask send back agree
+    for c in kernel_config.kernel_configs():
+        assert c.attributes()["kernel"] == ext.family_codes()[c.family]
+    with pytest.raises(ValueError, match=r"families: expected names from \('mma'"):
+        kernel_config.choose(64, 128, 128, 2, arch=90, families=("mma", "tensor"))
+
+
+def test_package_imports_without_the_extension():
+    # A child interpreter where the compiled module cannot be imported: the package imports, its
+    # option vocabularies are the copies, and the reference backend runs.
+    code = ("import sys; sys.modules['jax_nvfp4._jax_nvfp4'] = None\n"
+            "import jax_nvfp4 as jn, jax.numpy as jnp\n"
+            "from jax_nvfp4 import _extension, options\n"
+            "assert _extension.compiled_module() is None and not _extension.available()\n"
+            "assert options.FAMILY_CODES == options._FAMILY_CODES_UNBUILT\n"
+            "assert options.LAYOUT_CODES == options._LAYOUT_CODES_UNBUILT\n"
+            "print((options.FAMILIES, options.FP8_FAMILIES, sorted(options.LAYOUT_CODES.items())))\n"
+            "w = jn.quantize(jnp.ones((1, 16, 32), jnp.bfloat16))\n"
+            "out = jn.grouped_gemm(jnp.ones((2, 32), jnp.bfloat16), w, jnp.array([2], jnp.int32),\n"
+            "                      backend='reference')\n"
+            "assert out.shape == (2, 16)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=str(Path(jn.__file__).parents[1]))
+    assert r.returncode == 0, r.stderr[-2000:]
+    # the same vocabularies as this (built, where it is) process's
+    assert r.stdout.split("\n")[0] == str((options.FAMILIES, options.FP8_FAMILIES,
+                                           sorted(options.LAYOUT_CODES.items())))
 
 
 @pytest.mark.parametrize("bad", ["fp16", "FP8", "", None, 8, b"fp8"])

@@ -67,9 +67,9 @@ def sweep_table(d):
     return _table(["case"] + impls, [[c] + [_ms(ms.get((c, i))) for i in impls] for c in cases])
 
 
-SWEEP_COMMAND = ("python -P tools/lab/cutlass_fp8_sweep.py --cases L1-1536,L1-6144,L1-24576,L2-6144,"
-                 "L2-24576 --configs cutlass_fp8_128_s6_c1_r1,wgmma_fp8_prepared_128_s6_c1_r0,"
-                 "cutlass_fp8_128_s6_c2_r1,cutlass_fp8_128_s6_c1_r0")
+SWEEP_COMMAND = ("python -P tools/lab/cutlass_fp8_sweep.py --cases L1-192,L1-1536,L1-6144,L1-24576,"
+                 "L2-6144,L2-24576 --target-s 0.15")
+BREAKDOWN_COMMAND = "python -P tools/lab/fp8_prep_breakdown.py --cases L1-24576,L2-24576"
 
 
 def ep_share_table(d):
@@ -224,14 +224,25 @@ SECTIONS += [
      "checkpoint weights; `cublas_fp8_uniform_bf16out`: cuBLAS's batched e4m3 GEMM on an even split "
      "of the rows, bf16 written by the GEMM (a bound: no raggedness); `torch_fp8_grouped`: "
      "`torch._scaled_grouped_mm` (GEMM only, no activation quantization). Before: "
-     "`wgmma_fp8_prepared`; after: `cutlass_fp8_128_s6_c2_r1`, the heuristic's from 64 rows per "
-     "group (in this run the heuristic still named `cutlass_fp8_128_s6_c1_r1`: its column).", lambda d: SWEEP_COMMAND, sweep_table),
+     "`wgmma_fp8_prepared`; after: `cutlass_fp8_128_s5_c1_r1` (128 x 192 cooperative tiles walked "
+     "along M), the heuristic's from 64 rows per group.", lambda d: SWEEP_COMMAND, sweep_table),
+    ("FP8 mode at prefill: where the API call's time goes", "bench-h100-fp8-prep-breakdown.json",
+     "Median ms in one run, the heuristic's configuration: `quantize_*` the activation quantizer's "
+     "custom call alone (bf16 or NVFP4 rows to e4m3 codes and chunk scales), `gemm_only_*` the "
+     "grouped GEMM on rows already quantized (`jn.fp8.quantize_rows(x, \"kernel\")`), `api_*` "
+     "`grouped_gemm(x, w8, sizes, precision=\"fp8\")` (both), `copy_bf16_x` one read and one "
+     "write of the bf16 activations (the HBM floor of a pass over them), `torch_fp8_grouped` "
+     "PyTorch's GEMM alone.", lambda d: BREAKDOWN_COMMAND, sweep_table),
     ("MoE layer, FP8 compute mode on e4m3-prepared weights (cutlass_fp8), H100",
      "bench-layer-h100-fp8-cutlass.json",
      "Median ms; the per-GPU shard as above, W4A4, `precision=\"fp8\"` on weights prepared as "
-     "e4m3. The exact mode on sm90 weights in the same session (its JSON was not kept; "
-     "`docs/archive/cutlass-fp8-log.md`): 2.231 / 5.800 ms at 1024 / 4096 tokens.",
-     lambda d: layer_command(d), layer_table),
+     "e4m3 (the heuristic's 128 x 192 `cutlass_fp8` tile). The exact mode on sm90 weights in the "
+     "same run: the next section.",
+     lambda d: layer_command(d, "--hlo-tokens 0"), layer_table),
+    ("MoE layer, exact mode on sm90 weights, H100 (the run of the section above)",
+     "bench-layer-h100-exact-sm90.json",
+     "Median ms; the same shard, W4A4, `precision=\"exact\"` on weights in the sm90 layout.",
+     lambda d: layer_command(d, "--hlo-tokens 0"), layer_table),
     ("Whole DeepSeek-V4-Pro layer on one GPU (384 experts), FP8 mode on e4m3-prepared weights",
      "bench-layer-h100-v4pro-8192-fp8.json",
      "Median ms; 384 routed experts, top-6, H 7168, I 3072, 8192 tokens.",

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from jax_nvfp4 import gemm, kernel_config, prepare, quantization
+from jax_nvfp4 import _extension, gemm, kernel_config, prepare, quantization
 
 E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float64)
 
@@ -84,7 +84,7 @@ def call_fp8(q_kernel, s_t, rhs, alpha, sizes, out_dtype, config):
     g, n = rhs.data.shape[:2]
     out_t = jax.ShapeDtypeStruct((m, n), out_dtype)
     ws_t = jax.ShapeDtypeStruct((gemm.workspace_bytes(g, k),), jnp.uint8)
-    out, _ = jax.ffi.ffi_call("jax_nvfp4_grouped_gemm_fp8", (out_t, ws_t))(
+    out, _ = jax.ffi.ffi_call(_extension.TARGET, (out_t, ws_t))(
         q_kernel, s_t, rhs.data, rhs.scales, alpha, sizes, rhs_layout=np.int32(0), **config.attributes())
     return out
 
