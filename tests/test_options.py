@@ -123,18 +123,18 @@ def test_resolve_backend(monkeypatch):
         options.resolve_backend("ffi")
 
 
-@pytest.mark.parametrize("built, cuda, platform, want", [
-    (True, False, "cpu", "ffi"), (True, True, "gpu", "ffi"), (True, False, "gpu", "reference"),
-    (False, False, "cpu", "reference"), (False, False, "gpu", "reference")])
-def test_auto_backend_falls_back_once_with_a_warning_at_the_caller(monkeypatch, built, cuda,
-                                                                   platform, want):
+# on_a_gpu as a bool: a parameter "gpu" would mark the test as needing one (conftest.py)
+@pytest.mark.parametrize("built, cuda, on_a_gpu, want", [
+    (True, False, False, "ffi"), (True, True, True, "ffi"), (True, False, True, "reference"),
+    (False, False, False, "reference"), (False, False, True, "reference")])
+def test_auto_backend_falls_back_once_with_a_warning(monkeypatch, built, cuda, on_a_gpu, want):
     """backend="auto" runs the custom call where it can (the CPU handler on CPU, the CUDA handler
     on a GPU) and otherwise the reference, warning once per process (a RuntimeWarning saying why,
     pointing at the user's call); "reference" never warns."""
     from jax_nvfp4 import _extension
     monkeypatch.setattr(_extension, "available", lambda: built)
     monkeypatch.setattr(_extension, "has_cuda", lambda: built and cuda)
-    monkeypatch.setattr(jax, "default_backend", lambda: platform)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu" if on_a_gpu else "cpu")
     monkeypatch.setattr(options, "_warned_fallback", False)
     if want == "ffi":
         import warnings
