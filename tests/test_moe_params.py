@@ -3,6 +3,8 @@ config is built): for each range the largest (or smallest) valid value builds, a
 invalid one beyond it is a ValueError naming the field. Also known_range, which decides when a
 weight's values can be checked."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -117,7 +119,6 @@ def test_float_and_bool_and_str_fields_are_type_checked():
 def test_floats_past_float32_do_not_warn():
     """A float beyond float32's range is the documented ValueError for routed_scaling_factor and
     no clamp (float32 inf) for swiglu_limit, without a numpy overflow RuntimeWarning."""
-    import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(ValueError, match="^routed_scaling_factor: "):

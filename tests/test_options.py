@@ -5,6 +5,7 @@ down as a checked :class:`~jax_nvfp4.options.Precision`."""
 import pickle
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import jax
@@ -108,7 +109,6 @@ def test_resolve_backend(monkeypatch):
     """docs/usage.md: backend "ffi" runs the custom call (a RuntimeError saying why when the
     extension is not built), "reference" the pure-jnp reference always, "auto" the custom call
     where it can run (on this CPU with the extension built) and else the reference."""
-    from jax_nvfp4 import _extension
     assert options.resolve_backend("reference") == "reference"
     if _extension.available() and jax.default_backend() == "cpu":
         assert options.resolve_backend("ffi") == "ffi"
@@ -131,13 +131,11 @@ def test_auto_backend_falls_back_once_with_a_warning(monkeypatch, built, cuda, o
     """backend="auto" runs the custom call where it can (the CPU handler on CPU, the CUDA handler
     on a GPU) and otherwise the reference, warning once per process (a RuntimeWarning saying why,
     pointing at the user's call); "reference" never warns."""
-    from jax_nvfp4 import _extension
     monkeypatch.setattr(_extension, "available", lambda: built)
     monkeypatch.setattr(_extension, "has_cuda", lambda: built and cuda)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu" if on_a_gpu else "cpu")
     monkeypatch.setattr(options, "_warned_fallback", False)
     if want == "ffi":
-        import warnings
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert options.resolve_backend("auto") == "ffi"
@@ -151,7 +149,6 @@ def test_auto_backend_falls_back_once_with_a_warning(monkeypatch, built, cuda, o
     [w] = record.list
     assert str(w.message).startswith("jax_nvfp4: grouped_gemm falls back to the pure-jnp "
                                      "reference (slow): ") and why in str(w.message)
-    import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")                            # once: no second warning
         assert options.resolve_backend("auto") == "reference"
@@ -161,7 +158,6 @@ def test_auto_backend_falls_back_once_with_a_warning(monkeypatch, built, cuda, o
 def test_fallback_warning_names_the_calling_line(monkeypatch):
     """The fallback warning points at the user's line, eager or traced (through the autodiff
     wrapper and JAX's frames)."""
-    from jax_nvfp4 import _extension
     monkeypatch.setattr(_extension, "available", lambda: False)
     rhs = QUANTIZE_STACK(jax.random.normal(jax.random.key(0), (2, 32, 32), jnp.float32))
     x, sizes = jnp.ones((4, 32), jnp.bfloat16), jnp.array([1, 3], jnp.int32)

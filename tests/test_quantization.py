@@ -10,6 +10,7 @@ import pytest
 
 import jax_nvfp4 as jn
 from jax_nvfp4.formats import pack_codes, unpack_codes
+from jax_nvfp4.quantization import dynamic_global_scale, e2m1_scaled
 from oracles import decode_e2m1_bytes, decode_e4m3, dequant64, quantize64
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
@@ -109,7 +110,6 @@ class TestAgainstOracles:
 def test_e2m1_scaled_of_a_stack_is_the_float64_product(rng, layout, dtype):
     """e2m1(data) * scale without the global scale, [G, N, K] in dtype (exact in bfloat16), read
     in either layout: the float64 oracle's product."""
-    from jax_nvfp4.quantization import e2m1_scaled
     w = jnp.asarray(rng.standard_normal((3, 128, 128)) * 3, jnp.float32)
     t = jax.vmap(jn.quantize)(w)
     want = dequant64(np.asarray(t.data), np.asarray(t.scales))
@@ -225,7 +225,6 @@ def test_dynamic_global_scale_counts_subnormals_and_empty_input():
     """docstring: amax over the finite values, clipped to [2^-126, FLT_MAX], 1.0 when there is no
     finite non-zero value. Subnormal float32 values are non-zero (on every backend: XLA's CPU
     compares flush them); no value at all is 1.0."""
-    from jax_nvfp4.quantization import dynamic_global_scale
     for x in (np.array([1e-40, -3e-41, 0.0], np.float32), np.array([-2.0**-149], np.float32)):
         assert float(dynamic_global_scale(jnp.asarray(x))) == 2.0**-126
         assert float(jax.jit(dynamic_global_scale)(jnp.asarray(x))) == 2.0**-126
