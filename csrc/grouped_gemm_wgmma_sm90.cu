@@ -593,6 +593,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     load_activations<BTMAX, STAGES, SM90L, CL>(&tm_a, p, walk, full0, empty0, KT, lane);
   } else {
     // ------------------------------- consumer warpgroups -------------------------------
+    // The tile loop stays here: as a device function the PHIs of its tile's fields come out in
+    // another order and the kernels compile to other SASS (docs/archive/kernel-notes.md).
     setmaxnreg_inc<kConsumerRegs>();
     const int cw = warp - 4;                    // consumer warp 0..7
     const int g8 = lane >> 2, t4 = lane & 3;
