@@ -79,6 +79,38 @@ __device__ __forceinline__ void store_row_scale(const DispatchRowsParams& p, con
   }
 }
 
+// The FP8 operand of a thread's 8 output values o (bf16 bits) at 8-value chunk c of the row
+// (logical k 8c .. 8c + 7): a 128-wide chunk is the 16 chunks of a half warp (K % 128 == 0, so all
+// 16 lanes are active or none), whose amax one 4-step shuffle reduction gives; the two words of
+// codes go to the kernel k order's positions (fp8q::KernelPosition: k = 32 t + 8 j + 4 h + i at
+// 32 j + 16 h + 4 t + i, the chunk being 8 (4 t + j) .. + 7), the scale from the half warp's
+// first lane. Every lane of the warp runs it (the shuffles).
+struct Fp8Chunk {
+  uint32_t lo, hi;  // codes of values 0..3 and 4..7
+  float scale;
+
+  __device__ __forceinline__ explicit Fp8Chunk(uint4 o) {
+    const uint4 a = make_uint4(o.x << 16, o.x & 0xFFFF0000u, o.y << 16, o.y & 0xFFFF0000u);
+    const uint4 b = make_uint4(o.z << 16, o.z & 0xFFFF0000u, o.w << 16, o.w & 0xFFFF0000u);
+    const uint32_t m = __vmaxu2(__vmaxu2(o.x & 0x7FFF7FFFu, o.y & 0x7FFF7FFFu),
+                                __vmaxu2(o.z & 0x7FFF7FFFu, o.w & 0x7FFF7FFFu));
+    uint32_t amax = max(m & 0xFFFFu, m >> 16) << 16;  // |x| orders as its bits, NaN above Inf
+#pragma unroll
+    for (int s = 1; s < 16; s *= 2) amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, s));
+    lo = fp8q::ChunkCodesWord(a, amax, &scale);
+    hi = fp8q::ChunkCodesWord(b, amax, &scale);
+  }
+
+  // Stores chunk c's codes (and, from the first lane of the 128-wide chunk, its scale) to row r.
+  __device__ __forceinline__ void Store(const DispatchRowsParams& p, int64_t r, int64_t c) const {
+    const int a = static_cast<int>(c % 16);
+    uint8_t* base = p.codes + r * p.K + (c / 16) * fp8q::kChunk + 32 * (a & 3) + 4 * (a >> 2);
+    *reinterpret_cast<uint32_t*>(base) = lo;
+    *reinterpret_cast<uint32_t*>(base + 16) = hi;
+    if (a == 0) p.chunk_scales[r * (p.K / fp8q::kChunk) + c / 16] = scale;
+  }
+};
+
 template <Mode kMode, bool kF32, bool kFp8, int kT>
 __global__ void __launch_bounds__(kT, 2048 / kT) dispatch_rows_kernel(const DispatchRowsParams p) {
   constexpr bool kQuant = kMode != Mode::kCopy;
@@ -167,38 +199,6 @@ __global__ void __launch_bounds__(kT, 2048 / kT) dispatch_rows_kernel(const Disp
     }
   }
 }
-
-// The FP8 operand of a thread's 8 output values o (bf16 bits) at 8-value chunk c of the row
-// (logical k 8c .. 8c + 7): a 128-wide chunk is the 16 chunks of a half warp (K % 128 == 0, so all
-// 16 lanes are active or none), whose amax one 4-step shuffle reduction gives; the two words of
-// codes go to the kernel k order's positions (fp8q::KernelPosition: k = 32 t + 8 j + 4 h + i at
-// 32 j + 16 h + 4 t + i, the chunk being 8 (4 t + j) .. + 7), the scale from the half warp's
-// first lane. Every lane of the warp runs it (the shuffles).
-struct Fp8Chunk {
-  uint32_t lo, hi;  // codes of values 0..3 and 4..7
-  float scale;
-
-  __device__ __forceinline__ explicit Fp8Chunk(uint4 o) {
-    const uint4 a = make_uint4(o.x << 16, o.x & 0xFFFF0000u, o.y << 16, o.y & 0xFFFF0000u);
-    const uint4 b = make_uint4(o.z << 16, o.z & 0xFFFF0000u, o.w << 16, o.w & 0xFFFF0000u);
-    const uint32_t m = __vmaxu2(__vmaxu2(o.x & 0x7FFF7FFFu, o.y & 0x7FFF7FFFu),
-                                __vmaxu2(o.z & 0x7FFF7FFFu, o.w & 0x7FFF7FFFu));
-    uint32_t amax = max(m & 0xFFFFu, m >> 16) << 16;  // |x| orders as its bits, NaN above Inf
-#pragma unroll
-    for (int s = 1; s < 16; s *= 2) amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, s));
-    lo = fp8q::ChunkCodesWord(a, amax, &scale);
-    hi = fp8q::ChunkCodesWord(b, amax, &scale);
-  }
-
-  // Stores chunk c's codes (and, from the first lane of the 128-wide chunk, its scale) to row r.
-  __device__ __forceinline__ void Store(const DispatchRowsParams& p, int64_t r, int64_t c) const {
-    const int a = static_cast<int>(c % 16);
-    uint8_t* base = p.codes + r * p.K + (c / 16) * fp8q::kChunk + 32 * (a & 3) + 4 * (a >> 2);
-    *reinterpret_cast<uint32_t*>(base) = lo;
-    *reinterpret_cast<uint32_t*>(base + 16) = hi;
-    if (a == 0) p.chunk_scales[r * (p.K / fp8q::kChunk) + c / 16] = scale;
-  }
-};
 
 // The kernel of p's mode and output with CTAs of kT threads, one per source row.
 template <bool kFp8, int kT>
