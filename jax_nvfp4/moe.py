@@ -91,7 +91,7 @@ def swiglu(h: jax.Array, limit=None) -> jax.Array:
     return jax.nn.silu(gate) * up
 
 
-def _gate_up_dtype(config: MoEConfig):
+def gate_up_dtype(config: MoEConfig):
     """The gate/up GEMM's own output dtype where the SwiGLU runs after it: float32, or in the fp8
     mode :func:`row_dtype`. The fp8 mode's GEMM inputs carry e4m3's 2^-4 relative steps; a bf16
     rounding of the product (2^-9) is far below them and halves the bytes of the layer's widest
@@ -244,7 +244,7 @@ def _gate_up_unfused(x_rows, w, group_sizes, aux, *, config, backend, rows_hint)
     """The same activation without fusion: the differentiable GEMM, then the paired SwiGLU."""
     row_expert, in_scale, gather, scatter = aux
     h = _expert_gemm(x_rows, row_expert, w, in_scale, group_sizes, config, backend, rows_hint,
-                     gather=gather, paired=True, scatter=scatter, out_dtype=_gate_up_dtype(config))
+                     gather=gather, paired=True, scatter=scatter, out_dtype=gate_up_dtype(config))
     return _round_rows(_swiglu_paired(h, config.swiglu_limit), config)
 
 
@@ -437,7 +437,7 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
         else:
             h1 = _expert_gemm(x, row_expert[:n], weights.w13, in_scale, group_sizes, config,
                               backend, hint, gather=token_of[:n], scatter=scatter,
-                              out_dtype=_gate_up_dtype(config))
+                              out_dtype=gate_up_dtype(config))
             act = _round_rows(swiglu(h1, config.swiglu_limit), config)
         y = _expert_gemm(act, row_expert[:n], weights.w2,
                          _static_scale(weights, "w2_input_scale", config), group_sizes, config,
@@ -470,7 +470,7 @@ def shared_expert(x, weights: MoEWeights, config: MoEConfig, *, backend="auto"):
                            fused=_fused_path(weights, config))
     else:
         act = _round_rows(swiglu(_expert_gemm(x, zeros, one(weights.shared_w13), in_scale, sizes,
-                                              config, backend, out_dtype=_gate_up_dtype(config)),
+                                              config, backend, out_dtype=gate_up_dtype(config)),
                                  config.swiglu_limit), config)
     return _expert_gemm(act, zeros, one(weights.shared_w2),
                         _static_scale(weights, "shared_w2_input_scale", config, (1,)), sizes,
