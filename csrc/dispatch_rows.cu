@@ -219,7 +219,7 @@ cudaError_t launch(const DispatchRowsParams& p, cudaStream_t stream) {
 
 template <int kT>
 cudaError_t launch(const DispatchRowsParams& p, cudaStream_t stream) {
-  return p.codes ? launch<true, kT>(p, stream) : launch<false, kT>(p, stream);
+  return p.e4m3 ? launch<true, kT>(p, stream) : launch<false, kT>(p, stream);
 }
 
 }  // namespace

@@ -33,7 +33,8 @@ struct DispatchRowsParams {
   const int32_t* scatter = nullptr;  // [T, slots] output row of each copy (>= R or < 0: none), or
                                      // nullptr: row t goes to output row t (slots 1, R == T)
   int64_t T = 0, K = 0, slots = 1, R = 0;
-  uint16_t* out = nullptr;           // bf16 [R, K], or nullptr: the fp8 mode's operand instead
+  bool e4m3 = false;                 // the output: bf16 rows (out), or the fp8 mode's operand
+  uint16_t* out = nullptr;           // bf16 [R, K]
   uint8_t* codes = nullptr;          // e4m3 [R, K] in the FP8 kernel's k order: the output rows
                                      // (bf16 as `out` would hold them) quantized per 128-wide k
                                      // chunk as csrc/quantize_fp8.h does; or nullptr
@@ -153,9 +154,7 @@ inline const char* DispatchRowsCheckParams(const DispatchRowsParams& p) {
   if (!p.scatter && p.R != p.T) return "without a scatter map the output has one row per input row";
   if (p.row_scale && p.row_scale_out) return "row_scale (given) and row_scale_out (dynamic) exclude each other";
   if (!p.row_scale && !p.row_scale_out && p.x_f32) return "the copy (no row scale) takes a bf16 x";
-  if ((p.out == nullptr) == (p.codes == nullptr)) return "exactly one output: bf16 rows or e4m3 codes";
-  if (p.codes && !p.chunk_scales) return "e4m3 codes without chunk scales";
-  if (p.codes && p.K % 128) return "the e4m3 output needs K to be a multiple of 128";
+  if (p.e4m3 && p.K % 128) return "the e4m3 output needs K to be a multiple of 128";
   return nullptr;
 }
 

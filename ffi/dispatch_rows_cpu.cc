@@ -75,7 +75,7 @@ ffi::Error DispatchRowsCpu(ffi::AnyBuffer x, jax_nvfp4::RowScaleBuffer row_scale
   const float* x32 = static_cast<const float*>(p.x);
   const bool quant = p.row_scale || p.row_scale_out;
   // values made and stored per unit: an NVFP4 block, or a 128-wide chunk of the e4m3 output
-  const int unit = p.codes ? kChunk : rows::kBlock;
+  const int unit = p.e4m3 ? kChunk : rows::kBlock;
   auto value = [&](int64_t i) { return p.x_f32 ? x32[i] : rows::F32FromBf16(x16[i]); };
   auto out_row = [&](int64_t t, int64_t j) { return p.scatter ? static_cast<int64_t>(p.scatter[t * p.slots + j]) : t; };
   for (int64_t t = 0; t < p.T; ++t) {
@@ -103,11 +103,11 @@ ffi::Error DispatchRowsCpu(ffi::AnyBuffer x, jax_nvfp4::RowScaleBuffer row_scale
           std::memcpy(h + b * rows::kBlock, x16 + off, rows::kBlock * sizeof(uint16_t));
         }
       }
-      if (p.codes) scale = QuantizeChunkFp8(h, codes);
+      if (p.e4m3) scale = QuantizeChunkFp8(h, codes);
       for (int64_t j = 0; j < p.slots; ++j) {
         const int64_t r = out_row(t, j);
         if (r < 0 || r >= p.R) continue;
-        if (p.codes) {
+        if (p.e4m3) {
           std::memcpy(p.codes + r * p.K + u * unit, codes, kChunk);
           p.chunk_scales[r * (p.K / kChunk) + u] = scale;
         } else {

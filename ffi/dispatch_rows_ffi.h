@@ -56,6 +56,7 @@ inline ffi::Error DecodeDispatchRows(ffi::AnyBuffer x, RowScaleBuffer row_scale,
     return bad("out must be bfloat16 or float8_e4m3fn [R, K] with K = " + std::to_string(p->K) + ", got " +
                DimsToString(od));
   p->R = od[0];
+  p->e4m3 = fp8;
   if (fp8) {
     p->codes = static_cast<uint8_t*>(out->untyped_data());
   } else {

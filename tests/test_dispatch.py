@@ -388,3 +388,17 @@ def test_fp8_output_needs_k_multiple_of_128(rng):
             with pytest.raises(ValueError, match=r"x: K=64: fp8=True needs K to be a positive "
                                                  r"multiple of 128"):
                 fn(x, fp8=True, backend=backend)
+
+
+def test_fp8_output_of_zero_rows(rng, device):
+    """No token rows, or none dispatched (R = 0): empty Fp8Rows of the right shapes (the CUDA
+    handler gets null buffers for them)."""
+    x0 = jnp.zeros((0, 256), jnp.bfloat16)
+    got = dispatch_rows(x0, fp8=True, backend="ffi")
+    assert got.codes.shape == (0, 256) and got.scales.shape == (0, 2)
+    rows, s = dispatch_rows_dynamic(x0, fp8=True, backend="ffi")
+    assert rows.codes.shape == (0, 256) and s.shape == (0,)
+    x = bf16_rows(rng, 3, 256)
+    none = jnp.full((3, 2), 10**6, jnp.int32)               # every copy elsewhere: R = 0
+    got, s = dispatch_rows_dynamic(x, jnp.zeros((0,), jnp.int32), none, fp8=True, backend="ffi")
+    assert got.codes.shape == (0, 256) and got.scales.shape == (0, 2) and s.shape == (0,)
