@@ -8,6 +8,7 @@ import builtins
 import dataclasses
 import json
 import os
+import re
 import sys
 import types
 
@@ -162,6 +163,10 @@ def test_paths_that_are_not_checkpoints(tmp_path):
         ckpt.load_moe(tmp_path / "config.json", L1, CONFIG)
     with pytest.raises(FileNotFoundError, match="pass it alone"):
         ckpt.load_moe([tmp_path], L1, CONFIG)
+    missing = tmp_path / "missing.safetensors"   # a missing file in a list is not a folder
+    with pytest.raises(FileNotFoundError, match=rf"^{re.escape(str(missing))}: no such "
+                                                "safetensors file$"):
+        hf_folder.open_checkpoint([missing])
     (tmp_path / "bad.json").write_text(json.dumps({"weight_map": {"a": "../x.safetensors"}}))
     with pytest.raises(ValueError, match="inside the index's folder"):
         hf_folder.open_checkpoint(tmp_path / "bad.json")
