@@ -8,11 +8,15 @@
 // over the row (its finite amax, reduced over the CTA); the second pass reads the row again from
 // L1/L2, so HBM sees it once. The row is read once and written slots times: the six-copy gate/up
 // input is bound by those bytes, the one-copy down input by the per-value division and compares.
+// The FP8 output (Fp8Chunk) quantizes the same bf16 values per 128-wide chunk in registers: a
+// half-warp reduction per chunk, 8 bytes of codes per lane and value group instead of 16 of bf16.
 #include "csrc/dispatch_rows.h"
 
 #include <cstdint>
 
 #include <cuda_runtime.h>
+
+#include "csrc/fp8_codes.cuh"
 
 namespace jax_nvfp4 {
 namespace {
@@ -75,7 +79,39 @@ __device__ __forceinline__ void store_row_scale(const DispatchRowsParams& p, con
   }
 }
 
-template <Mode kMode, bool kF32, int kT>
+// The FP8 operand of a thread's 8 output values o (bf16 bits) at 8-value chunk c of the row
+// (logical k 8c .. 8c + 7): a 128-wide chunk is the 16 chunks of a half warp (K % 128 == 0, so all
+// 16 lanes are active or none), whose amax one 4-step shuffle reduction gives; the two words of
+// codes go to the kernel k order's positions (fp8q::KernelPosition: k = 32 t + 8 j + 4 h + i at
+// 32 j + 16 h + 4 t + i, the chunk being 8 (4 t + j) .. + 7), the scale from the half warp's
+// first lane. Every lane of the warp runs it (the shuffles).
+struct Fp8Chunk {
+  uint32_t lo, hi;  // codes of values 0..3 and 4..7
+  float scale;
+
+  __device__ __forceinline__ explicit Fp8Chunk(uint4 o) {
+    const uint4 a = make_uint4(o.x << 16, o.x & 0xFFFF0000u, o.y << 16, o.y & 0xFFFF0000u);
+    const uint4 b = make_uint4(o.z << 16, o.z & 0xFFFF0000u, o.w << 16, o.w & 0xFFFF0000u);
+    const uint32_t m = __vmaxu2(__vmaxu2(o.x & 0x7FFF7FFFu, o.y & 0x7FFF7FFFu),
+                                __vmaxu2(o.z & 0x7FFF7FFFu, o.w & 0x7FFF7FFFu));
+    uint32_t amax = max(m & 0xFFFFu, m >> 16) << 16;  // |x| orders as its bits, NaN above Inf
+#pragma unroll
+    for (int s = 1; s < 16; s *= 2) amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, s));
+    lo = fp8q::ChunkCodesWord(a, amax, &scale);
+    hi = fp8q::ChunkCodesWord(b, amax, &scale);
+  }
+
+  // Stores chunk c's codes (and, from the first lane of the 128-wide chunk, its scale) to row r.
+  __device__ __forceinline__ void Store(const DispatchRowsParams& p, int64_t r, int64_t c) const {
+    const int a = static_cast<int>(c % 16);
+    uint8_t* base = p.codes + r * p.K + (c / 16) * fp8q::kChunk + 32 * (a & 3) + 4 * (a >> 2);
+    *reinterpret_cast<uint32_t*>(base) = lo;
+    *reinterpret_cast<uint32_t*>(base + 16) = hi;
+    if (a == 0) p.chunk_scales[r * (p.K / fp8q::kChunk) + c / 16] = scale;
+  }
+};
+
+template <Mode kMode, bool kF32, bool kFp8, int kT>
 __global__ void __launch_bounds__(kT, 2048 / kT) dispatch_rows_kernel(const DispatchRowsParams p) {
   constexpr bool kQuant = kMode != Mode::kCopy;
   const int64_t t = blockIdx.x;
@@ -146,38 +182,54 @@ __global__ void __launch_bounds__(kT, 2048 / kT) dispatch_rows_kernel(const Disp
     } else if (active) {
       o = __ldg(xb + c);
     }
-    if (!active) continue;
-    for (int64_t j = 0; j < p.slots; ++j) {
-      const int64_t r = dst ? static_cast<int64_t>(__ldg(dst + j)) : t;
-      if (r < 0 || r >= p.R) continue;
-      *reinterpret_cast<uint4*>(p.out + r * p.K + c * kChunk) = o;
+    if constexpr (kFp8) {
+      const Fp8Chunk q(o);  // before the inactive lanes leave: the shuffles need the whole warp
+      if (!active) continue;
+      for (int64_t j = 0; j < p.slots; ++j) {
+        const int64_t r = dst ? static_cast<int64_t>(__ldg(dst + j)) : t;
+        if (r >= 0 && r < p.R) q.Store(p, r, c);
+      }
+    } else {
+      if (!active) continue;
+      for (int64_t j = 0; j < p.slots; ++j) {
+        const int64_t r = dst ? static_cast<int64_t>(__ldg(dst + j)) : t;
+        if (r < 0 || r >= p.R) continue;
+        *reinterpret_cast<uint4*>(p.out + r * p.K + c * kChunk) = o;
+      }
     }
   }
 }
 
-// The kernel of p's mode with CTAs of kT threads, one per source row.
-template <int kT>
+// The kernel of p's mode and output with CTAs of kT threads, one per source row.
+template <bool kFp8, int kT>
 cudaError_t launch(const DispatchRowsParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.T));
   if (p.row_scale_out && p.x_f32)
-    dispatch_rows_kernel<Mode::kDynamic, true, kT><<<grid, kT, 0, stream>>>(p);
+    dispatch_rows_kernel<Mode::kDynamic, true, kFp8, kT><<<grid, kT, 0, stream>>>(p);
   else if (p.row_scale_out)
-    dispatch_rows_kernel<Mode::kDynamic, false, kT><<<grid, kT, 0, stream>>>(p);
+    dispatch_rows_kernel<Mode::kDynamic, false, kFp8, kT><<<grid, kT, 0, stream>>>(p);
   else if (p.row_scale && p.x_f32)
-    dispatch_rows_kernel<Mode::kGiven, true, kT><<<grid, kT, 0, stream>>>(p);
+    dispatch_rows_kernel<Mode::kGiven, true, kFp8, kT><<<grid, kT, 0, stream>>>(p);
   else if (p.row_scale)
-    dispatch_rows_kernel<Mode::kGiven, false, kT><<<grid, kT, 0, stream>>>(p);
+    dispatch_rows_kernel<Mode::kGiven, false, kFp8, kT><<<grid, kT, 0, stream>>>(p);
   else
-    dispatch_rows_kernel<Mode::kCopy, false, kT><<<grid, kT, 0, stream>>>(p);
+    dispatch_rows_kernel<Mode::kCopy, false, kFp8, kT><<<grid, kT, 0, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <int kT>
+cudaError_t launch(const DispatchRowsParams& p, cudaStream_t stream) {
+  return p.codes ? launch<true, kT>(p, stream) : launch<false, kT>(p, stream);
 }
 
 }  // namespace
 
 cudaError_t LaunchDispatchRows(const DispatchRowsParams& p, cudaStream_t stream) {
   if (DispatchRowsCheckParams(p) != nullptr) return cudaErrorInvalidValue;
-  // 16-byte vector accesses: rows of K % 16 == 0 values from 16-byte aligned buffers
+  // rows of K % 16 == 0 values from 16-byte aligned buffers: 16-byte vector loads and bf16
+  // stores; 4-byte code stores (K % 128 == 0 then)
   if ((reinterpret_cast<uintptr_t>(p.x) | reinterpret_cast<uintptr_t>(p.out)) & 15) return cudaErrorMisalignedAddress;
+  if (reinterpret_cast<uintptr_t>(p.codes) & 3) return cudaErrorMisalignedAddress;
   if (p.T == 0 || p.K == 0 || p.R == 0) return cudaSuccess;
   if (p.T > 0x7FFFFFFF) return cudaErrorInvalidValue;
   int device = 0, sms = 0;

@@ -4,7 +4,10 @@
 // scale, exact in bf16, the row's global scale left to the caller), so the layer writes the
 // grouped GEMM's bf16 input in one pass instead of quantizing, packing, gathering and decoding.
 // The row's global scale is given, or (dynamic) made from the row's finite amax on the way and
-// written beside each output row, so no separate reduction pass reads x first.
+// written beside each output row, so no separate reduction pass reads x first. For the FP8 mode
+// the rows are written as its operand instead (e4m3 codes in the FP8 kernel's k order and one
+// power-of-two scale per 128-wide chunk, the bytes csrc/quantize_fp8.h makes of those bf16 rows),
+// so the layer's fp8 GEMM inputs take one pass too.
 //
 // The per-block arithmetic is plain C++ shared by the CPU handler (ffi/dispatch_rows_cpu.cc) and
 // the CUDA kernel (csrc/dispatch_rows.cu): it reproduces jax_nvfp4.quantize followed by
@@ -16,6 +19,7 @@
 #include <cstdint>
 
 #include "csrc/float_bits.h"
+#include "csrc/quantize_fp8.h"
 
 namespace jax_nvfp4 {
 
@@ -29,7 +33,11 @@ struct DispatchRowsParams {
   const int32_t* scatter = nullptr;  // [T, slots] output row of each copy (>= R or < 0: none), or
                                      // nullptr: row t goes to output row t (slots 1, R == T)
   int64_t T = 0, K = 0, slots = 1, R = 0;
-  uint16_t* out = nullptr;           // bf16 [R, K]
+  uint16_t* out = nullptr;           // bf16 [R, K], or nullptr: the fp8 mode's operand instead
+  uint8_t* codes = nullptr;          // e4m3 [R, K] in the FP8 kernel's k order: the output rows
+                                     // (bf16 as `out` would hold them) quantized per 128-wide k
+                                     // chunk as csrc/quantize_fp8.h does; or nullptr
+  float* chunk_scales = nullptr;     // with codes: float32 [R, K/128], each chunk's scale
 };
 
 namespace rows {
@@ -145,6 +153,9 @@ inline const char* DispatchRowsCheckParams(const DispatchRowsParams& p) {
   if (!p.scatter && p.R != p.T) return "without a scatter map the output has one row per input row";
   if (p.row_scale && p.row_scale_out) return "row_scale (given) and row_scale_out (dynamic) exclude each other";
   if (!p.row_scale && !p.row_scale_out && p.x_f32) return "the copy (no row scale) takes a bf16 x";
+  if ((p.out == nullptr) == (p.codes == nullptr)) return "exactly one output: bf16 rows or e4m3 codes";
+  if (p.codes && !p.chunk_scales) return "e4m3 codes without chunk scales";
+  if (p.codes && p.K % 128) return "the e4m3 output needs K to be a multiple of 128";
   return nullptr;
 }
 

@@ -374,10 +374,7 @@ __device__ __forceinline__ bool next_tile(const TileWalk& w, int L, int& gcur, T
 
 // ---------------------------------------------------------------------------------------------
 // Producer roles (warpgroup 0): each walks the same tiles as the consumers and steps through the
-// stage ring on its own (s, ph). The scale warps' and warp 0's roles stay in the kernel body: moved
-// into functions like this one, they compile to other machine code (ptxas allocates and schedules
-// the producer code differently), and refactors of this kernel keep its SASS identical
-// (tools/lab/sass_compare.py).
+// stage ring on its own (s, ph).
 
 // Warp 3, the weight loader: 128 rows x 32 bytes per stage = 256 x 16-byte cp.async, 8 per lane;
 // rows past N are zero-filled. Arrives on full[s] once this lane's copies have landed.
@@ -411,6 +408,119 @@ __device__ __forceinline__ void load_weight_tiles(const WParams& p, const TileWa
         cp_async16(dst + q * 32, src, SM90L || ok ? 16u : 0u);
       }
       cp_async_mbar_arrive(full0 + s * 8);
+      advance_stage<STAGES>(s, ph);
+    }
+  }
+}
+
+// Warps 1-2, the scale converters: once a stage has landed, turn its 128 x 4 e4m3 bytes into
+// bf16x2 (s, s) words (s * 2^119, exact) so each consumer thread reads its 8 scales with two
+// LDS.128 instead of converting them (the 4 threads of a quad would each redo the same work).
+// Thread c (0..63) converts rows 2c and 2c + 1. Arrives on ready[s].
+template <int BTMAX, int STAGES, int CL>
+__device__ __forceinline__ void convert_scales(const TileWalk& walk, uint8_t* smem, uint32_t full0, uint32_t ready0,
+                                               int KT, int c) {
+  using C = WCfg<BTMAX, STAGES>;
+  int s = 0;
+  uint32_t ph = 0;
+  int gcur = 0;
+  Tile t;
+  for (int L = first_tile<CL>(walk); next_tile<CL, BTMAX>(walk, L, gcur, t); L += tile_step<CL>(walk)) {
+    const int zbox = min(BTMAX, (t.rows + kBoxT - 1) / kBoxT * kBoxT);  // rows the TMA rewrites
+#pragma unroll 1
+    for (int kt = 0; kt < KT; ++kt) {
+      mbar_wait(full0 + s * 8, ph);
+      const uint32_t st = smem_u32(smem) + s * C::kStage;
+      const uint2 raw = lds64(st + C::kSOff + 8 * c);
+      uint32_t o[8];
+      scale_pairs(raw.x, o[0], o[1]);
+      scale_pairs(raw.x >> 16, o[2], o[3]);
+      scale_pairs(raw.y, o[4], o[5]);
+      scale_pairs(raw.y >> 16, o[6], o[7]);
+      sts128(st + C::kS2Off + 32 * c, o[0], o[1], o[2], o[3]);
+      sts128(st + C::kS2Off + 32 * c + 16, o[4], o[5], o[6], o[7]);
+      if (BTMAX == 256) {
+        // Zero the activation rows the tile's N = 256 wgmmas read past the group's end (the
+        // next group's rows, or a stale tile's), 128 bytes per row (the swizzle permutes
+        // 16-byte chunks within a row): this kernel runs at the H200's power cap and the
+        // tensor cores draw less on zero operands (outputs bitwise equal). Rows [zbox, 256)
+        // stay zero after a stage's first visit in the tile; later visits zero only what the
+        // TMA boxes rewrite.
+        const int zhi = kt < STAGES ? BTMAX : zbox;
+        for (int q = c; q < (zhi - t.rows) * 8; q += kScaleWarps * 32)
+          sts128_zero(st + C::kActOff + (t.rows * 8 + q) * 16);
+        // the wgmmas read the tile through the async proxy (and the next TMA into this stage
+        // writes through it): order these generic-proxy stores before both
+        if (zhi > t.rows) fence_proxy_async_shared();
+      }
+      mbar_arrive(ready0 + s * 8);
+      advance_stage<STAGES>(s, ph);
+    }
+  }
+}
+
+// Warp 0, the activation loader: lane 0 issues the TMA boxes of the tile's rows (with clusters,
+// every other box, multicast into both CTAs) and, in the sm90 layout, bulk-copies the k-tile's
+// 512-byte scale record; in the checkpoint layout the 32 lanes fetch the 128 x 4 scale bytes with
+// 4-byte cp.async (zero past N) and arrive on full[s].
+template <int BTMAX, int STAGES, bool SM90L, int CL>
+__device__ __forceinline__ void load_activations(const CUtensorMap* tm_a, const WParams& p, const TileWalk& walk,
+                                                 uint32_t full0, uint32_t empty0, int KT, int lane) {
+  using C = WCfg<BTMAX, STAGES>;
+  // The kernel's aligned shared memory (as the kernel computes it), derived here rather than
+  // passed in: nvcc simplifies each function on its own before inlining it, and with the alignment
+  // offset's bound (< 1024) in sight it folds a stage's offset into one `or` shared by the stage's
+  // addresses (passed in, the pointer gives other instructions and register choices).
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+  const int64_t N = p.N, KS = p.K / 16;
+  int s = 0;
+  uint32_t ph = 0;
+  int gcur = 0;
+  Tile t;
+  for (int L = first_tile<CL>(walk); next_tile<CL, BTMAX>(walk, L, gcur, t); L += tile_step<CL>(walk)) {
+    // Only the 32-row boxes that hold the tile's rows.
+    const int nb = (t.rows + kBoxT - 1) / kBoxT;
+    // sm90 layout: the tile's k-tile scales are one 512-byte record (bulk copy, on the same bytes)
+    const uint32_t bytes = nb * (kBoxT * kBK * 2) + (SM90L ? 512u : 0u);
+    const int row0 = static_cast<int>(t.row0);
+    const uint8_t* srec = CL == 1 || t.n0 < N ? p.rhs_scales + (static_cast<int64_t>(t.g) * N + t.n0) * KS
+                                              : p.rhs_scales;  // a cluster's spare n-tile
+    // per-lane scale rows: lane, lane+32, lane+64, lane+96
+    const uint8_t* ssrc[4];
+    uint32_t sbytes[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t n = t.n0 + lane + 32 * i;
+      const bool ok = n < N;
+      ssrc[i] = ok ? p.rhs_scales + (static_cast<int64_t>(t.g) * N + n) * KS : p.rhs_scales;
+      sbytes[i] = ok ? 4u : 0u;
+    }
+#pragma unroll 1
+    for (int kt = 0; kt < KT; ++kt) {
+      mbar_wait(empty0 + s * 8, ph ^ 1);
+      uint8_t* st = smem + s * C::kStage;
+      const uint32_t full = full0 + s * 8;
+      if (lane == 0) {
+        mbar_arrive_expect_tx(full, bytes);  // every box lands here; with clusters half come from the peer
+        if constexpr (CL == 2) {
+          for (int b = walk.rank; b < nb; b += 2)
+            tma_load_2d_multicast(smem_u32(st + C::kActOff + b * (kBoxT * kBK * 2)), tm_a, full, kt * kBK,
+                                  row0 + b * kBoxT, 0x3);
+        } else {
+          for (int b = 0; b < nb; ++b)
+            tma_load_2d(smem_u32(st + C::kActOff + b * (kBoxT * kBK * 2)), tm_a, full, kt * kBK,
+                        row0 + b * kBoxT);
+        }
+        if constexpr (SM90L) bulk_load(smem_u32(st + C::kSOff), srec + static_cast<int64_t>(kt) * 512, 512, full);
+      }
+      if constexpr (!SM90L) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          cp_async4(smem_u32(st + C::kSOff + (lane + 32 * i) * 4), sbytes[i] ? ssrc[i] + kt * 4 : ssrc[i],
+                    sbytes[i]);
+        cp_async_mbar_arrive(full);
+      }
       advance_stage<STAGES>(s, ph);
     }
   }
@@ -477,101 +587,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (warp > kScaleWarps) return;
     if (warp != 0) {
-      // Scale warps: once a stage has landed, turn its 128 x 4 e4m3 bytes into bf16x2 (s, s)
-      // words (s * 2^119, exact) so each consumer thread reads its 8 scales with two LDS.128
-      // instead of converting them (the 4 threads of a quad would each redo the same work).
-      const int c = (warp - 1) * 32 + lane;  // rows 2c, 2c + 1
-      int s = 0;
-      uint32_t ph = 0;
-      int gcur = 0;
-      Tile t;
-      for (int L = first_tile<CL>(walk); next_tile<CL, BTMAX>(walk, L, gcur, t); L += tile_step<CL>(walk)) {
-        const int zbox = min(BTMAX, (t.rows + kBoxT - 1) / kBoxT * kBoxT);  // rows the TMA rewrites
-#pragma unroll 1
-        for (int kt = 0; kt < KT; ++kt) {
-          mbar_wait(full0 + s * 8, ph);
-          const uint32_t st = smem_u32(smem) + s * C::kStage;
-          const uint2 raw = lds64(st + C::kSOff + 8 * c);
-          uint32_t o[8];
-          scale_pairs(raw.x, o[0], o[1]);
-          scale_pairs(raw.x >> 16, o[2], o[3]);
-          scale_pairs(raw.y, o[4], o[5]);
-          scale_pairs(raw.y >> 16, o[6], o[7]);
-          sts128(st + C::kS2Off + 32 * c, o[0], o[1], o[2], o[3]);
-          sts128(st + C::kS2Off + 32 * c + 16, o[4], o[5], o[6], o[7]);
-          if (BTMAX == 256) {
-            // Zero the activation rows the tile's N = 256 wgmmas read past the group's end (the
-            // next group's rows, or a stale tile's), 128 bytes per row (the swizzle permutes
-            // 16-byte chunks within a row): this kernel runs at the H200's power cap and the
-            // tensor cores draw less on zero operands (outputs bitwise equal). Rows [zbox, 256)
-            // stay zero after a stage's first visit in the tile; later visits zero only what the
-            // TMA boxes rewrite.
-            const int zhi = kt < STAGES ? BTMAX : zbox;
-            for (int q = c; q < (zhi - t.rows) * 8; q += kScaleWarps * 32)
-              sts128_zero(st + C::kActOff + (t.rows * 8 + q) * 16);
-            // the wgmmas read the tile through the async proxy (and the next TMA into this stage
-            // writes through it): order these generic-proxy stores before both
-            if (zhi > t.rows) fence_proxy_async_shared();
-          }
-          mbar_arrive(ready0 + s * 8);
-          advance_stage<STAGES>(s, ph);
-        }
-      }
+      convert_scales<BTMAX, STAGES, CL>(walk, smem, full0, ready0, KT, (warp - 1) * 32 + lane);
       return;
     }
-    const int64_t N = p.N, KS = p.K / 16;
-    int s = 0;
-    uint32_t ph = 0;
-    int gcur = 0;
-    Tile t;
-    for (int L = first_tile<CL>(walk); next_tile<CL, BTMAX>(walk, L, gcur, t); L += tile_step<CL>(walk)) {
-      // Only the 32-row boxes that hold the tile's rows.
-      const int nb = (t.rows + kBoxT - 1) / kBoxT;
-      // sm90 layout: the tile's k-tile scales are one 512-byte record (bulk copy, on the same bytes)
-      const uint32_t bytes = nb * (kBoxT * kBK * 2) + (SM90L ? 512u : 0u);
-      const int row0 = static_cast<int>(t.row0);
-      const uint8_t* srec = CL == 1 || t.n0 < N ? p.rhs_scales + (static_cast<int64_t>(t.g) * N + t.n0) * KS
-                                                : p.rhs_scales;  // a cluster's spare n-tile
-      // per-lane scale rows: lane, lane+32, lane+64, lane+96
-      const uint8_t* ssrc[4];
-      uint32_t sbytes[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int64_t n = t.n0 + lane + 32 * i;
-        const bool ok = n < N;
-        ssrc[i] = ok ? p.rhs_scales + (static_cast<int64_t>(t.g) * N + n) * KS : p.rhs_scales;
-        sbytes[i] = ok ? 4u : 0u;
-      }
-#pragma unroll 1
-      for (int kt = 0; kt < KT; ++kt) {
-        mbar_wait(empty0 + s * 8, ph ^ 1);
-        uint8_t* st = smem + s * C::kStage;
-        const uint32_t full = full0 + s * 8;
-        if (lane == 0) {
-          mbar_arrive_expect_tx(full, bytes);  // every box lands here; with clusters half come from the peer
-          if constexpr (CL == 2) {
-            for (int b = rank; b < nb; b += 2)
-              tma_load_2d_multicast(smem_u32(st + C::kActOff + b * (kBoxT * kBK * 2)), &tm_a, full, kt * kBK,
-                                    row0 + b * kBoxT, 0x3);
-          } else {
-            for (int b = 0; b < nb; ++b)
-              tma_load_2d(smem_u32(st + C::kActOff + b * (kBoxT * kBK * 2)), &tm_a, full, kt * kBK,
-                          row0 + b * kBoxT);
-          }
-          if constexpr (SM90L) bulk_load(smem_u32(st + C::kSOff), srec + static_cast<int64_t>(kt) * 512, 512, full);
-        }
-        if constexpr (!SM90L) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-            cp_async4(smem_u32(st + C::kSOff + (lane + 32 * i) * 4), sbytes[i] ? ssrc[i] + kt * 4 : ssrc[i],
-                      sbytes[i]);
-          cp_async_mbar_arrive(full);
-        }
-        advance_stage<STAGES>(s, ph);
-      }
-    }
+    load_activations<BTMAX, STAGES, SM90L, CL>(&tm_a, p, walk, full0, empty0, KT, lane);
   } else {
     // ------------------------------- consumer warpgroups -------------------------------
+    // The tile loop stays here: as a device function the PHIs of its tile's fields come out in
+    // another order and the kernels compile to other SASS (docs/archive/kernel-notes.md).
     setmaxnreg_inc<kConsumerRegs>();
     const int cw = warp - 4;                    // consumer warp 0..7
     const int g8 = lane >> 2, t4 = lane & 3;

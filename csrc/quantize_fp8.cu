@@ -10,8 +10,9 @@
 
 #include <cstdint>
 
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
+
+#include "csrc/fp8_codes.cuh"
 
 namespace jax_nvfp4 {
 namespace {
@@ -41,25 +42,6 @@ __device__ __forceinline__ uint4 load_bits(const QuantizeFp8Params& p, int64_t r
   }
 }
 
-// The four codes of x * 2^-e (bits of four finite values of a chunk with scale exponent e) as one
-// word, first value in the low byte. On sm_89 and later a float multiply and the hardware's
-// round-to-nearest-even conversion: the same bytes as the integer route (E4m3Scaled) while
-// subnormal operands are kept (nvcc's default; docs/design.md, "FP8 mode", gives the argument per
-// element), in a few instructions per value; before sm_89 (no e4m3 conversion
-// instruction) the integer route.
-__device__ __forceinline__ uint32_t codes_word(uint4 v, int e) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  const float inv = fp8q::Pow2(-e);  // e in [-126, 120]
-  const float2 lo = make_float2(__uint_as_float(v.x) * inv, __uint_as_float(v.y) * inv);
-  const float2 hi = make_float2(__uint_as_float(v.z) * inv, __uint_as_float(v.w) * inv);
-  return static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(lo, __NV_SATFINITE, __NV_E4M3)) |
-         static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(hi, __NV_SATFINITE, __NV_E4M3)) << 16;
-#else
-  return static_cast<uint32_t>(fp8q::E4m3Scaled(v.x, e)) | static_cast<uint32_t>(fp8q::E4m3Scaled(v.y, e)) << 8 |
-         static_cast<uint32_t>(fp8q::E4m3Scaled(v.z, e)) << 16 | static_cast<uint32_t>(fp8q::E4m3Scaled(v.w, e)) << 24;
-#endif
-}
-
 template <Fp8InputKind kKind>
 __global__ void __launch_bounds__(kThreads) quantize_fp8_kernel(const QuantizeFp8Params p) {
   const int lane = threadIdx.x % 32;
@@ -83,14 +65,10 @@ __global__ void __launch_bounds__(kThreads) quantize_fp8_kernel(const QuantizeFp
     const uint32_t local = max(max(v[u].x & 0x7FFFFFFFu, v[u].y & 0x7FFFFFFFu),
                                max(v[u].z & 0x7FFFFFFFu, v[u].w & 0x7FFFFFFFu));
     const uint32_t amax = __reduce_max_sync(0xFFFFFFFFu, local);
-    bool nonfinite;
-    const int e = fp8q::ScaleExponent(amax, &nonfinite);
-    const uint32_t out = nonfinite ? 0x7F7F7F7Fu : codes_word(v[u], e);  // Inf/NaN chunk: NaN codes
+    float s;
+    const uint32_t out = fp8q::ChunkCodesWord(v[u], amax, &s);
     reinterpret_cast<uint32_t*>(p.codes + r * p.K + c * fp8q::kChunk)[word] = out;
-    if (lane == 0) {
-      const float s = nonfinite ? 1.0f : fp8q::Pow2(e);
-      p.scales[p.scales_transposed ? c * p.M + r : r * chunks + c] = s;
-    }
+    if (lane == 0) p.scales[p.scales_transposed ? c * p.M + r : r * chunks + c] = s;
   }
 }
 

@@ -17,9 +17,11 @@ using CudaStream = ffi::PlatformStream<cudaStream_t>;
 
 ffi::Error DispatchRowsCuda(cudaStream_t stream, ffi::AnyBuffer x, jax_nvfp4::RowScaleBuffer row_scale,
                             ffi::AnyBuffer scatter, ffi::Result<ffi::AnyBuffer> out,
-                            ffi::Result<jax_nvfp4::RowScaleBuffer> row_scale_out) {
+                            ffi::Result<jax_nvfp4::RowScaleBuffer> row_scale_out,
+                            ffi::Result<ffi::AnyBuffer> chunk_scales) {
   jax_nvfp4::DispatchRowsParams p;
-  if (ffi::Error err = jax_nvfp4::DecodeDispatchRows(x, row_scale, scatter, out, row_scale_out, &p); err.failure())
+  if (ffi::Error err = jax_nvfp4::DecodeDispatchRows(x, row_scale, scatter, out, row_scale_out, chunk_scales, &p);
+      err.failure())
     return err;
   return jax_nvfp4::LaunchStatus("jax_nvfp4_dispatch_rows", jax_nvfp4::LaunchDispatchRows(p, stream));
 }
@@ -32,6 +34,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxNvfp4DispatchRowsCuda, DispatchRowsCuda,
                                   .Arg<ffi::AnyBuffer>()               // x [T, K]
                                   .Arg<jax_nvfp4::RowScaleBuffer>()    // row_scale [T] or [0]
                                   .Arg<ffi::AnyBuffer>()               // scatter [T, slots] or [0]
-                                  .Ret<ffi::AnyBuffer>()               // out bf16 [R, K]
-                                  .Ret<jax_nvfp4::RowScaleBuffer>(),   // row_scale_out [R] or [0]
+                                  .Ret<ffi::AnyBuffer>()               // out bf16 or e4m3 [R, K]
+                                  .Ret<jax_nvfp4::RowScaleBuffer>()    // row_scale_out [R] or [0]
+                                  .Ret<ffi::AnyBuffer>(),              // chunk_scales [R, K/128] or [0, 0]
                               {xla::ffi::Traits::kCmdBufferCompatible});

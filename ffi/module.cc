@@ -76,19 +76,19 @@ static jax_nvfp4::ProblemDesc Problem(int64_t m, int64_t n, int64_t k, int64_t g
 NB_MODULE(_jax_nvfp4, m) {
   m.def("cpu_registrations", []() {
     nb::dict d;
-    d["jax_nvfp4_grouped_gemm_v2"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmCpu);
-    d["jax_nvfp4_grouped_gemm_glu_v2"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmGluCpu);
-    d["jax_nvfp4_dispatch_rows_v2"] = EncapsulateFfiHandler(JaxNvfp4DispatchRowsCpu);
-    d["jax_nvfp4_quantize_fp8_v2"] = EncapsulateFfiHandler(JaxNvfp4QuantizeFp8Cpu);
+    d["jax_nvfp4_grouped_gemm_v3"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmCpu);
+    d["jax_nvfp4_grouped_gemm_glu_v3"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmGluCpu);
+    d["jax_nvfp4_dispatch_rows_v3"] = EncapsulateFfiHandler(JaxNvfp4DispatchRowsCpu);
+    d["jax_nvfp4_quantize_fp8_v3"] = EncapsulateFfiHandler(JaxNvfp4QuantizeFp8Cpu);
     return d;
   });
   m.def("cuda_registrations", []() {
     nb::dict d;
 #ifdef JAX_NVFP4_WITH_CUDA
-    d["jax_nvfp4_grouped_gemm_v2"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmCuda);
-    d["jax_nvfp4_grouped_gemm_glu_v2"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmGluCuda);
-    d["jax_nvfp4_dispatch_rows_v2"] = EncapsulateFfiHandler(JaxNvfp4DispatchRowsCuda);
-    d["jax_nvfp4_quantize_fp8_v2"] = EncapsulateFfiHandler(JaxNvfp4QuantizeFp8Cuda);
+    d["jax_nvfp4_grouped_gemm_v3"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmCuda);
+    d["jax_nvfp4_grouped_gemm_glu_v3"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmGluCuda);
+    d["jax_nvfp4_dispatch_rows_v3"] = EncapsulateFfiHandler(JaxNvfp4DispatchRowsCuda);
+    d["jax_nvfp4_quantize_fp8_v3"] = EncapsulateFfiHandler(JaxNvfp4QuantizeFp8Cuda);
 #endif
     return d;
   });

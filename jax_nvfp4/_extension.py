@@ -10,9 +10,9 @@ from typing import Optional
 
 import jax
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 """The version of the custom calls' interface (operands, attributes, what they compute), the
-suffix ``_v2`` of every target name (ffi/module.cc registers the names; bump both on any such
+suffix ``_v3`` of every target name (ffi/module.cc registers the names; bump both on any such
 change). A program serialized by ``jax.export`` calls the targets by name, so an artifact from a
 build of another version fails to compile, naming the missing target, instead of running the
 handlers on arguments they do not expect."""
@@ -20,7 +20,7 @@ handlers on arguments they do not expect."""
 
 def target_name(base: str) -> str:
     """The registered name of custom call ``base``: ``"jax_nvfp4_grouped_gemm"`` ->
-    ``"jax_nvfp4_grouped_gemm_v2"``."""
+    ``"jax_nvfp4_grouped_gemm_v3"``."""
     return f"{base}_v{ABI_VERSION}"
 
 

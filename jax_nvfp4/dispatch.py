@@ -1,6 +1,6 @@
 """The MoE layer's dispatch in one pass: each token row read once, written to each of its
 expert rows as the grouped GEMM's bf16 input (the row itself, or the values of its per-row NVFP4
-quantization), by the custom call "jax_nvfp4_dispatch_rows" (csrc/dispatch_rows.h: a CPU handler
+quantization) or as the fp8 mode's e4m3 operand made of those bf16 values, by the custom call "jax_nvfp4_dispatch_rows" (csrc/dispatch_rows.h: a CPU handler
 and a CUDA kernel sharing the per-block arithmetic), beside its jnp reference.
 
 An XLA route would write more: for W4A4 a quantizer pass (codes and block scales), a gather of the
@@ -14,7 +14,9 @@ import jax
 import jax.numpy as jnp
 
 from . import _extension
-from .options import resolve_backend
+from .formats import Fp8Rows
+from .fp8 import quantize_rows
+from .options import FP8_CHUNK, resolve_backend
 from .quantization import dynamic_global_scale, e2m1_scaled, quantize
 from .rows import take_rows
 from .varying import varying_type
@@ -23,14 +25,18 @@ from .varying import varying_type
 DISPATCH_TARGET = _extension.target_name("jax_nvfp4_dispatch_rows")
 """The custom call of :func:`dispatch_rows` (csrc/dispatch_rows.h)."""
 
-def dispatch_rows_reference(x: jax.Array, gather=None, row_scale=None) -> jax.Array:
+def dispatch_rows_reference(x: jax.Array, gather=None, row_scale=None, *, fp8: bool = False):
     """:func:`dispatch_rows` in pure jnp: the rows (bf16, or the values of their per-row NVFP4
-    quantization), then ``take_rows`` by ``gather``."""
+    quantization), with ``fp8`` quantized by :func:`jax_nvfp4.fp8.quantize_rows` (kernel k
+    order), then taken by ``gather``."""
     if row_scale is None:
         # a real bf16 rounding in every backend (XLA on GPU may otherwise keep excess precision)
         v = jax.lax.optimization_barrier(x.astype(jnp.bfloat16))
     else:
         v = e2m1_scaled(jax.vmap(quantize)(x, row_scale.astype(jnp.float32)), jnp.bfloat16)
+    if fp8:
+        v = quantize_rows(v, k_order="kernel", backend="reference")
+        return v if gather is None else v.take(gather)
     return v if gather is None else take_rows(v, gather)
 
 
@@ -39,14 +45,31 @@ def _use_ffi(backend: str) -> bool:
     return resolve_backend(backend) == "ffi"
 
 
-def _dispatch_ffi(x, scatter, rows, row_scale, dynamic=False):
-    """The custom call: (bf16 ``[rows, K]``, float32 ``[rows]`` dynamic scales or ``[0]``)."""
+def _dispatch_ffi(x, scatter, rows, row_scale, dynamic=False, fp8=False):
+    """The custom call: (bf16 ``[rows, K]`` or, with ``fp8``, :class:`Fp8Rows` in the kernel k
+    order; float32 ``[rows]`` dynamic scales or ``[0]``)."""
     rs = jnp.zeros((0,), jnp.float32) if row_scale is None else row_scale.astype(jnp.float32)
     sc = jnp.zeros((0,), jnp.int32) if scatter is None else scatter.astype(jnp.int32)
     args = (x, rs, sc)
-    out_t = (varying_type(args, (rows, x.shape[1]), jnp.bfloat16),
-             varying_type(args, (rows if dynamic else 0,), jnp.float32))
-    return jax.ffi.ffi_call(DISPATCH_TARGET, out_t, vmap_method="sequential")(*args)
+    k = x.shape[1]
+    out_t = (varying_type(args, (rows, k), jnp.float8_e4m3fn if fp8 else jnp.bfloat16),
+             varying_type(args, (rows if dynamic else 0,), jnp.float32),
+             varying_type(args, (rows, k // FP8_CHUNK) if fp8 else (0, 0), jnp.float32))
+    out, scales, chunk_scales = jax.ffi.ffi_call(DISPATCH_TARGET, out_t,
+                                                 vmap_method="sequential")(*args)
+    if fp8:
+        out = Fp8Rows(out, chunk_scales, jnp.float32(1.0), k_order="kernel")
+    return out, scales
+
+
+def _take(rows, gather):
+    return rows.take(gather) if isinstance(rows, Fp8Rows) else take_rows(rows, gather)
+
+
+def _check_fp8(x, fp8):
+    if fp8 and (x.shape[1] == 0 or x.shape[1] % FP8_CHUNK):
+        raise ValueError(f"x: K={x.shape[1]}: fp8=True needs K to be a positive multiple of "
+                         f"{FP8_CHUNK}")
 
 
 def _check_args(x, gather, scatter):
@@ -62,8 +85,9 @@ def _check_args(x, gather, scatter):
 
 
 def dispatch_rows(x: jax.Array, gather=None, scatter=None, *, row_scale=None,
-                  backend: str = "auto") -> jax.Array:
-    """The MoE layer's grouped-GEMM input rows, in one pass over x: bf16 ``[R, K]``.
+                  backend: str = "auto", fp8: bool = False):
+    """The MoE layer's grouped-GEMM input rows, in one pass over x: bf16 ``[R, K]``, or with
+    ``fp8`` the fp8 mode's operand made of those bf16 rows.
 
     Row r is token ``gather[r]``'s row of x (row r without ``gather``, R = T) as bf16, or, with
     ``row_scale``, the values ``e2m1 * block scale`` of that row's NVFP4 quantization
@@ -83,31 +107,37 @@ def dispatch_rows(x: jax.Array, gather=None, scatter=None, *, row_scale=None,
       row_scale: None or float32 ``[T]``: each row's NVFP4 global scale.
       backend: "ffi" (the custom call: its CPU handler or CUDA kernel), "reference" (jnp) or
         "auto" (ffi when the extension is loaded for this platform).
+      fp8: return :class:`jax_nvfp4.formats.Fp8Rows` in the kernel k order (global scale 1):
+        the bf16 rows above quantized per 128-wide k chunk, the bytes
+        ``jax_nvfp4.fp8.quantize_rows(rows, "kernel")`` gives, written by the same pass
+        (K a positive multiple of 128).
 
     Not differentiable: the layer calls it inside its straight-through forward
     (:func:`jax_nvfp4.autodiff.frozen_weights`).
     """
     x = _check_args(x, gather, scatter)
+    _check_fp8(x, fp8)
     if row_scale is not None and jnp.asarray(row_scale).shape != (x.shape[0],):
         raise ValueError(f"row_scale: expected shape [T] = [{x.shape[0]}], got "
                          f"{jnp.asarray(row_scale).shape}")
     ffi = _use_ffi(backend) and x.shape[1] % 16 == 0
     if row_scale is None:
-        ffi = ffi and gather is not None          # bf16 rows not dispatched: the cast is all
+        # bf16 rows neither dispatched nor quantized: the cast is all
+        ffi = ffi and (gather is not None or fp8)
         x = x.astype(jnp.bfloat16) if ffi else x
     else:
         ffi = ffi and x.dtype in (jnp.bfloat16, jnp.float32)
     if not ffi:
-        return dispatch_rows_reference(x, gather, row_scale)
+        return dispatch_rows_reference(x, gather, row_scale, fp8=fp8)
     if gather is None:
-        return _dispatch_ffi(x, None, x.shape[0], row_scale)[0]
+        return _dispatch_ffi(x, None, x.shape[0], row_scale, fp8=fp8)[0]
     if scatter is None:
-        return take_rows(_dispatch_ffi(x, None, x.shape[0], row_scale)[0], gather)
-    return _dispatch_ffi(x, scatter, gather.shape[0], row_scale)[0]
+        return _take(_dispatch_ffi(x, None, x.shape[0], row_scale, fp8=fp8)[0], gather)
+    return _dispatch_ffi(x, scatter, gather.shape[0], row_scale, fp8=fp8)[0]
 
 
 def dispatch_rows_dynamic(x: jax.Array, gather=None, scatter=None, *,
-                          backend: str = "auto") -> tuple[jax.Array, jax.Array]:
+                          backend: str = "auto", fp8: bool = False):
     """:func:`dispatch_rows` with each row's dynamic global scale made on the way.
 
     The scale of token t's row is :func:`jax_nvfp4.quantization.dynamic_global_scale` of it
@@ -117,21 +147,23 @@ def dispatch_rows_dynamic(x: jax.Array, gather=None, scatter=None, *,
 
     Args:
       x: ``[T, K]`` bf16 or float32 (another float dtype takes the reference path).
-      gather, scatter, backend: as in :func:`dispatch_rows`.
+      gather, scatter, backend, fp8: as in :func:`dispatch_rows`.
 
     Returns:
-      ``(rows, row_scale)``: bf16 ``[R, K]`` as ``dispatch_rows(x, gather, scatter,
-      row_scale=s)`` for the rows' scales s, and float32 ``[R]``, the scale of each output row
-      (``s[gather]``), which the caller applies to the GEMM's output rows.
+      ``(rows, row_scale)``: bf16 ``[R, K]`` (or :class:`jax_nvfp4.formats.Fp8Rows` with
+      ``fp8``) as ``dispatch_rows(x, gather, scatter, row_scale=s, fp8=fp8)`` for the rows'
+      scales s, and float32 ``[R]``, the scale of each output row (``s[gather]``), which the
+      caller applies to the GEMM's output rows.
     """
     x = _check_args(x, gather, scatter)
+    _check_fp8(x, fp8)
     ffi = (_use_ffi(backend) and x.shape[1] % 16 == 0 and x.dtype in (jnp.bfloat16, jnp.float32))
     if not ffi:
         s = jax.vmap(dynamic_global_scale)(x)
-        return (dispatch_rows_reference(x, gather, s), s if gather is None else s[gather])
+        return (dispatch_rows_reference(x, gather, s, fp8=fp8), s if gather is None else s[gather])
     if gather is None:
-        return _dispatch_ffi(x, None, x.shape[0], None, dynamic=True)
+        return _dispatch_ffi(x, None, x.shape[0], None, dynamic=True, fp8=fp8)
     if scatter is None:
-        rows, s = _dispatch_ffi(x, None, x.shape[0], None, dynamic=True)
-        return take_rows(rows, gather), s[gather]
-    return _dispatch_ffi(x, scatter, gather.shape[0], None, dynamic=True)
+        rows, s = _dispatch_ffi(x, None, x.shape[0], None, dynamic=True, fp8=fp8)
+        return _take(rows, gather), s[gather]
+    return _dispatch_ffi(x, scatter, gather.shape[0], None, dynamic=True, fp8=fp8)

@@ -10,7 +10,7 @@ artifact with nothing else written by hand::
     ...                                  # another process: import jax_nvfp4
     y = jax.export.deserialize(blob).call(x, weights)
 
-The custom-call targets carry the interface version (``jax_nvfp4_grouped_gemm_v2``,
+The custom-call targets carry the interface version (``jax_nvfp4_grouped_gemm_v3``,
 :data:`jax_nvfp4._extension.ABI_VERSION`): an artifact that calls another version's targets fails
 to compile, naming the target, rather than running a handler on arguments it does not expect.
 """

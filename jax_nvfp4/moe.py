@@ -45,9 +45,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import autodiff, fp8, qwix_interop
+from . import autodiff, qwix_interop
 from .dispatch import dispatch_rows, dispatch_rows_dynamic
-from .formats import Fp8Rows, Fp8Weights, NVFP4Tensor, keep_rounded
+from .formats import Fp8Weights, NVFP4Tensor, keep_rounded
 from .gemm import grouped_gemm, grouped_gemm_swiglu
 from .gemm_args import GLU_ROW_BLOCK, check_rhs_precision, round_to
 from .moe_params import MoEConfig, MoEWeights, known_range
@@ -89,6 +89,15 @@ def swiglu(h: jax.Array, limit=None) -> jax.Array:
         gate = jnp.minimum(gate, limit)
         up = jnp.clip(up, -limit, limit)
     return jax.nn.silu(gate) * up
+
+
+def gate_up_dtype(config: MoEConfig):
+    """The gate/up GEMM's own output dtype where the SwiGLU runs after it: float32, or in the fp8
+    mode :func:`row_dtype`. The fp8 mode's GEMM inputs carry e4m3's 2^-4 relative steps; a bf16
+    rounding of the product (2^-9) is far below them and halves the bytes of the layer's widest
+    intermediate (``[R, 2I]``, written by the GEMM and read by the SwiGLU). The exact mode keeps
+    float32: its fused GEMM + SwiGLU computes the SwiGLU from the float32 product."""
+    return row_dtype(config) if config.precision == "fp8" else jnp.dtype(jnp.float32)
 
 
 def _swiglu_paired(h: jax.Array, limit=None) -> jax.Array:
@@ -190,41 +199,20 @@ def _gemm_lhs(x_rows, row_expert, in_scale, gather, scatter, config: MoEConfig, 
     The exact mode's input is bf16: the rows, or the values ``e2m1 * block scale`` of their
     per-row NVFP4 quantization (exact in bf16; what the kernels read for W4A4 anyway), written by
     :func:`jax_nvfp4.dispatch.dispatch_rows` in one pass. A static W4A4 scale (per expert) keeps
-    the NVFP4 codes. The fp8 mode quantizes each token's row (W4A4: its NVFP4 values, from the
-    dispatch call without a gather) to e4m3 once and gathers the e4m3 rows."""
+    the NVFP4 codes. The fp8 mode's input is those bf16 rows quantized to e4m3 per 128-wide k
+    chunk (:class:`jax_nvfp4.formats.Fp8Rows`), written by the same dispatch pass: each token
+    quantized once, its codes stored to each of its rows."""
     dispatch_backend = "reference" if backend == "reference" else "auto"
+    fp8_rows = config.precision == "fp8"
     if config.activation == "w4a4":
         if in_scale is not None:                       # static: one scale per expert
             q_scale = jnp.concatenate([in_scale, jnp.ones((1,), jnp.float32)])[row_expert]
             q = jax.vmap(quantize)(x_rows, q_scale)
             return NVFP4Tensor(q.data, q.scales, jnp.float32(1.0)), None
-        if config.precision == "fp8":
-            # dynamic: one scale per row. The rows' NVFP4 values (e2m1 * block scale, exact in
-            # bf16) and scales come from the dispatch call in one pass, then their e4m3 rows from
-            # the quantizer's call: the bytes the FP8 quantizer makes of the NVFP4 rows themselves
-            lhs, row_scale = dispatch_rows_dynamic(x_rows, backend=dispatch_backend)
-            lhs_rows = row_scale if gather is None else row_scale[gather]
-            if gather is not None:
-                lhs = _dispatch_quantized(lhs, gather, dispatch_backend)
-            return lhs, lhs_rows
         src = x_rows.astype(jnp.bfloat16) if bf16_rows else x_rows
         # the dynamic row scales made in the same pass: (GEMM input, scale of each GEMM row)
-        return dispatch_rows_dynamic(src, gather, scatter, backend=dispatch_backend)
-    if config.precision == "fp8":
-        # A real bf16 rounding (the kernel's operand type) in every backend: without the
-        # barrier XLA may keep excess precision for the reference backend on GPU.
-        lhs = jax.lax.optimization_barrier(x_rows.astype(jnp.bfloat16))
-        if gather is not None:
-            lhs = _dispatch_quantized(lhs, gather, dispatch_backend)
-        return lhs, None
-    return dispatch_rows(x_rows, gather, scatter, backend=dispatch_backend), None
-
-
-def _dispatch_quantized(lhs, gather, backend: str) -> Fp8Rows:
-    """The fp8 mode's dispatch of a GEMM input quantized per token (:func:`_dispatch_in_forward`):
-    the rows ``gather`` of the e4m3 rows of ``lhs`` (float ``[T, K]``), quantized here into the
-    kernel k order (by the quantizer's custom call unless ``backend`` is "reference")."""
-    return fp8.quantize_rows(lhs, k_order="kernel", backend=backend).take(gather)
+        return dispatch_rows_dynamic(src, gather, scatter, backend=dispatch_backend, fp8=fp8_rows)
+    return dispatch_rows(x_rows, gather, scatter, backend=dispatch_backend, fp8=fp8_rows), None
 
 
 def _fused_path(weights: MoEWeights, config: MoEConfig) -> bool:
@@ -256,7 +244,7 @@ def _gate_up_unfused(x_rows, w, group_sizes, aux, *, config, backend, rows_hint)
     """The same activation without fusion: the differentiable GEMM, then the paired SwiGLU."""
     row_expert, in_scale, gather, scatter = aux
     h = _expert_gemm(x_rows, row_expert, w, in_scale, group_sizes, config, backend, rows_hint,
-                     gather=gather, paired=True, scatter=scatter)
+                     gather=gather, paired=True, scatter=scatter, out_dtype=gate_up_dtype(config))
     return _round_rows(_swiglu_paired(h, config.swiglu_limit), config)
 
 
@@ -448,7 +436,8 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
                                scatter=scatter)
         else:
             h1 = _expert_gemm(x, row_expert[:n], weights.w13, in_scale, group_sizes, config,
-                              backend, hint, gather=token_of[:n], scatter=scatter)
+                              backend, hint, gather=token_of[:n], scatter=scatter,
+                              out_dtype=gate_up_dtype(config))
             act = _round_rows(swiglu(h1, config.swiglu_limit), config)
         y = _expert_gemm(act, row_expert[:n], weights.w2,
                          _static_scale(weights, "w2_input_scale", config), group_sizes, config,
@@ -481,10 +470,12 @@ def shared_expert(x, weights: MoEWeights, config: MoEConfig, *, backend="auto"):
                            fused=_fused_path(weights, config))
     else:
         act = _round_rows(swiglu(_expert_gemm(x, zeros, one(weights.shared_w13), in_scale, sizes,
-                                              config, backend), config.swiglu_limit), config)
+                                              config, backend, out_dtype=gate_up_dtype(config)),
+                                 config.swiglu_limit), config)
     return _expert_gemm(act, zeros, one(weights.shared_w2),
                         _static_scale(weights, "shared_w2_input_scale", config, (1,)), sizes,
-                        config, backend, out_dtype=row_dtype(config))
+                        config, backend, out_dtype=row_dtype(config),
+                        bf16_rows=row_dtype(config) == jnp.bfloat16)
 
 
 def _check_shape(v, name, shapes):

@@ -10,9 +10,11 @@ import pytest
 
 from jax_nvfp4 import _extension
 from jax_nvfp4.dispatch import DISPATCH_TARGET, dispatch_rows, dispatch_rows_dynamic, dispatch_rows_reference
+from jax_nvfp4.formats import Fp8Rows, from_kernel_k_order
 from jax_nvfp4.quantization import dynamic_global_scale
 from jax_nvfp4.moe import _row_global_scale, sort_rows
 from conftest import gpu_devices, skip_or_fail
+from test_fp8 import oracle_quantize as oracle_quantize_fp8
 
 E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)
 
@@ -275,14 +277,26 @@ def test_custom_call_rejects_bad_operands(device):
     x = jnp.ones((4, 32), jnp.bfloat16)
     none_s, none_i = jnp.zeros((0,), jnp.float32), jnp.zeros((0,), jnp.int32)
 
-    def call(x, rs, sc, rows, scale_rows):
-        out = (jax.ShapeDtypeStruct((rows, x.shape[1]), jnp.bfloat16),
-               jax.ShapeDtypeStruct((scale_rows,), jnp.float32))
+    def call(x, rs, sc, rows, scale_rows, out_dtype=jnp.bfloat16, chunk_shape=(0, 0)):
+        out = (jax.ShapeDtypeStruct((rows, x.shape[1]), out_dtype),
+               jax.ShapeDtypeStruct((scale_rows,), jnp.float32),
+               jax.ShapeDtypeStruct(chunk_shape, jnp.float32))
         return jax.block_until_ready(jax.ffi.ffi_call(DISPATCH_TARGET, out)(x, rs, sc))
 
-    _, s = call(x, none_s, none_i, 4, 4)                       # well formed: dynamic, scale 1/2688
+    _, s, _ = call(x, none_s, none_i, 4, 4)                    # well formed: dynamic, scale 1/2688
     np.testing.assert_array_equal(np.asarray(s), np.float32(1) / np.float32(2688))
+    x128, e4m3 = jnp.ones((4, 128), jnp.bfloat16), jnp.float8_e4m3fn
+    codes, _, chunk = call(x128, none_s, none_i, 4, 0, e4m3, (4, 1))   # well formed: fp8 copy
+    # amax 1: the scale 2^-8 is the smallest power of two with 1 / scale <= 448
+    assert (np.asarray(codes, np.float32) == 256).all() and (np.asarray(chunk) == 2.0**-8).all()
     cases = [
+        ((x128, none_s, none_i, 4, 0, jnp.float32), "out must be bfloat16 or float8_e4m3fn"),
+        ((x128, none_s, none_i, 4, 0, e4m3, (4, 2)),
+         r"chunk_scales must be float32 \[R, K/128\] = \[4, 1\], got \[4, 2\]"),
+        ((x128, none_s, none_i, 4, 0, jnp.bfloat16, (4, 1)),
+         r"chunk_scales must be float32 \[0, 0\] with a bfloat16 out"),
+        ((x, none_s, none_i, 4, 0, e4m3, (4, 0)),
+         "the e4m3 output needs K to be a multiple of 128"),
         ((x, jnp.ones((4,), jnp.float32), none_i, 4, 4),
          r"row_scale \(given\) and row_scale_out \(dynamic\) exclude each other"),
         ((x, none_s, none_i, 4, 3), r"row_scale_out must be \[R\] = \[4\] or \[0\], got \[3\]"),
@@ -295,3 +309,82 @@ def test_custom_call_rejects_bad_operands(device):
     for args, msg in cases:
         with pytest.raises(jax.errors.JaxRuntimeError, match=msg):
             call(*args)
+
+
+def _scatter_case(rng, t, slots):
+    """A random (gather [R], scatter [T, slots]) pair naming each other, R = T * slots."""
+    perm = rng.permutation(t * slots)
+    return (jnp.asarray(np.argsort(perm) // slots, jnp.int32),
+            jnp.asarray(perm.reshape(t, slots), jnp.int32))
+
+
+@pytest.mark.parametrize("mode", ["copy", "given", "dynamic"])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_fp8_output_matches_the_oracle(rng, device, mode, dtype):
+    """fp8=True: the rows the bf16 output holds (the bf16 row, or the oracle's NVFP4 values)
+    quantized per 128-wide chunk by the fp8 oracle (ml_dtypes e4m3 casts, float64 scales), the
+    codes in the kernel k order; chunks holding Inf or NaN included; through the scatter map, the
+    gather alone and no map, eager and in jit."""
+    t, k, slots = 6, 384, 3
+    x = np.asarray(bf16_rows(rng, t, k), np.float32)
+    x[1, 5], x[2, 300], x[4, 129] = np.inf, np.nan, -np.inf
+    x = jnp.asarray(x, dtype)
+    gather, scatter = _scatter_case(rng, t, slots)
+    gs = jnp.asarray(np.abs(rng.standard_normal(t)) + 0.05, jnp.float32)
+    if mode == "copy":
+        rows = np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32)
+        call = lambda x, g, sc: (dispatch_rows(x, g, sc, fp8=True, backend="ffi"), None)  # noqa: E731
+    elif mode == "given":
+        rows = oracle_values(x, gs)
+        call = lambda x, g, sc: (dispatch_rows(x, g, sc, row_scale=gs, fp8=True,  # noqa: E731
+                                               backend="ffi"), None)
+    else:
+        scales = oracle_scales(x)
+        rows = oracle_values(x, scales)
+        call = lambda x, g, sc: dispatch_rows_dynamic(x, g, sc, fp8=True, backend="ffi")  # noqa: E731
+    for g, sc, jit in ((gather, scatter, False), (gather, scatter, True), (gather, None, False),
+                       (None, None, True)):
+        f = jax.jit(call) if jit else call
+        got, row_scale = f(x, g, sc)
+        assert isinstance(got, Fp8Rows) and got.k_order == "kernel"
+        want = rows if g is None else rows[np.asarray(g)]
+        want_c, want_s = oracle_quantize_fp8(want)
+        np.testing.assert_array_equal(np.asarray(from_kernel_k_order(got.codes)).view(np.uint8),
+                                      want_c.view(np.uint8))
+        np.testing.assert_array_equal(np.asarray(got.scales), want_s.astype(np.float32))
+        assert float(got.global_scale) == 1.0
+        if mode == "dynamic":
+            np.testing.assert_array_equal(np.asarray(row_scale),
+                                          scales if g is None else scales[np.asarray(g)])
+
+
+def test_fp8_output_equals_the_reference_backend(rng, device):
+    """The custom call's Fp8Rows are the reference backend's (jnp dispatch then the jnp
+    quantizer), with unused scatter slots (an index outside [0, R)) writing nothing."""
+    t, k = 5, 256
+    x = bf16_rows(rng, t, k)
+    gather, scatter = _scatter_case(rng, t, 2)
+    keep = np.asarray(scatter) < 7                          # rows 7.. are not written
+    scatter = jnp.where(keep, scatter, 10**6)
+    r = int(keep.sum())
+    gather = jnp.asarray(np.argsort(np.where(keep, np.asarray(scatter), 10**7).ravel())[:r] // 2,
+                         jnp.int32)
+    for dyn in (False, True):
+        fn = dispatch_rows_dynamic if dyn else dispatch_rows
+        got = fn(x, gather, scatter, fp8=True, backend="ffi")
+        ref = fn(x, gather, None, fp8=True, backend="reference")
+        if dyn:
+            np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(ref[1]))
+            got, ref = got[0], ref[0]
+        np.testing.assert_array_equal(np.asarray(got.codes).view(np.uint8),
+                                      np.asarray(ref.codes).view(np.uint8))
+        np.testing.assert_array_equal(np.asarray(got.scales), np.asarray(ref.scales))
+
+
+def test_fp8_output_needs_k_multiple_of_128(rng):
+    x = bf16_rows(rng, 4, 64)
+    for fn in (dispatch_rows, dispatch_rows_dynamic):
+        for backend in ("ffi", "reference"):
+            with pytest.raises(ValueError, match=r"x: K=64: fp8=True needs K to be a positive "
+                                                 r"multiple of 128"):
+                fn(x, fp8=True, backend=backend)

@@ -114,7 +114,7 @@ def test_export_checks_name_every_versioned_target():
     assert len(_extension.TARGETS) == 4                          # one grouped GEMM target for both modes
     for t in _extension.TARGETS:
         assert t.startswith("jax_nvfp4_") and t.endswith(f"_v{_extension.ABI_VERSION}")
-    assert _extension.TARGET == "jax_nvfp4_grouped_gemm_v2"
+    assert _extension.TARGET == "jax_nvfp4_grouped_gemm_v3"
 
 
 @needs_ext
@@ -130,7 +130,7 @@ def test_stale_extension_is_refused_naming_the_targets():
     old = types.SimpleNamespace(__file__="/x/_jax_nvfp4.so",
                                 cpu_registrations=lambda: {"jax_nvfp4_grouped_gemm": None})
     with pytest.raises(ImportError, match=r"does not register the custom calls "
-                                          r"\[.*'jax_nvfp4_grouped_gemm_v2'.*ABI version 2"):
+                                          r"\[.*'jax_nvfp4_grouped_gemm_v3'.*ABI version 3"):
         _extension._check_abi(old)
 
 
@@ -148,7 +148,7 @@ def test_export_without_the_checks_is_refused(rng):
     f = jax.jit(lambda x, w, gs: jn.grouped_gemm(x, w, gs, backend="ffi"))
     x = jnp.ones((8, 64), jnp.bfloat16)
     gs = jnp.array([3, 0, 5], jnp.int32)
-    with pytest.raises(ValueError, match="jax_nvfp4_grouped_gemm_v2"):
+    with pytest.raises(ValueError, match="jax_nvfp4_grouped_gemm_v3"):
         jax.export.export(f, platforms=("cpu",))(x, rhs, gs)
 
 
@@ -225,7 +225,7 @@ def test_grouped_gemm_exports_with_a_symbolic_row_count(rng, tmp_path, layout, l
     exp = _export(f)(
         jax.ShapeDtypeStruct((m, k), jnp.bfloat16), rhs,
         jax.ShapeDtypeStruct((3,), jnp.int32))
-    assert "jax_nvfp4_grouped_gemm_v2" in exp.mlir_module()     # both modes: one target
+    assert "jax_nvfp4_grouped_gemm_v3" in exp.mlir_module()     # both modes: one target
     calls = []
     for rows, gs in ((1, [1, 0, 0]), (7, [2, 0, 3]), (40, [17, 9, 14])):
         x = jnp.asarray(rng.standard_normal((rows, k)), jnp.bfloat16)
@@ -251,7 +251,7 @@ def test_moe_exports_with_a_symbolic_token_count(rng, tmp_path, prepared, activa
     exp = _export(f)(
         jax.ShapeDtypeStruct((t, 128), jnp.bfloat16), w)
     if prepared:
-        assert "jax_nvfp4_grouped_gemm_glu_v2" in exp.mlir_module()
+        assert "jax_nvfp4_grouped_gemm_glu_v3" in exp.mlir_module()
     xs = [jnp.asarray(rng.standard_normal((n, 128)), jnp.bfloat16) for n in (1, 5, 16)]
     calls = [((x, w), {}) for x in xs]
     for x, (got,) in zip(xs, run_fresh(tmp_path, exp, calls)):
@@ -345,4 +345,4 @@ def test_moe_exports_for_cpu_and_cuda(rng):
     got = jax.export.deserialize(exp.serialize()).call(x, w)
     assert_bitwise(np.asarray(got), f(x, w))
     cuda = jax.export.export(f, disabled_checks=jn.export_checks(), platforms=("cuda",))(spec, w)
-    assert "jax_nvfp4_grouped_gemm_v2" in cuda.mlir_module()
+    assert "jax_nvfp4_grouped_gemm_v3" in cuda.mlir_module()

@@ -54,6 +54,7 @@ import numpy as np
 
 import jax_nvfp4 as jn
 from jax_nvfp4.bench.common import random_layer, run_info, time_ms, write_json
+from jax_nvfp4.moe import gate_up_dtype
 
 ACTIVATIONS = ("w4a4", "w4a16")
 LAYOUTS = (*jn.LAYOUTS, jn.Fp8Weights.layout)
@@ -83,16 +84,15 @@ def routed_rows(x, weights, config):
     return (order // config.top_k).astype(jnp.int32), sizes
 
 
-def gemm_lhs(rows, config, backend="auto", fp8_rows=True):
+def gemm_lhs(rows, config, backend="auto"):
     """A grouped GEMM's lhs of the kind the layer's kernel reads, from float ``[R, K]`` rows, and
     the float32 ``[R]`` scales to apply to its output rows (W4A4) or None (W4A16).
 
     W4A16: the rows in bf16. W4A4: each row quantized to NVFP4 with its own dynamic global scale
     (:func:`jax_nvfp4.quantize` per row), the bf16 values ``e2m1 * block scale`` (exact in bf16),
-    and the global scales. FP8 mode with ``fp8_rows``: those bf16 rows quantized by
-    :func:`jax_nvfp4.fp8.quantize_rows` in the kernel's k order, as the layer quantizes the
-    gate/up GEMM's rows in its dispatch (the down GEMM's bf16 rows it passes to
-    :func:`jax_nvfp4.grouped_gemm`, which quantizes them in the call).
+    and the global scales. FP8 mode: those bf16 rows quantized by
+    :func:`jax_nvfp4.fp8.quantize_rows` in the kernel's k order, as the layer's dispatch call
+    writes both GEMMs' inputs.
     """
     if config.activation == "w4a4":
         q = jax.vmap(jn.quantize)(rows)
@@ -100,14 +100,16 @@ def gemm_lhs(rows, config, backend="auto", fp8_rows=True):
         lhs, row_scale = jn.dequantize(unit, jnp.bfloat16), q.global_scale
     else:
         lhs, row_scale = rows.astype(jnp.bfloat16), None
-    if config.precision == "fp8" and fp8_rows:
+    if config.precision == "fp8":
         lhs = jn.fp8.quantize_rows(lhs, k_order="kernel",
                                    backend="reference" if backend == "reference" else "auto")
     return lhs, row_scale
 
 
 def _scaled(out, row_scale):
-    return out if row_scale is None else out.astype(jnp.float32) * row_scale[:, None]
+    """float32 ``out`` times each row's scale (none: 1), as the layer widens a GEMM's output."""
+    out = out.astype(jnp.float32)
+    return out if row_scale is None else out * row_scale[:, None]
 
 
 def swiglu_rows(lhs1, s1, weights, sizes, config, backend="auto"):
@@ -122,8 +124,8 @@ def swiglu_rows(lhs1, s1, weights, sizes, config, backend="auto"):
                                      limit=config.swiglu_limit, out_dtype=row_dtype,
                                      backend=backend)
         return act.astype(jnp.float32)
-    h = _scaled(jn.grouped_gemm(lhs1, weights.w13, sizes, out_dtype=jnp.float32, backend=backend,
-                                precision=config.precision), s1)
+    h = _scaled(jn.grouped_gemm(lhs1, weights.w13, sizes, out_dtype=gate_up_dtype(config),
+                                backend=backend, precision=config.precision), s1)
     if weights.w13_paired:
         h = jnp.concatenate(jn.reference.split_paired(h), axis=-1)
     return jn.swiglu(h, config.swiglu_limit).astype(row_dtype).astype(jnp.float32)
@@ -136,7 +138,7 @@ def gemm_inputs(x, token_of, sizes, weights, config, backend="auto"):
     def inputs(x, token_of, weights, sizes):
         lhs1, s1 = gemm_lhs(x[token_of], config, backend)
         lhs2, s2 = gemm_lhs(swiglu_rows(lhs1, s1, weights, sizes, config, backend), config,
-                            backend, fp8_rows=False)
+                            backend)
         return lhs1, s1, lhs2, s2
 
     return inputs(x, token_of, weights, sizes)
@@ -144,12 +146,14 @@ def gemm_inputs(x, token_of, sizes, weights, config, backend="auto"):
 
 def gemm_cases(x, token_of, sizes, weights, config, backend="auto"):
     """The two grouped GEMMs alone on the same rows: ``(gemm1, args1), (gemm2, args2)``, jitted.
-    gemm1: gate/up, float32 ``[R, 2I]`` out; gemm2: down, ``[R, H]`` in the row dtype (bf16).
+    gemm1: gate/up, ``[R, 2I]`` out in the layer's dtype for it
+    (:func:`jax_nvfp4.moe.gate_up_dtype`: float32, bf16 in the fp8 mode); gemm2: down, ``[R, H]``
+    in the row dtype (bf16).
     Their output rows are before the W4A4 row scales (:func:`gemm_inputs`' s1, s2)."""
     lhs1, _, lhs2, _ = gemm_inputs(x, token_of, sizes, weights, config, backend)
 
     def gemm1(lhs, w, sizes):
-        return jn.grouped_gemm(lhs, w, sizes, out_dtype=jnp.float32, backend=backend,
+        return jn.grouped_gemm(lhs, w, sizes, out_dtype=gate_up_dtype(config), backend=backend,
                                precision=config.precision)
 
     def gemm2(lhs, w, sizes):
