@@ -8,6 +8,7 @@ import builtins
 import dataclasses
 import json
 import os
+import re
 import sys
 import types
 
@@ -162,6 +163,10 @@ def test_paths_that_are_not_checkpoints(tmp_path):
         ckpt.load_moe(tmp_path / "config.json", L1, CONFIG)
     with pytest.raises(FileNotFoundError, match="pass it alone"):
         ckpt.load_moe([tmp_path], L1, CONFIG)
+    missing = tmp_path / "missing.safetensors"   # a missing file in a list is not a folder
+    with pytest.raises(FileNotFoundError, match=rf"^{re.escape(str(missing))}: no such "
+                                                "safetensors file$"):
+        hf_folder.open_checkpoint([missing])
     (tmp_path / "bad.json").write_text(json.dumps({"weight_map": {"a": "../x.safetensors"}}))
     with pytest.raises(ValueError, match="inside the index's folder"):
         hf_folder.open_checkpoint(tmp_path / "bad.json")
@@ -371,3 +376,27 @@ def test_repeated_keys_nested_in_the_index_are_refused(tmp_path):
         (tmp_path / hf_folder.INDEX_NAME).write_text(text)
         with pytest.raises(ValueError, match=r"key '[ak]' appears twice in one JSON object"):
             hf_folder.open_checkpoint(tmp_path)
+
+
+def test_folder_without_an_index_or_model_safetensors_reads_every_safetensors_file(tmp_path):
+    """The documented last resort: every ``*.safetensors`` of the folder (sorted, headers read
+    up front); other files ignored; model.safetensors, when present, is the only file read."""
+    ckpt.save_safetensors(tmp_path / "b.safetensors", {"y": np.arange(2, dtype=np.int32)})
+    ckpt.save_safetensors(tmp_path / "a.safetensors", {"x": np.ones(3, np.float32)})
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "notes.safetensors.txt").write_text("not a checkpoint")
+    src = hf_folder.open_checkpoint(tmp_path)
+    assert src.paths == [str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors")]
+    assert sorted(src) == ["x", "y"] and src.file_of("y") == str(tmp_path / "b.safetensors")
+    np.testing.assert_array_equal(src["x"], np.ones(3, np.float32))
+    np.testing.assert_array_equal(src["y"], [0, 1])
+    ckpt.save_safetensors(tmp_path / hf_folder.SINGLE_FILE_NAME, {"z": np.zeros(1, np.uint8)})
+    src = hf_folder.open_checkpoint(tmp_path)
+    assert src.paths == [str(tmp_path / hf_folder.SINGLE_FILE_NAME)] and list(src) == ["z"]
+    for f in os.listdir(tmp_path):
+        os.remove(tmp_path / f)
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=rf"^{re.escape(str(tmp_path))}: folder has no "
+                                                r"model\.safetensors\.index\.json, no "
+                                                r"model\.safetensors and no \*\.safetensors file$"):
+        hf_folder.open_checkpoint(tmp_path)

@@ -95,6 +95,30 @@ def test_bad_input_names_the_argument():
         layout.prepare_sm90(np.zeros((128, 16), np.uint8))
     with pytest.raises(ValueError, match="data: expected uint8"):
         layout.unprepare_sm90(np.zeros((128, 32), np.int32))
+    # block scales: one per 16 codes, so K = 16 * the last axis; both directions check it
+    for fn in (layout.prepare_scales_sm90, layout.unprepare_scales_sm90):
+        with pytest.raises(ValueError, match=r"^scales: the sm90 layout needs N % 128 == 0 and "
+                                             r"K % 64 == 0, got N = 128, K = 96$"):
+            fn(np.zeros((2, 128, 6), np.uint8))
+        with pytest.raises(ValueError, match=r"^scales: expected block scales \[\.\.\., N, K/16\], "
+                                             r"got shape \(16,\)$"):
+            fn(np.zeros(16, np.uint8))
+        assert fn(np.zeros((256, 8), np.uint8)).shape == (256, 8)   # the smallest K = 64 blocks
+
+
+def test_a_layout_no_consumer_knows_is_refused(rng):
+    """checkpoint_data / checkpoint_scales (what every pure-jnp consumer reads) refuse a layout
+    they do not know instead of reading the bytes in some order."""
+    t = jn.quantize(jnp.asarray(rng.standard_normal((128, 64)), jnp.float32))
+    odd = jn.NVFP4Tensor(t.data, t.scales, t.global_scale, "sm100")
+    for fn in (layout.checkpoint_data, layout.checkpoint_scales):
+        with pytest.raises(ValueError, match=r"^layout: expected one of \('checkpoint', 'sm90'\), "
+                                             r"got 'sm100'$"):
+            fn(odd)
+    with pytest.raises(ValueError, match=r"^t\.layout: expected one of"):   # relayout says "t"
+        layout.relayout(odd, "sm90")
+    with pytest.raises(ValueError, match=r"^t: layout 'sm90' needs .* got N = 96, K = 64"):
+        layout.relayout(jn.quantize(jnp.ones((96, 64), jnp.float32)), "sm90")
 
 
 def test_selftest_host_copy_matches(rng, tmp_path):
@@ -349,3 +373,24 @@ def test_pair_gate_up_on_an_expert_sharded_stack(rng, on_cpu):
         a, b = getattr(got, field), getattr(want, field)
         np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
         assert a.sharding.spec[0] == "ep", (field, a.sharding)
+
+
+def _scan_lengths(fn, *args):
+    """The lengths of the top-level scans (lax.map) in fn's program."""
+    return [e.params["length"] for e in jax.make_jaxpr(fn)(*args).eqns if e.primitive.name == "scan"]
+
+
+@pytest.mark.parametrize("lead", [(), (1,), (2,), (2, 3)])
+def test_stacks_are_converted_one_matrix_at_a_time(rng, lead):
+    """prepare_weights' docstring: stacks are converted one matrix at a time (lax.map), so the
+    transient memory is about twice one expert's data; one matrix is converted directly."""
+    t = quantized(rng, (128, 64)) if not lead else jax.vmap(jn.quantize)(
+        jnp.asarray(rng.standard_normal((int(np.prod(lead)), 128, 64)), jnp.float32))
+    if len(lead) > 1:
+        t = jn.NVFP4Tensor(t.data.reshape(*lead, 128, 32), t.scales.reshape(*lead, 128, 4),
+                           t.global_scale.reshape(lead))
+    matrices = int(np.prod(lead))
+    for target, src in (("sm90", t), ("checkpoint", jn.prepare_weights(t))):
+        got = _scan_lengths(lambda w: jn.prepare_weights(w, target), src)
+        # one matrix: converted directly, or by a map over that one matrix (the same memory)
+        assert got == [matrices] or (matrices == 1 and got == []), (target, got)

@@ -3,12 +3,16 @@ headers rejected, atomic writes), cross-checked against the ``safetensors`` pack
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
+import socket
 import stat
 import struct
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -153,33 +157,39 @@ def _e(dtype, shape, offsets):
     return {"dtype": dtype, "shape": shape, "data_offsets": offsets}
 
 
-CORRUPT = {
-    "overlap": ({"a": _e("F32", [2], [0, 8]), "b": _e("F32", [2], [4, 12])}, 16, "b"),
-    "shape_minus_one": ({"a": _e("F32", [-1], [4, 0])}, 8, "a"),
-    "two_minus_ones": ({"a": _e("F32", [-1, -1], [0, 4])}, 8, "a"),
-    "negative_dim": ({"a": _e("F32", [2, -2], [16, 0])}, 16, "a"),
-    "byte_count_overflows_int64": ({"a": _e("F32", [2 ** 32, 2 ** 32], [0, 0])}, 8, "a"),
-    "begin_after_end": ({"a": _e("U8", [0], [8, 8]), "b": _e("U8", [4], [6, 2])}, 8, "b"),
-    "past_end_of_file": ({"a": _e("U8", [16], [0, 16])}, 8, "a"),
-    "float_dim": ({"a": _e("F32", [2.5], [0, 8])}, 8, "a"),
-    "bool_dim": ({"a": _e("U8", [True], [0, 1])}, 8, "a"),
-    "float_offsets": ({"a": _e("F32", [2], [0.0, 8.0])}, 8, "a"),
-    "three_offsets": ({"a": _e("F32", [2], [0, 8, 8])}, 8, "a"),
-    "shape_not_a_list": ({"a": _e("F32", "2", [0, 8])}, 8, "a"),
-    "unknown_dtype": ({"a": _e("Q7", [1], [0, 1])}, 8, "a"),
-    "entry_not_an_object": ({"a": [1, 2]}, 8, "a"),
-    "missing_key": ({"a": {"dtype": "F32", "shape": [2]}}, 8, "a"),
+CORRUPT = {   # case: (header, body bytes, the tensor named, what the message says was expected)
+    "overlap": ({"a": _e("F32", [2], [0, 8]), "b": _e("F32", [2], [4, 12])}, 16, "b", "overlap"),
+    "shape_minus_one": ({"a": _e("F32", [-1], [4, 0])}, 8, "a", "non-negative integers"),
+    "two_minus_ones": ({"a": _e("F32", [-1, -1], [0, 4])}, 8, "a", "non-negative integers"),
+    "negative_dim": ({"a": _e("F32", [2, -2], [16, 0])}, 16, "a", "non-negative integers"),
+    "byte_count_overflows_int64": ({"a": _e("F32", [2 ** 32, 2 ** 32], [0, 0])}, 8, "a",
+                                   "more elements than an array can hold"),
+    "begin_after_end": ({"a": _e("U8", [0], [8, 8]), "b": _e("U8", [4], [6, 2])}, 8, "b",
+                        r"0 <= begin <= end"),
+    "byte_count_mismatch": ({"a": _e("F32", [2], [4, 8])}, 8, "a",
+                            r"is 8 bytes but data_offsets \[4, 8\] span 4"),
+    "past_end_of_file": ({"a": _e("U8", [16], [0, 16])}, 8, "a", r"past the end of the data"),
+    "float_dim": ({"a": _e("F32", [2.5], [0, 8])}, 8, "a", "non-negative integers"),
+    "bool_dim": ({"a": _e("U8", [True], [0, 1])}, 8, "a", "non-negative integers"),
+    "float_offsets": ({"a": _e("F32", [2], [0.0, 8.0])}, 8, "a", "two integers"),
+    "three_offsets": ({"a": _e("F32", [2], [0, 8, 8])}, 8, "a", "two integers"),
+    "shape_not_a_list": ({"a": _e("F32", "2", [0, 8])}, 8, "a", "non-negative integers"),
+    "unknown_dtype": ({"a": _e("Q7", [1], [0, 1])}, 8, "a", "unsupported dtype 'Q7'"),
+    "entry_not_an_object": ({"a": [1, 2]}, 8, "a", "'dtype', 'shape' and 'data_offsets'"),
+    "missing_key": ({"a": {"dtype": "F32", "shape": [2]}}, 8, "a",
+                    "'dtype', 'shape' and 'data_offsets'"),
     "metadata_not_str_to_str": ({"__metadata__": {"step": 1}, "a": _e("U8", [1], [0, 1])}, 8,
-                                "__metadata__"),
+                                "__metadata__", "str -> str"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CORRUPT))
 def test_reader_rejects_corrupt_header(tmp_path, case):
-    header, nbody, tensor = CORRUPT[case]
+    """Each a ValueError naming the file, the tensor and what was expected."""
+    header, nbody, tensor, why = CORRUPT[case]
     p = tmp_path / f"{case}.safetensors"
     _hand_file(p, header, bytes(range(nbody)))
-    with pytest.raises(ValueError) as ei:
+    with pytest.raises(ValueError, match=why) as ei:
         st.read_safetensors(p)
     msg = str(ei.value)
     named = tensor if tensor == "__metadata__" else repr(tensor)
@@ -518,3 +528,204 @@ def test_repeated_header_key_is_rejected(tmp_path):
     p.write_bytes(struct.pack("<Q", len(h)) + h + b"\1\2")
     with pytest.raises(ValueError, match=rf"{p.name}.*'a' appears twice"):
         st.read_safetensors(p)
+
+
+# ------------------------------------------------------------------------------------------------
+# the contract's edges (issue 58: the mutation run's survivors)
+# ------------------------------------------------------------------------------------------------
+
+def test_big_endian_arrays_are_stored_as_their_values(tmp_path):
+    """A non-native byte order is the same dtype to the format: the file holds the values
+    little-endian, and both readers (ours, the package's) give them back."""
+    t = {"f32": np.arange(6, dtype=">f4").reshape(2, 3) / 7, "i64": np.arange(-3, 3, dtype=">i8"),
+         "u16": np.array([1, 0x1234, 0xFFFF], ">u2"), "f64": np.array(np.pi, ">f8"),
+         "le": np.array([1.5, -2.0], "<f2")}
+    p = tmp_path / "be.safetensors"
+    st.save_safetensors(p, t)
+    back = st.read_safetensors(p)
+    reader = st.SafetensorsReader(p)
+    assert {k: reader.dtype_of(k) for k in t} == {"f32": "F32", "i64": "I64", "u16": "U16",
+                                                  "f64": "F64", "le": "F16"}
+    for k, v in t.items():
+        assert back[k].dtype == v.dtype.newbyteorder("<") and back[k].shape == v.shape, k
+        np.testing.assert_array_equal(back[k], v, err_msg=k)
+        np.testing.assert_array_equal(raw(back[k]), raw(v.astype(v.dtype.newbyteorder("<"))))
+    sn = pytest.importorskip("safetensors.numpy")
+    for k, v in sn.load_file(str(p)).items():
+        np.testing.assert_array_equal(v, t[k], err_msg=k)
+
+
+def test_writer_errors_name_the_argument(tmp_path):
+    p = tmp_path / "e.safetensors"
+    one = np.ones(1, np.float32)
+    cases = [
+        ({"tensors": {3: one}}, r"^tensors: names must be str, got 3"),
+        ({"tensors": {"bad\ud800": one}}, r"^tensors: name 'bad\\ud800' is not valid Unicode"),
+        ({"tensors": {"a": one}, "metadata": {"k\ud800": "v"}},
+         r"^metadata: __metadata__ key 'k\\ud800' is not valid Unicode"),
+        ({"tensors": {"a": one}, "metadata": {"k": "v\ud800"}},
+         r"^metadata: __metadata__\['k'\] value 'v\\ud800' is not valid Unicode"),
+        ({"tensors": {"a": one}, "metadata": {"k": 1}}, r"^metadata: __metadata__ must be a str"),
+        ({"tensors": {"layer.w": np.ones(2, np.complex64)}},
+         r"^layer\.w: dtype complex64 has no safetensors equivalent"),
+    ]
+    for kwargs, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            st.save_safetensors(p, **kwargs)
+    assert not p.exists()
+
+
+def test_save_refusals_name_the_kind_and_where_a_link_points(tmp_path, monkeypatch):
+    t = {"a": np.ones(2, np.float32)}
+    monkeypatch.chdir(tmp_path)          # short relative names: a socket path has a length limit
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind("sock.safetensors")
+        with pytest.raises(ValueError, match=r"^path: sock\.safetensors exists and is a socket;"):
+            st.save_safetensors("sock.safetensors", t)
+        assert stat.S_ISSOCK(os.stat("sock.safetensors").st_mode)
+    finally:
+        sock.close()
+    os.mkdir("folder")
+    os.symlink("folder", "link.safetensors")
+    real = os.path.realpath("folder")
+    if real == os.path.abspath("folder"):    # no symbolic link above tmp_path
+        with pytest.raises(ValueError, match=r"^path: folder exists and is a folder;"):
+            st.save_safetensors("folder", t)
+    with pytest.raises(ValueError, match=rf"^path: link\.safetensors \(-> {re.escape(real)}\) "
+                                         r"exists and is a folder;"):
+        st.save_safetensors("link.safetensors", t)
+
+
+def test_save_renames_a_temporary_file_from_the_target_folder(tmp_path, monkeypatch):
+    """The temporary file lies beside the target (one filesystem: the rename is atomic)."""
+    renames = []
+    real_replace = os.replace
+
+    def replace(src, dst, **kw):
+        renames.append((os.fspath(src), os.fspath(dst)))
+        return real_replace(src, dst, **kw)
+
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "elsewhere"))
+    (tmp_path / "elsewhere").mkdir()
+    p = tmp_path / "sub" / "w.safetensors"
+    p.parent.mkdir()
+    st.save_safetensors(p, {"a": np.arange(3, dtype=np.int32)})
+    assert len(renames) == 1 and renames[0][1] == str(p)
+    assert os.path.dirname(renames[0][0]) == str(p.parent)
+    assert os.listdir(tmp_path / "elsewhere") == [] and os.listdir(p.parent) == [p.name]
+
+
+def _open_fds():
+    return sorted(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+
+
+@pytest.mark.parametrize("where", ["fchmod", "fsync"])
+def test_failed_save_closes_only_its_own_file(tmp_path, monkeypatch, where):
+    """A failure before or after the temporary file is opened as a Python file: the error
+    propagates, the old file stays, no temporary file and no descriptor is left, and no other
+    descriptor of the process is closed."""
+    p = tmp_path / "w.safetensors"
+    st.save_safetensors(p, {"a": np.zeros(4, np.float32)})
+    before, fds = p.read_bytes(), _open_fds()
+
+    def fail(*args):
+        raise OSError(errno.EIO, f"{where} failed")
+
+    monkeypatch.setattr(os, where, fail)
+    with pytest.raises(OSError, match=f"{where} failed"):
+        st.save_safetensors(p, {"a": np.ones(4, np.float32)})
+    monkeypatch.undo()
+    assert _open_fds() == fds
+    assert p.read_bytes() == before and os.listdir(tmp_path) == [p.name]
+
+
+def test_data_starts_8_byte_aligned(tmp_path):
+    """The header is padded so the data starts at a multiple of 8 (as the safetensors package
+    writes it): every tensor of 8-byte items is an aligned view."""
+    for n in range(1, 10):
+        p = tmp_path / f"a{n}.safetensors"
+        st.save_safetensors(p, {"x" * n: np.arange(3, dtype=np.float64),
+                                "y": np.arange(2, dtype=np.int64)})
+        with open(p, "rb") as f:
+            (hlen,) = struct.unpack("<Q", f.read(8))
+            header = f.read(hlen)
+        assert hlen % 8 == 0 and header.rstrip(b" ").endswith(b"}"), (n, header)
+        for k, v in st.read_safetensors(p).items():
+            assert v.flags.aligned, (n, k)
+
+
+def test_a_file_without_tensors(tmp_path):
+    """No tensors (the header runs to the end of the file): an empty mapping, metadata kept."""
+    p = tmp_path / "empty.safetensors"
+    st.save_safetensors(p, {})
+    assert st.read_safetensors(p) == {} and st.read_safetensors_metadata(p) == {}
+    st.save_safetensors(p, {}, metadata={"format": "np"})
+    assert os.path.getsize(p) == 8 + struct.unpack("<Q", p.read_bytes()[:8])[0]
+    assert st.read_safetensors(p) == {} and st.read_safetensors_metadata(p) == {"format": "np"}
+    sn = pytest.importorskip("safetensors.numpy")
+    assert sn.load_file(str(p)) == {}
+
+
+def test_header_length_and_top_level_are_checked(tmp_path):
+    p = tmp_path / "h.safetensors"
+    h = b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}'
+    for n in (len(h) + 2, 2 ** 63 + 1, 2 ** 64 - 1):      # past the end of the file
+        p.write_bytes(struct.pack("<Q", n) + h + b"\1")
+        with pytest.raises(ValueError, match=rf"{p.name}: not a safetensors file \(header "
+                                             rf"length {n}, file size {len(h) + 9};"):
+            st.read_safetensors(p)
+    p.write_bytes(struct.pack("<Q", len(h)) + h + b"\1")       # the same, with the right length
+    assert st.read_safetensors(p, copy=True)["a"].tolist() == [1]
+    for top in (b"[]", b'"a"', b"3"):
+        p.write_bytes(struct.pack("<Q", len(top)) + top)
+        with pytest.raises(ValueError, match=rf"{p.name}: safetensors header is not a JSON object"):
+            st.read_safetensors(p)
+
+
+@pytest.mark.parametrize("dtype,shape,ok", [
+    ("U8", [1] * 64, True),            # 64 unit dims: one byte
+    ("U8", [0, 2 ** 63 - 1], True),    # numpy's largest dim, no data
+    ("U8", [0, 2 ** 63], False),
+    ("I16", [0, 2 ** 62 - 1], True),   # just under the byte limit
+    ("I16", [0, 2 ** 62], False),
+])
+def test_array_size_limit_at_its_boundary(tmp_path, dtype, shape, ok):
+    """The largest shapes numpy can make are read; one more is refused at the header (numpy
+    itself is the oracle)."""
+    np_dtype = st._ST_TO_NP[dtype]
+    if ok:
+        assert np.zeros(shape, np_dtype).shape == tuple(shape)
+    else:
+        with pytest.raises(ValueError, match="exceeded|too big"):
+            np.zeros(shape, np_dtype)
+    nbytes = int(np.prod(shape, dtype=object)) * np_dtype.itemsize
+    p = tmp_path / "s.safetensors"
+    _hand_file(p, {"t": _e(dtype, shape, [0, nbytes])}, b"\7" * nbytes)
+    if ok:
+        t = st.read_safetensors(p)["t"]
+        assert t.shape == tuple(shape) and t.dtype == np_dtype and raw(t).tolist() == [7] * nbytes
+    else:
+        with pytest.raises(ValueError, match=rf"{p.name}: tensor 't': .*more elements than an "
+                                             "array can hold"):
+            st.read_safetensors(p)
+
+
+def test_reader_over_several_files(tmp_path):
+    """Membership, file_of and read-only views by default; a name in two files names both."""
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    st.save_safetensors(a, {"x": np.ones(2, np.float32), "y": np.zeros(1, np.uint8)})
+    st.save_safetensors(b, {"z": np.arange(3, dtype=np.int32)})
+    r = st.SafetensorsReader([a, b])
+    assert "x" in r and "z" in r and "w" not in r and 3 not in r
+    assert [r.file_of(k) for k in ("x", "y", "z")] == [str(a), str(a), str(b)]
+    assert r.paths == [str(a), str(b)] and len(r) == 3
+    views = st.read_safetensors([a, b])
+    assert not any(v.flags.writeable for v in views.values())
+    with pytest.raises(ValueError, match="read-only"):
+        views["x"][0] = 2
+    st.save_safetensors(b, {"x": np.zeros(2, np.float32)})
+    with pytest.raises(ValueError, match=rf"^tensor 'x' is stored in both {re.escape(str(a))} "
+                                         rf"and {re.escape(str(b))}$"):
+        st.SafetensorsReader([a, b])
