@@ -384,13 +384,13 @@ def _scan_lengths(fn, *args):
 def test_stacks_are_converted_one_matrix_at_a_time(rng, lead):
     """prepare_weights' docstring: stacks are converted one matrix at a time (lax.map), so the
     transient memory is about twice one expert's data; one matrix is converted directly."""
-    t = quantized(rng, (128, 64)) if not lead else jax.vmap(jn.quantize)(
+    t = quantized(rng, (128, 64)) if not lead else jax.jit(jax.vmap(jn.quantize))(
         jnp.asarray(rng.standard_normal((int(np.prod(lead)), 128, 64)), jnp.float32))
     if len(lead) > 1:
         t = jn.NVFP4Tensor(t.data.reshape(*lead, 128, 32), t.scales.reshape(*lead, 128, 4),
                            t.global_scale.reshape(lead))
     matrices = int(np.prod(lead))
-    for target, src in (("sm90", t), ("checkpoint", jn.prepare_weights(t))):
+    for target, src in (("sm90", t), ("checkpoint", jax.jit(jn.prepare_weights)(t))):
         got = _scan_lengths(lambda w: jn.prepare_weights(w, target), src)
         # one matrix: converted directly, or by a map over that one matrix (the same memory)
         assert got == [matrices] or (matrices == 1 and got == []), (target, got)
