@@ -27,26 +27,8 @@ constexpr int kFp8ConsumerWarps = 8;
 constexpr int kFp8ProducerRegs = 40;
 constexpr int kFp8ConsumerRegs = 232;
 
-// One tile's mainloop of a consumer thread: KT stages from (s, ph), each one 128-k chunk multiplied by
-// four m64nNk32 e4m3 wgmmas into the chunk accumulator part, then promoted,
-// acc = fma(part, scale[token], acc) (the D fragment's columns 8 j8 + 2 t4 + {0, 1}, t4 = lane % 4),
-// and released to the producer (empty[s], one arrival per warp).
-//
-// Operands (constructed here from the block's aligned shared memory and the thread's tile rows r0,
-// r0 + 8 and warpgroup wg) feeds the wgmmas:
-//   kRegisterA    true: A comes from registers (RS) that Operands builds from the stage in shared
-//                 memory; false: both operands are shared-memory descriptors (SS).
-//   Frag          the A fragments of one stage (an empty struct for SS);
-//   load(s, f)    builds stage s's fragments into f (RS only);
-//   Desc, descriptors(s, f)  stage s's descriptors, each fenced before the wgmmas as they need;
-//   mma<NN>(f, d, j, part, sc)  k32 step j of the stage;
-//   scales(s)     the shared address of stage s's chunk scales of this thread's first column pair.
-// With register A the next stage is waited for and its fragments built while this stage's wgmmas run
-// (two fragment buffers, the loop unrolled by two to keep their index static); the scales are read
-// after the wgmmas, and the stage is released after the promotion (the fragments leave no registers
-// to hold the scales across the wgmmas). With SS operands the stage is waited for at its start, its
-// scales are read then and it is released as soon as the wgmmas are done, before the promotion.
-// acc += part * scale of the D fragment's column pair j8 (columns 8 j8 + 2 t4 + {0, 1}; rows +0 / +8).
+// acc += part * scale of the D fragment's column pair j8 (columns 8 j8 + 2 t4 + {0, 1}, t4 = lane % 4;
+// rows +0 / +8).
 template <int ACC, int P>
 __device__ __forceinline__ void promote_pair(float (&acc)[ACC], const float (&part)[P], int j8, float2 sc) {
   acc[4 * j8 + 0] = fmaf(part[4 * j8 + 0], sc.x, acc[4 * j8 + 0]);
@@ -54,12 +36,31 @@ __device__ __forceinline__ void promote_pair(float (&acc)[ACC], const float (&pa
   acc[4 * j8 + 2] = fmaf(part[4 * j8 + 2], sc.x, acc[4 * j8 + 2]);
   acc[4 * j8 + 3] = fmaf(part[4 * j8 + 3], sc.y, acc[4 * j8 + 3]);
 }
-// Releases stage s to the producer once every lane of the warp is done reading it.
+// Releases stage s to the producer (one arrival per warp) once every lane of the warp is done reading it.
 __device__ __forceinline__ void release_stage(uint32_t empty0, int s, int lane) {
   __syncwarp();
   if (lane == 0) mbar_arrive(empty0 + s * 8);
 }
 
+// One tile's mainloop of a consumer thread, WGMMA N = NN: KT stages from (s, ph), each one 128-k chunk
+// multiplied by four m64nNk32 e4m3 wgmmas into the chunk accumulator part, promoted,
+// acc = fma(part, scale[token], acc), and released to the producer (empty[s]).
+//
+// Operands, built by ConsumerMainloop from the block's aligned shared memory, the thread's tile rows
+// r0, r0 + 8 and its warpgroup wg, feeds the wgmmas (csrc/grouped_gemm_fp8_sm90.cu: E2m1RegisterA;
+// csrc/grouped_gemm_fp8_prepared_sm90.cu: SharedAB):
+//   kRegisterA               true: A from registers (RS), built from the stage in shared memory;
+//                            false: both operands by shared-memory descriptor (SS);
+//   Frag, load(s, f)         one stage's A fragments, and building stage s's into f (RS; empty for SS);
+//   Desc, descriptors(s, f)  stage s's descriptors (and the fences the operands need before the wgmmas);
+//   mma<NN>(f, d, j, part, sc)  the stage's k32 step j;
+//   scales(s)                the shared address of stage s's chunk scales of this thread's first
+//                            column pair (then every 8 columns, 32 bytes).
+// RS: the next stage is waited for and its fragments built while this stage's wgmmas run (two
+// fragment buffers; the loop unrolled by two keeps their index static); the scales are read from the
+// stage after the wgmmas, and the stage is released after the promotion. SS: the stage is waited for
+// at its start and its scales read then; it is released as soon as the wgmmas are done, before the
+// promotion.
 template <int NN, int STAGES, typename Operands, int ACC>
 __device__ __forceinline__ void consumer_mainloop(float (&acc)[ACC], const Operands& op, uint32_t bar_base, int KT,
                                                   int& s, uint32_t& ph) {
@@ -133,8 +134,7 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[ACC], const Opera
   }
 }
 
-// consumer_mainloop<NN, ...> for with_tile_n (pointers for its references; Operands built here, from
-// the values the kernel computed)
+// consumer_mainloop<NN, ...> for with_tile_n (pointers for its references; Operands built here)
 template <int STAGES, typename Operands>
 struct ConsumerMainloop {
   template <int NN, int ACC>
@@ -144,12 +144,15 @@ struct ConsumerMainloop {
   }
 };
 
-// The consumer warpgroups (warps 4 .. 11) of a kernel whose shared memory (1024-byte aligned) holds
-// the tile ring at kTileOff: take each tile from the ring, run its mainloop, store it (alpha times 2^3:
-// the e4m3 weights carry 2^-3; store_pair drops the rows past N), until the ring's end tile.
+// The consumer warpgroups (warps 4 .. 11): take each tile from the schedule ring, run its mainloop,
+// store it (alpha times 2^3: the e4m3 weights carry 2^-3; store_pair drops the rows past N), until the
+// ring's end tile. The kernel declares the ring and the two tiles (t, nxt) in its consumer branch and
+// passes them: declared here, the loop-carried tile fields and ring state reach ptxas in another order
+// and it allocates the kernels' registers differently (docs/archive/kernel-notes.md).
 template <int BTMAX, int STAGES, typename Operands, typename KParams, int kTileOff>
 __device__ __forceinline__ void fp8_consumer_tiles(const KParams& p, uint8_t* smem, uint32_t bar_base, int KT,
-                                                   int warp, int lane, TileRing<kTileOff>& ring, Tile& t, Tile& nxt) {
+                                                   int warp, int lane, TileRing<kTileOff>& ring, Tile& t,
+                                                   Tile& nxt) {
   setmaxnreg_inc<kFp8ConsumerRegs>();
   const int cw = warp - 4;
   const int wg = cw >> 2;

@@ -11,9 +11,10 @@
 // scales [K/128, M]); the weights are prepared in the same k order inside each chunk, and a chunk's dot
 // product is one sum, so the order needs no further handling here.
 //
-// D^T = W X^T as in csrc/grouped_gemm_fp8_sm90.cu, whose persistent schedule, tile walk, tile ring and
-// epilogue this kernel shares (csrc/wgmma_sm90_common.cuh, csrc/grouped_gemm_schedule.cuh): a CTA
-// tile is 128 weight rows x up to BTMAX tokens of one group; one pipeline stage is one 128-k chunk.
+// D^T = W X^T as in csrc/grouped_gemm_fp8_sm90.cu, whose persistent schedule, tile walk, tile ring,
+// consumer loop and epilogue this kernel shares (csrc/wgmma_sm90_common.cuh, csrc/grouped_gemm_schedule.cuh,
+// csrc/fp8_consumer_sm90.cuh, to which this file gives its operands: SharedAB): a CTA tile is 128 weight
+// rows x up to BTMAX tokens of one group; one pipeline stage is one 128-k chunk.
 //
 // Warp specialization (384 threads, 1 CTA per SM, persistent):
 //   warp 0: walks the schedule, publishes each tile to the consumers' ring, and per stage TMA-loads the
@@ -243,7 +244,7 @@ __global__ void __launch_bounds__(kFp8Threads, 1)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Host side
+// Host side: launch_fp8_family (csrc/fp8_consumer_sm90.cuh) calls launch<token tile, stages>.
 struct PreparedLaunch {
   template <int BTMAX, int STAGES>
   static cudaError_t launch(const GroupedGemmParams& p, const P8Params& fp, cudaStream_t stream) {

@@ -11,6 +11,8 @@
 // schedule and tile walk this kernel shares through csrc/wgmma_sm90_common.cuh): a CTA tile is 128
 // weight rows x up to BTMAX tokens of one group; the weights are the WGMMA A operand from
 // registers (RS), the tokens the N side from shared memory (e4m3, 128-byte swizzle, TMA).
+// The consumer warpgroups' tile loop and mainloop are the FP8 kernels' shared ones
+// (csrc/fp8_consumer_sm90.cuh); this file gives them its operands (E2m1RegisterA: the decode below).
 //
 // Warp specialization (384 threads, 1 CTA per SM, persistent):
 //   warpgroup 0 (producer): warp 0 walks the schedule, publishes each tile to the consumers
@@ -68,9 +70,6 @@ namespace gmma = cute::SM90::GMMA;
 constexpr int kBK = kFp8BK;    // k per pipeline stage = one promotion chunk = one 128-byte e4m3 swizzle row
 constexpr int kBoxT = kFp8BoxT;  // tokens per activation TMA box
 constexpr int kTableBytes = 256 * 8;  // e4m3 product table: 8 bytes per scale byte
-// The TMA warp finds each tile (find_tile: dependent L2 loads of the schedule) and hands it to the
-// consumers through a ring of this many slots in shared memory, so that a tile switch costs the
-// consumers a shared-memory read instead of those loads.
 
 template <int BTMAX, int STAGES>
 struct F8Cfg {
@@ -336,7 +335,7 @@ __global__ void __launch_bounds__(kFp8Threads, 1)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Host side
+// Host side: launch_fp8_family (csrc/fp8_consumer_sm90.cuh) calls launch<token tile, stages>.
 struct Fp8Launch {
   template <int BTMAX, int STAGES>
   static cudaError_t launch(const GroupedGemmParams& p, const F8Params& fp, cudaStream_t stream) {
