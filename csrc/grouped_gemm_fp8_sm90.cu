@@ -236,8 +236,8 @@ __global__ void __launch_bounds__(kFp8Threads, 1)
   if (threadIdx.x == 0) {
 #pragma unroll 1
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full0 + s * 8, 1 + 32);             // arrive.expect_tx + the cp.async warp's lanes
-      mbar_init(empty0 + s * 8, kFp8ConsumerWarps);    // one per consumer warp
+      mbar_init(full0 + s * 8, 1 + 32);           // arrive.expect_tx + the cp.async warp's lanes
+      mbar_init(empty0 + s * 8, kFp8ConsumerWarps);  // one per consumer warp
     }
     TileRing<C::kTileOff>::init(smem, kFp8ConsumerWarps);
     fence_mbarrier_init();
