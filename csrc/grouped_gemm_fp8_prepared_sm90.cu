@@ -11,9 +11,10 @@
 // scales [K/128, M]); the weights are prepared in the same k order inside each chunk, and a chunk's dot
 // product is one sum, so the order needs no further handling here.
 //
-// D^T = W X^T as in csrc/grouped_gemm_fp8_sm90.cu, whose persistent schedule, tile walk, tile ring and
-// epilogue this kernel shares (csrc/wgmma_sm90_common.cuh, csrc/grouped_gemm_schedule.cuh): a CTA
-// tile is 128 weight rows x up to BTMAX tokens of one group; one pipeline stage is one 128-k chunk.
+// D^T = W X^T as in csrc/grouped_gemm_fp8_sm90.cu, whose persistent schedule, tile walk, tile ring,
+// consumer loop and epilogue this kernel shares (csrc/wgmma_sm90_common.cuh, csrc/grouped_gemm_schedule.cuh,
+// csrc/fp8_consumer_sm90.cuh, to which this file gives its operands: SharedAB): a CTA tile is 128 weight
+// rows x up to BTMAX tokens of one group; one pipeline stage is one 128-k chunk.
 //
 // Warp specialization (384 threads, 1 CTA per SM, persistent):
 //   warp 0: walks the schedule, publishes each tile to the consumers' ring, and per stage TMA-loads the
@@ -28,6 +29,7 @@
 // group's) are computed and dropped by the epilogue.
 // Design, counts and measurements: docs/design.md; the configurations tried: docs/archive/fp8-prepared-lab.md.
 
+#include "csrc/fp8_consumer_sm90.cuh"
 #include "csrc/grouped_gemm.h"
 #include "csrc/grouped_gemm_schedule.cuh"
 #include "csrc/mbarrier_sm90.cuh"
@@ -50,10 +52,6 @@ namespace gmma = cute::SM90::GMMA;
 
 constexpr int kBK = kFp8BK;      // k per stage = one promotion chunk = one 128-byte swizzle row of e4m3
 constexpr int kBoxT = kFp8BoxT;  // tokens per activation TMA box
-constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
-constexpr int kConsumerWarps = 8;
-constexpr int kProducerRegs = 40;
-constexpr int kConsumerRegs = 232;
 
 template <int BTMAX, int STAGES>
 struct P8Cfg {
@@ -108,75 +106,51 @@ __device__ __forceinline__ void wgmma_ss(uint64_t da, uint64_t db, Acc& acc, gmm
   P8Ops<NN>::SS::fma(da, db, acc[I]..., sc);
 }
 
-// Consumer: one tile's mainloop with WGMMA N = NN over KT stages starting at (s, ph); wg (0 or 1) is the
-// consumer warpgroup, which multiplies weight rows 64 wg .. 64 wg + 63 of the tile. The other
-// warpgroup's wgmmas overlap this one's promotion.
-template <int NN, int BTMAX, int STAGES>
-__device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
-                                                  int wg, int& s, uint32_t& ph) {
-  using C = P8Cfg<BTMAX, STAGES>;
-  const uint32_t full0 = bar_base;
-  const uint32_t empty0 = bar_base + STAGES * 8;
-  const int lane = threadIdx.x & 31;
-  const int t4 = lane & 3;
-  const uint32_t base = smem_u32(smem);
-  float part[NN / 2];
-  // descriptor low words of stage 0: a stage is kStage bytes further, a k32 step 32 bytes (+2)
-  const uint64_t desc_hi = smem_desc_sw128(0) & 0xFFFFFFFF00000000ull;
-  const uint32_t a_lo0 = static_cast<uint32_t>(smem_desc_sw128(base + C::kWOff + wg * 64 * kBK));
-  const uint32_t b_lo0 = static_cast<uint32_t>(smem_desc_sw128(base + C::kActOff));
-
-#pragma unroll 1
-  for (int kt = 0; kt < KT; ++kt) {
-    mbar_wait(full0 + s * 8, ph);
-    // this thread's token scales (columns 8 j8 + 2 t4 + {0, 1}), read before the stage is released
-    float2 xsc[NN / 8];
-    const uint32_t xs = base + C::kXsOff + s * (BTMAX * 4) + 8 * t4;
-#pragma unroll
-    for (int j8 = 0; j8 < NN / 8; ++j8) xsc[j8] = lds64f(xs + 32 * j8);
-    const uint32_t soff = static_cast<uint32_t>(s) * (C::kStage >> 4);
-    uint64_t da[4], db[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      da[j] = desc_hi | (a_lo0 + soff + j * 2);
-      db[j] = desc_hi | (b_lo0 + soff + j * 2);
-    }
-    const uint2 flags = fence_operands(0u, 1u);  // (zero, one): the scale-d of the first k32 step, the others
-    fence_acc(part);
-    cute::warpgroup_arrive();
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(j == 0 ? flags.x : flags.y);
-      wgmma_ss<NN>(da[j], db[j], part, sc, std::make_index_sequence<NN / 2>{});
-    }
-    cute::warpgroup_commit_batch();
-    cute::warpgroup_wait<0>();
-    fence_acc(part);
-    // the stage (operand tiles and scales) is free once the wgmmas are done
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty0 + s * 8);
-#pragma unroll
-    for (int j8 = 0; j8 < NN / 8; ++j8) {
-      acc[4 * j8 + 0] = fmaf(part[4 * j8 + 0], xsc[j8].x, acc[4 * j8 + 0]);
-      acc[4 * j8 + 1] = fmaf(part[4 * j8 + 1], xsc[j8].y, acc[4 * j8 + 1]);
-      acc[4 * j8 + 2] = fmaf(part[4 * j8 + 2], xsc[j8].x, acc[4 * j8 + 2]);
-      acc[4 * j8 + 3] = fmaf(part[4 * j8 + 3], xsc[j8].y, acc[4 * j8 + 3]);
-    }
-    advance_stage<STAGES>(s, ph);
-  }
-}
-// consumer_mainloop<NN, ...> for with_tile_n (pointers for its references)
+// The consumer's operands (csrc/fp8_consumer_sm90.cuh, consumer_mainloop): both by descriptor, A the
+// weight rows 64 wg .. 64 wg + 63 of the tile (warpgroup wg), B the tokens. The other warpgroup's
+// wgmmas overlap this one's promotion.
 template <int BTMAX, int STAGES>
-struct ConsumerMainloop {
-  template <int NN>
-  __device__ __forceinline__ void operator()(float (*acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
-                                             int wg, int* s, uint32_t* ph) const {
-    consumer_mainloop<NN, BTMAX, STAGES>(*acc, smem, bar_base, KT, wg, *s, *ph);
+struct SharedAB {
+  using C = P8Cfg<BTMAX, STAGES>;
+  static constexpr bool kRegisterA = false;
+  struct Frag {};
+  struct Desc {
+    uint64_t a[4], b[4];
+  };
+  uint32_t base;
+  int t4;
+  // descriptor low words of stage 0: a stage is kStage bytes further, a k32 step 32 bytes (+2)
+  uint64_t desc_hi;
+  uint32_t a_lo0, b_lo0;
+
+  __device__ __forceinline__ SharedAB(uint8_t* smem, int /*r0*/, int wg)
+      : base(smem_u32(smem)),
+        t4(threadIdx.x & 3),
+        desc_hi(smem_desc_sw128(0) & 0xFFFFFFFF00000000ull),
+        a_lo0(static_cast<uint32_t>(smem_desc_sw128(base + C::kWOff + wg * 64 * kBK))),
+        b_lo0(static_cast<uint32_t>(smem_desc_sw128(base + C::kActOff))) {}
+
+  __device__ __forceinline__ void load(int, Frag&) const {}
+  __device__ __forceinline__ Desc descriptors(int s, Frag&) const {
+    const uint32_t soff = static_cast<uint32_t>(s) * (C::kStage >> 4);
+    Desc d;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      d.a[j] = desc_hi | (a_lo0 + soff + j * 2);
+      d.b[j] = desc_hi | (b_lo0 + soff + j * 2);
+    }
+    return d;
   }
+  template <int NN, typename Acc>
+  __device__ __forceinline__ void mma(const Frag&, const Desc& d, int j, Acc& part, gmma::ScaleOut sc) const {
+    wgmma_ss<NN>(d.a[j], d.b[j], part, sc, std::make_index_sequence<NN / 2>{});
+  }
+  // the tokens' chunk scales, beside the stages
+  __device__ __forceinline__ uint32_t scales(int s) const { return base + C::kXsOff + s * (BTMAX * 4) + 8 * t4; }
 };
 
 template <int BTMAX, int STAGES>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kFp8Threads, 1)
     grouped_gemm_fp8_prepared_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_w,
                                      const P8Params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -191,9 +165,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 1
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full0 + s * 8, 1 + 32);           // arrive.expect_tx + the cp.async warp's lanes
-      mbar_init(empty0 + s * 8, kConsumerWarps);  // one per consumer warp
+      mbar_init(empty0 + s * 8, kFp8ConsumerWarps);  // one per consumer warp
     }
-    TileRing<C::kTileOff>::init(smem, kConsumerWarps);
+    TileRing<C::kTileOff>::init(smem, kFp8ConsumerWarps);
     fence_mbarrier_init();
     prefetch_tensormap(&tm_a);
     prefetch_tensormap(&tm_w);
@@ -212,7 +186,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warp < 4) {
     // ------------------------------- producer warpgroup -------------------------------
-    setmaxnreg_dec<kProducerRegs>();
+    setmaxnreg_dec<kFp8ProducerRegs>();
     if (warp >= 2) return;
     int s = 0;
     uint32_t ph = 0;
@@ -262,52 +236,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     // ------------------------------- consumer warpgroups -------------------------------
-    setmaxnreg_inc<kConsumerRegs>();
-    const int cw = warp - 4;
-    const int wg = cw >> 2;
-    const int r0 = cw * 16 + (lane >> 2);  // tile rows r0 and r0 + 8 (the m64 D fragment of warp cw % 4)
-    float acc[BTMAX / 2];
-    int s = 0;
-    uint32_t ph = 0;
     TileRing<C::kTileOff> ring{smem};
     Tile t, nxt;
-    bool have = ring.next(t, lane);
-    while (have) {
-      // the epilogue's alpha into L1 now, so that its load after the mainloop does not wait on L2
-      prefetch_l1(p.alpha + t.g);
-#pragma unroll
-      for (int i = 0; i < BTMAX / 2; ++i) acc[i] = 0.0f;
-      with_tile_n<BTMAX>(t.rows, ConsumerMainloop<BTMAX, STAGES>{}, &acc, smem, bar_base, KT, wg, &s, &ph);
-      const bool have_next = ring.next(nxt, lane);
-      // undo the 2^-3 of the e4m3 weights (store_pair drops the rows past N)
-      with_tile_n<BTMAX>(t.rows, StoreTile{}, &acc, &p, &t, r0, 8.0f);
-      t = nxt;
-      have = have_next;
-    }
+    fp8_consumer_tiles<BTMAX, STAGES, SharedAB<BTMAX, STAGES>>(p, smem, bar_base, KT, warp, lane, ring, t, nxt);
   }
 #endif
 }
 
 // ---------------------------------------------------------------------------------------------
-// Host side
-template <int BTMAX, int STAGES>
-cudaError_t launch_prepared(const GroupedGemmParams& p, const P8Params& fp, cudaStream_t stream) {
-  static std::atomic<uint64_t> done_mask{0};
-  // prepared weights: e4m3 [G * N][K], box 128 k x 128 rows, 128-byte swizzle (WGMMA K-major A)
-  return launch_fp8_kernel(grouped_gemm_fp8_prepared_kernel<BTMAX, STAGES>, kThreads, P8Cfg<BTMAX, STAGES>::kSmem,
-                           done_mask, p, fp, p.K, kBK, CU_TENSOR_MAP_SWIZZLE_128B, stream);
-}
-
-template <int I>
-cudaError_t launch_entry(const GroupedGemmParams& p, const P8Params& fp, cudaStream_t stream) {
-  constexpr KernelConfig c = kKernelConfigs[I];
-  if constexpr (c.family != KernelFamily::kWgmmaFp8Prepared) {
-    return cudaErrorInvalidValue;
-  } else {
-    static_assert(c.cluster == 1, "the prepared-weights kernel runs one CTA per tile");
-    return launch_prepared<c.token_tile, c.stages>(p, fp, stream);
+// Host side: launch_fp8_family (csrc/fp8_consumer_sm90.cuh) calls launch<token tile, stages>.
+struct PreparedLaunch {
+  template <int BTMAX, int STAGES>
+  static cudaError_t launch(const GroupedGemmParams& p, const P8Params& fp, cudaStream_t stream) {
+    static std::atomic<uint64_t> done_mask{0};
+    // prepared weights: e4m3 [G * N][K], box 128 k x 128 rows, 128-byte swizzle (WGMMA K-major A)
+    return launch_fp8_kernel(grouped_gemm_fp8_prepared_kernel<BTMAX, STAGES>, kFp8Threads,
+                             P8Cfg<BTMAX, STAGES>::kSmem, done_mask, p, fp, p.K, kBK, CU_TENSOR_MAP_SWIZZLE_128B,
+                             stream);
   }
-}
+};
 
 }  // namespace
 
@@ -315,8 +262,7 @@ cudaError_t launch_entry(const GroupedGemmParams& p, const P8Params& fp, cudaStr
 // fp8-prepared weights; with WgmmaFp8PreparedShapeOk: K % kBK == 0, G * N within the tensor map's
 // int32 rows).
 cudaError_t LaunchGroupedGemmFp8Prepared(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream) {
-  return run_fp8_gemm<P8Params>(
-      p, c, stream, [&](auto i, const P8Params& fp) { return launch_entry<decltype(i)::value>(p, fp, stream); });
+  return launch_fp8_family<KernelFamily::kWgmmaFp8Prepared, PreparedLaunch, P8Params>(p, c, stream);
 }
 
 }  // namespace jax_nvfp4

@@ -11,6 +11,8 @@
 // schedule and tile walk this kernel shares through csrc/wgmma_sm90_common.cuh): a CTA tile is 128
 // weight rows x up to BTMAX tokens of one group; the weights are the WGMMA A operand from
 // registers (RS), the tokens the N side from shared memory (e4m3, 128-byte swizzle, TMA).
+// The consumer warpgroups' tile loop and mainloop are the FP8 kernels' shared ones
+// (csrc/fp8_consumer_sm90.cuh); this file gives them its operands (E2m1RegisterA: the decode below).
 //
 // Warp specialization (384 threads, 1 CTA per SM, persistent):
 //   warpgroup 0 (producer): warp 0 walks the schedule, publishes each tile to the consumers
@@ -45,6 +47,7 @@
 #include "csrc/grouped_gemm.h"
 #include "csrc/grouped_gemm_schedule.cuh"
 #include "csrc/e2m1_sm90_layout.cuh"
+#include "csrc/fp8_consumer_sm90.cuh"
 #include "csrc/mbarrier_sm90.cuh"
 #include "csrc/wgmma_sm90_common.cuh"
 
@@ -66,14 +69,7 @@ namespace gmma = cute::SM90::GMMA;
 
 constexpr int kBK = kFp8BK;    // k per pipeline stage = one promotion chunk = one 128-byte e4m3 swizzle row
 constexpr int kBoxT = kFp8BoxT;  // tokens per activation TMA box
-constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
-constexpr int kConsumerWarps = 8;
-constexpr int kProducerRegs = 40;
-constexpr int kConsumerRegs = 232;
 constexpr int kTableBytes = 256 * 8;  // e4m3 product table: 8 bytes per scale byte
-// The TMA warp finds each tile (find_tile: dependent L2 loads of the schedule) and hands it to the
-// consumers through a ring of this many slots in shared memory, so that a tile switch costs the
-// consumers a shared-memory read instead of those loads.
 
 template <int BTMAX, int STAGES>
 struct F8Cfg {
@@ -162,23 +158,31 @@ __device__ __forceinline__ void wgmma_fp8(const uint32_t (&a)[4], uint64_t desc,
   F8Ops<NN>::RS::fma(a[0], a[1], a[2], a[3], desc, acc[I]..., sc);
 }
 
-// Consumer: one tile's mainloop with WGMMA N = NN over KT stages starting at (s, ph).
-template <int NN, int BTMAX, int STAGES>
-__device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
-                                                  int r0, int& s, uint32_t& ph) {
+// The consumer's operands (csrc/fp8_consumer_sm90.cuh, consumer_mainloop): A, the weights, from registers
+// decoded from the stage's e2m1 codes and block scales (rows r0 and r0 + 8, k 32 t4 .. 32 t4 + 31 of the
+// chunk, t4 = lane % 4); B, the tokens, by descriptor.
+template <int BTMAX, int STAGES>
+struct E2m1RegisterA {
   using C = F8Cfg<BTMAX, STAGES>;
-  const uint32_t full0 = bar_base;
-  const uint32_t empty0 = bar_base + STAGES * 8;
-  const int lane = threadIdx.x & 31;
-  const int t4 = lane & 3;
-  const uint32_t base = smem_u32(smem);
-  const uint32_t table = base + C::kTableOff;
-  uint32_t frag[2][4][4];
-  float part[NN / 2];
-  const uint32_t desc_lo0 = static_cast<uint32_t>(smem_desc_sw128(base + C::kActOff));
+  static constexpr bool kRegisterA = true;
+  struct Frag {
+    uint32_t r[4][4];  // [k32 step][A fragment register]
+  };
+  struct Desc {
+    uint64_t b[4];
+  };
+  int r0, t4;
+  uint32_t base, table;
+  uint32_t desc_lo0;  // the token descriptor's low word at stage 0
 
-  // The A fragments of stage st: rows r0 and r0 + 8, k 32 t4 .. 32 t4 + 31 of the chunk.
-  auto decode = [&](int st, uint32_t (&f)[4][4]) {
+  __device__ __forceinline__ E2m1RegisterA(uint8_t* smem, int r0_, int /*wg*/)
+      : r0(r0_),
+        t4(threadIdx.x & 3),
+        base(smem_u32(smem)),
+        table(base + C::kTableOff),
+        desc_lo0(static_cast<uint32_t>(smem_desc_sw128(base + C::kActOff))) {}
+
+  __device__ __forceinline__ void load(int st, Frag& f) const {
     const uint32_t sb = base + st * C::kStage;
     const uint4 wa = lds128(sb + C::kWOff + r0 * 64 + t4 * 16);
     const uint4 wb = lds128(sb + C::kWOff + (r0 + 8) * 64 + t4 * 16);
@@ -190,83 +194,35 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
     const uint32_t wvb[4] = {wb.x, wb.y, wb.z, wb.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {  // word j: k 32 t4 + 8 j .. + 7, block 2 t4 + j / 2
-      e2m1x8_to_e4m3(wva[j], ta[j >> 1], f[j][0], f[j][2]);
-      e2m1x8_to_e4m3(wvb[j], tb[j >> 1], f[j][1], f[j][3]);
+      e2m1x8_to_e4m3(wva[j], ta[j >> 1], f.r[j][0], f.r[j][2]);
+      e2m1x8_to_e4m3(wvb[j], tb[j >> 1], f.r[j][1], f.r[j][3]);
     }
-  };
-
-  auto body = [&](int kt, auto buf_c) {
-    constexpr int buf = decltype(buf_c)::value;
+  }
+  __device__ __forceinline__ Desc descriptors(int s, Frag& f) const {
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) cute::warpgroup_fence_operand(frag[buf][j][i]);
-    uint64_t desc[4];
+      for (int i = 0; i < 4; ++i) cute::warpgroup_fence_operand(f.r[j][i]);
+    Desc d;
     const uint32_t dlo = desc_lo0 + static_cast<uint32_t>(s) * (C::kStage >> 4);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      desc[j] = (smem_desc_sw128(0) & 0xFFFFFFFF00000000ull) | (dlo + j * 2);  // + 32 bytes per k32 step
-      fence_operand(desc[j]);
+      d.b[j] = (smem_desc_sw128(0) & 0xFFFFFFFF00000000ull) | (dlo + j * 2);  // + 32 bytes per k32 step
+      fence_operand(d.b[j]);
     }
-    const uint2 flags = fence_operands(0u, 1u);  // (zero, one): the scale-d of the first k32 step, the others
-    fence_acc(part);
-    cute::warpgroup_arrive();
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const gmma::ScaleOut sc = static_cast<gmma::ScaleOut>(j == 0 ? flags.x : flags.y);
-      wgmma_fp8<NN>(frag[buf][j], desc[j], part, sc, std::make_index_sequence<NN / 2>{});
-    }
-    cute::warpgroup_commit_batch();
-    fence_acc(part);
-    // the next stage's fragments while this stage's wgmmas run
-    int s_next = s;
-    uint32_t ph_next = ph;
-    advance_stage<STAGES>(s_next, ph_next);
-    if (kt + 1 < KT) {
-      mbar_wait(full0 + s_next * 8, ph_next);
-      decode(s_next, frag[buf ^ 1]);
-    }
-    cute::warpgroup_wait<0>();
-    fence_acc(part);
-    // promote: acc += chunk * scale of the column's token (columns 8 j8 + 2 t4 + {0, 1})
-    const uint32_t xs = base + s * C::kStage + C::kXsOff + 8 * t4;
-#pragma unroll
-    for (int j8 = 0; j8 < NN / 8; ++j8) {
-      const float2 sc = lds64f(xs + 32 * j8);
-      acc[4 * j8 + 0] = fmaf(part[4 * j8 + 0], sc.x, acc[4 * j8 + 0]);
-      acc[4 * j8 + 1] = fmaf(part[4 * j8 + 1], sc.y, acc[4 * j8 + 1]);
-      acc[4 * j8 + 2] = fmaf(part[4 * j8 + 2], sc.x, acc[4 * j8 + 2]);
-      acc[4 * j8 + 3] = fmaf(part[4 * j8 + 3], sc.y, acc[4 * j8 + 3]);
-    }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty0 + s * 8);
-    s = s_next;
-    ph = ph_next;
-  };
-
-  mbar_wait(full0 + s * 8, ph);
-  decode(s, frag[0]);
-  int kt = 0;
-#pragma unroll 1
-  for (; kt + 1 < KT; kt += 2) {
-    body(kt, std::integral_constant<int, 0>{});
-    body(kt + 1, std::integral_constant<int, 1>{});
+    return d;
   }
-  if (kt < KT) body(kt, std::integral_constant<int, 0>{});
-}
-// consumer_mainloop<NN, ...> for with_tile_n (pointers for its references)
-template <int BTMAX, int STAGES>
-struct ConsumerMainloop {
-  template <int NN>
-  __device__ __forceinline__ void operator()(float (*acc)[BTMAX / 2], uint8_t* smem, uint32_t bar_base, int KT,
-                                             int r0, int* s, uint32_t* ph) const {
-    consumer_mainloop<NN, BTMAX, STAGES>(*acc, smem, bar_base, KT, r0, *s, *ph);
+  template <int NN, typename Acc>
+  __device__ __forceinline__ void mma(const Frag& f, const Desc& d, int j, Acc& part, gmma::ScaleOut sc) const {
+    wgmma_fp8<NN>(f.r[j], d.b[j], part, sc, std::make_index_sequence<NN / 2>{});
   }
+  // the tokens' chunk scales, in the stage
+  __device__ __forceinline__ uint32_t scales(int s) const { return base + s * C::kStage + C::kXsOff + 8 * t4; }
 };
 
 // ---------------------------------------------------------------------------------------------
 template <int BTMAX, int STAGES>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kFp8Threads, 1)
     grouped_gemm_fp8_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_w,
                             const F8Params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -280,10 +236,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
 #pragma unroll 1
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full0 + s * 8, 1 + 32);             // arrive.expect_tx + the cp.async warp's lanes
-      mbar_init(empty0 + s * 8, kConsumerWarps);    // one per consumer warp
+      mbar_init(full0 + s * 8, 1 + 32);           // arrive.expect_tx + the cp.async warp's lanes
+      mbar_init(empty0 + s * 8, kFp8ConsumerWarps);  // one per consumer warp
     }
-    TileRing<C::kTileOff>::init(smem, kConsumerWarps);
+    TileRing<C::kTileOff>::init(smem, kFp8ConsumerWarps);
     fence_mbarrier_init();
     prefetch_tensormap(&tm_a);
     prefetch_tensormap(&tm_w);
@@ -306,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warp < 4) {
     // ------------------------------- producer warpgroup -------------------------------
-    setmaxnreg_dec<kProducerRegs>();
+    setmaxnreg_dec<kFp8ProducerRegs>();
     if (warp >= 2) return;
     int s = 0;
     uint32_t ph = 0;
@@ -371,58 +327,31 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     // ------------------------------- consumer warpgroups -------------------------------
-    setmaxnreg_inc<kConsumerRegs>();
-    const int cw = warp - 4;
-    const int r0 = cw * 16 + (lane >> 2);  // tile rows r0 and r0 + 8
-    float acc[BTMAX / 2];
-    int s = 0;
-    uint32_t ph = 0;
     TileRing<C::kTileOff> ring{smem};
     Tile t, nxt;
-    bool have = ring.next(t, lane);
-    while (have) {
-      // the epilogue's alpha into L1 now, so that its load after the mainloop does not wait on L2
-      prefetch_l1(p.alpha + t.g);
-#pragma unroll
-      for (int i = 0; i < BTMAX / 2; ++i) acc[i] = 0.0f;
-      with_tile_n<BTMAX>(t.rows, ConsumerMainloop<BTMAX, STAGES>{}, &acc, smem, bar_base, KT, r0, &s, &ph);
-      const bool have_next = ring.next(nxt, lane);
-      // undo the 2^-3 of the e4m3 weights
-      with_tile_n<BTMAX>(t.rows, StoreTile{}, &acc, &p, &t, r0, 8.0f);
-      t = nxt;
-      have = have_next;
-    }
+    fp8_consumer_tiles<BTMAX, STAGES, E2m1RegisterA<BTMAX, STAGES>>(p, smem, bar_base, KT, warp, lane, ring, t, nxt);
   }
 #endif
 }
 
 // ---------------------------------------------------------------------------------------------
-// Host side
-template <int BTMAX, int STAGES>
-cudaError_t launch_fp8(const GroupedGemmParams& p, const F8Params& fp, cudaStream_t stream) {
-  static std::atomic<uint64_t> done_mask{0};
-  // weight codes: u8 [G * N][K / 2], box 64 bytes (128 k) x 128 rows, no swizzle
-  return launch_fp8_kernel(grouped_gemm_fp8_kernel<BTMAX, STAGES>, kThreads, F8Cfg<BTMAX, STAGES>::kSmem, done_mask, p,
-                           fp, p.K / 2, kBK / 2, CU_TENSOR_MAP_SWIZZLE_NONE, stream);
-}
-
-template <int I>
-cudaError_t launch_entry(const GroupedGemmParams& p, const F8Params& fp, cudaStream_t stream) {
-  constexpr KernelConfig c = kKernelConfigs[I];
-  if constexpr (c.family != KernelFamily::kWgmmaFp8) {
-    return cudaErrorInvalidValue;
-  } else {
-    return launch_fp8<c.token_tile, c.stages>(p, fp, stream);
+// Host side: launch_fp8_family (csrc/fp8_consumer_sm90.cuh) calls launch<token tile, stages>.
+struct Fp8Launch {
+  template <int BTMAX, int STAGES>
+  static cudaError_t launch(const GroupedGemmParams& p, const F8Params& fp, cudaStream_t stream) {
+    static std::atomic<uint64_t> done_mask{0};
+    // weight codes: u8 [G * N][K / 2], box 64 bytes (128 k) x 128 rows, no swizzle
+    return launch_fp8_kernel(grouped_gemm_fp8_kernel<BTMAX, STAGES>, kFp8Threads, F8Cfg<BTMAX, STAGES>::kSmem,
+                             done_mask, p, fp, p.K / 2, kBK / 2, CU_TENSOR_MAP_SWIZZLE_NONE, stream);
   }
-}
+};
 
 }  // namespace
 
 // Preconditions: LaunchGroupedGemm's (csrc/grouped_gemm.h), c of family wgmma_fp8 (p.fp8; with
 // WgmmaFp8ShapeOk: K % kBK == 0, checkpoint weights, G * N within the tensor map's int32 rows).
 cudaError_t LaunchGroupedGemmFp8(const GroupedGemmParams& p, const KernelConfig& c, cudaStream_t stream) {
-  return run_fp8_gemm<F8Params>(
-      p, c, stream, [&](auto i, const F8Params& fp) { return launch_entry<decltype(i)::value>(p, fp, stream); });
+  return launch_fp8_family<KernelFamily::kWgmmaFp8, Fp8Launch, F8Params>(p, c, stream);
 }
 
 }  // namespace jax_nvfp4

@@ -617,10 +617,8 @@ __device__ __forceinline__ void ws_produce_tile(const KParams& p, const Dims& d,
 #pragma unroll
     for (int i = 0; i < kAPerLane; ++i) {
       const int chunk = lane + 32 * i;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                       st + C::kAOff + (chunk >> 3) * kActPitchBf16 + (chunk & 7) * 16),
-                   "l"(abytes[i] ? asrc[i] + kt * 128 : asrc[i]), "r"(abytes[i])
-                   : "memory");
+      cp_async16(st + C::kAOff + (chunk >> 3) * kActPitchBf16 + (chunk & 7) * 16,
+                 abytes[i] ? asrc[i] + kt * 128 : asrc[i], abytes[i]);
     }
     cp_async_mbar_arrive(full);
     advance_stage<STAGES>(ring.s, ring.ph);
@@ -657,7 +655,7 @@ __device__ __forceinline__ void run_warp_specialized(const KParams& p, uint8_t* 
       mbar_init(ring.full0 + 8 * s, 1 + 32);  // expect_tx arrival + the producer lanes' cp.async arrivals
       mbar_init(ring.empty0 + 8 * s, kWarpsW);  // one per math warp
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_mbarrier_init();
   }
   __syncthreads();
 

@@ -1,5 +1,5 @@
-// mbarrier and asynchronous-copy helpers (PTX, sm_90) shared by the warp-specialized mma variant,
-// the wgmma kernel and the bulk-copy stream microbenchmark: a producer copies into a
+// mbarrier and asynchronous-copy helpers (PTX, sm_90; cp.async from sm_80) shared by the mma
+// kernels, the Hopper kernels and the bulk-copy stream microbenchmark: a producer copies into a
 // pipeline stage and completes full[s]; consumers wait on it and release the stage on empty[s].
 // advance_stage steps through the stage ring.
 #pragma once
@@ -50,6 +50,17 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 // Arrive on `bar` once all prior cp.async of this thread have landed (counts as one arrival).
 __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// cp.async of 16 bytes bypassing L1 (cg), or of 8 or 4 bytes (ca), zero-filled past src_bytes (0 or
+// the size).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 // Bulk copy (no tensor map) of `bytes` (a multiple of 16, both addresses 16-byte aligned),
 // completing on the mbarrier at bar (whose expected transaction bytes must include them).

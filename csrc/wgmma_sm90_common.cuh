@@ -1,9 +1,11 @@
 // Pieces shared by the persistent Hopper kernels (csrc/grouped_gemm_wgmma_sm90.cu, exact mode;
 // csrc/grouped_gemm_fp8_sm90.cu and csrc/grouped_gemm_fp8_prepared_sm90.cu, FP8 mode): the named
-// wrappers of the PTX they use (setmaxnreg, cp.async, TMA and tensor-map prefetch, shared loads and
-// stores, fences, the K-major 128-byte-swizzle WGMMA descriptor), the persistent tile walk over the
-// group schedule (csrc/grouped_gemm_schedule.cuh), the FP8 kernels' schedule ring, the tile epilogue,
-// the host's tensor-map encoder and SM count, and the FP8 kernels' launch path.
+// wrappers of the PTX they use (setmaxnreg, TMA and tensor-map prefetch, shared loads and stores,
+// fences, the K-major 128-byte-swizzle WGMMA descriptor; those of mbarriers and cp.async are in
+// csrc/mbarrier_sm90.cuh), the persistent tile walk over the group schedule
+// (csrc/grouped_gemm_schedule.cuh), the FP8 kernels' schedule ring, the tile epilogue, the host's
+// tensor-map encoder and SM count, and the FP8 kernels' launch path (their consumer side:
+// csrc/fp8_consumer_sm90.cuh).
 // Included by each .cu file (internal linkage).
 #pragma once
 
@@ -45,18 +47,6 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// 16-byte cp.async bypassing L1, zero-filled past src_bytes (0 or 16).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-// 8-byte cp.async, zero-filled past src_bytes (0 or 8).
-__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-// 4-byte cp.async, zero-filled past src_bytes (0 or 4).
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
