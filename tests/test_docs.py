@@ -276,3 +276,29 @@ def test_section_references_name_existing_sections():
             assert ok, f"{path.relative_to(ROOT)} refers to design.md \"{ref}\", which has no such section"
         seen += len(refs)
     assert seen >= 5
+
+
+def _layer_row(name, tokens, activation="w4a4"):
+    d = json.loads((ROOT / "docs" / name).read_text())
+    (row,) = [r for r in d["results"] if r["tokens"] == tokens and r["activation"] == activation]
+    return row
+
+
+def test_readme_fp8_layer_figures_are_the_committed_json():
+    """The fp8 layer against the exact one (W4A4): 48 experts at 4096 tokens, and the whole
+    V4-Pro layer (384 experts, 8192 tokens), with the speedups, as the committed H200 JSONs say."""
+    text = " ".join(_section(README, "Performance").split())
+    m = re.search(r"The layer \(W4A4, 4096 tokens per GPU, H200, `docs/bench-layer-h200-\{fp8-cutlass,"
+                  r"exact-sm90\}\.json`\): ([\d.]+) ms on fp8-prepared weights against ([\d.]+) exact "
+                  r"\(([\d.]+)x\); the whole V4-Pro layer on one GPU \(384 experts, 8192 tokens, "
+                  r"`docs/bench-layer-h200-v4pro-8192-\{fp8,exact\}\.json`\): ([\d.]+) against ([\d.]+) "
+                  r"ms \(([\d.]+)x\)", text)
+    assert m, "README: the fp8 layer's figures are not in the form this test reads"
+    pairs = (("bench-layer-h200-fp8-cutlass.json", "bench-layer-h200-exact-sm90.json", 4096),
+             ("bench-layer-h200-v4pro-8192-fp8.json", "bench-layer-h200-v4pro-8192-exact.json", 8192))
+    for (fp8_name, exact_name, tokens), (fp8_ms, exact_ms, speedup) in zip(
+            pairs, (m.groups()[:3], m.groups()[3:]), strict=True):
+        fp8 = _layer_row(fp8_name, tokens)["layer_ms"]
+        exact = _layer_row(exact_name, tokens)["layer_ms"]
+        assert _printed(fp8, fp8_ms) and _printed(exact, exact_ms), (tokens, fp8, exact)
+        assert _printed(exact / fp8, speedup), (tokens, exact / fp8, speedup)
