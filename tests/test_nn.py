@@ -318,6 +318,30 @@ def test_nnx_state_carries_the_layout(rng, tmp_path):
     np.testing.assert_array_equal(np.asarray(call(target, x)), want)
 
 
+def test_linen_init_checks_x_against_the_config():
+    """init takes x of shape [..., H] (jax_nvfp4.nn): another last axis, or a scalar, is an
+    error naming x, as apply's is."""
+    pytest.importorskip("flax.linen")
+    from jax_nvfp4.nn.linen import MoE
+
+    h = 128
+    model = MoE(jn.MoEConfig(num_experts=E, top_k=2, hidden_size=h, intermediate_size=64))
+    model.init(jax.random.key(0), jnp.zeros((2, h)))  # the right shape initializes
+    for shape in ((2, h + 32), (h // 2,), ()):
+        with pytest.raises(ValueError, match=rf"x: expected \[\.\.\., {h}\], got"):
+            model.init(jax.random.key(0), jnp.zeros(shape))
+
+
+def test_require_names_the_package_and_the_extra():
+    """A missing framework is an ImportError saying which package and extra install it."""
+    from jax_nvfp4.nn import require
+
+    assert require("json", "json").dumps(1) == "1"
+    with pytest.raises(ImportError, match=r"needs nosuchpkg.*pip install nosuchpkg.*"
+                                          r"jax_nvfp4\[frameworks\]"):
+        require("jax_nvfp4_no_such_module", "nosuchpkg")
+
+
 def test_linen_variables_carry_the_layout_and_init_holds_no_weights(rng, tmp_path):
     pytest.importorskip("flax.linen")
     ocp = pytest.importorskip("orbax.checkpoint")
