@@ -332,6 +332,17 @@ def test_linen_init_checks_x_against_the_config():
             model.init(jax.random.key(0), jnp.zeros(shape))
 
 
+def test_eqx_trainable_is_is_inexact_array_on_every_leaf():
+    eqx = pytest.importorskip("equinox")
+    from jax_nvfp4.nn.eqx import trainable
+
+    tree = {"f": jnp.ones(2), "h": jnp.ones(2, jnp.bfloat16), "i": jnp.ones(2, jnp.int32),
+            "u": jnp.ones(2, jnp.uint8), "py": 1.5, "np": np.ones(2, np.float32)}
+    assert trainable(tree) == {k: eqx.is_inexact_array(v) for k, v in tree.items()}
+    assert trainable(tree) == {"f": True, "h": True, "i": False, "u": False, "py": False,
+                               "np": True}
+
+
 def test_require_names_the_package_and_the_extra():
     """A missing framework is an ImportError saying which package and extra install it."""
     from jax_nvfp4.nn import require

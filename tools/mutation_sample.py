@@ -113,6 +113,11 @@ def worker(args):
     # path entry points at the checkout)
     sys.meta_path[:] = [f for f in sys.meta_path if "Inplace" not in type(f).__name__]
     sys.path[:] = [os.getcwd()] + [p for p in sys.path if Path(p or ".").resolve() != ROOT]
+    if args.clean:  # which of these tests fail unmutated (in the mutated copy, trampolines on)
+        failed = FailedTests()
+        pytest.main([*PYTEST_ARGS, *args.clean], plugins=[failed])
+        print(json.dumps({"clean_failed": failed.all}), file=report, flush=True)
+        return
     cov_path = Path(args.coverage)
     if args.tests:
         cov = {"hits": {}, "durations": {}}
@@ -143,7 +148,9 @@ def worker(args):
         trampoline.set_mutant_under_test(name)
         t0 = time.time()
         failed = FailedTests()
-        rc = run_with_alarm(pytest, ["-x", *PYTEST_ARGS, *tests], limit, failed)
+        deselect = [a for t in [*(args.deselect or ()), *cov.get("failed", ())]
+                    for a in ("--deselect", t)]
+        rc = run_with_alarm(pytest, ["-x", *PYTEST_ARGS, *deselect, *tests], limit, failed)
         dt = time.time() - t0
         os.environ["MUTANT_UNDER_TEST"] = ""
         trampoline.set_mutant_under_test("")
@@ -154,12 +161,18 @@ def worker(args):
 
 
 class FailedTests:
-    """The first test that failed (a test that fails unmutated too is no kill: re-run then)."""
-    first = None
+    """The tests that failed, first first (one that fails unmutated too is no kill)."""
+
+    def __init__(self):
+        self.all = []
+
+    @property
+    def first(self):
+        return self.all[0] if self.all else None
 
     def pytest_runtest_logreport(self, report):
-        if report.failed and self.first is None:
-            self.first = report.nodeid
+        if report.failed and report.nodeid not in self.all:
+            self.all.append(report.nodeid)
 
 
 class _Timeout(BaseException):
@@ -216,12 +229,14 @@ def coverage_pass(pytest, files):
     os.environ["MUTANT_UNDER_TEST"] = "stats"
     trampoline.set_mutant_under_test("stats")
     t0 = time.time()
-    rc = pytest.main([*PYTEST_ARGS, *files], plugins=[Plugin()])
+    failed = FailedTests()
+    rc = pytest.main([*PYTEST_ARGS, *files], plugins=[Plugin(), failed])
     os.environ["MUTANT_UNDER_TEST"] = ""
     trampoline.set_mutant_under_test("")
     print(json.dumps({"coverage_pass_s": round(time.time() - t0), "rc": int(rc)}),
           file=sys.stderr, flush=True)
-    return {"hits": {k: list(v) for k, v in hits.items()}, "durations": durations}
+    return {"hits": {k: list(v) for k, v in hits.items()}, "durations": durations,
+            "failed": failed.all}
 
 
 # ---------------------------------------------------------------- the report
@@ -288,6 +303,8 @@ def main():
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--files", nargs="*", help=argparse.SUPPRESS)
     p.add_argument("--coverage", help=argparse.SUPPRESS)
+    p.add_argument("--clean", nargs="*", help=argparse.SUPPRESS)
+    p.add_argument("--deselect", nargs="*", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(args)
@@ -319,32 +336,24 @@ def main():
     results = json.loads(out.read_text())["mutants"] if out.exists() else {}
     meta = dict(seed=args.seed, per_module=args.per_module, pytest_args=PYTEST_ARGS,
                 population={m: len(v) for m, v in mutants.items()})
+    saved = json.loads(out.read_text())["meta"] if out.exists() else {}
+    meta["fail_unmutated"] = bad = saved.get("fail_unmutated", [])
+    meta["checked_killers"] = checked = saved.get("checked_killers", [])
     deadline = time.time() + args.time_budget
     todo = [n for n in order if n not in results]
     while todo and time.time() < deadline:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--coverage",
-               str(coverage), "--files", *files, "--names", *todo]
-        cmd += ["--tests", *args.tests] if args.tests else []
-        proc = subprocess.Popen(cmd, cwd=ROOT / "mutants", stdout=subprocess.PIPE, text=True)
-        started = None
-        for line in proc.stdout:
-            rec = json.loads(line)
-            if "start" in rec:
-                started = rec["start"]
-            else:
-                rec["module"] = module_of(rec["name"])
-                results[rec.pop("name")] = rec
-                started = None
-                out.write_text(json.dumps(dict(meta=meta, mutants=results), indent=1))
-                print(rec["module"], rec["verdict"], rec["s"], flush=True)
-            if time.time() > deadline:
-                proc.kill()
-                started = None  # cut by the budget, not a verdict
-                break
-        proc.wait()
-        if started is not None:  # the worker died inside this mutant's tests
-            results[started] = dict(module=module_of(started), verdict="timeout (worker died)",
-                                    s=None, tests=None)
+        run_batch(args, todo, files, coverage, bad, results, meta, out, deadline)
+        # a kill by a test that fails unmutated (in the mutated copy) is none: deselect, re-run
+        killers = sorted({r["by"] for r in results.values() if r.get("by")} - set(checked))
+        if killers:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--clean", *killers]
+            lines = subprocess.run(cmd, cwd=ROOT / "mutants", stdout=subprocess.PIPE, text=True,
+                                   check=False).stdout.splitlines()
+            failing = json.loads(lines[-1])["clean_failed"] if lines else []
+            checked += killers
+            bad += failing
+            for name in [n for n, r in results.items() if r.get("by") in failing]:
+                del results[name]
             out.write_text(json.dumps(dict(meta=meta, mutants=results), indent=1))
         todo = [n for n in order if n not in results]
     summary = {}
@@ -353,6 +362,35 @@ def main():
         v = r["verdict"].split(" ")[0]
         s[v] = s.get(v, 0) + 1
     print(json.dumps(summary, indent=1))
+
+
+def run_batch(args, todo, files, coverage, bad, results, meta, out, deadline):
+    """One worker over the mutants to do, until it ends, dies or the budget runs out."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--coverage",
+           str(coverage), "--files", *files, "--names", *todo]
+    cmd += ["--tests", *args.tests] if args.tests else []
+    cmd += ["--deselect", *bad] if bad else []
+    proc = subprocess.Popen(cmd, cwd=ROOT / "mutants", stdout=subprocess.PIPE, text=True)
+    started = None
+    for line in proc.stdout:
+        rec = json.loads(line)
+        if "start" in rec:
+            started = rec["start"]
+        else:
+            rec["module"] = module_of(rec["name"])
+            results[rec.pop("name")] = rec
+            started = None
+            out.write_text(json.dumps(dict(meta=meta, mutants=results), indent=1))
+            print(rec["module"], rec["verdict"], rec["s"], flush=True)
+        if time.time() > deadline:
+            proc.kill()
+            started = None  # cut by the budget, not a verdict
+            break
+    proc.wait()
+    if started is not None:  # the worker died inside this mutant's tests
+        results[started] = dict(module=module_of(started), verdict="timeout (worker died)",
+                                s=None, tests=None)
+        out.write_text(json.dumps(dict(meta=meta, mutants=results), indent=1))
 
 
 if __name__ == "__main__":
