@@ -326,7 +326,8 @@ def test_linen_init_checks_x_against_the_config():
 
     h = 128
     model = MoE(jn.MoEConfig(num_experts=E, top_k=2, hidden_size=h, intermediate_size=64))
-    model.init(jax.random.key(0), jnp.zeros((2, h)))  # the right shape initializes
+    for shape in ((2, h), (h,), (2, 0, h)):              # any leading axes, none included
+        model.init(jax.random.key(0), jnp.zeros(shape))
     for shape in ((2, h + 32), (h // 2,), ()):
         with pytest.raises(ValueError, match=rf"x: expected \[\.\.\., {h}\], got"):
             model.init(jax.random.key(0), jnp.zeros(shape))
