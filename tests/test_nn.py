@@ -344,6 +344,20 @@ def test_eqx_trainable_is_is_inexact_array_on_every_leaf():
                                "np": True}
 
 
+def test_eqx_layout_code_differs_for_every_tensor_layout():
+    """layout_code: a different positive integer, at most 512, for each combination of the four
+    weight tensors' layouts and w13_paired (here: each tensor moved to sm90 alone, and paired)."""
+    pytest.importorskip("equinox")
+    from jax_nvfp4.nn.eqx import layout_code
+
+    w, _ = make_layer(np.random.default_rng(58), shared=True)
+    variants = [w, dataclasses.replace(w, w13=jn.layout.pair_gate_up(w.w13), w13_paired=True)]
+    for f in ("w13", "w2", "shared_w13", "shared_w2"):
+        variants.append(dataclasses.replace(w, **{f: jn.prepare_weights(getattr(w, f))}))
+    codes = [layout_code(FrozenMoEWeights.freeze(v)) for v in variants]
+    assert len(set(codes)) == len(codes) and all(1 <= c <= 512 for c in codes), codes
+
+
 def test_require_names_the_package_and_the_extra():
     """A missing framework is an ImportError saying which package and extra install it."""
     from jax_nvfp4.nn import require
