@@ -358,6 +358,28 @@ def test_eqx_layout_code_differs_for_every_tensor_layout():
     assert len(set(codes)) == len(codes) and all(1 <= c <= 512 for c in codes), codes
 
 
+def test_linen_missing_weights_named_by_their_full_path():
+    """A linen MoE nested in other modules names where its weights belong in the variables."""
+    nn = pytest.importorskip("flax.linen")
+    from jax_nvfp4.nn.linen import MoE
+
+    config = jn.MoEConfig(num_experts=E, top_k=2, hidden_size=128, intermediate_size=64)
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return MoE(config, name="moe")(x)
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return Block(name="block")(x)
+
+    where = r'variables\["nvfp4"\]\["block"\]\["moe"\]\["weights"\]: missing'
+    with pytest.raises(ValueError, match=where):
+        Model().apply({}, jnp.zeros((2, 128)))
+
+
 def test_require_names_the_package_and_the_extra():
     """A missing framework is an ImportError saying which package and extra install it."""
     from jax_nvfp4.nn import require
