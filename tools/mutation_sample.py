@@ -71,7 +71,7 @@ def all_mutants():
     out = {}
     for meta in sorted((ROOT / "mutants" / PKG).rglob("*.py.meta")):
         rel = meta.relative_to(ROOT / "mutants" / PKG).with_suffix("").with_suffix("")
-        module = ".".join(rel.parts)
+        module = ".".join(rel.parts).removesuffix(".__init__")
         if module.split(".")[0] in SKIP:
             continue
         names = sorted(json.loads(meta.read_text())["exit_code_by_key"])
@@ -299,7 +299,7 @@ def main():
     p.add_argument("--out", default="mutation_sample.json")
     p.add_argument("--report", metavar="JUDGED", help="print the table of --out; JUDGED: a JSON "
                    "file {\"equivalent\": {name: reason}, \"rerun\": {name: verdict}, "
-                   "\"known\": {module: [caught, meaningful]}}")
+                   "\"known\": {module: [caught, meaningful]}, \"untestable\": [name]}")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--files", nargs="*", help=argparse.SUPPRESS)
     p.add_argument("--coverage", help=argparse.SUPPRESS)
@@ -311,7 +311,8 @@ def main():
     if args.report:
         data = json.loads(Path(args.out).read_text())
         judged = json.loads(Path(args.report).read_text())
-        results = data["mutants"]
+        results = {n: r for n, r in data["mutants"].items()
+                   if n not in judged.get("untestable", ())}      # e.g. code run at import
         for name, verdict in judged.get("rerun", {}).items():
             results[name] = dict(results[name], verdict=verdict)
         rows, p, (lo, hi), n_eff = report(results, data["meta"]["population"],
