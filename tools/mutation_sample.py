@@ -4,7 +4,8 @@ Run from the repository root, with the package built in place and mutmut 3 insta
 
     nice -n 10 python tools/mutation_sample.py --seed 58 --per-module 25 --time-budget 3600 \
         --out mutation_sample.json                        # every mutated module but the skipped
-    python tools/mutation_sample.py --names n1 n2 ... --out rerun.json      # named mutants again
+    python tools/mutation_sample.py --names n1 n2 ... --tests <node ids> --out rerun.json
+    python tools/mutation_sample.py --out mutation_sample.json --report judged.json   # the table
 
 1. Generates ``mutants/`` with mutmut's own generator (no stats pass; an existing ``mutants/`` is
    reused, ``rm -rf mutants`` after changing the source).
@@ -19,7 +20,13 @@ Run from the repository root, with the package built in place and mutmut 3 insta
    take longer than 10x their clean time + 20 s is killed by timeout, as mutmut counts it; a
    worker that dies (a hang in native code) is restarted and its mutant counted the same way.
 
-Verdicts go to ``--out`` (JSON: per mutant its module, verdict, seconds, test count) as they come.
+4. The tests that killed something are run once unmutated in the mutated copy: one that fails
+   there (e.g. a check of the caller's frame, which the trampolines change) is deselected and its
+   kills are run again.
+
+Verdicts go to ``--out`` (JSON: per mutant its module, verdict, seconds, test count, the killing
+test) as they come; a second call with the same ``--out`` goes on where the first stopped. The
+extension must lie in ``jax_nvfp4/`` when ``mutants/`` is made (it is copied from there).
 """
 
 import argparse
