@@ -212,3 +212,28 @@ def test_linearize_through_the_layer_is_refused_at_the_call(rng):
     with pytest.raises(TypeError, match="reverse-mode derivative only"):
         jax.linearize(lambda a: jn.moe(a, w, c), x)
     assert jax.grad(lambda a: jn.moe(a, w, c).sum())(x).shape == x.shape
+
+
+
+def test_lhs_cotangent_of_fp8_weights():
+    """Through prepare_weights(w, "fp8") the lhs cotangent is ``global_scale[g] * dy[r] @ W[g]``
+    with W the prepared weights' value (formats.Fp8Weights: e4m3(e2m1 * scale * 2^-3) * 2^3,
+    the weights the fp8 forward computes with); rows past the groups are 0."""
+    import ml_dtypes  # noqa: PLC0415
+
+    rng = np.random.default_rng(58)
+    w = QUANTIZE_STACK(jnp.asarray(rng.standard_normal((2, 128, 128)), jnp.float32))
+    gsc = np.asarray([0.5, 2.0], np.float32)
+    w = jn.NVFP4Tensor(w.data, w.scales, jnp.asarray(gsc))
+    e2m1_times_scale = np.asarray(jn.dequantize(jn.NVFP4Tensor(w.data, w.scales, jnp.ones(2))),
+                                  np.float32)
+    wv = (e2m1_times_scale / 8).astype(ml_dtypes.float8_e4m3fn).astype(np.float64) * 8
+    dy = rng.standard_normal((10, 128)).astype(np.float32)
+    gid = np.asarray([0] * 4 + [1] * 5)
+    want, scale = np.zeros((10, 128)), np.ones((10, 128))
+    want[:9] = gsc[gid][:, None] * np.einsum("rn,rnk->rk", dy[:9].astype(np.float64), wv[gid])
+    scale[:9] = gsc[gid][:, None] * np.einsum("rn,rnk->rk", np.abs(dy[:9]), np.abs(wv[gid]))
+    got = jax.jit(autodiff.lhs_cotangent)(jnp.asarray(dy), jn.prepare_weights(w, "fp8"),
+                                          jnp.asarray([4, 5], jnp.int32))
+    assert not np.asarray(got)[9].any()
+    assert (np.abs(np.asarray(got, np.float64) - want) <= 1e-6 * scale).all()  # float32 sums

@@ -403,3 +403,15 @@ def test_fp8_output_of_zero_rows(rng, device):
     none = jnp.full((3, 2), 10**6, jnp.int32)               # every copy elsewhere: R = 0
     got, s = dispatch_rows_dynamic(x, jnp.zeros((0,), jnp.int32), none, fp8=True, backend="ffi")
     assert got.codes.shape == (0, 256) and got.scales.shape == (0, 2) and s.shape == (0,)
+
+
+def test_default_backend_is_auto():
+    """backend defaults to "auto" (as the grouped GEMM's): the custom call where the extension is
+    built, bit for bit dispatch_rows_reference, with and without fp8."""
+    x = jnp.asarray(np.random.default_rng(58).standard_normal((6, 128)), jnp.float32)
+    gather = jnp.asarray([5, 0, 0, 3], jnp.int32)
+    for fp8 in (False, True):
+        got = jax.jit(lambda x, g, f=fp8: dispatch_rows(x, g, fp8=f))(x, gather)
+        want = dispatch_rows_reference(x, gather, fp8=fp8)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))

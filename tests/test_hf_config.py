@@ -122,6 +122,11 @@ def test_quantization_configs(tmp_path):
     assert q(fp8, activation="w4a16", activation_scale="dynamic").activation == "w4a16"
     c = q({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16})
     assert (c.activation, c.activation_scale) == ("w4a4", "static")
+    # NVFP4's group is 16: a config that does not say is NVFP4's, another group is refused
+    c = q({"quant_method": "modelopt", "quant_algo": "NVFP4"})
+    assert (c.activation, c.activation_scale) == ("w4a4", "static")
+    with pytest.raises(ValueError, match=r"group_size = 32: NVFP4 uses 16"):
+        q({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 32})
     with pytest.raises(ValueError, match=r"quant_algo = 'NVFP4_AWQ'"):
         q({"quant_method": "modelopt", "quant_algo": "NVFP4_AWQ"})
     # ModelOpt's hf_quant_config.json beside config.json

@@ -415,3 +415,19 @@ def test_the_lowered_config_runs_or_the_call_fails(rng):
         with pytest.raises(jax.errors.JaxRuntimeError,
                            match=rf"kernel={cfg.family} .* does not compute this problem"):
             jax.block_until_ready(jn.grouped_gemm(lhs, rhs, gs, backend="ffi", kernel=cfg))
+
+
+@needs_ext
+def test_explicit_fp8_config_reads_its_weight_layout():
+    """An explicit FP8 configuration runs on the weights its family reads (wgmma_fp8:
+    checkpoint-layout NVFP4; wgmma_fp8_prepared and cutlass_fp8: fp8-prepared) and is a
+    ValueError on the others."""
+    n, k = 256, 512
+    cfgs = {c.family: c for c in kc.kernel_configs()}
+    for fam, layout in (("wgmma_fp8", "checkpoint"), ("wgmma_fp8_prepared", "fp8"),
+                        ("cutlass_fp8", "fp8")):
+        cfg = cfgs[fam]
+        assert kc.resolve(cfg, 64, n, k, 1, rhs_layout=layout, precision="fp8") is cfg
+        other = "fp8" if layout == "checkpoint" else "checkpoint"
+        with pytest.raises(ValueError, match=f"does not read '{other}' weights"):
+            kc.resolve(cfg, 64, n, k, 1, rhs_layout=other, precision="fp8")

@@ -662,6 +662,13 @@ class TestHashAndArgumentChecks:
             with pytest.raises(ValueError, match=r"weights.router_bias: expected shape \[8\]"):
                 jn.moe(jnp.ones((4, H)), bad, cfg(n_shared_experts=0), backend="reference")
 
+    def test_router_weight_wrong_shape_named(self, rng):
+        w = quantized(float_layer(rng, shared=False))
+        for rw in (jnp.zeros((E + 1, H)), jnp.zeros((E, H // 2)), jnp.zeros((H, E))):
+            bad = jn.MoEWeights(**{**w.__dict__, "router_weight": rw})
+            with pytest.raises(ValueError, match=r"weights.router_weight: expected \[8, 128\]"):
+                jn.moe(jnp.ones((4, H)), bad, cfg(n_shared_experts=0), backend="reference")
+
     def test_static_input_scales_wrong_shape_or_value_named(self, rng):
         f = float_layer(rng)
         ok = dict(w13_input_scale=np.full(E, 0.01, np.float32),

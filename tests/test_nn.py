@@ -318,6 +318,78 @@ def test_nnx_state_carries_the_layout(rng, tmp_path):
     np.testing.assert_array_equal(np.asarray(call(target, x)), want)
 
 
+def test_linen_init_checks_x_against_the_config():
+    """init takes x of shape [..., H] (jax_nvfp4.nn): another last axis, or a scalar, is an
+    error naming x, as apply's is."""
+    pytest.importorskip("flax.linen")
+    from jax_nvfp4.nn.linen import MoE
+
+    h = 128
+    model = MoE(jn.MoEConfig(num_experts=E, top_k=2, hidden_size=h, intermediate_size=64))
+    for shape in ((2, h), (h,), (2, 0, h)):              # any leading axes, none included
+        model.init(jax.random.key(0), jnp.zeros(shape))
+    for shape in ((2, h + 32), (h // 2,), ()):
+        with pytest.raises(ValueError, match=rf"x: expected \[\.\.\., {h}\], got"):
+            model.init(jax.random.key(0), jnp.zeros(shape))
+
+
+def test_eqx_trainable_is_is_inexact_array_on_every_leaf():
+    eqx = pytest.importorskip("equinox")
+    from jax_nvfp4.nn.eqx import trainable
+
+    tree = {"f": jnp.ones(2), "h": jnp.ones(2, jnp.bfloat16), "i": jnp.ones(2, jnp.int32),
+            "u": jnp.ones(2, jnp.uint8), "py": 1.5, "np": np.ones(2, np.float32)}
+    assert trainable(tree) == {k: eqx.is_inexact_array(v) for k, v in tree.items()}
+    assert trainable(tree) == {"f": True, "h": True, "i": False, "u": False, "py": False,
+                               "np": True}
+
+
+def test_eqx_layout_code_differs_for_every_tensor_layout():
+    """layout_code: a different positive integer, at most 512, for each combination of the four
+    weight tensors' layouts and w13_paired (here: each tensor moved to sm90 alone, and paired)."""
+    pytest.importorskip("equinox")
+    from jax_nvfp4.nn.eqx import layout_code
+
+    w, _ = make_layer(np.random.default_rng(58), shared=True)
+    variants = [w, dataclasses.replace(w, w13=jn.layout.pair_gate_up(w.w13), w13_paired=True)]
+    for f in ("w13", "w2", "shared_w13", "shared_w2"):
+        variants.append(dataclasses.replace(w, **{f: jn.prepare_weights(getattr(w, f))}))
+    codes = [layout_code(FrozenMoEWeights.freeze(v)) for v in variants]
+    assert len(set(codes)) == len(codes) and all(1 <= c <= 512 for c in codes), codes
+
+
+def test_linen_missing_weights_named_by_their_full_path():
+    """A linen MoE nested in other modules names where its weights belong in the variables."""
+    nn = pytest.importorskip("flax.linen")
+    from jax_nvfp4.nn.linen import MoE
+
+    config = jn.MoEConfig(num_experts=E, top_k=2, hidden_size=128, intermediate_size=64)
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return MoE(config, name="moe")(x)
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return Block(name="block")(x)
+
+    where = r'variables\["nvfp4"\]\["block"\]\["moe"\]\["weights"\]: missing'
+    with pytest.raises(ValueError, match=where):
+        Model().apply({}, jnp.zeros((2, 128)))
+
+
+def test_require_names_the_package_and_the_extra():
+    """A missing framework is an ImportError saying which package and extra install it."""
+    from jax_nvfp4.nn import require
+
+    assert require("json", "json").dumps(1) == "1"
+    with pytest.raises(ImportError, match=r"needs nosuchpkg.*pip install nosuchpkg.*"
+                                          r"jax_nvfp4\[frameworks\]"):
+        require("jax_nvfp4_no_such_module", "nosuchpkg")
+
+
 def test_linen_variables_carry_the_layout_and_init_holds_no_weights(rng, tmp_path):
     pytest.importorskip("flax.linen")
     ocp = pytest.importorskip("orbax.checkpoint")

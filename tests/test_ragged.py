@@ -222,3 +222,14 @@ def test_maxtext_style_block_of_the_example(rng):
     a, b = np.asarray(ours, np.float64), np.asarray(want, np.float64)
     assert a.shape == (t, h)
     assert np.linalg.norm(a - b) <= 2 ** -6 * np.linalg.norm(b)
+
+
+@needs_qwix
+def test_bad_qwix_rhs_is_named(rng):
+    """A qwix rhs that is not the NVFP4 layout ragged_dot reads is a ValueError naming rhs."""
+    import qwix  # noqa: PLC0415
+    w = jnp.asarray(rng.standard_normal((3, 64, 128)), jnp.float32)
+    x, _, gs = _case(rng)
+    q = qwix.quantize(w, "int8", channelwise_axes=(0, 2), tiled_axes={1: 16})
+    with pytest.raises(ValueError, match=r"^rhs: expected a qwix QArray with qtype 'nvfp4'"):
+        jn.ragged_dot(x, q, gs)

@@ -555,6 +555,20 @@ def test_compiled_hlo_collectives(backend, rng):
 
 # ----------------------------------------------------------------------------- capacity
 
+def test_device_capacity_is_the_documented_ceiling():
+    """``ceil(capacity_factor * T * top_k / devices)``, at least 1; None (all rows) without a
+    factor or for a symbolic T; a factor that is not a finite number > 0 is refused."""
+    cap = sharding.device_capacity
+    assert cap(100, 4, 8, 1.25) == 63                   # 62.5 rounds up
+    assert cap(64, 2, 8, 1.0) == 16 and cap(64, 2, 8, 2) == 32      # exact: no extra row
+    assert cap(3, 1, 8, 0.5) == 1                       # 0.1875 -> the one-row minimum
+    assert cap(100, 4, 8, None) is None
+    assert cap(jax.export.symbolic_shape("t")[0], 4, 8, 1.25) is None
+    for bad in (0, -1.0, float("nan"), float("inf"), True, "1.25"):
+        with pytest.raises(ValueError, match="capacity_factor: expected a finite number > 0"):
+            cap(100, 4, 8, bad)
+
+
 
 def _local_rows(x, w, cfg, ep, token_ids=None):
     """Routed (token, expert) rows per device: what the capacity is compared with."""
