@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Lab (GPU machine, one device call, ~8 minutes): what the FP8 kernel's weight decode costs.
+#   1. tools/lab/decode_mma_microbench.cu: the decode-and-MMA pipeline alone (supply free), per
+#      decoder and WGMMA N, in weight elements per second -> $OUT/decode_mma.json;
+#   2. an A/B of the whole kernel (csrc/grouped_gemm_fp8_sm90.cu) against a copy whose decode is the
+#      microbenchmark's "split" one (7 instead of 9 integer instructions per 8 weights), both built
+#      here (two wheels at once, half the cores each) and timed by tools/lab/fp8_check.py, base,
+#      variant, base. The variant reads checkpoint-layout codes as if their sign bits were
+#      pre-placed, so its products are wrong by design: only its time counts.
+# Carry .cutlass_wheel (the CUTLASS headers: pip download --no-deps nvidia-cutlass==4.2.0.0 -d .cutlass_wheel).
+#   usage: tools/lab/fp8_decode_ab.sh [fp8_check args, default: --cases 1536,6144 --check-rows 8]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-fp8-ab-out}; mkdir -p "$out"
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
+python3 -m pip install -q --no-index --no-deps .cutlass_wheel/nvidia_cutlass-*.whl || exit 1
+cut=$(python3 -c "import importlib.util, os; s = importlib.util.find_spec('cutlass_library'); print(os.path.join(list(s.submodule_search_locations)[0], 'source'))")
+
+# the variant tree: the split decode in place of the production one in the kernel's load()
+var=/tmp/fp8_ab_variant; rm -rf "$var"; mkdir -p "$var"
+cp -r csrc ffi jax_nvfp4 cmake tools CMakeLists.txt pyproject.toml README.md LICENSE "$var"/
+python3 - "$var" <<'EOF'
+import sys
+root = sys.argv[1]
+h = f"{root}/csrc/e2m1_e4m3_decode.cuh"
+s = open(h).read()
+split = '''
+__device__ __forceinline__ void e2m1x8_to_e4m3_split(uint32_t w, uint2 tbl, uint32_t& lo, uint32_t& hi) {
+  const uint32_t m = w & 0x77777777u;
+  lo = prmt(tbl.x, tbl.y, m) | (w & 0x80808080u);
+  hi = prmt(tbl.x, tbl.y, m >> 16) | ((w << 4) & 0x80808080u);
+}
+'''
+i = s.rindex("}  // namespace jax_nvfp4")
+open(h, "w").write(s[:i] + split + "\n" + s[i:])
+k = f"{root}/csrc/grouped_gemm_fp8_sm90.cu"
+s = open(k).read()
+n = s.count("      e2m1x8_to_e4m3(")
+assert n == 2, n
+open(k, "w").write(s.replace("      e2m1x8_to_e4m3(", "      e2m1x8_to_e4m3_split("))
+EOF
+[ $? -eq 0 ] || { echo "patching the variant failed"; exit 1; }
+
+jobs=$(( ($(nproc) + 1) / 2 ))
+build() {  # $1 tree, $2 name
+  (cd "$1" && CMAKE_BUILD_PARALLEL_LEVEL=$jobs python3 -m pip wheel -q --no-build-isolation --no-deps . \
+     -w "/tmp/ab_$2_whl" -Cbuild-dir="/tmp/ab_$2_build") >"$out/build_$2.log" 2>&1 &&
+    python3 -m pip install -q --no-index --no-deps --target "/tmp/ab_$2_site" /tmp/ab_$2_whl/jax_nvfp4-*.whl
+}
+t0=$SECONDS
+build "$PWD" base & a=$!
+build "$var" var & b=$!
+nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -I. -I"$cut/include" \
+  -o /tmp/decode_mma_microbench tools/lab/decode_mma_microbench.cu >"$out/build_micro.log" 2>&1 &&
+  /tmp/decode_mma_microbench --json "$out/decode_mma.json" | tee "$out/decode_mma.txt"
+wait $a || { echo "base build failed"; tail "$out/build_base.log"; exit 1; }
+wait $b || { echo "variant build failed"; tail "$out/build_var.log"; exit 1; }
+echo "builds: $((SECONDS - t0)) s"
+
+args=("$@"); [ ${#args[@]} -eq 0 ] && args=(--cases 1536,6144 --check-rows 8)
+for v in base var base; do
+  n=$(ls "$out"/ab_"$v"_*.json 2>/dev/null | wc -l)
+  PYTHONPATH="/tmp/ab_${v}_site" python3 tools/lab/fp8_check.py --tiles "" --no-exact "${args[@]}" \
+    --out "$out/ab_${v}_$n.json" >"$out/ab_${v}_$n.log" 2>&1 || { echo "fp8_check $v failed"; tail "$out/ab_${v}_$n.log"; }
+done
+python3 - "$out" <<'EOF'
+import glob, json, sys
+out = sys.argv[1]
+rows = {}
+for f in sorted(glob.glob(f"{out}/ab_*.json")):
+    name = f.rsplit("/", 1)[1][3:-5]
+    for r in json.load(open(f))["results"]:
+        t = [v for k, v in r.items() if k.startswith("tile")][0]
+        rows.setdefault((r["layer"], r["rows"]), {})[name] = (t["ms"], t["rel_l2"])
+print("case        " + "  ".join(f"{n:>16}" for n in sorted({n for v in rows.values() for n in v})))
+for (lay, m), v in sorted(rows.items()):
+    print(f"{lay} {m:6d}   " + "  ".join(f"{v[n][0]:8.4f} ({v[n][1]:.0e})" for n in sorted(v)))
+EOF
