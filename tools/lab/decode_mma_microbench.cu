@@ -175,8 +175,10 @@ __device__ __forceinline__ uint32_t mix(uint32_t x) {  // a cheap integer hash: 
 }
 
 // tiles x KT stages per CTA; clk[block] = clocks of the consumers' loop (first consumer thread).
-template <int NN, int STAGES, typename Dec>
-__global__ void __launch_bounds__(384, 1) bench_kernel(int KT, int tiles, float* sink, long long* clk) {
+// CPS CTAs per SM: 1 as in the production kernel (consumers at 232 registers), or 2 (104: the
+// register file holds 2 x (128 x 40 + 256 x 104)), which doubles the consumer warps per scheduler.
+template <int NN, int STAGES, typename Dec, int CPS>
+__global__ void __launch_bounds__(384, CPS) bench_kernel(int KT, int tiles, float* sink, long long* clk) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Cfg<NN, STAGES>;
   extern __shared__ uint8_t smem_raw[];
@@ -222,7 +224,7 @@ __global__ void __launch_bounds__(384, 1) bench_kernel(int KT, int tiles, float*
     }
     return;
   }
-  jx::setmaxnreg_inc<jx::kFp8ConsumerRegs>();
+  jx::setmaxnreg_inc<(CPS == 1 ? jx::kFp8ConsumerRegs : 104)>();
   const int cw = warp - 4;
   const int r0 = cw * 16 + (lane >> 2);
   float acc[NN / 2];
@@ -258,17 +260,18 @@ double predict(const char* dec, int nn) {
 
 struct Row {
   std::string dec;
-  int nn;
+  int nn, cps, stages;
   double clk_per_stage, elems_per_s, predicted_clk, sm_ghz;
 };
 
-template <int NN, int STAGES, typename Dec>
+template <int NN, int STAGES, typename Dec, int CPS>
 Row run(int sms, int KT, int tiles, float* sink, long long* clk) {
   using C = Cfg<NN, STAGES>;
-  auto k = bench_kernel<NN, STAGES, Dec>;
+  static_assert(CPS == 1 || C::kSmem <= 232448 / 2 - 1024, "two CTAs per SM");
+  auto k = bench_kernel<NN, STAGES, Dec, CPS>;
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
   auto launch = [&] {
-    k<<<sms, 384, C::kSmem>>>(KT, tiles, sink, clk);
+    k<<<sms * CPS, 384, C::kSmem>>>(KT, tiles, sink, clk);
   };
   launch();  // warm-up
   CK(cudaGetLastError());
@@ -285,12 +288,12 @@ Row run(int sms, int KT, int tiles, float* sink, long long* clk) {
     CK(cudaEventSynchronize(b));
     float t = 0;
     CK(cudaEventElapsedTime(&t, a, b));
-    std::vector<long long> c(sms);
-    CK(cudaMemcpy(c.data(), clk, sms * sizeof(long long), cudaMemcpyDeviceToHost));
-    double mean = 0;
-    for (long long v : c) mean += static_cast<double>(v) / sms;
+    std::vector<long long> c(sms * CPS);
+    CK(cudaMemcpy(c.data(), clk, sms * CPS * sizeof(long long), cudaMemcpyDeviceToHost));
+    double mean = 0;  // clocks per CTA: CPS CTAs share an SM, so an SM's stage takes mean / CPS
+    for (long long v : c) mean += static_cast<double>(v) / (sms * CPS);
     ms.push_back(t);
-    cps.push_back(mean / (static_cast<double>(tiles) * KT));
+    cps.push_back(mean / (static_cast<double>(tiles) * KT * CPS));
     ghz.push_back(mean / (t * 1e6));  // clocks of the loop over the launch's time: a lower bound of the SM clock
   }
   CK(cudaEventDestroy(a));
@@ -300,15 +303,16 @@ Row run(int sms, int KT, int tiles, float* sink, long long* clk) {
     return v[v.size() / 2];
   };
   const double t_ms = median(ms);
-  const double elems = static_cast<double>(sms) * tiles * KT * 128.0 * kBK;
-  return Row{Dec::kName, NN, median(cps), elems / (t_ms * 1e-3), predict(Dec::kName, NN), median(ghz)};
+  const double elems = static_cast<double>(sms) * CPS * tiles * KT * 128.0 * kBK;
+  return Row{Dec::kName, NN, CPS, STAGES, median(cps), elems / (t_ms * 1e-3), predict(Dec::kName, NN) / CPS,
+             median(ghz)};
 }
 
-template <int NN, int STAGES>
+template <int NN, int STAGES, int CPS = 1>
 void run_all(std::vector<Row>& rows, int sms, int KT, int tiles, float* sink, long long* clk) {
-  rows.push_back(run<NN, STAGES, RawDecode>(sms, KT, tiles, sink, clk));
-  rows.push_back(run<NN, STAGES, CkptDecode>(sms, KT, tiles, sink, clk));
-  rows.push_back(run<NN, STAGES, SplitDecode>(sms, KT, tiles, sink, clk));
+  rows.push_back(run<NN, STAGES, RawDecode, CPS>(sms, KT, tiles, sink, clk));
+  rows.push_back(run<NN, STAGES, CkptDecode, CPS>(sms, KT, tiles, sink, clk));
+  rows.push_back(run<NN, STAGES, SplitDecode, CPS>(sms, KT, tiles, sink, clk));
 }
 
 }  // namespace
@@ -337,12 +341,16 @@ int main(int argc, char** argv) {
   run_all<32, 15>(rows, sms, KT, tiles, sink, clk);
   run_all<64, 12>(rows, sms, KT, tiles, sink, clk);
   run_all<128, 8>(rows, sms, KT, tiles, sink, clk);
+  // two CTAs per SM at the small token tiles (half the shared memory each: fewer stages)
+  run_all<32, 7, 2>(rows, sms, KT, tiles, sink, clk);
+  run_all<64, 5, 2>(rows, sms, KT, tiles, sink, clk);
   std::printf("%s, %d SMs, K %d (%d stages of 128 x 128 weights per tile), %d tiles per CTA\n", prop.name, sms, K,
               KT, tiles);
-  std::printf("%-6s %4s %14s %14s %12s %10s\n", "decode", "N", "clk/stage/SM", "pred clk", "elem/s", "SM GHz>=");
+  std::printf("%-6s %4s %8s %6s %14s %14s %12s %10s\n", "decode", "N", "CTAs/SM", "stages", "clk/stage/SM",
+              "pred clk", "elem/s", "SM GHz>=");
   for (const Row& r : rows)
-    std::printf("%-6s %4d %14.1f %14.1f %12.3e %10.3f\n", r.dec.c_str(), r.nn, r.clk_per_stage, r.predicted_clk,
-                r.elems_per_s, r.sm_ghz);
+    std::printf("%-6s %4d %8d %6d %14.1f %14.1f %12.3e %10.3f\n", r.dec.c_str(), r.nn, r.cps, r.stages,
+                r.clk_per_stage, r.predicted_clk, r.elems_per_s, r.sm_ghz);
   if (json) {
     FILE* f = std::fopen(json, "w");
     if (!f) {
@@ -354,9 +362,9 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       std::fprintf(f,
-                   "  {\"decode\": \"%s\", \"n\": %d, \"clk_per_stage\": %.1f, \"predicted_clk_per_stage\": %.1f, "
-                   "\"elements_per_s\": %.4e, \"sm_ghz_lower_bound\": %.3f}%s\n",
-                   r.dec.c_str(), r.nn, r.clk_per_stage, r.predicted_clk, r.elems_per_s, r.sm_ghz,
+                   "  {\"decode\": \"%s\", \"n\": %d, \"ctas_per_sm\": %d, \"stages\": %d, \"clk_per_stage\": %.1f, "
+                   "\"predicted_clk_per_stage\": %.1f, \"elements_per_s\": %.4e, \"sm_ghz_lower_bound\": %.3f}%s\n",
+                   r.dec.c_str(), r.nn, r.cps, r.stages, r.clk_per_stage, r.predicted_clk, r.elems_per_s, r.sm_ghz,
                    i + 1 < rows.size() ? "," : "");
     }
     std::fprintf(f, "]}\n");
