@@ -166,6 +166,63 @@ struct Operands {
   __device__ __forceinline__ uint32_t scales(int s) const { return base + s * C::kStage + C::kXsOff + 8 * t4; }
 };
 
+// consumer_mainloop's RS path with the stage's four k32 wgmmas in two independent accumulator chains
+// (k32 steps 0, 2 into part0; 1, 3 into part1), summed at the promotion: if the per-stage time is the
+// latency of four dependent wgmmas, two chains of two halve it.
+template <int NN, int STAGES, typename Ops, int ACC>
+__device__ __forceinline__ void two_chain_mainloop(float (&acc)[ACC], const Ops& op, uint32_t bar_base, int KT, int& s,
+                                                   uint32_t& ph) {
+  const uint32_t full0 = bar_base, empty0 = bar_base + STAGES * 8;
+  const int lane = threadIdx.x & 31;
+  typename Ops::Frag frag[2];
+  float part0[NN / 2], part1[NN / 2];
+  auto stage = [&](int kt, auto buf_c) {
+    constexpr int buf = decltype(buf_c)::value;
+    const typename Ops::Desc d = op.descriptors(s, frag[buf]);
+    const uint2 flags = jx::fence_operands(0u, 1u);
+    jx::fence_acc(part0);
+    jx::fence_acc(part1);
+    cute::warpgroup_arrive();
+    op.template mma<NN>(frag[buf], d, 0, part0, static_cast<gmma::ScaleOut>(flags.x));
+    op.template mma<NN>(frag[buf], d, 1, part1, static_cast<gmma::ScaleOut>(flags.x));
+    op.template mma<NN>(frag[buf], d, 2, part0, static_cast<gmma::ScaleOut>(flags.y));
+    op.template mma<NN>(frag[buf], d, 3, part1, static_cast<gmma::ScaleOut>(flags.y));
+    cute::warpgroup_commit_batch();
+    jx::fence_acc(part0);
+    jx::fence_acc(part1);
+    int s_next = s;
+    uint32_t ph_next = ph;
+    jx::advance_stage<STAGES>(s_next, ph_next);
+    if (kt + 1 < KT) {
+      jx::mbar_wait(full0 + s_next * 8, ph_next);
+      op.load(s_next, frag[buf ^ 1]);
+    }
+    cute::warpgroup_wait<0>();
+    jx::fence_acc(part0);
+    jx::fence_acc(part1);
+    const uint32_t xs = op.scales(s);
+#pragma unroll
+    for (int j8 = 0; j8 < NN / 8; ++j8) {
+      const float2 sc = jx::lds64f(xs + 32 * j8);
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        acc[4 * j8 + i] = fmaf(part0[4 * j8 + i] + part1[4 * j8 + i], (i & 1) ? sc.y : sc.x, acc[4 * j8 + i]);
+    }
+    jx::release_stage(empty0, s, lane);
+    s = s_next;
+    ph = ph_next;
+  };
+  jx::mbar_wait(full0 + s * 8, ph);
+  op.load(s, frag[0]);
+  int kt = 0;
+#pragma unroll 1
+  for (; kt + 1 < KT; kt += 2) {
+    stage(kt, std::integral_constant<int, 0>{});
+    stage(kt + 1, std::integral_constant<int, 1>{});
+  }
+  if (kt < KT) stage(kt, std::integral_constant<int, 0>{});
+}
+
 __device__ __forceinline__ uint32_t mix(uint32_t x) {  // a cheap integer hash: random-looking operands
   x ^= x >> 16;
   x *= 0x7feb352du;
@@ -177,7 +234,7 @@ __device__ __forceinline__ uint32_t mix(uint32_t x) {  // a cheap integer hash: 
 // tiles x KT stages per CTA; clk[block] = clocks of the consumers' loop (first consumer thread).
 // CPS CTAs per SM: 1 as in the production kernel (consumers at 232 registers), or 2 (104: the
 // register file holds 2 x (128 x 40 + 256 x 104)), which doubles the consumer warps per scheduler.
-template <int NN, int STAGES, typename Dec, int CPS>
+template <int NN, int STAGES, typename Dec, int CPS, int CHAINS>
 __global__ void __launch_bounds__(384, CPS) bench_kernel(int KT, int tiles, float* sink, long long* clk) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Cfg<NN, STAGES>;
@@ -236,7 +293,10 @@ __global__ void __launch_bounds__(384, CPS) bench_kernel(int KT, int tiles, floa
   for (int t = 0; t < tiles; ++t) {
 #pragma unroll
     for (int i = 0; i < NN / 2; ++i) acc[i] = 0.0f;
-    jx::consumer_mainloop<NN, STAGES>(acc, Operands<NN, STAGES, Dec>(smem, r0, cw >> 2), bar_base, KT, s, ph);
+    if constexpr (CHAINS == 1)
+      jx::consumer_mainloop<NN, STAGES>(acc, Operands<NN, STAGES, Dec>(smem, r0, cw >> 2), bar_base, KT, s, ph);
+    else
+      two_chain_mainloop<NN, STAGES>(acc, Operands<NN, STAGES, Dec>(smem, r0, cw >> 2), bar_base, KT, s, ph);
 #pragma unroll
     for (int i = 0; i < NN / 2; ++i) total += acc[i];
   }
@@ -260,15 +320,15 @@ double predict(const char* dec, int nn) {
 
 struct Row {
   std::string dec;
-  int nn, cps, stages;
+  int nn, cps, stages, chains;
   double clk_per_stage, elems_per_s, predicted_clk, sm_ghz;
 };
 
-template <int NN, int STAGES, typename Dec, int CPS>
+template <int NN, int STAGES, typename Dec, int CPS, int CHAINS = 1>
 Row run(int sms, int KT, int tiles, float* sink, long long* clk) {
   using C = Cfg<NN, STAGES>;
   static_assert(CPS == 1 || C::kSmem <= 232448 / 2 - 1024, "two CTAs per SM");
-  auto k = bench_kernel<NN, STAGES, Dec, CPS>;
+  auto k = bench_kernel<NN, STAGES, Dec, CPS, CHAINS>;
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
   auto launch = [&] {
     k<<<sms * CPS, 384, C::kSmem>>>(KT, tiles, sink, clk);
@@ -304,7 +364,7 @@ Row run(int sms, int KT, int tiles, float* sink, long long* clk) {
   };
   const double t_ms = median(ms);
   const double elems = static_cast<double>(sms) * CPS * tiles * KT * 128.0 * kBK;
-  return Row{Dec::kName, NN, CPS, STAGES, median(cps), elems / (t_ms * 1e-3), predict(Dec::kName, NN) / CPS,
+  return Row{Dec::kName, NN, CPS, STAGES, CHAINS, median(cps), elems / (t_ms * 1e-3), predict(Dec::kName, NN) / CPS,
              median(ghz)};
 }
 
@@ -344,12 +404,17 @@ int main(int argc, char** argv) {
   // two CTAs per SM at the small token tiles (half the shared memory each: fewer stages)
   run_all<32, 7, 2>(rows, sms, KT, tiles, sink, clk);
   run_all<64, 5, 2>(rows, sms, KT, tiles, sink, clk);
+  // two accumulator chains per stage (two_chain_mainloop), one CTA per SM
+  rows.push_back(run<32, 15, RawDecode, 1, 2>(sms, KT, tiles, sink, clk));
+  rows.push_back(run<32, 15, CkptDecode, 1, 2>(sms, KT, tiles, sink, clk));
+  rows.push_back(run<64, 12, RawDecode, 1, 2>(sms, KT, tiles, sink, clk));
+  rows.push_back(run<64, 12, CkptDecode, 1, 2>(sms, KT, tiles, sink, clk));
   std::printf("%s, %d SMs, K %d (%d stages of 128 x 128 weights per tile), %d tiles per CTA\n", prop.name, sms, K,
               KT, tiles);
-  std::printf("%-6s %4s %8s %6s %14s %14s %12s %10s\n", "decode", "N", "CTAs/SM", "stages", "clk/stage/SM",
-              "pred clk", "elem/s", "SM GHz>=");
+  std::printf("%-6s %4s %8s %6s %6s %14s %14s %12s %10s\n", "decode", "N", "CTAs/SM", "stages", "chains",
+              "clk/stage/SM", "pred clk", "elem/s", "SM GHz>=");
   for (const Row& r : rows)
-    std::printf("%-6s %4d %8d %6d %14.1f %14.1f %12.3e %10.3f\n", r.dec.c_str(), r.nn, r.cps, r.stages,
+    std::printf("%-6s %4d %8d %6d %6d %14.1f %14.1f %12.3e %10.3f\n", r.dec.c_str(), r.nn, r.cps, r.stages, r.chains,
                 r.clk_per_stage, r.predicted_clk, r.elems_per_s, r.sm_ghz);
   if (json) {
     FILE* f = std::fopen(json, "w");
@@ -362,9 +427,10 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       std::fprintf(f,
-                   "  {\"decode\": \"%s\", \"n\": %d, \"ctas_per_sm\": %d, \"stages\": %d, \"clk_per_stage\": %.1f, "
+                   "  {\"decode\": \"%s\", \"n\": %d, \"ctas_per_sm\": %d, \"stages\": %d, \"chains\": %d, \"clk_per_stage\": %.1f, "
                    "\"predicted_clk_per_stage\": %.1f, \"elements_per_s\": %.4e, \"sm_ghz_lower_bound\": %.3f}%s\n",
-                   r.dec.c_str(), r.nn, r.cps, r.stages, r.clk_per_stage, r.predicted_clk, r.elems_per_s, r.sm_ghz,
+                   r.dec.c_str(), r.nn, r.cps, r.stages, r.chains, r.clk_per_stage, r.predicted_clk, r.elems_per_s,
+                   r.sm_ghz,
                    i + 1 < rows.size() ? "," : "");
     }
     std::fprintf(f, "]}\n");
