@@ -131,7 +131,7 @@ def test_readme_quick_tier_counts():
 
 
 def test_readme_states_the_quick_tier_budget():
-    assert f"a quick test taking more than {QUICK_BUDGET_S:g} s fails" in " ".join(README.split())
+    assert f"a quick test using more than {QUICK_BUDGET_S:g} s of CPU time fails" in " ".join(README.split())
 
 
 # --- docs/design.md, README.md and the code's comments against the kernels the code defines ---
