@@ -1,8 +1,8 @@
 """The library's options and their validation: one place for every choice a caller makes.
 
-This module sits at the bottom of the package (it imports only :mod:`jax_nvfp4._extension`): every
-module above it takes its option names and checks from here, and each option is checked once,
-where it enters the public API.
+This module sits above the formats' maths (it imports :mod:`jax_nvfp4._extension` and the
+formats' own vocabularies from :mod:`jax_nvfp4.formats`): every module above it takes its option
+names and checks from here, and each option is checked once, where it enters the public API.
 
 * ``backend``: how a grouped GEMM (and the dispatch and FP8 quantizer calls) runs. ``"ffi"`` is
   the custom call on whichever platform the arrays live (CPU handler or CUDA kernels),
@@ -34,13 +34,12 @@ import warnings
 import jax
 
 from . import _extension
+# The formats' own vocabularies (byte layouts, the FP8 chunk and k orders) are facts of the
+# formats: defined there, below this module, and named here beside the options that take them.
+from .formats import FP8_CHUNK, FP8_K_ORDERS, FP8_LAYOUT, LAYOUTS  # noqa: F401 (named here too)
 
 BACKENDS = ("auto", "ffi", "reference")
 PRECISIONS = ("exact", "fp8")
-LAYOUTS = ("checkpoint", "sm90")
-FP8_LAYOUT = "fp8"
-"""The layout of NVFP4 weights prepared once as e4m3 for the FP8 mode
-(:class:`jax_nvfp4.formats.Fp8Weights`)."""
 WEIGHT_LAYOUTS = LAYOUTS + (FP8_LAYOUT,)
 """What :func:`jax_nvfp4.prepare_weights` prepares: the NVFP4 byte layouts, and ``"fp8"``."""
 ACTIVATIONS = ("w4a4", "w4a16")
@@ -49,8 +48,6 @@ SCORING_FUNCS = ("sqrtsoftplus", "sigmoid", "softmax")
 ROW_DTYPES = ("bfloat16", "float32")
 COMBINES = ("psum", "psum_scatter")
 """How :func:`jax_nvfp4.moe_expert_parallel` combines the devices' outputs."""
-FP8_K_ORDERS = ("logical", "kernel")
-"""The k orders of :class:`jax_nvfp4.formats.Fp8Rows` codes."""
 CHECKPOINT_FORMATS = ("modelopt", "quark")
 """Checkpoint formats :func:`jax_nvfp4.checkpoint.load_moe` understands (``"auto"`` picks one
 from the names)."""
@@ -79,10 +76,6 @@ FAMILY_CODES, FP8_FAMILIES, LAYOUT_CODES = contract_codes(_extension.compiled_mo
 # layout: the ``rhs_layout`` attribute code, as the heuristic takes it too} (the ``RhsLayout`` enum).
 FAMILIES = tuple(sorted(FAMILY_CODES, key=FAMILY_CODES.get))
 """Kernel families, in the order of their codes (:data:`FAMILY_CODES`)."""
-
-FP8_CHUNK = 128
-"""k per FP8-mode promotion chunk: the activations' scale granularity, and the K multiple the
-mode needs."""
 
 
 def check_choice(value, choices: tuple[str, ...], name: str) -> str:

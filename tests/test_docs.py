@@ -3,7 +3,7 @@ JSON (docs/bench-*.json), its test counts against the collected quick tier; docs
 tables, the family lists (design.md, README, kernel_config, ffi/gemm_ffi.h) and Python's family and
 layout codes against the C++ enums and configuration table of csrc/gemm_contract.h, read from the
 header (a family added there with its rows and sections passes); section references into
-design.md. (The benchmarks page is generated: test_benchmarks_md.py.)"""
+design.md; design.md's module layers against the package's import graph. (The benchmarks page is generated: test_benchmarks_md.py.)"""
 
 import json
 import pathlib
@@ -302,3 +302,91 @@ def test_readme_fp8_layer_figures_are_the_committed_json():
         exact = _layer_row(exact_name, tokens)["layer_ms"]
         assert _printed(fp8, fp8_ms) and _printed(exact, exact_ms), (tokens, fp8, exact)
         assert _printed(exact / fp8, speedup), (tokens, exact / fp8, speedup)
+
+
+# --- docs/design.md's layers against the package's import graph ---
+
+def _package_imports() -> dict:
+    """{module: the package's modules it imports} for every module of jax_nvfp4 (dotted, without
+    the ``jax_nvfp4.`` prefix; the package's ``__init__`` is ``__init__``), from the source's
+    import statements, those inside functions too. ``from pkg import name`` of a name that is not
+    a module is an import of ``pkg``'s ``__init__``; the compiled module ``_jax_nvfp4`` is none."""
+    import ast  # noqa: PLC0415
+    pkg_dir = ROOT / "jax_nvfp4"
+
+    def dotted(path):               # jax_nvfp4/nn/frozen.py: nn.frozen; jax_nvfp4/nn/__init__.py: nn
+        parts = list(path.relative_to(pkg_dir).with_suffix("").parts)
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts = parts[:-1]
+        return ".".join(parts)
+
+    files = {dotted(p): p for p in pkg_dir.rglob("*.py")}
+    graph = {}
+    for mod, path in files.items():
+        is_pkg = path.name == "__init__.py"
+        here = [] if mod == "__init__" else mod.split(".")
+        package = here if is_pkg else here[:-1]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.startswith("jax_nvfp4")]
+                bases = [n.split(".")[1:] for n in names]
+                deps.update(".".join(b) or "__init__" for b in bases)
+                continue
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package[:len(package) - node.level + 1] + (node.module.split(".")
+                                                                  if node.module else [])
+            elif (node.module or "").split(".")[0] == "jax_nvfp4":
+                base = node.module.split(".")[1:]
+            else:
+                continue
+            for a in node.names:
+                sub = ".".join(base + [a.name])
+                if sub in files:
+                    deps.add(sub)
+                elif a.name != "_jax_nvfp4":
+                    deps.add(".".join(base) or "__init__")
+        deps.discard(mod)
+        graph[mod] = deps
+    return graph
+
+
+def _design_layers() -> dict:
+    """{module: layer number} from docs/design.md's list "The Python package, bottom to top"."""
+    section = _section(DESIGN, "The Python package, bottom to top")
+    items = re.findall(r"^(\d+)\. (.+?)(?=^\d+\. |\Z)", section, re.M | re.S)
+    layers = {}
+    modules = set(_package_imports())
+    for number, text in items:
+        for name in re.findall(r"`([\w.]+)`", text):
+            if name in modules:
+                assert name not in layers, f"design.md lists `{name}` in two layers"
+                layers[name] = int(number)
+    return layers
+
+
+def test_design_md_layers_are_the_import_graph():
+    """Every module of the package has one layer in design.md's list, and every import (deferred
+    ones too) points to the importer's layer or one below it."""
+    graph = _package_imports()
+    layers = _design_layers()
+    assert len(graph) > 30 and {"formats", "options", "gemm", "moe", "checkpoint"} <= set(graph)
+    missing = sorted(set(graph) - set(layers))
+    assert not missing, f"docs/design.md's layer list does not name: {missing}"
+    up = sorted(f"{m} (layer {layers[m]}) imports {d} (layer {layers[d]})"
+                for m, deps in graph.items() for d in deps if layers[d] > layers[m])
+    assert not up, "imports that point up a layer:\n" + "\n".join(up)
+
+
+def test_the_import_graph_reader_sees_every_form_of_import():
+    """The reader of the test above: relative, absolute, deferred, ``from . import module`` and
+    ``from . import name`` (the package's ``__init__``) forms, against modules known to use them."""
+    graph = _package_imports()
+    assert {"_extension", "autodiff", "formats", "gemm"} <= graph["__init__"]
+    assert "formats" in graph["options"] and "_extension" in graph["options"]
+    assert {"nn", "nn.frozen", "moe", "moe_params"} <= graph["nn.eqx"]
+    assert {"__init__", "bench.common"} <= graph["bench.ep"]
+    assert graph["_extension"] == set()         # `from . import _jax_nvfp4`: the compiled module
+    assert "safetensors_io" in graph["hf_folder"]
