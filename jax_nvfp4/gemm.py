@@ -13,7 +13,7 @@ from . import (_extension, autodiff, fp8, gemm_args, kernel_config, quantization
                reference)
 from .formats import Fp8Weights, NVFP4Tensor
 from .kernel_config import KernelConfig
-from .options import EXACT, LAYOUT_CODES, check_precision, resolve_backend
+from .options import EXACT, LAYOUT_CODES, Backend, Precision, check_fp8_k, check_precision, resolve_backend
 from .varying import varying_type
 
 
@@ -178,7 +178,15 @@ def _mma_requested(lhs, rhs, kernel) -> bool:
     return mma
 
 
-@autodiff.differentiable_lhs
+def check_rows_hint(rows_hint) -> int:
+    """``rows_hint`` (None: 0) as a static int >= 0, else a ValueError naming it."""
+    if rows_hint is None:
+        return 0
+    if isinstance(rows_hint, bool) or not isinstance(rows_hint, (int, np.integer)) or rows_hint < 0:
+        raise ValueError(f"rows_hint: expected a static int >= 0 or None, got {rows_hint!r}")
+    return int(rows_hint)
+
+
 def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp.bfloat16,
                  backend: str = "auto", rows_hint: int | None = None,
                  kernel: str | KernelConfig | None = None, precision: str = "exact") -> jax.Array:
@@ -247,23 +255,33 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
       global scale * rhs.global_scale[g]`` applied in the epilogue; rows past the groups are 0.
     """
     rhs = qwix_interop.as_nvfp4(rhs, "rhs")
-    if rows_hint is None:
-        rows_hint = 0
-    elif isinstance(rows_hint, bool) or not isinstance(rows_hint, (int, np.integer)) or rows_hint < 0:
-        raise ValueError(f"rows_hint: expected a static int >= 0 or None, got {rows_hint!r}")
+    rows_hint = check_rows_hint(rows_hint)
     precision = check_precision(precision)           # checked once: passed down as a Precision
     gemm_args.check_lhs_precision(lhs, precision)
     gemm_args.check_rhs_precision(rhs, precision)
-    backend = resolve_backend(backend)
+    return checked_grouped_gemm(lhs, rhs, group_sizes, out_dtype=out_dtype,
+                                backend=resolve_backend(backend), rows_hint=rows_hint,
+                                kernel=kernel, precision=precision)
+
+
+@autodiff.differentiable_lhs
+def checked_grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype,
+                         backend: Backend, rows_hint: int, kernel, precision: Precision) -> jax.Array:
+    """:func:`grouped_gemm` with its options checked by the caller and not checked again:
+    ``backend`` resolved (:func:`jax_nvfp4.options.resolve_backend`), ``precision`` a
+    :class:`~jax_nvfp4.options.Precision` that ``lhs`` and ``rhs`` were checked against
+    (``gemm_args.check_lhs_precision``/``check_rhs_precision``), ``rows_hint`` an int >= 0, ``rhs``
+    an NVFP4Tensor or Fp8Weights. The layer calls this; the operands' shapes are checked here."""
     if backend == "reference":
-        return reference.grouped_gemm(lhs, rhs, group_sizes, out_dtype=out_dtype,
-                                      precision=precision)
+        return reference.checked_grouped_gemm(lhs, rhs, group_sizes, out_dtype=out_dtype,
+                                              precision=precision)
     # fp8 quantizes the activations before the GEMM call (the quantizer's custom call, or jnp for
     # an lhs it does not take): any float lhs dtype works.
     m, k, g, n = gemm_args.validate_gemm_args(
         lhs, rhs, group_sizes, out_dtype,
         float_lhs_dtypes=None if precision == "fp8" else (jnp.bfloat16,))
-    check_precision(precision, k)
+    if precision == "fp8":
+        check_fp8_k(k)
     group_sizes = gemm_args.check_group_sizes(group_sizes, g)
     m_choice, rows_hint = _rows_for_choice(m, rows_hint, g)
     if precision == "fp8":
@@ -362,11 +380,15 @@ def grouped_gemm_swiglu(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, row_sc
     Returns:
       ``[M, N/2]`` out_dtype; rows past the groups are 0.
     """
-    if rows_hint is None:
-        rows_hint = 0
-    elif isinstance(rows_hint, bool) or not isinstance(rows_hint, (int, np.integer)) or rows_hint < 0:
-        raise ValueError(f"rows_hint: expected a static int >= 0 or None, got {rows_hint!r}")
-    backend = resolve_backend(backend)
+    return checked_grouped_gemm_swiglu(lhs, rhs, group_sizes, row_scale=row_scale, limit=limit,
+                                       out_dtype=out_dtype, backend=resolve_backend(backend),
+                                       rows_hint=check_rows_hint(rows_hint), kernel=kernel)
+
+
+def checked_grouped_gemm_swiglu(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, row_scale, limit,
+                                out_dtype, backend: Backend, rows_hint: int, kernel) -> jax.Array:
+    """:func:`grouped_gemm_swiglu` with ``backend`` resolved and ``rows_hint`` an int >= 0 by the
+    caller (not checked again); the operands are checked here."""
     if backend == "reference":
         return reference.grouped_gemm_swiglu(lhs, rhs, group_sizes, row_scale=row_scale,
                                              limit=limit, out_dtype=out_dtype)

@@ -21,8 +21,9 @@ names and checks from here, and each option is checked once, where it enters the
 * The FP8 activation rows' k order (:data:`FP8_K_ORDERS`), the checkpoint formats
   (:data:`CHECKPOINT_FORMATS`).
 
-``precision`` is checked where it enters the public API (:func:`check_precision` returns a
-:class:`Precision`), and what is passed down as a :class:`Precision` is not checked again.
+``precision`` and ``backend`` are checked where they enter the public API (:func:`check_precision`
+returns a :class:`Precision`, :func:`resolve_backend` a :class:`Backend`), and what is passed down
+as one of these is not checked again; every vocabulary is checked by :func:`check_choice`.
 """
 
 from __future__ import annotations
@@ -116,11 +117,6 @@ def check_fp8_k(k: int, name: str = "precision") -> None:
                          "activation scale per 128-wide k chunk)")
 
 
-def check_layout(layout, name: str = "layout") -> str:
-    """``layout`` if it is one of :data:`LAYOUTS`, else a ValueError naming ``name``."""
-    return check_choice(layout, LAYOUTS, name)
-
-
 _warned_fallback = False
 _PACKAGE_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
                       for m in (sys.modules[__package__], jax))
@@ -136,25 +132,39 @@ def caller_stacklevel() -> int:
     return level
 
 
-def resolve_backend(backend) -> str:
-    """The backend a call runs, ``"ffi"`` or ``"reference"``, for the option ``backend``.
+class Backend(str):
+    """A backend that :func:`resolve_backend` resolved, ``"ffi"`` or ``"reference"`` (equal to,
+    and hashed as, its name): functions that receive one pass it on without resolving it again."""
+
+    __slots__ = ()
+
+
+FFI = Backend("ffi")
+REFERENCE = Backend("reference")
+
+
+def resolve_backend(backend) -> Backend:
+    """The backend a call runs, ``"ffi"`` or ``"reference"`` as a :class:`Backend`, for the
+    option ``backend`` (a Backend already is one: returned as it is).
 
     ``"ffi"`` without a built extension is a RuntimeError saying why; ``"auto"`` falls back to the
     reference (with a one-time RuntimeWarning) where the custom call cannot run: no extension, or
     a GPU default backend with an extension built without the CUDA handler."""
     global _warned_fallback
+    if isinstance(backend, Backend):
+        return backend
     check_choice(backend, BACKENDS, "backend")
     if backend != "auto":
         if backend == "ffi" and not _extension.available():
             raise RuntimeError(f"backend='ffi': {_extension.not_built_message()}")
-        return backend
+        return FFI if backend == "ffi" else REFERENCE
     on_gpu = jax.default_backend() == "gpu"
     if _extension.available() and (not on_gpu or _extension.has_cuda()):
-        return "ffi"
+        return FFI
     if not _warned_fallback:
         _warned_fallback = True
         why = ("the extension was built without the CUDA handler (no nvcc at build time)"
                if _extension.available() else _extension.not_built_message())
         warnings.warn(f"jax_nvfp4: grouped_gemm falls back to the pure-jnp reference (slow): {why}",
                       RuntimeWarning, stacklevel=caller_stacklevel())
-    return "reference"
+    return REFERENCE
