@@ -31,6 +31,21 @@
 
 namespace jax_nvfp4 {
 
+// The version of the custom calls' interface (operands, attributes, what they compute): the suffix
+// "_v<N>" of every registered target name (ffi/module.cc builds the names from it; Python's
+// jax_nvfp4._extension.ABI_VERSION must equal it, tests/test_kernel_config.py checks). Bump it on
+// any such change.
+inline constexpr int kInterfaceVersion = 3;
+
+// The weights' power-of-two prescales, exact in every format they pass through: the exact mode's
+// kernels read a weight as e2m1 * scale * 2^-kExactWeightShift (a normal bf16 in [2^-17, 21]) and
+// their epilogue multiplies by alpha * 2^kExactWeightShift; the FP8 mode's weights are
+// e4m3(e2m1 * scale * 2^-kFp8WeightShift) (|w| <= 336 < 448) and its epilogue multiplies by
+// alpha * 2^kFp8WeightShift. Python: jax_nvfp4.reference.WEIGHT_PRESCALE,
+// jax_nvfp4.formats.FP8_WEIGHT_SHIFT (the extension's weight_shifts(), checked by a test).
+inline constexpr int kExactWeightShift = 7;
+inline constexpr int kFp8WeightShift = 3;
+
 // ---------------------------------------------------------------------------------------------
 // Attributes of the custom call (enum values are the attribute's int32 value).
 
@@ -57,18 +72,60 @@ inline const char* LayoutName(RhsLayout l) {
   return "?";
 }
 
-// Kernel families. Each is one kernel file; the table below lists its compiled configurations.
+// Kernel families (the custom call's `kernel` attribute). What each one is, computes, reads and runs
+// on is kFamilyTable below, the one statement of those facts: the functions after it read it, the
+// extension hands it to Python (kernel_families(), ffi/module.cc), and the docs are checked against it.
 enum class KernelFamily : int32_t {
-  kMma = 0,    // mma.sync, cp.async multistage (csrc/grouped_gemm_mma.cu): sm_80 and newer
-  kMmaWs = 1,  // the same math, warp-specialized with bulk copies and mbarriers: sm_90, sm90 weights
-  kWgmma = 2,  // wgmma with the weights as register operand, TMA, persistent (csrc/grouped_gemm_wgmma_sm90.cu)
-  kWgmmaFp8 = 3,  // FP8 mode: e4m3 wgmma, weights decoded to e4m3 in registers (csrc/grouped_gemm_fp8_sm90.cu)
-  kWgmmaFp8Prepared = 4,  // FP8 mode on fp8-prepared weights (rhs_layout 2): both operands by TMA, SS wgmma
-                          // (csrc/grouped_gemm_fp8_prepared_sm90.cu)
-  kCutlassFp8 = 5,  // FP8 mode on fp8-prepared weights on CUTLASS's SM90 grouped GEMM with blockwise scaling
-                    // (csrc/grouped_gemm_cutlass_fp8_sm90.cu): token_tile 128 cooperative, 64 ping-pong;
-                    // cluster = CTAs along N sharing an activation tile
+  kMma = 0,
+  kMmaWs = 1,
+  kWgmma = 2,
+  kWgmmaFp8 = 3,
+  kWgmmaFp8Prepared = 4,
+  kCutlassFp8 = 5,
 };
+
+inline constexpr uint32_t LayoutBit(RhsLayout l) { return 1u << static_cast<int>(l); }
+
+struct FamilyInfo {
+  KernelFamily family;
+  const char* name;       // the Python API's name (grouped_gemm(kernel=...), JAX_NVFP4_KERNEL)
+  bool fp8;               // computes the FP8 mode (and nothing else); otherwise the exact mode
+  uint32_t layouts;       // LayoutBit of each weight layout it reads
+  bool needs_sm90a;       // runs on sm_90 only, from the sm_90a image; otherwise on every arch >= 80
+  const char* file;       // the kernel's source file
+  const char* summary;    // what it is, in a few words
+};
+
+inline constexpr FamilyInfo kFamilyTable[] = {
+    {KernelFamily::kMma, "mma", false, LayoutBit(RhsLayout::kCheckpoint) | LayoutBit(RhsLayout::kSm90), false,
+     "csrc/grouped_gemm_mma.cu", "mma.sync with a cp.async multistage pipeline; the only reader of packed e2m1 activations"},
+    {KernelFamily::kMmaWs, "mma_ws", false, LayoutBit(RhsLayout::kSm90), true, "csrc/grouped_gemm_mma.cu",
+     "mma's warp-specialized variant (template WS): bulk copies and mbarriers, for decode"},
+    {KernelFamily::kWgmma, "wgmma", false, LayoutBit(RhsLayout::kCheckpoint) | LayoutBit(RhsLayout::kSm90), true,
+     "csrc/grouped_gemm_wgmma_sm90.cu", "wgmma with the weights as register operand, TMA, persistent"},
+    {KernelFamily::kWgmmaFp8, "wgmma_fp8", true, LayoutBit(RhsLayout::kCheckpoint), true,
+     "csrc/grouped_gemm_fp8_sm90.cu", "e4m3 wgmma, the NVFP4 weights rounded to e4m3 in registers"},
+    {KernelFamily::kWgmmaFp8Prepared, "wgmma_fp8_prepared", true, LayoutBit(RhsLayout::kFp8), true,
+     "csrc/grouped_gemm_fp8_prepared_sm90.cu", "e4m3 wgmma on fp8-prepared weights, both operands by TMA"},
+    {KernelFamily::kCutlassFp8, "cutlass_fp8", true, LayoutBit(RhsLayout::kFp8), true,
+     "csrc/grouped_gemm_cutlass_fp8_sm90.cu",
+     "CUTLASS's SM90 grouped GEMM with blockwise scaling on fp8-prepared weights"},
+};
+inline constexpr int kNumFamilies = static_cast<int>(sizeof(kFamilyTable) / sizeof(kFamilyTable[0]));
+
+// Whether f is a family of the table (the custom call's attribute may hold any int32).
+inline constexpr bool IsKnownFamily(KernelFamily f) {
+  return static_cast<int>(f) >= 0 && static_cast<int>(f) < kNumFamilies;
+}
+// The table's row of a known family f (rows are in code order: a static_assert below holds it).
+inline constexpr const FamilyInfo& InfoOf(KernelFamily f) { return kFamilyTable[static_cast<int>(f)]; }
+
+inline constexpr bool FamilyTableInCodeOrder() {
+  for (int i = 0; i < kNumFamilies; ++i)
+    if (static_cast<int>(kFamilyTable[i].family) != i) return false;
+  return true;
+}
+static_assert(FamilyTableInCodeOrder(), "kFamilyTable: one row per KernelFamily, in code order");
 
 struct KernelConfig {
   KernelFamily family = KernelFamily::kMma;
@@ -120,18 +177,16 @@ R WithConfigEntry(const KernelConfig& c, R none, Launch&& launch) {
   return WithConfigEntry(c, none, std::forward<Launch>(launch), std::make_integer_sequence<int, kNumKernelConfigs>{});
 }
 
-// Whether `family` computes the FP8 mode (fp8) or the exact mode: wgmma_fp8, wgmma_fp8_prepared and
-// cutlass_fp8 alone compute FP8.
-inline constexpr bool IsFp8Family(KernelFamily f) {
-  return f == KernelFamily::kWgmmaFp8 || f == KernelFamily::kWgmmaFp8Prepared || f == KernelFamily::kCutlassFp8;
-}
+// Whether `family` computes the FP8 mode (fp8) or the exact mode (kFamilyTable).
+inline constexpr bool IsFp8Family(KernelFamily f) { return IsKnownFamily(f) && InfoOf(f).fp8; }
 inline constexpr bool FamilyComputesMode(KernelFamily f, bool fp8) { return IsFp8Family(f) == fp8; }
 
-// Whether FP8 family f reads weights in `layout`: wgmma_fp8_prepared and cutlass_fp8 the fp8-prepared ones,
-// wgmma_fp8 the NVFP4 checkpoint layout (sm90 NVFP4 weights have none on the GPU).
-inline constexpr bool Fp8FamilyReadsLayout(KernelFamily f, RhsLayout layout) {
-  return (f != KernelFamily::kWgmmaFp8) == (layout == RhsLayout::kFp8);
+// Whether family f reads weights in `layout` (kFamilyTable).
+inline constexpr bool FamilyReadsLayout(KernelFamily f, RhsLayout layout) {
+  return IsKnownFamily(f) && (InfoOf(f).layouts & LayoutBit(layout)) != 0;
 }
+// The same, as the FFI layer asks it of an FP8 family.
+inline constexpr bool Fp8FamilyReadsLayout(KernelFamily f, RhsLayout layout) { return FamilyReadsLayout(f, layout); }
 
 // The first configuration of `family` with `token_tile` (the self-test's way to name one).
 inline constexpr KernelConfig DefaultConfigFor(KernelFamily family, int32_t token_tile) {
@@ -140,17 +195,7 @@ inline constexpr KernelConfig DefaultConfigFor(KernelFamily family, int32_t toke
   return KernelConfig{family, 0, 0, 0, 0};
 }
 
-inline const char* FamilyName(KernelFamily f) {
-  switch (f) {
-    case KernelFamily::kMma: return "mma";
-    case KernelFamily::kMmaWs: return "mma_ws";
-    case KernelFamily::kWgmma: return "wgmma";
-    case KernelFamily::kWgmmaFp8: return "wgmma_fp8";
-    case KernelFamily::kWgmmaFp8Prepared: return "wgmma_fp8_prepared";
-    case KernelFamily::kCutlassFp8: return "cutlass_fp8";
-  }
-  return "?";
-}
+inline constexpr const char* FamilyName(KernelFamily f) { return IsKnownFamily(f) ? InfoOf(f).name : "?"; }
 
 // Bit (1 << family) per family, for the set of families a build carries.
 inline constexpr uint32_t FamilyBit(KernelFamily f) { return 1u << static_cast<int>(f); }
@@ -160,7 +205,7 @@ inline constexpr bool ArchSupported(int arch) { return arch >= 80; }
 // wgmma (both modes) and the warp-specialized mma variant use sm_90a instructions (setmaxnreg, wgmma,
 // bulk copies): only an sm_90 device running the sm_90a image has them.
 inline constexpr bool FamilyRunsOn(KernelFamily f, int arch) {
-  return f == KernelFamily::kMma ? ArchSupported(arch) : arch == 90;
+  return IsKnownFamily(f) && (InfoOf(f).needs_sm90a ? arch == 90 : ArchSupported(arch));
 }
 
 // The families a build can run on a device of compute capability `arch` (FamilyBit mask): mma
@@ -168,12 +213,8 @@ inline constexpr bool FamilyRunsOn(KernelFamily f, int arch) {
 // mma_ws and the wgmma families on sm_90 when the build carries the sm_90a image.
 inline constexpr uint32_t RunnableFamilies(int arch, bool built_cuda, bool built_sm90a) {
   uint32_t f = 0;
-  if (built_cuda && FamilyRunsOn(KernelFamily::kMma, arch)) f |= FamilyBit(KernelFamily::kMma);
-  if (built_sm90a && FamilyRunsOn(KernelFamily::kMmaWs, arch)) f |= FamilyBit(KernelFamily::kMmaWs);
-  if (built_sm90a && FamilyRunsOn(KernelFamily::kWgmma, arch)) f |= FamilyBit(KernelFamily::kWgmma);
-  if (built_sm90a && FamilyRunsOn(KernelFamily::kWgmmaFp8, arch)) f |= FamilyBit(KernelFamily::kWgmmaFp8);
-  if (built_sm90a && FamilyRunsOn(KernelFamily::kWgmmaFp8Prepared, arch)) f |= FamilyBit(KernelFamily::kWgmmaFp8Prepared);
-  if (built_sm90a && FamilyRunsOn(KernelFamily::kCutlassFp8, arch)) f |= FamilyBit(KernelFamily::kCutlassFp8);
+  for (const FamilyInfo& info : kFamilyTable)
+    if ((info.needs_sm90a ? built_sm90a : built_cuda) && FamilyRunsOn(info.family, arch)) f |= FamilyBit(info.family);
   return f;
 }
 
@@ -187,7 +228,7 @@ struct ProblemDesc {
   int64_t rows_hint = 0;   // expected rows inside the groups (0: M)
   bool a_fp4 = false;      // packed e2m1 activations (W4A4 native)
   RhsLayout layout = RhsLayout::kCheckpoint;
-  bool fp8 = false;        // FP8 mode (only the wgmma_fp8 family computes it)
+  bool fp8 = false;        // FP8 mode (the families with kFamilyTable's fp8 compute it)
 };
 
 // Average rows per group: rows_hint (or M when 0 or >= M) / G, rounded up.
@@ -233,20 +274,16 @@ inline constexpr bool WgmmaFp8ShapeOk(const ProblemDesc& d) {
   return ((d.M + 31) / 32 + d.G) * ((d.N + 127) / 128) <= INT32_MAX;
 }
 
-// Whether `family` computes this problem (mode, shapes, activation type, weight layout): in FP8
-// mode only wgmma_fp8 (K % 128 == 0, checkpoint weights) and wgmma_fp8_prepared (K % 128 == 0,
-// fp8-prepared weights); otherwise wgmma takes W4A16 with K % 64 == 0, mma_ws sm90 weights with bf16
-// activations, mma everything but fp8-prepared weights (which belong to the FP8 mode).
+// Whether `family` computes this problem: its mode and the weights' layout (kFamilyTable), then its
+// shapes and activation type: wgmma_fp8 K % 128 == 0, wgmma_fp8_prepared K % 128 == 0, cutlass_fp8
+// that and N % 8 == 0; wgmma W4A16 with K % 64 == 0, mma_ws bf16 activations, mma everything.
 inline constexpr bool FamilyHandles(KernelFamily f, const ProblemDesc& d) {
-  if (d.fp8 || IsFp8Family(f)) {
-    if (!d.fp8) return false;
-    if (f == KernelFamily::kWgmmaFp8) return WgmmaFp8ShapeOk(d);
-    if (f == KernelFamily::kCutlassFp8) return CutlassFp8ShapeOk(d);
-    return f == KernelFamily::kWgmmaFp8Prepared && WgmmaFp8PreparedShapeOk(d);
-  }
-  if (d.layout == RhsLayout::kFp8) return false;
+  if (!FamilyComputesMode(f, d.fp8) || !FamilyReadsLayout(f, d.layout)) return false;
+  if (f == KernelFamily::kWgmmaFp8) return WgmmaFp8ShapeOk(d);
+  if (f == KernelFamily::kCutlassFp8) return CutlassFp8ShapeOk(d);
+  if (f == KernelFamily::kWgmmaFp8Prepared) return WgmmaFp8PreparedShapeOk(d);
   if (f == KernelFamily::kWgmma) return WgmmaShapeOk(d);
-  if (f == KernelFamily::kMmaWs) return d.layout == RhsLayout::kSm90 && !d.a_fp4;
+  if (f == KernelFamily::kMmaWs) return !d.a_fp4;
   return true;
 }
 
@@ -263,7 +300,7 @@ inline constexpr KernelConfig ConfigForFamily(KernelFamily f, const ProblemDesc&
   // short tiles cost no MMA work; 32/64-token tiles were no faster at 4 rows per group and 10% slower at
   // 32: docs/archive/fp8-prepared-lab.md)
   if (f == KernelFamily::kWgmmaFp8Prepared) return DefaultConfigFor(f, 128);
-  // cutlass_fp8: its first entry, 128-token cooperative tiles in 2-CTA clusters along N walked along M (the
+  // cutlass_fp8: its first entry, 128-token cooperative tiles, one CTA per cluster, walked along M (the
   // token tiles of one weight tile in turn), the fastest of the sweep from 1536 to 24576 rows (docs/design.md)
   if (f == KernelFamily::kCutlassFp8) return DefaultConfigFor(f, 128);
   if (f == KernelFamily::kMmaWs) return DefaultConfigFor(f, 16);

@@ -220,7 +220,8 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
       kernel: which CUDA kernel configuration runs (backend "ffi"; see
         :mod:`jax_nvfp4.kernel_config`): None for the heuristic's choice for this device and
         problem (or the ``JAX_NVFP4_KERNEL`` environment variable's family, an override), a
-        family name ("mma", "mma_ws", "wgmma"; "wgmma_fp8" with precision="fp8") at that family's token-tile rule, or a
+        family name (:data:`jax_nvfp4.kernel_config.FAMILIES`: an exact family, or with
+        precision="fp8" one of the FP8 families) at that family's token-tile rule, or a
         :class:`~jax_nvfp4.kernel_config.KernelConfig` from ``kernel_configs()``. The choice is
         lowered into the custom call's attributes; the CPU handler checks it and ignores it.
         Results do not depend on it beyond float32 summation order.

@@ -87,6 +87,34 @@ def _ext():
     return ext
 
 
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One kernel family, as the extension's C++ table (``kFamilyTable``, csrc/gemm_contract.h) states it.
+
+    Attributes:
+      name: one of :data:`FAMILIES`; code: the custom call's ``kernel`` attribute.
+      mode: ``"exact"`` or ``"fp8"`` (the ``precision`` it computes, and nothing else).
+      layouts: the weight layouts it reads (``"checkpoint"``, ``"sm90"``, ``"fp8"``).
+      archs: where it runs (``"sm_80 and newer"``, or ``"sm_90 (sm_90a image)"``).
+      file: its kernel's source file; token_tiles: those of its compiled configurations.
+      summary: what it is, in a few words.
+    """
+
+    name: str
+    code: int
+    mode: str
+    layouts: tuple[str, ...]
+    archs: str
+    file: str
+    token_tiles: tuple[int, ...]
+    summary: str
+
+
+def family_table() -> tuple[Family, ...]:
+    """Every kernel family, in code order: the one table of their facts, from the extension."""
+    return tuple(Family(**d) for d in _ext().kernel_families())
+
+
 def kernel_configs() -> tuple[KernelConfig, ...]:
     """Every configuration the CUDA kernels are compiled for (the same table in every build)."""
     return tuple(KernelConfig(*c) for c in _ext().kernel_configs())

@@ -146,13 +146,25 @@ def _cpp_enum(text, name):
     return {k: int(v) for k, v in re.findall(r"\b(k\w+)\s*=\s*(\d+)", re.sub(r"//[^\n]*", "", body))}
 
 
-def cpp_families():
-    """{family name: kernel attribute code} from csrc/gemm_contract.h: the KernelFamily enum and
-    FamilyName's strings."""
+def cpp_family_table():
+    """kFamilyTable of csrc/gemm_contract.h: {name: dict(code, fp8, layouts, sm90a, file)}, in code
+    order (the enum's value of each row's KernelFamily)."""
+    body = re.search(r"kFamilyTable\[\] = \{(.*?)\n\};", CONTRACT, re.S).group(1)
+    rows = re.findall(r"\{KernelFamily::(k\w+), \"(\w+)\", (true|false), ([^,]+?),\s*(true|false),\s*"
+                      r"\"([^\"]+)\"", body)
+    assert len(rows) == body.count("{KernelFamily::"), "a kFamilyTable row the pattern does not read"
     enum = _cpp_enum(CONTRACT, "KernelFamily")
-    names = dict(re.findall(r"case KernelFamily::(k\w+): return \"(\w+)\";", CONTRACT))
-    assert set(names) == set(enum), "FamilyName names every KernelFamily"
-    return {names[k]: v for k, v in enum.items()}
+    table = {}
+    for enumerator, name, fp8, layouts, sm90a, file in rows:
+        table[name] = dict(code=enum[enumerator], fp8=fp8 == "true", file=file, sm90a=sm90a == "true",
+                           layouts={k[1:].lower() for k in re.findall(r"RhsLayout::(k\w+)", layouts)})
+    assert set(enumerator for enumerator, *_ in rows) == set(enum), "one row per KernelFamily"
+    return dict(sorted(table.items(), key=lambda kv: kv[1]["code"]))
+
+
+def cpp_families():
+    """{family name: kernel attribute code} from csrc/gemm_contract.h's kFamilyTable."""
+    return {name: row["code"] for name, row in cpp_family_table().items()}
 
 
 def cpp_layouts():
@@ -197,10 +209,7 @@ def test_python_families_and_layouts_are_the_cpp_enums():
     # the copies a package without the compiled module uses
     unbuilt_families, unbuilt_fp8, unbuilt_layouts = options.contract_codes(None)
     assert unbuilt_families == fams and unbuilt_layouts == cpp_layouts()
-    fp8_body = re.search(r"bool IsFp8Family\(KernelFamily f\) \{(.*?)\}", CONTRACT, re.S).group(1)
-    by_enum = {f"k{''.join(w.title() for w in n.split('_'))}": n for n in fams}   # wgmma_fp8 -> kWgmmaFp8
-    assert unbuilt_fp8 == tuple(sorted((by_enum[e] for e in re.findall(r"KernelFamily::(k\w+)", fp8_body)),
-                                       key=fams.get))
+    assert unbuilt_fp8 == tuple(n for n, row in cpp_family_table().items() if row["fp8"])
 
 
 def test_kernel_configs_are_the_headers_table():
@@ -252,6 +261,38 @@ def test_family_lists_name_every_family():
     attrs = " ".join(re.search(r"//\s+kernel\s+i32 enum KernelFamily(.*?)//\s+token_tile", ffi,
                                re.S).group(1).replace("//", " ").split())
     assert {n: int(c) for c, n in re.findall(r"(?<!\w)(\d+) (\w+)", attrs)} == cpp_families()
+
+
+def test_family_facts_in_the_docs_are_the_table():
+    """Where the docs state a family's file, architectures or mode, kFamilyTable says the same:
+    design.md's section headings (file; "sm_90" for the sm_90a families; "the FP8 mode" for the
+    FP8 ones), its builds table and the README's support matrix (the sm_80 rows name the families
+    that run from sm_80), its dispatch table (FP8 conditions for the FP8 families), and
+    kernel_config's docstring ("compute capability 9.0 only" for the sm_90a families)."""
+    table = cpp_family_table()
+    kernels = DESIGN.split("\n## The kernels\n", 1)[1].split("\n## ", 1)[0]
+    previous_file = None
+    for name, where, rest in re.findall(r"^### `(\w+)` \(([^)]*)\)(.*)$", kernels, re.M):
+        row, where = table[name], where + rest
+        files = re.findall(r"csrc/[\w./]+", where)
+        assert files == [row["file"]] or ("same file" in where and row["file"] == previous_file), (
+            f"design.md's section on {name} names {files or where!r}; kFamilyTable: {row['file']}")
+        previous_file = row["file"]
+        assert ("sm_90" in where) == row["sm90a"], f"design.md's section on {name}: {where!r}"
+        assert ("FP8 mode" in where) == row["fp8"], f"design.md's section on {name}: {where!r}"
+    from_sm80 = {n for n, row in table.items() if not row["sm90a"]}
+    builds = {r[0]: _names(r[1]) for r in _table(DESIGN, "image")}
+    assert builds["sm_80 machine code"] == builds["compute_80 PTX"] == from_sm80
+    support = {r[0]: _names(r[1]) for r in _table(README, "GPU")}
+    assert support["A100 (8.0), A10 / RTX 30xx (8.6), L40S / RTX 4090 (8.9)"] == from_sm80
+    assert support["B200 / GB200 (10.0), RTX 50xx (12.0)"] == from_sm80
+    for cond, config in _table(DESIGN, "condition"):
+        fam = re.match(r"`(\w+)`", config).group(1)
+        assert ("FP8 mode" in cond) == table[fam]["fp8"], f"design.md's dispatch rule for {fam}: {cond!r}"
+    bullets = dict(re.findall(r'^\* ``"(\w+)"``: (.*?)(?=^\* |^  The three|\Z)', kernel_config.__doc__,
+                              re.M | re.S))
+    for name, text in bullets.items():
+        assert ("compute capability 9.0 only" in " ".join(text.split())) == table[name]["sm90a"], name
 
 
 def _design_headings():
