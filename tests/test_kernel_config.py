@@ -473,3 +473,21 @@ def test_weight_shifts_and_interface_version_are_the_extensions():
     assert formats.FP8_WEIGHT_SHIFT == fp8.WEIGHT_SHIFT == shifts["fp8"]
     assert _extension.ABI_VERSION == ext.interface_version()
     assert set(ext.cpu_registrations()) == set(_extension.TARGETS)
+
+
+@needs_ext
+def test_the_type_stub_names_the_compiled_modules_functions():
+    """jax_nvfp4/_jax_nvfp4.pyi (the package ships py.typed) declares exactly the functions the
+    compiled module defines, with the same parameter names."""
+    import ast  # noqa: PLC0415
+    import pathlib  # noqa: PLC0415
+    import re  # noqa: PLC0415
+    ext = _extension.load()
+    stub = ast.parse((pathlib.Path(_extension.__file__).parent / "_jax_nvfp4.pyi").read_text())
+    declared = {f.name: [a.arg for a in f.args.args] for f in stub.body if isinstance(f, ast.FunctionDef)}
+    public = {n for n in dir(ext) if not n.startswith("_") and callable(getattr(ext, n))}
+    assert set(declared) == public
+    for name, params in declared.items():
+        signature = (getattr(ext, name).__doc__ or "").splitlines()[0]     # nanobind's first line
+        assert signature.startswith(f"{name}("), signature
+        assert re.findall(r"[(,]\s*(\w+)\s*:", signature.split(") ->")[0]) == params, (name, signature)
