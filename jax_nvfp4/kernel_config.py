@@ -1,7 +1,7 @@
 """Which CUDA kernel configuration runs a grouped GEMM: the typed configuration the custom call carries.
 
 The configurations and the heuristic that picks one live in the extension's C++ contract
-(``csrc/gemm_contract.h``: ``kKernelConfigs``, ``ChooseKernelConfig``); this module calls them at
+(``csrc/kernel_table.h``: ``kKernelConfigs``, ``ChooseKernelConfig``); this module calls them at
 trace time, with the device's compute capability, and turns the result into the custom call's
 attributes (``kernel``, ``token_tile``, ``stages``, ``cluster``, ``raster``: visible in the lowered
 program).
@@ -89,7 +89,7 @@ def _ext():
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    """One kernel family, as the extension's C++ table (``kFamilyTable``, csrc/gemm_contract.h) states it.
+    """One kernel family, as the extension's C++ table (``kFamilyTable``, csrc/kernel_table.h) states it.
 
     Attributes:
       name: one of :data:`FAMILIES`; code: the custom call's ``kernel`` attribute.

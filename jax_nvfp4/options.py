@@ -17,7 +17,7 @@ names and checks from here, and each option is checked once, where it enters the
   (:class:`jax_nvfp4.MoEConfig`); the expert-parallel ``combine``.
 * ``kernel``: a CUDA kernel family (:data:`FAMILIES`; :mod:`jax_nvfp4.kernel_config`), and the
   custom call's codes for families and weight layouts (:data:`LAYOUT_CODES`): the C++ enums of
-  ``csrc/gemm_contract.h``, taken from the compiled extension (a copy where it is not built).
+  ``csrc/kernel_table.h`` and ``csrc/gemm_attributes.h``, taken from the compiled extension (a copy where it is not built).
 * The FP8 activation rows' k order (:data:`FP8_K_ORDERS`), the checkpoint formats
   (:data:`CHECKPOINT_FORMATS`).
 
@@ -53,7 +53,7 @@ CHECKPOINT_FORMATS = ("modelopt", "quark")
 """Checkpoint formats :func:`jax_nvfp4.checkpoint.load_moe` understands (``"auto"`` picks one
 from the names)."""
 
-# The custom call's codes are the C++ enums of csrc/gemm_contract.h; the compiled module hands them
+# The custom call's codes are the C++ enums of csrc/kernel_table.h and gemm_attributes.h; the compiled module hands them
 # over (family_codes, fp8_families, layout_codes in ffi/module.cc). These copies serve a package
 # without the extension (the reference backend); tests/test_options.py checks them against the
 # module, tests/test_docs.py against the header.

@@ -1,7 +1,7 @@
 """The documents against what they describe: the README's benchmark numbers against the committed
 JSON (docs/bench-*.json), its test counts against the collected quick tier; docs/design.md's kernel
 tables, the family lists (design.md, README, kernel_config, ffi/gemm_ffi.h) and Python's family and
-layout codes against the C++ enums and configuration table of csrc/gemm_contract.h, read from the
+layout codes against the C++ enums and tables of csrc/kernel_table.h and gemm_attributes.h, read from the
 header (a family added there with its rows and sections passes); section references into
 design.md; design.md's module layers against the package's import graph. (The benchmarks page is generated: test_benchmarks_md.py.)"""
 
@@ -137,7 +137,8 @@ def test_readme_states_the_quick_tier_budget():
 # --- docs/design.md, README.md and the code's comments against the kernels the code defines ---
 
 DESIGN = (ROOT / "docs/design.md").read_text()
-CONTRACT = (ROOT / "csrc/gemm_contract.h").read_text()
+CONTRACT = "\n".join((ROOT / "csrc" / h).read_text() for h in (   # the contract and what it includes
+    "gemm_contract.h", "gemm_attributes.h", "kernel_table.h", "sm90_layout.h", "cutlass_fp8_workspace.h"))
 
 
 def _cpp_enum(text, name):
@@ -147,7 +148,7 @@ def _cpp_enum(text, name):
 
 
 def cpp_family_table():
-    """kFamilyTable of csrc/gemm_contract.h: {name: dict(code, fp8, layouts, sm90a, file)}, in code
+    """kFamilyTable of csrc/kernel_table.h: {name: dict(code, fp8, layouts, sm90a, file)}, in code
     order (the enum's value of each row's KernelFamily)."""
     body = re.search(r"kFamilyTable\[\] = \{(.*?)\n\};", CONTRACT, re.S).group(1)
     rows = re.findall(r"\{KernelFamily::(k\w+), \"(\w+)\", (true|false), ([^,]+?),\s*(true|false),\s*"
@@ -163,7 +164,7 @@ def cpp_family_table():
 
 
 def cpp_families():
-    """{family name: kernel attribute code} from csrc/gemm_contract.h's kFamilyTable."""
+    """{family name: kernel attribute code} from csrc/kernel_table.h's kFamilyTable."""
     return {name: row["code"] for name, row in cpp_family_table().items()}
 
 
@@ -173,7 +174,7 @@ def cpp_layouts():
 
 
 def cpp_kernel_configs():
-    """kKernelConfigs of csrc/gemm_contract.h as (family, token_tile, stages, cluster, raster) tuples
+    """kKernelConfigs of csrc/kernel_table.h as (family, token_tile, stages, cluster, raster) tuples
     (raster 0 where an entry leaves it out)."""
     body = re.search(r"kKernelConfigs\[\] = \{(.*?)\};", CONTRACT, re.S).group(1)
     names = cpp_families()

@@ -463,7 +463,7 @@ def test_family_table_is_the_python_vocabulary():
 @needs_ext
 def test_weight_shifts_and_interface_version_are_the_extensions():
     """The scale shifts (2^7 of the exact mode's weights, 2^3 of the FP8 mode's) and the custom
-    calls' interface version are stated once, in C++ (csrc/gemm_contract.h); Python's copies,
+    calls' interface version are stated once, in C++ (csrc/gemm_attributes.h); Python's copies,
     which a package without the extension needs, equal them."""
     from jax_nvfp4 import formats, fp8, reference  # noqa: PLC0415
     ext = _extension.load()
