@@ -4,6 +4,7 @@ mode and the gate/up call with the SwiGLU epilogue."""
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -114,7 +115,7 @@ def _on_gpu(*arrays) -> bool:
                 return next(iter(a.devices())).platform == "gpu"
             except Exception:  # noqa: BLE001  (a deleted or otherwise unreadable array)
                 break
-    dev = jax.config.jax_default_device
+    dev = getattr(jax.config, "jax_default_device", None)       # (typed as absent in jax's stubs)
     if dev is not None:
         return (dev if isinstance(dev, str) else dev.platform) in ("gpu", "cuda", "rocm")
     return jax.default_backend() == "gpu"
@@ -293,7 +294,7 @@ def checked_grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_d
                         k, g, rows_hint, precision)
     mma = _mma_requested(lhs, rhs, kernel)
     code = LAYOUT_CODES[rhs.layout]
-    shape = dict(rows_hint=int(rows_hint), rhs_layout=rhs.layout, precision=precision)
+    shape: dict[str, Any] = dict(rows_hint=int(rows_hint), rhs_layout=rhs.layout, precision=precision)
     out_dtype = jnp.dtype(out_dtype)
     rhs_gs = jnp.broadcast_to(rhs.global_scale.astype(jnp.float32), (g,))
     if m == 0:
@@ -402,7 +403,7 @@ def checked_grouped_gemm_swiglu(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *
         return jnp.zeros((0, n // 2), out_dtype)
     m_choice, rows_hint = _rows_for_choice(m, rows_hint, g)
     code = LAYOUT_CODES[rhs.layout]
-    shape = dict(rows_hint=int(rows_hint), rhs_layout=rhs.layout, precision=EXACT)
+    shape: dict[str, Any] = dict(rows_hint=int(rows_hint), rhs_layout=rhs.layout, precision=EXACT)
     no_sf = jnp.zeros((0,), jnp.float8_e4m3fn)
     rs = jnp.zeros((0,), jnp.float32) if row_scale is None else row_scale
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 import jax
 import numpy as np
@@ -215,7 +216,7 @@ def resolve(kernel, m: int, n: int, k: int, groups: int, *, rows_hint: int = 0, 
                              "(wgmma_fp8_prepared and cutlass_fp8 read weights prepared by "
                              "prepare_weights(w, 'fp8'), wgmma_fp8 checkpoint-layout NVFP4)")
         return req
-    shape = dict(rows_hint=rows_hint, w4a4=w4a4, rhs_layout=rhs_layout, precision=precision)
+    shape: dict[str, Any] = dict(rows_hint=rows_hint, w4a4=w4a4, rhs_layout=rhs_layout, precision=precision)
     if req is not None:
         c = for_family(req, m, n, k, groups, **shape)
         if c is not None:

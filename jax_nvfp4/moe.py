@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -279,9 +280,9 @@ def _gate_up_act(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
     derivative is the unfused path's; else the GEMM (any precision) and the SwiGLU on the paired
     columns. Arguments as for :func:`_expert_gemm`.
     """
-    kw = dict(config=config, backend=backend, rows_hint=rows_hint)
+    kw: dict[str, Any] = dict(config=config, backend=backend, rows_hint=rows_hint)
     aux = (row_expert, in_scale, gather, scatter)
-    unfused = functools.partial(_gate_up_unfused, **kw)
+    unfused = functools.partial(_gate_up_unfused, config=config, backend=backend, rows_hint=rows_hint)
     if not fused:
         return unfused(x_rows, w, group_sizes, aux)
     if gather is not None and not _dispatch_in_forward(x_rows, gather, scatter, in_scale, config):

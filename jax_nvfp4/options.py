@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import sys
+import types
 import warnings
 
 import jax
@@ -75,7 +76,7 @@ FAMILY_CODES, FP8_FAMILIES, LAYOUT_CODES = contract_codes(_extension.compiled_mo
 # FAMILY_CODES: {family: the custom call's ``kernel`` attribute code} (the ``KernelFamily`` enum);
 # FP8_FAMILIES: the families that compute the FP8 mode (and nothing else); LAYOUT_CODES: {weight
 # layout: the ``rhs_layout`` attribute code, as the heuristic takes it too} (the ``RhsLayout`` enum).
-FAMILIES = tuple(sorted(FAMILY_CODES, key=FAMILY_CODES.get))
+FAMILIES = tuple(sorted(FAMILY_CODES, key=lambda f: FAMILY_CODES[f]))
 """Kernel families, in the order of their codes (:data:`FAMILY_CODES`)."""
 
 
@@ -118,7 +119,7 @@ def check_fp8_k(k: int, name: str = "precision") -> None:
 
 
 _warned_fallback = False
-_PACKAGE_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+_PACKAGE_DIRS = tuple(os.path.dirname(os.path.abspath(str(m.__file__))) + os.sep
                       for m in (sys.modules[__package__], jax))
 
 
@@ -126,7 +127,8 @@ def caller_stacklevel() -> int:
     """The ``warnings.warn`` stacklevel, for a warning issued in the function calling this, of the
     first frame outside jax_nvfp4 and JAX: the user's line, however many wrappers (the autodiff
     rule, a jit trace) lie between."""
-    frame, level = sys._getframe(1), 1
+    frame: types.FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIRS):
         frame, level = frame.f_back, level + 1
     return level
