@@ -266,8 +266,7 @@ def option_checks(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("precision,shared,paired", [("exact", False, False), ("exact", True, True),
-                                                     ("fp8", True, False)])
+@pytest.mark.parametrize("precision,shared,paired", [("exact", True, True), ("fp8", True, False)])
 def test_moe_checks_each_option_once_per_trace(option_checks, precision, shared, paired):
     """A ``jn.moe`` trace checks its options once, at its entry: the backend once (resolved, then
     passed down as a Backend), the precision not at all (MoEConfig checked it when built), and

@@ -87,8 +87,6 @@ def test_a_quick_test_over_the_budget_fails_asking_to_mark_it_slow(tmp_path):
     assert "test_budget.py::test_long used 1." in r.stdout and "of CPU time" in r.stdout
     assert "mark it @pytest.mark.slow" in r.stdout
     assert "test_waits_for_a_busy_machine" not in r.stdout.split("short test summary")[-1]
-    r = run("0")
-    assert r.returncode == 0 and "4 passed" in r.stdout, r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("raw,budget", [(None, QUICK_BUDGET_S), ("", QUICK_BUDGET_S), ("90", 90.0),
