@@ -124,8 +124,12 @@ inline constexpr bool FamilyComputesMode(KernelFamily f, bool fp8) { return IsFp
 inline constexpr bool FamilyReadsLayout(KernelFamily f, RhsLayout layout) {
   return IsKnownFamily(f) && (InfoOf(f).layouts & LayoutBit(layout)) != 0;
 }
-// The same, as the FFI layer asks it of an FP8 family.
-inline constexpr bool Fp8FamilyReadsLayout(KernelFamily f, RhsLayout layout) { return FamilyReadsLayout(f, layout); }
+// The FFI layer's check of an FP8 family's `kernel` and `rhs_layout` attributes: fp8-prepared weights
+// exactly for the families whose kernels read them. wgmma_fp8's configuration also names the FP8 mode
+// on sm90 NVFP4 weights, which the CPU handler computes and no CUDA kernel reads (FamilyHandles).
+inline constexpr bool Fp8FamilyReadsLayout(KernelFamily f, RhsLayout layout) {
+  return IsFp8Family(f) && FamilyReadsLayout(f, RhsLayout::kFp8) == (layout == RhsLayout::kFp8);
+}
 
 // The first configuration of `family` with `token_tile` (the self-test's way to name one).
 inline constexpr KernelConfig DefaultConfigFor(KernelFamily family, int32_t token_tile) {
