@@ -18,280 +18,21 @@
 // Group g covers rows [start_g, end_g): start_g = min(sum_{j<g} max(gs_j, 0), M),
 // end_g = min(start_g + max(gs_g, 0), M). Rows past end_{G-1} are written as 0.
 //
-// Also here: the kernel configurations that exist (kKernelConfigs) and the one heuristic that
-// picks one (ChooseKernelConfig; Python calls it at trace time through the extension and passes
-// the result to the handler as typed attributes), and the sm90 weight layout's constants
-// (jax_nvfp4/layout.py is the Python side of the same layout).
+// Here: the launch parameters, their checks and the workspace formula. It includes what the
+// contract builds on: csrc/gemm_attributes.h (the interface version, the weight layouts, the scale
+// shifts), csrc/kernel_table.h (the kernel families, configurations and the heuristic),
+// csrc/sm90_layout.h (the sm90 weight layout's constants) and csrc/cutlass_fp8_workspace.h.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <type_traits>
-#include <utility>
+
+#include "csrc/cutlass_fp8_workspace.h"
+#include "csrc/gemm_attributes.h"
+#include "csrc/kernel_table.h"
+#include "csrc/sm90_layout.h"
 
 namespace jax_nvfp4 {
-
-// ---------------------------------------------------------------------------------------------
-// Attributes of the custom call (enum values are the attribute's int32 value).
-
-// Byte layout of rhs_data and rhs_scales.
-enum class RhsLayout : int32_t {
-  kCheckpoint = 0,  // [G, N, K/2] rows, element 2j in the low nibble of byte j; scales [G, N, K/16]
-  kSm90 = 1,        // the load-time layout of jax_nvfp4/layout.py (N % 128 == 0, K % 64 == 0)
-  kFp8 = 2,         // FP8 mode only: e4m3 [G, N, K], e4m3(e2m1 * scale * 2^-3) in the kernel k order of each
-                    // 128-chunk (jax_nvfp4.prepare_weights(w, "fp8")); no scales (rhs_scales [0])
-};
-
-inline constexpr bool IsKnownLayout(RhsLayout l) {
-  return l == RhsLayout::kCheckpoint || l == RhsLayout::kSm90 || l == RhsLayout::kFp8;
-}
-
-// The layout's name in the Python API (jax_nvfp4.options.WEIGHT_LAYOUTS; the extension hands Python the
-// name -> code map, ffi/module.cc).
-inline const char* LayoutName(RhsLayout l) {
-  switch (l) {
-    case RhsLayout::kCheckpoint: return "checkpoint";
-    case RhsLayout::kSm90: return "sm90";
-    case RhsLayout::kFp8: return "fp8";
-  }
-  return "?";
-}
-
-// Kernel families. Each is one kernel file; the table below lists its compiled configurations.
-enum class KernelFamily : int32_t {
-  kMma = 0,    // mma.sync, cp.async multistage (csrc/grouped_gemm_mma.cu): sm_80 and newer
-  kMmaWs = 1,  // the same math, warp-specialized with bulk copies and mbarriers: sm_90, sm90 weights
-  kWgmma = 2,  // wgmma with the weights as register operand, TMA, persistent (csrc/grouped_gemm_wgmma_sm90.cu)
-  kWgmmaFp8 = 3,  // FP8 mode: e4m3 wgmma, weights decoded to e4m3 in registers (csrc/grouped_gemm_fp8_sm90.cu)
-  kWgmmaFp8Prepared = 4,  // FP8 mode on fp8-prepared weights (rhs_layout 2): both operands by TMA, SS wgmma
-                          // (csrc/grouped_gemm_fp8_prepared_sm90.cu)
-  kCutlassFp8 = 5,  // FP8 mode on fp8-prepared weights on CUTLASS's SM90 grouped GEMM with blockwise scaling
-                    // (csrc/grouped_gemm_cutlass_fp8_sm90.cu): token_tile 128 cooperative, 64 ping-pong;
-                    // cluster = CTAs along N sharing an activation tile
-};
-
-struct KernelConfig {
-  KernelFamily family = KernelFamily::kMma;
-  int32_t token_tile = 16;  // rows of one group per CTA tile
-  int32_t stages = 4;       // pipeline depth
-  int32_t cluster = 1;      // CTAs per cluster (wgmma 256: pairs multicast the activation tile)
-  int32_t raster = 0;       // cutlass_fp8's tile order (its scheduler's raster order): 0 CUTLASS's heuristic,
-                            // 1 along M (the token tiles of one weight tile in turn), 2 along N; 0 elsewhere
-};
-
-constexpr bool operator==(const KernelConfig& a, const KernelConfig& b) {
-  return a.family == b.family && a.token_tile == b.token_tile && a.stages == b.stages && a.cluster == b.cluster &&
-         a.raster == b.raster;
-}
-
-// Every configuration the kernels are compiled for; the launchers instantiate exactly these.
-// Stages: the mma tiles keep ~3 k-tiles in flight per SM at their CTAs per SM; the warp-specialized
-// decode tile and the wgmma tiles are as deep as shared memory allows for their token tile (small
-// tiles exist for depth: decode streams weights). Measurements: docs/design.md.
-inline constexpr KernelConfig kKernelConfigs[] = {
-    {KernelFamily::kMma, 16, 4, 1},   {KernelFamily::kMma, 32, 5, 1},    {KernelFamily::kMma, 64, 4, 1},
-    {KernelFamily::kMma, 128, 4, 1},  {KernelFamily::kMmaWs, 16, 8, 1},  {KernelFamily::kWgmma, 32, 20, 1},
-    {KernelFamily::kWgmma, 64, 12, 1}, {KernelFamily::kWgmma, 128, 8, 1}, {KernelFamily::kWgmma, 256, 5, 2},
-    {KernelFamily::kWgmmaFp8, 32, 15, 1}, {KernelFamily::kWgmmaFp8, 64, 12, 1}, {KernelFamily::kWgmmaFp8, 128, 8, 1},
-    {KernelFamily::kWgmmaFp8Prepared, 128, 6, 1},
-    {KernelFamily::kCutlassFp8, 128, 5, 1, 1}, {KernelFamily::kCutlassFp8, 128, 5, 2, 1},
-    {KernelFamily::kCutlassFp8, 128, 5, 1, 0}, {KernelFamily::kCutlassFp8, 128, 5, 2, 0},
-    {KernelFamily::kCutlassFp8, 64, 8, 1, 0},
-};
-inline constexpr int kNumKernelConfigs = static_cast<int>(sizeof(kKernelConfigs) / sizeof(kKernelConfigs[0]));
-
-inline constexpr bool IsKnownConfig(const KernelConfig& c) {
-  for (const KernelConfig& k : kKernelConfigs)
-    if (k == c) return true;
-  return false;
-}
-
-// Calls launch(std::integral_constant<int, I>{}) for the table entry I equal to c and returns its
-// result (`none` when c is not in the table): the launchers turn I into that entry's kernel
-// instantiation (a `launch_entry<I>` of their own), so every entry is instantiated once per launcher.
-template <typename R, typename Launch, int... I>
-R WithConfigEntry(const KernelConfig& c, R none, Launch&& launch, std::integer_sequence<int, I...>) {
-  R r = none;
-  (void)((kKernelConfigs[I] == c ? (r = launch(std::integral_constant<int, I>{}), true) : false) || ...);
-  return r;
-}
-template <typename R, typename Launch>
-R WithConfigEntry(const KernelConfig& c, R none, Launch&& launch) {
-  return WithConfigEntry(c, none, std::forward<Launch>(launch), std::make_integer_sequence<int, kNumKernelConfigs>{});
-}
-
-// Whether `family` computes the FP8 mode (fp8) or the exact mode: wgmma_fp8, wgmma_fp8_prepared and
-// cutlass_fp8 alone compute FP8.
-inline constexpr bool IsFp8Family(KernelFamily f) {
-  return f == KernelFamily::kWgmmaFp8 || f == KernelFamily::kWgmmaFp8Prepared || f == KernelFamily::kCutlassFp8;
-}
-inline constexpr bool FamilyComputesMode(KernelFamily f, bool fp8) { return IsFp8Family(f) == fp8; }
-
-// Whether FP8 family f reads weights in `layout`: wgmma_fp8_prepared and cutlass_fp8 the fp8-prepared ones,
-// wgmma_fp8 the NVFP4 checkpoint layout (sm90 NVFP4 weights have none on the GPU).
-inline constexpr bool Fp8FamilyReadsLayout(KernelFamily f, RhsLayout layout) {
-  return (f != KernelFamily::kWgmmaFp8) == (layout == RhsLayout::kFp8);
-}
-
-// The first configuration of `family` with `token_tile` (the self-test's way to name one).
-inline constexpr KernelConfig DefaultConfigFor(KernelFamily family, int32_t token_tile) {
-  for (const KernelConfig& k : kKernelConfigs)
-    if (k.family == family && k.token_tile == token_tile) return k;
-  return KernelConfig{family, 0, 0, 0, 0};
-}
-
-inline const char* FamilyName(KernelFamily f) {
-  switch (f) {
-    case KernelFamily::kMma: return "mma";
-    case KernelFamily::kMmaWs: return "mma_ws";
-    case KernelFamily::kWgmma: return "wgmma";
-    case KernelFamily::kWgmmaFp8: return "wgmma_fp8";
-    case KernelFamily::kWgmmaFp8Prepared: return "wgmma_fp8_prepared";
-    case KernelFamily::kCutlassFp8: return "cutlass_fp8";
-  }
-  return "?";
-}
-
-// Bit (1 << family) per family, for the set of families a build carries.
-inline constexpr uint32_t FamilyBit(KernelFamily f) { return 1u << static_cast<int>(f); }
-
-// Compute capability as 10 * major + minor (90 = sm_90, 0 = no GPU).
-inline constexpr bool ArchSupported(int arch) { return arch >= 80; }
-// wgmma (both modes) and the warp-specialized mma variant use sm_90a instructions (setmaxnreg, wgmma,
-// bulk copies): only an sm_90 device running the sm_90a image has them.
-inline constexpr bool FamilyRunsOn(KernelFamily f, int arch) {
-  return f == KernelFamily::kMma ? ArchSupported(arch) : arch == 90;
-}
-
-// The families a build can run on a device of compute capability `arch` (FamilyBit mask): mma
-// from sm_80 on (sm_80 machine code, and compute_80 PTX the driver compiles for newer devices);
-// mma_ws and the wgmma families on sm_90 when the build carries the sm_90a image.
-inline constexpr uint32_t RunnableFamilies(int arch, bool built_cuda, bool built_sm90a) {
-  uint32_t f = 0;
-  if (built_cuda && FamilyRunsOn(KernelFamily::kMma, arch)) f |= FamilyBit(KernelFamily::kMma);
-  if (built_sm90a && FamilyRunsOn(KernelFamily::kMmaWs, arch)) f |= FamilyBit(KernelFamily::kMmaWs);
-  if (built_sm90a && FamilyRunsOn(KernelFamily::kWgmma, arch)) f |= FamilyBit(KernelFamily::kWgmma);
-  if (built_sm90a && FamilyRunsOn(KernelFamily::kWgmmaFp8, arch)) f |= FamilyBit(KernelFamily::kWgmmaFp8);
-  if (built_sm90a && FamilyRunsOn(KernelFamily::kWgmmaFp8Prepared, arch)) f |= FamilyBit(KernelFamily::kWgmmaFp8Prepared);
-  if (built_sm90a && FamilyRunsOn(KernelFamily::kCutlassFp8, arch)) f |= FamilyBit(KernelFamily::kCutlassFp8);
-  return f;
-}
-
-// ---------------------------------------------------------------------------------------------
-// The heuristic: the one place that decides which configuration runs.
-
-struct ProblemDesc {
-  int arch = 0;            // device compute capability (10 * major + minor), 0 = CPU
-  uint32_t families = 0;   // RunnableFamilies on that device with this build
-  int64_t M = 0, N = 0, K = 0, G = 1;
-  int64_t rows_hint = 0;   // expected rows inside the groups (0: M)
-  bool a_fp4 = false;      // packed e2m1 activations (W4A4 native)
-  RhsLayout layout = RhsLayout::kCheckpoint;
-  bool fp8 = false;        // FP8 mode (only the wgmma_fp8 family computes it)
-};
-
-// Average rows per group: rows_hint (or M when 0 or >= M) / G, rounded up.
-inline constexpr int64_t AvgRowsPerGroup(const ProblemDesc& d) {
-  const int64_t rows = d.rows_hint > 0 && d.rows_hint < d.M ? d.rows_hint : d.M;
-  return (rows + d.G - 1) / (d.G > 0 ? d.G : 1);
-}
-
-// Shape conditions of the wgmma kernel (its buffer alignment is a precondition: BufferAlignmentError).
-inline constexpr bool WgmmaShapeOk(const ProblemDesc& d) {
-  if (d.a_fp4 || d.K <= 0 || d.K % 64 != 0) return false;
-  if (d.M > INT32_MAX - 256) return false;
-  // the linear tile index (token tiles x n-tiles) must fit in int32
-  return ((d.M + 63) / 64 + d.G) * ((d.N + 127) / 128) <= INT32_MAX;
-}
-
-// Shape conditions of the FP8-mode kernel on prepared weights: fp8-prepared weights, K % 128 == 0 (one
-// promotion per 128-wide stage), G * N within the int32 row coordinate of the weights' tensor map, and the
-// tile index of its 128-token tiles within int32.
-inline constexpr bool WgmmaFp8PreparedShapeOk(const ProblemDesc& d) {
-  if (d.K <= 0 || d.K % 128 != 0 || d.layout != RhsLayout::kFp8) return false;
-  if (d.M > INT32_MAX - 256 || d.G * d.N > INT32_MAX) return false;
-  return ((d.M + 127) / 128 + d.G) * ((d.N + 127) / 128) <= INT32_MAX;
-}
-
-// Shape conditions of the CUTLASS FP8 grouped GEMM: fp8-prepared weights, K % 128 == 0 (one promotion per
-// 128-wide k tile, 16-byte aligned rows for TMA), N % 8 == 0 (16-byte output rows for the TMA store), the
-// weights' unit block scales (one per tile-wide block of weight rows and 128 k, the tile 128 or 192 rows
-// wide: counted here per 128) within the buffer of ones (kCutlassFp8MaxOnes) and the chunk scales' offsets within int32.
-inline constexpr int64_t kCutlassFp8MaxOnes = 16384;
-inline constexpr bool CutlassFp8ShapeOk(const ProblemDesc& d) {
-  if (d.K <= 0 || d.K % 128 != 0 || d.N % 8 != 0 || d.layout != RhsLayout::kFp8) return false;
-  if ((d.N + 127) / 128 * (d.K / 128) > kCutlassFp8MaxOnes || d.M > INT32_MAX - 256) return false;
-  return (d.K / 128) * (d.M + 1) <= INT32_MAX;
-}
-
-// Shape conditions of the FP8-mode kernel: K % 128 == 0 (one promotion per 128-wide stage), the
-// checkpoint weight layout (a thread reads 16 contiguous code bytes of one row per stage) and
-// G * N within the int32 row coordinate of the weights' tensor map.
-inline constexpr bool WgmmaFp8ShapeOk(const ProblemDesc& d) {
-  if (d.K <= 0 || d.K % 128 != 0 || d.layout != RhsLayout::kCheckpoint) return false;
-  if (d.M > INT32_MAX - 256 || d.G * d.N > INT32_MAX) return false;  // G * N: the weight box's TMA row
-  return ((d.M + 31) / 32 + d.G) * ((d.N + 127) / 128) <= INT32_MAX;
-}
-
-// Whether `family` computes this problem (mode, shapes, activation type, weight layout): in FP8
-// mode only wgmma_fp8 (K % 128 == 0, checkpoint weights) and wgmma_fp8_prepared (K % 128 == 0,
-// fp8-prepared weights); otherwise wgmma takes W4A16 with K % 64 == 0, mma_ws sm90 weights with bf16
-// activations, mma everything but fp8-prepared weights (which belong to the FP8 mode).
-inline constexpr bool FamilyHandles(KernelFamily f, const ProblemDesc& d) {
-  if (d.fp8 || IsFp8Family(f)) {
-    if (!d.fp8) return false;
-    if (f == KernelFamily::kWgmmaFp8) return WgmmaFp8ShapeOk(d);
-    if (f == KernelFamily::kCutlassFp8) return CutlassFp8ShapeOk(d);
-    return f == KernelFamily::kWgmmaFp8Prepared && WgmmaFp8PreparedShapeOk(d);
-  }
-  if (d.layout == RhsLayout::kFp8) return false;
-  if (f == KernelFamily::kWgmma) return WgmmaShapeOk(d);
-  if (f == KernelFamily::kMmaWs) return d.layout == RhsLayout::kSm90 && !d.a_fp4;
-  return true;
-}
-
-// The token tile (and so the configuration) of `family` for this problem. Measured on the H200
-// (docs/design.md): wgmma with 64-token tiles up to 24 rows per group on average (deeper weight
-// pipelines), 128 above, 256 (a 2-CTA cluster, its groups' short last tiles on the 128-token
-// kernel) from 128 rows; mma with 16-token tiles up to 12 rows, 32 up to 40, 64 above; mma_ws has
-// the 16-token tile only.
-inline constexpr KernelConfig ConfigForFamily(KernelFamily f, const ProblemDesc& d) {
-  const int64_t avg = AvgRowsPerGroup(d);
-  if (f == KernelFamily::kWgmma) return DefaultConfigFor(f, avg >= 128 ? 256 : avg <= 24 ? 64 : 128);
-  if (f == KernelFamily::kWgmmaFp8) return DefaultConfigFor(f, avg <= 24 ? 32 : avg <= 64 ? 64 : 128);
-  // prepared weights: the 128-token tile at every size measured (its WGMMA N follows a tile's rows, so
-  // short tiles cost no MMA work; 32/64-token tiles were no faster at 4 rows per group and 10% slower at
-  // 32: docs/archive/fp8-prepared-lab.md)
-  if (f == KernelFamily::kWgmmaFp8Prepared) return DefaultConfigFor(f, 128);
-  // cutlass_fp8: its first entry, 128-token cooperative tiles in 2-CTA clusters along N walked along M (the
-  // token tiles of one weight tile in turn), the fastest of the sweep from 1536 to 24576 rows (docs/design.md)
-  if (f == KernelFamily::kCutlassFp8) return DefaultConfigFor(f, 128);
-  if (f == KernelFamily::kMmaWs) return DefaultConfigFor(f, 16);
-  return DefaultConfigFor(f, avg <= 12 ? 16 : avg <= 40 ? 32 : 64);
-}
-
-// The heuristic. wgmma from 16 rows per group on average (below that the mma kernels stream the
-// weights faster: 0.35 ms against 0.51 ms at 4 rows per group on the H200, while from 32 rows up
-// wgmma is 1.3-1.8x faster); the warp-specialized mma variant for 16-token tiles of sm90 weights
-// (2-4% faster at decode); otherwise the mma kernel.
-// FP8 mode: checkpoint-layout weights run wgmma_fp8; fp8-prepared weights run cutlass_fp8 or
-// wgmma_fp8_prepared by the average rows per group (below). The configuration is returned whether or
-// not the device runs it (the handler then names the device).
-inline constexpr KernelConfig ChooseKernelConfig(const ProblemDesc& d) {
-  if (d.fp8) {
-    if (d.layout != RhsLayout::kFp8) return ConfigForFamily(KernelFamily::kWgmmaFp8, d);
-    // fp8-prepared weights: CUTLASS's grouped GEMM from 64 rows per group on average; below, the hand-written
-    // kernel, whose WGMMA N follows a short group's rows (H100, L1: 0.63 against 0.70 ms at 4 rows per group,
-    // 0.78 against 0.83 at 32; at 128 CUTLASS leads, 1.03 against 1.12; 64 is the midpoint, not measured)
-    const bool cutlass = CutlassFp8ShapeOk(d) && AvgRowsPerGroup(d) >= 64;
-    return ConfigForFamily(cutlass ? KernelFamily::kCutlassFp8 : KernelFamily::kWgmmaFp8Prepared, d);
-  }
-  auto usable = [&d](KernelFamily f) { return (d.families & FamilyBit(f)) && FamilyHandles(f, d); };
-  if (usable(KernelFamily::kWgmma) && AvgRowsPerGroup(d) >= 16) return ConfigForFamily(KernelFamily::kWgmma, d);
-  const KernelConfig c = ConfigForFamily(KernelFamily::kMma, d);
-  if (usable(KernelFamily::kMmaWs) && c.token_tile == 16) return ConfigForFamily(KernelFamily::kMmaWs, d);
-  return c;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Launch parameters (device pointers) and their checks.
@@ -333,13 +74,6 @@ inline constexpr int64_t OutputColumns(const GroupedGemmParams& p) { return p.gl
 // prefix sums and group bounds: the 256-token wgmma tile leaves each group's short last tile to the
 // 128-token kernel).
 inline constexpr size_t GroupedGemmScheduleBytes(int64_t G) { return 4096 + 32 * static_cast<size_t>(G); }
-// cutlass_fp8 keeps CUTLASS's per-group arguments after them (at most kCutlassFp8ArgsBytesPerGroup per
-// group, 14 arrays each 128-byte aligned), a buffer of ones (its weights' unit block scales) and CUTLASS's
-// own workspace (per-SM tensor maps: 4 x 128 bytes per SM on the
-// configurations compiled; the launcher checks the bound).
-inline constexpr size_t kCutlassFp8ArgsBytesPerGroup = 256;
-inline constexpr size_t kCutlassFp8OnesBytes = 4 * kCutlassFp8MaxOnes;
-inline constexpr size_t kCutlassFp8KernelWorkspaceBytes = 512 * 1024;
 // Bytes of workspace the CUDA launchers need.
 inline constexpr size_t GroupedGemmWorkspaceBytes(int64_t G) {
   return GroupedGemmScheduleBytes(G) + 128 + kCutlassFp8ArgsBytesPerGroup * static_cast<size_t>(G) + 14 * 128 +
@@ -434,18 +168,5 @@ inline const char* BufferAlignmentError(const GroupedGemmParams& p, const Kernel
   }
   return nullptr;
 }
-
-// ---------------------------------------------------------------------------------------------
-// The sm90 load-time weight layout (jax_nvfp4/layout.py holds the Python side): per 128-row
-// stripe of one expert, the K/64 blocks of 128 rows x 64 k (4096 bytes) follow each other; in a
-// block, m16 tile mt's 512 bytes hold, for lane (g8, t) = (lane / 4, lane % 4), 16 bytes: one
-// 32-bit word per k16 block kb whose bits are the four mma A-fragment registers' e2m1 codes
-// (row 16 mt + 8 hi + g8, k 16 kb + 8 half + 2 t + parity) at kSm90SlotBits[hi + 2 half] + 16
-// parity (sign, e1, e0, m0). Scales: per stripe, one 512-byte [128 rows][4] record per k-tile.
-inline constexpr int kSm90StripeRows = 128;
-inline constexpr int kSm90BlockK = 64;
-inline constexpr int kSm90BlockBytes = kSm90StripeRows * kSm90BlockK / 2;  // 4096
-inline constexpr int kSm90ScaleRecordBytes = kSm90StripeRows * 4;           // 512
-inline constexpr int kSm90SlotBits[4][4] = {{15, 8, 7, 6}, {12, 5, 4, 3}, {9, 2, 1, 0}, {14, 13, 11, 10}};
 
 }  // namespace jax_nvfp4

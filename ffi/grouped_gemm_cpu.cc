@@ -33,7 +33,8 @@ using jax_nvfp4::S32Buffer1;
 using jax_nvfp4::U8Buffer1;
 using jax_nvfp4::U8Buffer3;
 
-constexpr float kWeightPrescale = 0.0078125f;  // 2^-7, as jax_nvfp4.reference.WEIGHT_PRESCALE
+constexpr float kWeightPrescale = 1.0f / (1 << jax_nvfp4::kExactWeightShift);   // 2^-7
+constexpr float kFp8WeightPrescale = 1.0f / (1 << jax_nvfp4::kFp8WeightShift);   // 2^-3
 
 constexpr float kE2m1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
                              -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
@@ -285,10 +286,10 @@ void Fp8GemmCpu(const jax_nvfp4::GroupedGemmParams& p, uint8_t* wrow) {
         const int64_t qstride = sm90 ? 512 : 4;
         for (int64_t k = 0; k < K; ++k) {  // e4m3(e2m1 * scale * 2^-3): the product is exact in float32
           const float scale = e4m3[wsrow[qstride * (k / 64) + (k / 16) % 4]];
-          wrow[k] = FloatToE4m3(kE2m1[wrow[k]] * scale * 0.125f);
+          wrow[k] = FloatToE4m3(kE2m1[wrow[k]] * scale * kFp8WeightPrescale);
         }
       }
-      const float mul = al[g] * 8.f;
+      const float mul = al[g] * (1 << jax_nvfp4::kFp8WeightShift);
       for (int64_t r = start; r < end; ++r) {
         float acc = 0.f;
         for (int64_t c = 0; c < KC; ++c) {

@@ -4,6 +4,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <tuple>
@@ -73,22 +74,27 @@ static jax_nvfp4::ProblemDesc Problem(int64_t m, int64_t n, int64_t k, int64_t g
   return d;
 }
 
+// The registered name of custom call `base`: "grouped_gemm" -> "jax_nvfp4_grouped_gemm_v3".
+static std::string TargetName(const char* base) {
+  return std::string("jax_nvfp4_") + base + "_v" + std::to_string(jax_nvfp4::kInterfaceVersion);
+}
+
 NB_MODULE(_jax_nvfp4, m) {
   m.def("cpu_registrations", []() {
     nb::dict d;
-    d["jax_nvfp4_grouped_gemm_v3"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmCpu);
-    d["jax_nvfp4_grouped_gemm_glu_v3"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmGluCpu);
-    d["jax_nvfp4_dispatch_rows_v3"] = EncapsulateFfiHandler(JaxNvfp4DispatchRowsCpu);
-    d["jax_nvfp4_quantize_fp8_v3"] = EncapsulateFfiHandler(JaxNvfp4QuantizeFp8Cpu);
+    d[TargetName("grouped_gemm").c_str()] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmCpu);
+    d[TargetName("grouped_gemm_glu").c_str()] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmGluCpu);
+    d[TargetName("dispatch_rows").c_str()] = EncapsulateFfiHandler(JaxNvfp4DispatchRowsCpu);
+    d[TargetName("quantize_fp8").c_str()] = EncapsulateFfiHandler(JaxNvfp4QuantizeFp8Cpu);
     return d;
   });
   m.def("cuda_registrations", []() {
     nb::dict d;
 #ifdef JAX_NVFP4_WITH_CUDA
-    d["jax_nvfp4_grouped_gemm_v3"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmCuda);
-    d["jax_nvfp4_grouped_gemm_glu_v3"] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmGluCuda);
-    d["jax_nvfp4_dispatch_rows_v3"] = EncapsulateFfiHandler(JaxNvfp4DispatchRowsCuda);
-    d["jax_nvfp4_quantize_fp8_v3"] = EncapsulateFfiHandler(JaxNvfp4QuantizeFp8Cuda);
+    d[TargetName("grouped_gemm").c_str()] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmCuda);
+    d[TargetName("grouped_gemm_glu").c_str()] = EncapsulateFfiHandler(JaxNvfp4GroupedGemmGluCuda);
+    d[TargetName("dispatch_rows").c_str()] = EncapsulateFfiHandler(JaxNvfp4DispatchRowsCuda);
+    d[TargetName("quantize_fp8").c_str()] = EncapsulateFfiHandler(JaxNvfp4QuantizeFp8Cuda);
 #endif
     return d;
   });
@@ -109,6 +115,42 @@ NB_MODULE(_jax_nvfp4, m) {
     for (auto l : kLayouts) d[jax_nvfp4::LayoutName(l)] = static_cast<int>(l);
     return d;
   }, "The weight layouts as {name: the custom call's `rhs_layout` attribute code} (the RhsLayout enum).");
+  m.def("kernel_families", []() {
+    nb::list l;
+    for (const jax_nvfp4::FamilyInfo& f : jax_nvfp4::kFamilyTable) {
+      nb::list layouts;
+      for (auto lay : kLayouts)
+        if (f.layouts & jax_nvfp4::LayoutBit(lay)) layouts.append(std::string(jax_nvfp4::LayoutName(lay)));
+      nb::list tiles;  // in table order, each once
+      int seen[jax_nvfp4::kNumKernelConfigs] = {};
+      int n_seen = 0;
+      for (const jax_nvfp4::KernelConfig& c : jax_nvfp4::kKernelConfigs) {
+        if (c.family != f.family || std::find(seen, seen + n_seen, c.token_tile) != seen + n_seen) continue;
+        seen[n_seen++] = c.token_tile;
+        tiles.append(c.token_tile);
+      }
+      nb::dict d;
+      d["name"] = std::string(f.name);
+      d["code"] = static_cast<int>(f.family);
+      d["mode"] = std::string(f.fp8 ? "fp8" : "exact");
+      d["layouts"] = nb::tuple(layouts);
+      d["archs"] = std::string(f.needs_sm90a ? "sm_90 (sm_90a image)" : "sm_80 and newer");
+      d["file"] = std::string(f.file);
+      d["token_tiles"] = nb::tuple(tiles);
+      d["summary"] = std::string(f.summary);
+      l.append(d);
+    }
+    return l;
+  }, "The kernel families (kFamilyTable), in code order: dicts of name, code, mode ('exact' or 'fp8'), layouts "
+     "(the weight layouts read), archs, file, token_tiles (of kKernelConfigs), summary.");
+  m.def("weight_shifts", []() {
+    nb::dict d;
+    d["exact"] = jax_nvfp4::kExactWeightShift;
+    d["fp8"] = jax_nvfp4::kFp8WeightShift;
+    return d;
+  }, "The weights' power-of-two prescale exponents: {'exact': 7, 'fp8': 3} (weights enter as w * 2^-shift).");
+  m.def("interface_version", []() { return jax_nvfp4::kInterfaceVersion; },
+        "The custom calls' interface version, the _v<N> suffix of every target name.");
   m.def("built_with_cuda", []() { return jax_nvfp4::kBuiltCuda; });
   m.def("cuda_targets", []() { return std::string(jax_nvfp4::kBuiltCudaTargets); },
         "The CUDA images in this build, e.g. 'sm_80 sm_90a compute_80' (empty without CUDA).");

@@ -12,8 +12,8 @@ import jax
 
 ABI_VERSION = 3
 """The version of the custom calls' interface (operands, attributes, what they compute), the
-suffix ``_v3`` of every target name (ffi/module.cc registers the names; bump both on any such
-change). A program serialized by ``jax.export`` calls the targets by name, so an artifact from a
+suffix ``_v3`` of every target name: ``kInterfaceVersion`` of csrc/gemm_attributes.h, from which
+ffi/module.cc builds the names it registers (bump both on any such change; a test checks them). A program serialized by ``jax.export`` calls the targets by name, so an artifact from a
 build of another version fails to compile, naming the missing target, instead of running the
 handlers on arguments they do not expect."""
 

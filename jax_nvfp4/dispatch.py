@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from . import _extension
 from .formats import Fp8Rows
 from .fp8 import quantize_rows
-from .options import FP8_CHUNK, resolve_backend
+from .options import FP8_CHUNK, REFERENCE, resolve_backend
 from .quantization import dynamic_global_scale, e2m1_scaled, quantize
 from .rows import take_rows
 from .varying import varying_type
@@ -35,7 +35,7 @@ def dispatch_rows_reference(x: jax.Array, gather=None, row_scale=None, *, fp8: b
     else:
         v = e2m1_scaled(jax.vmap(quantize)(x, row_scale.astype(jnp.float32)), jnp.bfloat16)
     if fp8:
-        v = quantize_rows(v, k_order="kernel", backend="reference")
+        v = quantize_rows(v, k_order="kernel", backend=REFERENCE)
         return v if gather is None else v.take(gather)
     return v if gather is None else take_rows(v, gather)
 

@@ -30,7 +30,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .options import FP8_CHUNK, FP8_K_ORDERS, FP8_LAYOUT, LAYOUTS
 from .rows import take_rows
 
 BLOCK_SIZE = 16
@@ -43,6 +42,15 @@ E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
 """Value of each 4-bit code 0..15."""
 SM90_BLOCK_N, SM90_BLOCK_K = 128, 64
 """The sm90 layout permutes codes within blocks of 128 rows x 64 k: N and K must divide."""
+LAYOUTS = ("checkpoint", "sm90")
+"""The byte layouts of NVFP4 codes and block scales (``NVFP4Tensor.layout``)."""
+FP8_LAYOUT = "fp8"
+"""The layout of NVFP4 weights prepared once as e4m3 for the FP8 mode (:class:`Fp8Weights`)."""
+FP8_CHUNK = 128
+"""k per FP8-mode promotion chunk: the activations' scale granularity, and the K multiple the
+mode needs."""
+FP8_K_ORDERS = ("logical", "kernel")
+"""The k orders of :class:`Fp8Rows` codes."""
 
 
 def check_k(k: int, name: str = "x") -> None:

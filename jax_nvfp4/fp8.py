@@ -376,9 +376,8 @@ def quantize_rows(lhs, k_order: str = "logical", *, backend: str = "reference") 
     if isinstance(lhs, (jax.Array, np.ndarray)) and jnp.issubdtype(lhs.dtype, jnp.floating):
         lhs = refuse_derivative(lhs, FP8_NO_DERIVATIVE)
     use_ffi = resolve_backend(backend) == "ffi"
-    if k_order == "kernel":
-        return Fp8Rows(*kernel_lhs(lhs, use_ffi=use_ffi), k_order=k_order)
-    return Fp8Rows(*fp8_lhs(lhs), k_order=k_order)
+    codes, scales, gs = kernel_lhs(lhs, use_ffi=use_ffi) if k_order == "kernel" else fp8_lhs(lhs)
+    return Fp8Rows(codes, scales, gs, k_order=k_order)
 
 
 def grouped_gemm_fp8_reference(lhs, rhs: NVFP4Tensor, group_sizes, *, out_dtype=jnp.bfloat16):

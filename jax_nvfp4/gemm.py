@@ -4,6 +4,7 @@ mode and the gate/up call with the SwiGLU epilogue."""
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +14,7 @@ from . import (_extension, autodiff, fp8, gemm_args, kernel_config, quantization
                reference)
 from .formats import Fp8Weights, NVFP4Tensor
 from .kernel_config import KernelConfig
-from .options import EXACT, LAYOUT_CODES, check_precision, resolve_backend
+from .options import EXACT, LAYOUT_CODES, Backend, Precision, check_fp8_k, check_precision, resolve_backend
 from .varying import varying_type
 
 
@@ -114,7 +115,7 @@ def _on_gpu(*arrays) -> bool:
                 return next(iter(a.devices())).platform == "gpu"
             except Exception:  # noqa: BLE001  (a deleted or otherwise unreadable array)
                 break
-    dev = jax.config.jax_default_device
+    dev = getattr(jax.config, "jax_default_device", None)       # (typed as absent in jax's stubs)
     if dev is not None:
         return (dev if isinstance(dev, str) else dev.platform) in ("gpu", "cuda", "rocm")
     return jax.default_backend() == "gpu"
@@ -178,7 +179,15 @@ def _mma_requested(lhs, rhs, kernel) -> bool:
     return mma
 
 
-@autodiff.differentiable_lhs
+def check_rows_hint(rows_hint) -> int:
+    """``rows_hint`` (None: 0) as a static int >= 0, else a ValueError naming it."""
+    if rows_hint is None:
+        return 0
+    if isinstance(rows_hint, bool) or not isinstance(rows_hint, (int, np.integer)) or rows_hint < 0:
+        raise ValueError(f"rows_hint: expected a static int >= 0 or None, got {rows_hint!r}")
+    return int(rows_hint)
+
+
 def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp.bfloat16,
                  backend: str = "auto", rows_hint: int | None = None,
                  kernel: str | KernelConfig | None = None, precision: str = "exact") -> jax.Array:
@@ -212,7 +221,8 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
       kernel: which CUDA kernel configuration runs (backend "ffi"; see
         :mod:`jax_nvfp4.kernel_config`): None for the heuristic's choice for this device and
         problem (or the ``JAX_NVFP4_KERNEL`` environment variable's family, an override), a
-        family name ("mma", "mma_ws", "wgmma"; "wgmma_fp8" with precision="fp8") at that family's token-tile rule, or a
+        family name (:data:`jax_nvfp4.kernel_config.FAMILIES`: an exact family, or with
+        precision="fp8" one of the FP8 families) at that family's token-tile rule, or a
         :class:`~jax_nvfp4.kernel_config.KernelConfig` from ``kernel_configs()``. The choice is
         lowered into the custom call's attributes; the CPU handler checks it and ignores it.
         Results do not depend on it beyond float32 summation order.
@@ -247,23 +257,33 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
       global scale * rhs.global_scale[g]`` applied in the epilogue; rows past the groups are 0.
     """
     rhs = qwix_interop.as_nvfp4(rhs, "rhs")
-    if rows_hint is None:
-        rows_hint = 0
-    elif isinstance(rows_hint, bool) or not isinstance(rows_hint, (int, np.integer)) or rows_hint < 0:
-        raise ValueError(f"rows_hint: expected a static int >= 0 or None, got {rows_hint!r}")
+    rows_hint = check_rows_hint(rows_hint)
     precision = check_precision(precision)           # checked once: passed down as a Precision
     gemm_args.check_lhs_precision(lhs, precision)
     gemm_args.check_rhs_precision(rhs, precision)
-    backend = resolve_backend(backend)
+    return checked_grouped_gemm(lhs, rhs, group_sizes, out_dtype=out_dtype,
+                                backend=resolve_backend(backend), rows_hint=rows_hint,
+                                kernel=kernel, precision=precision)
+
+
+@autodiff.differentiable_lhs
+def checked_grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype,
+                         backend: Backend, rows_hint: int, kernel, precision: Precision) -> jax.Array:
+    """:func:`grouped_gemm` with its options checked by the caller and not checked again:
+    ``backend`` resolved (:func:`jax_nvfp4.options.resolve_backend`), ``precision`` a
+    :class:`~jax_nvfp4.options.Precision` that ``lhs`` and ``rhs`` were checked against
+    (``gemm_args.check_lhs_precision``/``check_rhs_precision``), ``rows_hint`` an int >= 0, ``rhs``
+    an NVFP4Tensor or Fp8Weights. The layer calls this; the operands' shapes are checked here."""
     if backend == "reference":
-        return reference.grouped_gemm(lhs, rhs, group_sizes, out_dtype=out_dtype,
-                                      precision=precision)
+        return reference.checked_grouped_gemm(lhs, rhs, group_sizes, out_dtype=out_dtype,
+                                              precision=precision)
     # fp8 quantizes the activations before the GEMM call (the quantizer's custom call, or jnp for
     # an lhs it does not take): any float lhs dtype works.
     m, k, g, n = gemm_args.validate_gemm_args(
         lhs, rhs, group_sizes, out_dtype,
         float_lhs_dtypes=None if precision == "fp8" else (jnp.bfloat16,))
-    check_precision(precision, k)
+    if precision == "fp8":
+        check_fp8_k(k)
     group_sizes = gemm_args.check_group_sizes(group_sizes, g)
     m_choice, rows_hint = _rows_for_choice(m, rows_hint, g)
     if precision == "fp8":
@@ -274,7 +294,7 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
                         k, g, rows_hint, precision)
     mma = _mma_requested(lhs, rhs, kernel)
     code = LAYOUT_CODES[rhs.layout]
-    shape = dict(rows_hint=int(rows_hint), rhs_layout=rhs.layout, precision=precision)
+    shape: dict[str, Any] = dict(rows_hint=int(rows_hint), rhs_layout=rhs.layout, precision=precision)
     out_dtype = jnp.dtype(out_dtype)
     rhs_gs = jnp.broadcast_to(rhs.global_scale.astype(jnp.float32), (g,))
     if m == 0:
@@ -362,11 +382,15 @@ def grouped_gemm_swiglu(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, row_sc
     Returns:
       ``[M, N/2]`` out_dtype; rows past the groups are 0.
     """
-    if rows_hint is None:
-        rows_hint = 0
-    elif isinstance(rows_hint, bool) or not isinstance(rows_hint, (int, np.integer)) or rows_hint < 0:
-        raise ValueError(f"rows_hint: expected a static int >= 0 or None, got {rows_hint!r}")
-    backend = resolve_backend(backend)
+    return checked_grouped_gemm_swiglu(lhs, rhs, group_sizes, row_scale=row_scale, limit=limit,
+                                       out_dtype=out_dtype, backend=resolve_backend(backend),
+                                       rows_hint=check_rows_hint(rows_hint), kernel=kernel)
+
+
+def checked_grouped_gemm_swiglu(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, row_scale, limit,
+                                out_dtype, backend: Backend, rows_hint: int, kernel) -> jax.Array:
+    """:func:`grouped_gemm_swiglu` with ``backend`` resolved and ``rows_hint`` an int >= 0 by the
+    caller (not checked again); the operands are checked here."""
     if backend == "reference":
         return reference.grouped_gemm_swiglu(lhs, rhs, group_sizes, row_scale=row_scale,
                                              limit=limit, out_dtype=out_dtype)
@@ -379,7 +403,7 @@ def grouped_gemm_swiglu(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, row_sc
         return jnp.zeros((0, n // 2), out_dtype)
     m_choice, rows_hint = _rows_for_choice(m, rows_hint, g)
     code = LAYOUT_CODES[rhs.layout]
-    shape = dict(rows_hint=int(rows_hint), rhs_layout=rhs.layout, precision=EXACT)
+    shape: dict[str, Any] = dict(rows_hint=int(rows_hint), rhs_layout=rhs.layout, precision=EXACT)
     no_sf = jnp.zeros((0,), jnp.float8_e4m3fn)
     rs = jnp.zeros((0,), jnp.float32) if row_scale is None else row_scale
 

@@ -13,7 +13,7 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from typing import Sequence, Union
+from typing import Sequence, Union, cast
 
 import numpy as np
 
@@ -190,7 +190,7 @@ def open_checkpoint(source: Union[PathLike, Sequence[PathLike]]) -> Mapping:
                                         + (" (a folder: pass it alone, not in a list)"
                                            if os.path.isdir(p) else ""))
         return SafetensorsReader(paths)
-    path = os.fspath(source)
+    path = os.fspath(cast(Union[str, os.PathLike], source))      # (not a list or tuple here)
     if os.path.isdir(path):
         index = os.path.join(path, INDEX_NAME)
         if os.path.isfile(index):

@@ -1,7 +1,7 @@
 """Which CUDA kernel configuration runs a grouped GEMM: the typed configuration the custom call carries.
 
 The configurations and the heuristic that picks one live in the extension's C++ contract
-(``csrc/gemm_contract.h``: ``kKernelConfigs``, ``ChooseKernelConfig``); this module calls them at
+(``csrc/kernel_table.h``: ``kKernelConfigs``, ``ChooseKernelConfig``); this module calls them at
 trace time, with the device's compute capability, and turns the result into the custom call's
 attributes (``kernel``, ``token_tile``, ``stages``, ``cluster``, ``raster``: visible in the lowered
 program).
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 import jax
 import numpy as np
@@ -85,6 +86,34 @@ def _ext():
     if ext is None:
         raise RuntimeError("jax_nvfp4: the compiled extension is not built; kernel configurations need it")
     return ext
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One kernel family, as the extension's C++ table (``kFamilyTable``, csrc/kernel_table.h) states it.
+
+    Attributes:
+      name: one of :data:`FAMILIES`; code: the custom call's ``kernel`` attribute.
+      mode: ``"exact"`` or ``"fp8"`` (the ``precision`` it computes, and nothing else).
+      layouts: the weight layouts it reads (``"checkpoint"``, ``"sm90"``, ``"fp8"``).
+      archs: where it runs (``"sm_80 and newer"``, or ``"sm_90 (sm_90a image)"``).
+      file: its kernel's source file; token_tiles: those of its compiled configurations.
+      summary: what it is, in a few words.
+    """
+
+    name: str
+    code: int
+    mode: str
+    layouts: tuple[str, ...]
+    archs: str
+    file: str
+    token_tiles: tuple[int, ...]
+    summary: str
+
+
+def family_table() -> tuple[Family, ...]:
+    """Every kernel family, in code order: the one table of their facts, from the extension."""
+    return tuple(Family(**d) for d in _ext().kernel_families())
 
 
 def kernel_configs() -> tuple[KernelConfig, ...]:
@@ -187,7 +216,7 @@ def resolve(kernel, m: int, n: int, k: int, groups: int, *, rows_hint: int = 0, 
                              "(wgmma_fp8_prepared and cutlass_fp8 read weights prepared by "
                              "prepare_weights(w, 'fp8'), wgmma_fp8 checkpoint-layout NVFP4)")
         return req
-    shape = dict(rows_hint=rows_hint, w4a4=w4a4, rhs_layout=rhs_layout, precision=precision)
+    shape: dict[str, Any] = dict(rows_hint=rows_hint, w4a4=w4a4, rhs_layout=rhs_layout, precision=precision)
     if req is not None:
         c = for_family(req, m, n, k, groups, **shape)
         if c is not None:

@@ -5,7 +5,7 @@ Use it through :func:`jax_nvfp4.prepare_weights`: it re-lays-out the
 marks the tensor ``layout="sm90"``; every consumer (the custom call's CPU and CUDA handlers, the
 pure-jnp reference, dequantization, checkpoint export) then reads the codes accordingly. The GPU
 self-test reads it too (``tools/bench/gemm_selftest.cu --layout sm90``); its C++ constants are in
-``csrc/gemm_contract.h``.
+``csrc/sm90_layout.h``.
 
 Why: on Hopper both CUDA kernels are bound, at decode sizes, by the instructions that turn E2M1
 codes into bf16 MMA fragments (docs/design.md): in the checkpoint layout a thread needs byte t

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -48,9 +49,10 @@ import numpy as np
 from . import autodiff, qwix_interop
 from .dispatch import dispatch_rows, dispatch_rows_dynamic
 from .formats import Fp8Weights, NVFP4Tensor, keep_rounded
-from .gemm import grouped_gemm, grouped_gemm_swiglu
+from .gemm import checked_grouped_gemm, checked_grouped_gemm_swiglu, check_rows_hint
 from .gemm_args import GLU_ROW_BLOCK, check_rhs_precision, round_to
 from .moe_params import MoEConfig, MoEWeights, known_range
+from .options import resolve_backend
 from .quantization import MAX_GLOBAL_SCALE, MIN_GLOBAL_SCALE, dynamic_global_scale, quantize
 from .reference import split_paired
 from .routing import check_hash_table, route
@@ -153,9 +155,10 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
             alpha = in_scale * alpha                   # alpha_e = input scale * weight scale
         lhs, row_scale = _gemm_lhs(x_rows, row_expert, in_scale, gather, scatter, config, backend,
                                    bf16_rows)
-        out = grouped_gemm(lhs, dataclasses.replace(w, global_scale=alpha), group_sizes,
-                           out_dtype=out_dtype, backend=backend, rows_hint=rows_hint,
-                           precision=config.precision)
+        out = checked_grouped_gemm(lhs, dataclasses.replace(w, global_scale=alpha), group_sizes,
+                                   out_dtype=out_dtype, backend=backend,
+                                   rows_hint=check_rows_hint(rows_hint), kernel=None,
+                                   precision=config.precision)
         out = keep_rounded(out).astype(jnp.float32)   # out_dtype bf16: rounded by every backend
         if row_scale is not None:
             out = out * row_scale[:, None]
@@ -202,7 +205,8 @@ def _gemm_lhs(x_rows, row_expert, in_scale, gather, scatter, config: MoEConfig, 
     the NVFP4 codes. The fp8 mode's input is those bf16 rows quantized to e4m3 per 128-wide k
     chunk (:class:`jax_nvfp4.formats.Fp8Rows`), written by the same dispatch pass: each token
     quantized once, its codes stored to each of its rows."""
-    dispatch_backend = "reference" if backend == "reference" else "auto"
+    # the GEMMs' backend, resolved once by the layer's entry: the dispatch takes the same route
+    dispatch_backend = backend
     fp8_rows = config.precision == "fp8"
     if config.activation == "w4a4":
         if in_scale is not None:                       # static: one scale per expert
@@ -231,10 +235,10 @@ def _gate_up_forward(x_rows, w, group_sizes, aux, *, config, backend, rows_hint)
         alpha = in_scale[:, None] * alpha
     # a dynamic W4A4 row scale is applied before the SwiGLU
     lhs, row_scale = _gemm_lhs(x_rows, row_expert, in_scale, gather, scatter, config, backend)
-    act = grouped_gemm_swiglu(lhs, dataclasses.replace(w, global_scale=alpha), group_sizes,
-                              row_scale=row_scale, limit=config.swiglu_limit,
-                              out_dtype=row_dtype(config),
-                              backend=backend, rows_hint=rows_hint)
+    act = checked_grouped_gemm_swiglu(lhs, dataclasses.replace(w, global_scale=alpha),
+                                      group_sizes, row_scale=row_scale, limit=config.swiglu_limit,
+                                      out_dtype=row_dtype(config), backend=backend,
+                                      rows_hint=check_rows_hint(rows_hint), kernel=None)
     # float32 for the down GEMM's (straight-through) cotangent; the down GEMM's input is the
     # row-dtype value either way (for W4A16 bf16 rows its cast is then a no-op round trip).
     return keep_rounded(act).astype(jnp.float32)
@@ -276,9 +280,9 @@ def _gate_up_act(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
     derivative is the unfused path's; else the GEMM (any precision) and the SwiGLU on the paired
     columns. Arguments as for :func:`_expert_gemm`.
     """
-    kw = dict(config=config, backend=backend, rows_hint=rows_hint)
+    kw: dict[str, Any] = dict(config=config, backend=backend, rows_hint=rows_hint)
     aux = (row_expert, in_scale, gather, scatter)
-    unfused = functools.partial(_gate_up_unfused, **kw)
+    unfused = functools.partial(_gate_up_unfused, config=config, backend=backend, rows_hint=rows_hint)
     if not fused:
         return unfused(x_rows, w, group_sizes, aux)
     if gather is not None and not _dispatch_in_forward(x_rows, gather, scatter, in_scale, config):
@@ -406,6 +410,7 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
     """
     t, h = x.shape
     k = expert_ids.shape[1]
+    backend = resolve_backend(backend)          # once (as given by moe: already resolved)
     if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
                                  or capacity < 1):
         raise ValueError(f"capacity: expected a static int >= 1 or None, got {capacity!r}")
@@ -460,6 +465,7 @@ def routed_experts(x, expert_ids, route_weights, weights: MoEWeights, config: Mo
 def shared_expert(x, weights: MoEWeights, config: MoEConfig, *, backend="auto"):
     """The shared expert (a plain SwiGLU MLP over all tokens), float32 ``[T, H]``."""
     t = x.shape[0]
+    backend = resolve_backend(backend)          # once (as given by moe: already resolved)
     # a new leading axis on every leaf (NVFP4Tensor or Fp8Weights): the [N, K] blocks are unchanged
     one = lambda w: jax.tree.map(lambda a: a[None], w)  # noqa: E731
     zeros = jnp.zeros((t,), jnp.int32)
@@ -577,6 +583,7 @@ def moe(x, weights: MoEWeights, config: MoEConfig, *, token_ids=None, backend="a
     if not isinstance(config, MoEConfig):
         raise ValueError(f"config: expected a MoEConfig, got {type(config).__name__}")
     weights = qwix_interop.weights_from_qwix(weights)
+    backend = resolve_backend(backend)          # the layer's one resolution, passed down
     x = jnp.asarray(x)
     if x.ndim < 1 or x.shape[-1] != config.hidden_size:
         raise ValueError(f"x: expected [..., {config.hidden_size}], got {x.shape}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import operator
-from typing import Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -30,8 +30,7 @@ def _float_range(v: jax.Array) -> np.ndarray:
     bits = jax.lax.bitcast_convert_type(v.reshape(-1), width)
     key = jnp.where(bits < 0, bits ^ flip, bits)          # an involution: key -> bits likewise
     ends = jnp.stack([jnp.min(key), jnp.max(key)])
-    ends = np.asarray(jnp.where(ends < 0, ends ^ flip, ends))
-    both = ends.view(np.dtype(v.dtype)).astype(np.float64)
+    both = np.asarray(jnp.where(ends < 0, ends ^ flip, ends)).view(np.dtype(v.dtype)).astype(np.float64)
     if bool(jnp.any(jnp.isnan(v))):
         both[:] = np.nan
     return both
@@ -188,7 +187,7 @@ class MoEConfig:
     @classmethod
     def deepseek_v4_pro(cls, **overrides) -> "MoEConfig":
         """DeepSeek-V4-Pro: H 7168, I 3072, 384 experts, top-6, sqrt(softplus), x2.5, SwiGLU limit 10."""
-        kw = dict(num_experts=384, top_k=6, hidden_size=7168, intermediate_size=3072,
+        kw: dict[str, Any] = dict(num_experts=384, top_k=6, hidden_size=7168, intermediate_size=3072,
                   scoring_func="sqrtsoftplus", routed_scaling_factor=2.5, swiglu_limit=10.0,
                   n_shared_experts=1)
         kw.update(overrides)
@@ -197,7 +196,7 @@ class MoEConfig:
     @classmethod
     def deepseek_v3(cls, **overrides) -> "MoEConfig":
         """DeepSeek-V3: H 7168, I 2048, 256 experts, top-8, sigmoid, 8 groups keep 4, x2.5."""
-        kw = dict(num_experts=256, top_k=8, hidden_size=7168, intermediate_size=2048,
+        kw: dict[str, Any] = dict(num_experts=256, top_k=8, hidden_size=7168, intermediate_size=2048,
                   scoring_func="sigmoid", n_group=8, topk_group=4, routed_scaling_factor=2.5,
                   n_shared_experts=1)
         kw.update(overrides)

@@ -1,8 +1,8 @@
 """The library's options and their validation: one place for every choice a caller makes.
 
-This module sits at the bottom of the package (it imports only :mod:`jax_nvfp4._extension`): every
-module above it takes its option names and checks from here, and each option is checked once,
-where it enters the public API.
+This module sits above the formats' maths (it imports :mod:`jax_nvfp4._extension` and the
+formats' own vocabularies from :mod:`jax_nvfp4.formats`): every module above it takes its option
+names and checks from here, and each option is checked once, where it enters the public API.
 
 * ``backend``: how a grouped GEMM (and the dispatch and FP8 quantizer calls) runs. ``"ffi"`` is
   the custom call on whichever platform the arrays live (CPU handler or CUDA kernels),
@@ -17,30 +17,31 @@ where it enters the public API.
   (:class:`jax_nvfp4.MoEConfig`); the expert-parallel ``combine``.
 * ``kernel``: a CUDA kernel family (:data:`FAMILIES`; :mod:`jax_nvfp4.kernel_config`), and the
   custom call's codes for families and weight layouts (:data:`LAYOUT_CODES`): the C++ enums of
-  ``csrc/gemm_contract.h``, taken from the compiled extension (a copy where it is not built).
+  ``csrc/kernel_table.h`` and ``csrc/gemm_attributes.h``, taken from the compiled extension (a copy where it is not built).
 * The FP8 activation rows' k order (:data:`FP8_K_ORDERS`), the checkpoint formats
   (:data:`CHECKPOINT_FORMATS`).
 
-``precision`` is checked where it enters the public API (:func:`check_precision` returns a
-:class:`Precision`), and what is passed down as a :class:`Precision` is not checked again.
+``precision`` and ``backend`` are checked where they enter the public API (:func:`check_precision`
+returns a :class:`Precision`, :func:`resolve_backend` a :class:`Backend`), and what is passed down
+as one of these is not checked again; every vocabulary is checked by :func:`check_choice`.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import types
 import warnings
 
 import jax
 
 from . import _extension
+# The formats' own vocabularies (byte layouts, the FP8 chunk and k orders) are facts of the
+# formats: defined there, below this module, and named here beside the options that take them.
+from .formats import FP8_CHUNK, FP8_K_ORDERS, FP8_LAYOUT, LAYOUTS  # noqa: F401 (named here too)
 
 BACKENDS = ("auto", "ffi", "reference")
 PRECISIONS = ("exact", "fp8")
-LAYOUTS = ("checkpoint", "sm90")
-FP8_LAYOUT = "fp8"
-"""The layout of NVFP4 weights prepared once as e4m3 for the FP8 mode
-(:class:`jax_nvfp4.formats.Fp8Weights`)."""
 WEIGHT_LAYOUTS = LAYOUTS + (FP8_LAYOUT,)
 """What :func:`jax_nvfp4.prepare_weights` prepares: the NVFP4 byte layouts, and ``"fp8"``."""
 ACTIVATIONS = ("w4a4", "w4a16")
@@ -49,13 +50,11 @@ SCORING_FUNCS = ("sqrtsoftplus", "sigmoid", "softmax")
 ROW_DTYPES = ("bfloat16", "float32")
 COMBINES = ("psum", "psum_scatter")
 """How :func:`jax_nvfp4.moe_expert_parallel` combines the devices' outputs."""
-FP8_K_ORDERS = ("logical", "kernel")
-"""The k orders of :class:`jax_nvfp4.formats.Fp8Rows` codes."""
 CHECKPOINT_FORMATS = ("modelopt", "quark")
 """Checkpoint formats :func:`jax_nvfp4.checkpoint.load_moe` understands (``"auto"`` picks one
 from the names)."""
 
-# The custom call's codes are the C++ enums of csrc/gemm_contract.h; the compiled module hands them
+# The custom call's codes are the C++ enums of csrc/kernel_table.h and gemm_attributes.h; the compiled module hands them
 # over (family_codes, fp8_families, layout_codes in ffi/module.cc). These copies serve a package
 # without the extension (the reference backend); tests/test_options.py checks them against the
 # module, tests/test_docs.py against the header.
@@ -77,12 +76,8 @@ FAMILY_CODES, FP8_FAMILIES, LAYOUT_CODES = contract_codes(_extension.compiled_mo
 # FAMILY_CODES: {family: the custom call's ``kernel`` attribute code} (the ``KernelFamily`` enum);
 # FP8_FAMILIES: the families that compute the FP8 mode (and nothing else); LAYOUT_CODES: {weight
 # layout: the ``rhs_layout`` attribute code, as the heuristic takes it too} (the ``RhsLayout`` enum).
-FAMILIES = tuple(sorted(FAMILY_CODES, key=FAMILY_CODES.get))
+FAMILIES = tuple(sorted(FAMILY_CODES, key=lambda f: FAMILY_CODES[f]))
 """Kernel families, in the order of their codes (:data:`FAMILY_CODES`)."""
-
-FP8_CHUNK = 128
-"""k per FP8-mode promotion chunk: the activations' scale granularity, and the K multiple the
-mode needs."""
 
 
 def check_choice(value, choices: tuple[str, ...], name: str) -> str:
@@ -123,13 +118,8 @@ def check_fp8_k(k: int, name: str = "precision") -> None:
                          "activation scale per 128-wide k chunk)")
 
 
-def check_layout(layout, name: str = "layout") -> str:
-    """``layout`` if it is one of :data:`LAYOUTS`, else a ValueError naming ``name``."""
-    return check_choice(layout, LAYOUTS, name)
-
-
 _warned_fallback = False
-_PACKAGE_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+_PACKAGE_DIRS = tuple(os.path.dirname(os.path.abspath(str(m.__file__))) + os.sep
                       for m in (sys.modules[__package__], jax))
 
 
@@ -137,31 +127,46 @@ def caller_stacklevel() -> int:
     """The ``warnings.warn`` stacklevel, for a warning issued in the function calling this, of the
     first frame outside jax_nvfp4 and JAX: the user's line, however many wrappers (the autodiff
     rule, a jit trace) lie between."""
-    frame, level = sys._getframe(1), 1
+    frame: types.FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIRS):
         frame, level = frame.f_back, level + 1
     return level
 
 
-def resolve_backend(backend) -> str:
-    """The backend a call runs, ``"ffi"`` or ``"reference"``, for the option ``backend``.
+class Backend(str):
+    """A backend that :func:`resolve_backend` resolved, ``"ffi"`` or ``"reference"`` (equal to,
+    and hashed as, its name): functions that receive one pass it on without resolving it again."""
+
+    __slots__ = ()
+
+
+FFI = Backend("ffi")
+REFERENCE = Backend("reference")
+
+
+def resolve_backend(backend) -> Backend:
+    """The backend a call runs, ``"ffi"`` or ``"reference"`` as a :class:`Backend`, for the
+    option ``backend`` (a Backend already is one: returned as it is).
 
     ``"ffi"`` without a built extension is a RuntimeError saying why; ``"auto"`` falls back to the
     reference (with a one-time RuntimeWarning) where the custom call cannot run: no extension, or
     a GPU default backend with an extension built without the CUDA handler."""
     global _warned_fallback
+    if isinstance(backend, Backend):
+        return backend
     check_choice(backend, BACKENDS, "backend")
     if backend != "auto":
         if backend == "ffi" and not _extension.available():
             raise RuntimeError(f"backend='ffi': {_extension.not_built_message()}")
-        return backend
+        return FFI if backend == "ffi" else REFERENCE
     on_gpu = jax.default_backend() == "gpu"
     if _extension.available() and (not on_gpu or _extension.has_cuda()):
-        return "ffi"
+        return FFI
     if not _warned_fallback:
         _warned_fallback = True
         why = ("the extension was built without the CUDA handler (no nvcc at build time)"
                if _extension.available() else _extension.not_built_message())
         warnings.warn(f"jax_nvfp4: grouped_gemm falls back to the pure-jnp reference (slow): {why}",
                       RuntimeWarning, stacklevel=caller_stacklevel())
-    return "reference"
+    return REFERENCE

@@ -39,7 +39,6 @@ import numpy as np
 from .formats import (BLOCK_SIZE, NVFP4Tensor, check_k, expand_global_scale, pack_codes,
                       unpack_codes)
 from .layout import checkpoint_data, checkpoint_scales
-from .moe_params import MoEWeights
 
 QTYPE = "nvfp4"
 
@@ -219,8 +218,10 @@ def weights_from_qwix(weights):
     """``weights`` with each qwix NVFP4 ``QArray`` among its NVFP4 fields (w13 ``[E, H, 2I]``
     and w2 ``[E, I, H]`` tiled along H and I, i.e. K; shared ones without E) converted by
     :func:`from_qwix` to the layer's ``[E, N, K]``; anything else is returned as it is."""
-    if not isinstance(weights, MoEWeights):
+    # Any dataclass instance with these fields (MoEWeights, the layer's container, lies above this
+    # module: it is recognized by its fields, not imported).
+    if not dataclasses.is_dataclass(weights) or isinstance(weights, type):
         return weights
     fields = {f: from_qwix(getattr(weights, f), name=f"weights.{f}") for f in WEIGHT_FIELDS
-              if is_qwix_array(getattr(weights, f))}
+              if is_qwix_array(getattr(weights, f, None))}
     return dataclasses.replace(weights, **fields) if fields else weights

@@ -10,7 +10,7 @@ from .formats import NVFP4Tensor, keep_rounded
 from .gemm_args import (GLU_ROW_BLOCK, check_group_sizes, check_lhs_precision,
                         check_rhs_precision, group_bounds, row_groups, to_out_dtype,
                         validate_gemm_args, validate_swiglu_args)
-from .options import check_precision
+from .options import EXACT, Precision, check_precision
 from .quantization import e2m1_scaled
 
 WEIGHT_PRESCALE = 2.0**-7
@@ -43,6 +43,12 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
     precision = check_precision(precision)
     check_lhs_precision(lhs, precision)
     check_rhs_precision(rhs, precision)
+    return checked_grouped_gemm(lhs, rhs, group_sizes, out_dtype=out_dtype, precision=precision)
+
+
+def checked_grouped_gemm(lhs, rhs, group_sizes, *, out_dtype, precision: Precision):
+    """:func:`grouped_gemm` with ``precision`` a :class:`~jax_nvfp4.options.Precision` that
+    ``lhs`` and ``rhs`` were checked against by the caller (not checked again)."""
     m, k, g, n = validate_gemm_args(lhs, rhs, group_sizes, out_dtype)
     if precision == "fp8":
         return fp8.grouped_gemm_fp8_reference(lhs, rhs, group_sizes, out_dtype=out_dtype)
@@ -122,7 +128,8 @@ def grouped_gemm_swiglu(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, row_sc
         alpha = lhs.global_scale.astype(jnp.float32) * alpha
         lhs = NVFP4Tensor(lhs.data, lhs.scales, jnp.float32(1.0), lhs.layout)
     plain = NVFP4Tensor(rhs.data, rhs.scales, jnp.ones((g,), jnp.float32), rhs.layout)
-    acc = grouped_gemm(lhs, plain, group_sizes, out_dtype=jnp.float32)       # [M, N]
+    acc = checked_grouped_gemm(lhs, plain, group_sizes, out_dtype=jnp.float32,   # [M, N]
+                               precision=EXACT)
     _, ends = group_bounds(group_sizes, m)
     gid, valid = row_groups(ends, m)
     half = (jnp.arange(n) % GLU_ROW_BLOCK >= GLU_ROW_BLOCK // 2).astype(jnp.int32)

@@ -32,7 +32,7 @@ import stat
 import struct
 import tempfile
 from collections.abc import Mapping
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union, cast
 
 import ml_dtypes
 import numpy as np
@@ -376,7 +376,7 @@ class SafetensorsReader(Mapping):
         if e == b:
             return np.zeros(shape, dt)
         count = (e - b) // dt.itemsize
-        return np.frombuffer(self._maps[i], dtype=dt, count=count,
+        return np.frombuffer(cast(mmap.mmap, self._maps[i]), dtype=dt, count=count,   # (mapped: e > b)
                              offset=self._starts[i] + b).reshape(shape)
 
     def __iter__(self):

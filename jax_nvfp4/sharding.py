@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import math
 import numbers
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -87,7 +88,8 @@ def device_capacity(tokens: int, top_k: int, devices: int, capacity_factor) -> i
                          f"{capacity_factor!r}")
     if not isinstance(tokens, int):
         return None
-    return max(1, math.ceil(capacity_factor * tokens * top_k / devices))
+    factor = typing.cast(float, capacity_factor)       # a Real (an int, Fraction, ...), kept exact
+    return max(1, math.ceil(factor * tokens * top_k / devices))
 
 
 def token_slice(a, device_index, devices: int):

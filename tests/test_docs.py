@@ -1,9 +1,9 @@
 """The documents against what they describe: the README's benchmark numbers against the committed
 JSON (docs/bench-*.json), its test counts against the collected quick tier; docs/design.md's kernel
 tables, the family lists (design.md, README, kernel_config, ffi/gemm_ffi.h) and Python's family and
-layout codes against the C++ enums and configuration table of csrc/gemm_contract.h, read from the
+layout codes against the C++ enums and tables of csrc/kernel_table.h and gemm_attributes.h, read from the
 header (a family added there with its rows and sections passes); section references into
-design.md. (The benchmarks page is generated: test_benchmarks_md.py.)"""
+design.md; design.md's module layers against the package's import graph. (The benchmarks page is generated: test_benchmarks_md.py.)"""
 
 import json
 import pathlib
@@ -131,13 +131,14 @@ def test_readme_quick_tier_counts():
 
 
 def test_readme_states_the_quick_tier_budget():
-    assert f"a quick test taking more than {QUICK_BUDGET_S:g} s fails" in " ".join(README.split())
+    assert f"a quick test using more than {QUICK_BUDGET_S:g} s of CPU time fails" in " ".join(README.split())
 
 
 # --- docs/design.md, README.md and the code's comments against the kernels the code defines ---
 
 DESIGN = (ROOT / "docs/design.md").read_text()
-CONTRACT = (ROOT / "csrc/gemm_contract.h").read_text()
+CONTRACT = "\n".join((ROOT / "csrc" / h).read_text() for h in (   # the contract and what it includes
+    "gemm_contract.h", "gemm_attributes.h", "kernel_table.h", "sm90_layout.h", "cutlass_fp8_workspace.h"))
 
 
 def _cpp_enum(text, name):
@@ -146,13 +147,25 @@ def _cpp_enum(text, name):
     return {k: int(v) for k, v in re.findall(r"\b(k\w+)\s*=\s*(\d+)", re.sub(r"//[^\n]*", "", body))}
 
 
-def cpp_families():
-    """{family name: kernel attribute code} from csrc/gemm_contract.h: the KernelFamily enum and
-    FamilyName's strings."""
+def cpp_family_table():
+    """kFamilyTable of csrc/kernel_table.h: {name: dict(code, fp8, layouts, sm90a, file)}, in code
+    order (the enum's value of each row's KernelFamily)."""
+    body = re.search(r"kFamilyTable\[\] = \{(.*?)\n\};", CONTRACT, re.S).group(1)
+    rows = re.findall(r"\{KernelFamily::(k\w+), \"(\w+)\", (true|false), ([^,]+?),\s*(true|false),\s*"
+                      r"\"([^\"]+)\"", body)
+    assert len(rows) == body.count("{KernelFamily::"), "a kFamilyTable row the pattern does not read"
     enum = _cpp_enum(CONTRACT, "KernelFamily")
-    names = dict(re.findall(r"case KernelFamily::(k\w+): return \"(\w+)\";", CONTRACT))
-    assert set(names) == set(enum), "FamilyName names every KernelFamily"
-    return {names[k]: v for k, v in enum.items()}
+    table = {}
+    for enumerator, name, fp8, layouts, sm90a, file in rows:
+        table[name] = dict(code=enum[enumerator], fp8=fp8 == "true", file=file, sm90a=sm90a == "true",
+                           layouts={k[1:].lower() for k in re.findall(r"RhsLayout::(k\w+)", layouts)})
+    assert set(enumerator for enumerator, *_ in rows) == set(enum), "one row per KernelFamily"
+    return dict(sorted(table.items(), key=lambda kv: kv[1]["code"]))
+
+
+def cpp_families():
+    """{family name: kernel attribute code} from csrc/kernel_table.h's kFamilyTable."""
+    return {name: row["code"] for name, row in cpp_family_table().items()}
 
 
 def cpp_layouts():
@@ -161,7 +174,7 @@ def cpp_layouts():
 
 
 def cpp_kernel_configs():
-    """kKernelConfigs of csrc/gemm_contract.h as (family, token_tile, stages, cluster, raster) tuples
+    """kKernelConfigs of csrc/kernel_table.h as (family, token_tile, stages, cluster, raster) tuples
     (raster 0 where an entry leaves it out)."""
     body = re.search(r"kKernelConfigs\[\] = \{(.*?)\};", CONTRACT, re.S).group(1)
     names = cpp_families()
@@ -197,10 +210,7 @@ def test_python_families_and_layouts_are_the_cpp_enums():
     # the copies a package without the compiled module uses
     unbuilt_families, unbuilt_fp8, unbuilt_layouts = options.contract_codes(None)
     assert unbuilt_families == fams and unbuilt_layouts == cpp_layouts()
-    fp8_body = re.search(r"bool IsFp8Family\(KernelFamily f\) \{(.*?)\}", CONTRACT, re.S).group(1)
-    by_enum = {f"k{''.join(w.title() for w in n.split('_'))}": n for n in fams}   # wgmma_fp8 -> kWgmmaFp8
-    assert unbuilt_fp8 == tuple(sorted((by_enum[e] for e in re.findall(r"KernelFamily::(k\w+)", fp8_body)),
-                                       key=fams.get))
+    assert unbuilt_fp8 == tuple(n for n, row in cpp_family_table().items() if row["fp8"])
 
 
 def test_kernel_configs_are_the_headers_table():
@@ -254,6 +264,38 @@ def test_family_lists_name_every_family():
     assert {n: int(c) for c, n in re.findall(r"(?<!\w)(\d+) (\w+)", attrs)} == cpp_families()
 
 
+def test_family_facts_in_the_docs_are_the_table():
+    """Where the docs state a family's file, architectures or mode, kFamilyTable says the same:
+    design.md's section headings (file; "sm_90" for the sm_90a families; "the FP8 mode" for the
+    FP8 ones), its builds table and the README's support matrix (the sm_80 rows name the families
+    that run from sm_80), its dispatch table (FP8 conditions for the FP8 families), and
+    kernel_config's docstring ("compute capability 9.0 only" for the sm_90a families)."""
+    table = cpp_family_table()
+    kernels = DESIGN.split("\n## The kernels\n", 1)[1].split("\n## ", 1)[0]
+    previous_file = None
+    for name, where, rest in re.findall(r"^### `(\w+)` \(([^)]*)\)(.*)$", kernels, re.M):
+        row, where = table[name], where + rest
+        files = re.findall(r"csrc/[\w./]+", where)
+        assert files == [row["file"]] or ("same file" in where and row["file"] == previous_file), (
+            f"design.md's section on {name} names {files or where!r}; kFamilyTable: {row['file']}")
+        previous_file = row["file"]
+        assert ("sm_90" in where) == row["sm90a"], f"design.md's section on {name}: {where!r}"
+        assert ("FP8 mode" in where) == row["fp8"], f"design.md's section on {name}: {where!r}"
+    from_sm80 = {n for n, row in table.items() if not row["sm90a"]}
+    builds = {r[0]: _names(r[1]) for r in _table(DESIGN, "image")}
+    assert builds["sm_80 machine code"] == builds["compute_80 PTX"] == from_sm80
+    support = {r[0]: _names(r[1]) for r in _table(README, "GPU")}
+    assert support["A100 (8.0), A10 / RTX 30xx (8.6), L40S / RTX 4090 (8.9)"] == from_sm80
+    assert support["B200 / GB200 (10.0), RTX 50xx (12.0)"] == from_sm80
+    for cond, config in _table(DESIGN, "condition"):
+        fam = re.match(r"`(\w+)`", config).group(1)
+        assert ("FP8 mode" in cond) == table[fam]["fp8"], f"design.md's dispatch rule for {fam}: {cond!r}"
+    bullets = dict(re.findall(r'^\* ``"(\w+)"``: (.*?)(?=^\* |^  The three|\Z)', kernel_config.__doc__,
+                              re.M | re.S))
+    for name, text in bullets.items():
+        assert ("compute capability 9.0 only" in " ".join(text.split())) == table[name]["sm90a"], name
+
+
 def _design_headings():
     return [h.strip("`") for h in re.findall(r"^#+ (.+)$", DESIGN, re.M)]
 
@@ -302,3 +344,91 @@ def test_readme_fp8_layer_figures_are_the_committed_json():
         exact = _layer_row(exact_name, tokens)["layer_ms"]
         assert _printed(fp8, fp8_ms) and _printed(exact, exact_ms), (tokens, fp8, exact)
         assert _printed(exact / fp8, speedup), (tokens, exact / fp8, speedup)
+
+
+# --- docs/design.md's layers against the package's import graph ---
+
+def _package_imports() -> dict:
+    """{module: the package's modules it imports} for every module of jax_nvfp4 (dotted, without
+    the ``jax_nvfp4.`` prefix; the package's ``__init__`` is ``__init__``), from the source's
+    import statements, those inside functions too. ``from pkg import name`` of a name that is not
+    a module is an import of ``pkg``'s ``__init__``; the compiled module ``_jax_nvfp4`` is none."""
+    import ast  # noqa: PLC0415
+    pkg_dir = ROOT / "jax_nvfp4"
+
+    def dotted(path):               # jax_nvfp4/nn/frozen.py: nn.frozen; jax_nvfp4/nn/__init__.py: nn
+        parts = list(path.relative_to(pkg_dir).with_suffix("").parts)
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts = parts[:-1]
+        return ".".join(parts)
+
+    files = {dotted(p): p for p in pkg_dir.rglob("*.py")}
+    graph = {}
+    for mod, path in files.items():
+        is_pkg = path.name == "__init__.py"
+        here = [] if mod == "__init__" else mod.split(".")
+        package = here if is_pkg else here[:-1]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.startswith("jax_nvfp4")]
+                bases = [n.split(".")[1:] for n in names]
+                deps.update(".".join(b) or "__init__" for b in bases)
+                continue
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package[:len(package) - node.level + 1] + (node.module.split(".")
+                                                                  if node.module else [])
+            elif (node.module or "").split(".")[0] == "jax_nvfp4":
+                base = node.module.split(".")[1:]
+            else:
+                continue
+            for a in node.names:
+                sub = ".".join(base + [a.name])
+                if sub in files:
+                    deps.add(sub)
+                elif a.name != "_jax_nvfp4":
+                    deps.add(".".join(base) or "__init__")
+        deps.discard(mod)
+        graph[mod] = deps
+    return graph
+
+
+def _design_layers() -> dict:
+    """{module: layer number} from docs/design.md's list "The Python package, bottom to top"."""
+    section = _section(DESIGN, "The Python package, bottom to top")
+    items = re.findall(r"^(\d+)\. (.+?)(?=^\d+\. |\Z)", section, re.M | re.S)
+    layers = {}
+    modules = set(_package_imports())
+    for number, text in items:
+        for name in re.findall(r"`([\w.]+)`", text):
+            if name in modules:
+                assert name not in layers, f"design.md lists `{name}` in two layers"
+                layers[name] = int(number)
+    return layers
+
+
+def test_design_md_layers_are_the_import_graph():
+    """Every module of the package has one layer in design.md's list, and every import (deferred
+    ones too) points to the importer's layer or one below it."""
+    graph = _package_imports()
+    layers = _design_layers()
+    assert len(graph) > 30 and {"formats", "options", "gemm", "moe", "checkpoint"} <= set(graph)
+    missing = sorted(set(graph) - set(layers))
+    assert not missing, f"docs/design.md's layer list does not name: {missing}"
+    up = sorted(f"{m} (layer {layers[m]}) imports {d} (layer {layers[d]})"
+                for m, deps in graph.items() for d in deps if layers[d] > layers[m])
+    assert not up, "imports that point up a layer:\n" + "\n".join(up)
+
+
+def test_the_import_graph_reader_sees_every_form_of_import():
+    """The reader of the test above: relative, absolute, deferred, ``from . import module`` and
+    ``from . import name`` (the package's ``__init__``) forms, against modules known to use them."""
+    graph = _package_imports()
+    assert {"_extension", "autodiff", "formats", "gemm"} <= graph["__init__"]
+    assert "formats" in graph["options"] and "_extension" in graph["options"]
+    assert {"nn", "nn.frozen", "moe", "moe_params"} <= graph["nn.eqx"]
+    assert {"__init__", "bench.common"} <= graph["bench.ep"]
+    assert graph["_extension"] == set()         # `from . import _jax_nvfp4`: the compiled module
+    assert "safetensors_io" in graph["hf_folder"]

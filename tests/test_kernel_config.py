@@ -431,3 +431,63 @@ def test_explicit_fp8_config_reads_its_weight_layout():
         other = "fp8" if layout == "checkpoint" else "checkpoint"
         with pytest.raises(ValueError, match=f"does not read '{other}' weights"):
             kc.resolve(cfg, 64, n, k, 1, rhs_layout=other, precision="fp8")
+
+
+# --- the one table of the kernel families' facts, the weight shifts and the interface version ---
+
+@needs_ext
+def test_family_table_is_the_python_vocabulary():
+    """kernel_config.family_table() (the C++ kFamilyTable through the extension) against the Python
+    constants taken from the same extension, the compiled configurations and the heuristic's
+    for_family: each family computes its mode only and reads its layouts only."""
+    from jax_nvfp4 import kernel_config, options  # noqa: PLC0415
+    table = kernel_config.family_table()
+    assert tuple(f.name for f in table) == FAMILIES
+    assert [f.code for f in table] == list(range(len(table)))
+    assert {f.name: f.code for f in table} == options.FAMILY_CODES
+    assert tuple(f.name for f in table if f.mode == "fp8") == options.FP8_FAMILIES
+    for f in table:
+        assert f.mode in options.PRECISIONS and set(f.layouts) <= set(options.WEIGHT_LAYOUTS)
+        tiles = {c.token_tile for c in kernel_config.kernel_configs() if c.family == f.name}
+        assert set(f.token_tiles) == tiles and len(f.token_tiles) == len(tiles)
+        for layout in options.WEIGHT_LAYOUTS:
+            for precision in options.PRECISIONS:
+                for w4a4 in (False, True):
+                    c = kernel_config.for_family(f.name, 512, 256, 256, 4, rhs_layout=layout,
+                                                 precision=precision, w4a4=w4a4 and precision == "exact")
+                    if precision != f.mode or layout not in f.layouts:
+                        assert c is None, (f.name, layout, precision)
+        assert f.archs in ("sm_80 and newer", "sm_90 (sm_90a image)")
+
+
+@needs_ext
+def test_weight_shifts_and_interface_version_are_the_extensions():
+    """The scale shifts (2^7 of the exact mode's weights, 2^3 of the FP8 mode's) and the custom
+    calls' interface version are stated once, in C++ (csrc/gemm_attributes.h); Python's copies,
+    which a package without the extension needs, equal them."""
+    from jax_nvfp4 import formats, fp8, reference  # noqa: PLC0415
+    ext = _extension.load()
+    shifts = ext.weight_shifts()
+    assert shifts == {"exact": 7, "fp8": 3}
+    assert reference.WEIGHT_PRESCALE == 2.0 ** -shifts["exact"]
+    assert formats.FP8_WEIGHT_SHIFT == fp8.WEIGHT_SHIFT == shifts["fp8"]
+    assert _extension.ABI_VERSION == ext.interface_version()
+    assert set(ext.cpu_registrations()) == set(_extension.TARGETS)
+
+
+@needs_ext
+def test_the_type_stub_names_the_compiled_modules_functions():
+    """jax_nvfp4/_jax_nvfp4.pyi (the package ships py.typed) declares exactly the functions the
+    compiled module defines, with the same parameter names."""
+    import ast  # noqa: PLC0415
+    import pathlib  # noqa: PLC0415
+    import re  # noqa: PLC0415
+    ext = _extension.load()
+    stub = ast.parse((pathlib.Path(_extension.__file__).parent / "_jax_nvfp4.pyi").read_text())
+    declared = {f.name: [a.arg for a in f.args.args] for f in stub.body if isinstance(f, ast.FunctionDef)}
+    public = {n for n in dir(ext) if not n.startswith("_") and callable(getattr(ext, n))}
+    assert set(declared) == public
+    for name, params in declared.items():
+        signature = (getattr(ext, name).__doc__ or "").splitlines()[0]     # nanobind's first line
+        assert signature.startswith(f"{name}("), signature
+        assert re.findall(r"[(,]\s*(\w+)\s*:", signature.split(") ->")[0]) == params, (name, signature)

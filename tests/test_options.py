@@ -225,12 +225,65 @@ def test_the_layer_checks_precision_when_the_config_is_built(counted):
     assert counted == []
 
 
-def test_check_layout_and_choice():
+def test_check_choice():
+    """The one check of every vocabulary: the value back, or a ValueError naming the argument."""
     for layout in ("checkpoint", "sm90"):
-        assert options.check_layout(layout) == layout
-    for bad in ("fp8", "SM90", "", None):
+        assert options.check_choice(layout, options.LAYOUTS, "rhs.layout") == layout
+    for bad in ("fp8", "SM90", "", None, 1):
         with pytest.raises(ValueError, match=r"^rhs.layout: expected one of \('checkpoint', "
                                              r"'sm90'\)"):
-            options.check_layout(bad, "rhs.layout")
-    with pytest.raises(ValueError, match="^layout: expected one of"):
-        options.check_layout("x")
+            options.check_choice(bad, options.LAYOUTS, "rhs.layout")
+
+
+def test_a_resolved_backend_is_not_resolved_again(monkeypatch):
+    """resolve_backend returns a Backend; given one, it returns it as is, checking nothing (even
+    where a fresh resolution would now differ)."""
+    b = options.resolve_backend("reference")
+    assert isinstance(b, options.Backend) and b == "reference" and hash(b) == hash("reference")
+    monkeypatch.setattr(options, "check_choice", lambda *a: pytest.fail("checked again"))
+    assert options.resolve_backend(b) is b
+    assert options.resolve_backend(options.FFI) is options.FFI
+
+
+@pytest.fixture
+def option_checks(monkeypatch):
+    """Every option check made: ``(name, value)`` for each vocabulary check (``check_choice``:
+    backends, precisions, layouts, ...) and each check of an operand against the precision
+    (``gemm_args.check_lhs_precision``/``check_rhs_precision``, as every module calls them)."""
+    import importlib  # noqa: PLC0415
+    gemm_args, moe, reference = (importlib.import_module(f"jax_nvfp4.{m}")   # (jn.moe: the function)
+                                 for m in ("gemm_args", "moe", "reference"))
+    calls = []
+    real_choice = options.check_choice
+    monkeypatch.setattr(options, "check_choice", lambda value, choices, name: (
+        calls.append((name, value)), real_choice(value, choices, name))[1])
+    for fn in ("check_lhs_precision", "check_rhs_precision"):
+        real = getattr(gemm_args, fn)
+        for mod in (gemm_args, gemm, moe, reference):
+            if getattr(mod, fn, None) is real:
+                monkeypatch.setattr(mod, fn, lambda *a, _real=real, _fn=fn, **k: (
+                    calls.append((_fn, a[1])), _real(*a, **k))[1])
+    return calls
+
+
+@pytest.mark.parametrize("precision,shared,paired", [("exact", True, True), ("fp8", True, False)])
+def test_moe_checks_each_option_once_per_trace(option_checks, precision, shared, paired):
+    """A ``jn.moe`` trace checks its options once, at its entry: the backend once (resolved, then
+    passed down as a Backend), the precision not at all (MoEConfig checked it when built), and
+    each weight against the precision once (validate_moe); the GEMMs below check none of them
+    again. (Before this was so, a trace made 10 such checks for two exact GEMMs, 24 for four fp8
+    ones: 4 backend and 2 operand checks per GEMM.)"""
+    rng = np.random.default_rng(0)
+    f = lambda *s: rng.standard_normal(s).astype(np.float32) * 0.1  # noqa: E731
+    w = jn.quantize_moe(f(4, 128), f(4, 256, 128), f(4, 128, 128),
+                        **(dict(shared_w13=f(256, 128), shared_w2=f(128, 128)) if shared else {}))
+    if paired:
+        w = jn.prepare_weights(w, "checkpoint")
+    c = jn.MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=128,
+                     precision=precision, n_shared_experts=int(shared))
+    n_weights = 4 if shared else 2
+    for backend in ("reference", "ffi"):
+        option_checks.clear()
+        jax.jit(lambda x: jn.moe(x, w, c, backend=backend)).lower(jnp.ones((4, 128), jnp.bfloat16))
+        assert option_checks == ([("backend", backend)] + [("check_rhs_precision", precision)]
+                                 * n_weights), option_checks

@@ -1,5 +1,6 @@
-"""The CUDA kernels' own self-test (tools/bench/gemm_selftest.cu: every configuration the kernel
-heuristic picks, on edge-case group sizes, against a float64 reference), built from CMake with the
+"""The CUDA kernels' own self-test (tools/bench/gemm_selftest.cu: the exact-mode families'
+configurations, on edge-case group sizes, against a float64 reference; the FP8 families are checked
+by tests/test_fp8.py and tools/gpu/fp8_check.py), built from CMake with the
 extension's flags (JAX_NVFP4_BUILD_TOOLS=ON) and run on the small shapes.
 
 GPU only. JAX_NVFP4_SELFTEST=<path> runs an already built binary (tools/gpu/gpu_check.sh builds it

@@ -1,6 +1,6 @@
 """The test tiers: every id in tests/slow_tests.txt names a collected test (a renamed test would
 otherwise silently move back into the quick tier), a quick test over the time budget fails
-(conftest.py), and ``pairwise`` covers every pair."""
+(conftest.py; by CPU time, so a busy machine fails none), and ``pairwise`` covers every pair."""
 
 import itertools
 import os
@@ -44,21 +44,31 @@ def test_pairwise_covers_every_pair(axes, seed):
 
 
 def test_a_quick_test_over_the_budget_fails_asking_to_mark_it_slow(tmp_path):
-    """conftest.py's budget, in a pytest run of its own with a budget of 0.5 s: a 1 s quick test
-    fails with the message; the same test marked slow and a fast one pass."""
+    """conftest.py's budget, in a pytest run of its own with a budget of 0.5 s of CPU time: a
+    quick test computing for 1 s of CPU time fails with the message; the same test marked slow,
+    a fast one, and one that waits 1.5 s of wall time without computing (as a test does on a
+    machine whose cores are busy with other jobs) pass."""
     (tmp_path / "test_budget.py").write_text(textwrap.dedent("""
         import time
         import pytest
+
+        def spin(seconds):
+            start = time.process_time()
+            while time.process_time() - start < seconds:
+                pass
 
         def test_fast():
             pass
 
         def test_long():
-            time.sleep(1.0)
+            spin(1.0)
+
+        def test_waits_for_a_busy_machine():
+            time.sleep(1.5)
 
         @pytest.mark.slow
         def test_long_marked_slow():
-            time.sleep(1.0)
+            spin(1.0)
     """))
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(os.path.abspath(jn.__file__)))
@@ -73,8 +83,10 @@ def test_a_quick_test_over_the_budget_fails_asking_to_mark_it_slow(tmp_path):
 
     r = run("0.5")
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "1 failed, 2 passed" in r.stdout, r.stdout
-    assert "test_budget.py::test_long took 1." in r.stdout and "mark it @pytest.mark.slow" in r.stdout
+    assert "1 failed, 3 passed" in r.stdout, r.stdout
+    assert "test_budget.py::test_long used 1." in r.stdout and "of CPU time" in r.stdout
+    assert "mark it @pytest.mark.slow" in r.stdout
+    assert "test_waits_for_a_busy_machine" not in r.stdout.split("short test summary")[-1]
 
 
 @pytest.mark.parametrize("raw,budget", [(None, QUICK_BUDGET_S), ("", QUICK_BUDGET_S), ("90", 90.0),

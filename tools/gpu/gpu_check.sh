@@ -16,8 +16,8 @@
 #   5. portable_tests: the GPU tests of test_gemm.py, test_moe.py and test_kernel_config.py through
 #                 the portable build (the handler then runs the mma family: no sm_90a image);
 #   6. memcheck:  the kernel self-test's small shapes under compute-sanitizer memcheck, and the FP8
-#                 kernel's and the SwiGLU epilogue's small cases (tools/lab/fp8_check.py --small,
-#                 tools/lab/glu_check.py --small) and the prepared-weights kernel's tests
+#                 kernel's and the SwiGLU epilogue's small cases (tools/gpu/fp8_check.py --small,
+#                 tools/gpu/glu_check.py --small) and the prepared-weights kernel's tests
 #                 (tests/test_fp8.py -k cuda_prepared_kernel) likewise;
 #   7. bench:     python -m jax_nvfp4.bench with its usual arguments (plus any given to this script,
 #                 e.g. --impls w4a16,w4a16_sm90,w4a4,w4a4_sm90 to leave out the slow peers);
@@ -104,8 +104,8 @@ memcheck() {
     compute-sanitizer --tool memcheck --error-exitcode 1 "$main/gemm_selftest" --small --no-bench --kernel both \
       --layout "$lay" || return 1
   done
-  compute-sanitizer --tool memcheck --error-exitcode 1 python3 -P tools/lab/fp8_check.py --small || return 1
-  compute-sanitizer --tool memcheck --error-exitcode 1 python3 -P tools/lab/glu_check.py --small || return 1
+  compute-sanitizer --tool memcheck --error-exitcode 1 python3 -P tools/gpu/fp8_check.py --small || return 1
+  compute-sanitizer --tool memcheck --error-exitcode 1 python3 -P tools/gpu/glu_check.py --small || return 1
   compute-sanitizer --tool memcheck --error-exitcode 1 python3 -P -m pytest -q -p no:cacheprovider \
     tests/test_fp8.py -k "cuda_prepared_kernel" || return 1
 }
@@ -121,7 +121,7 @@ step bench_layer 240 python3 -P -m jax_nvfp4.bench.layer --out "$out/layer"
 
 step ep_share 120 python3 -P tools/lab/ep_share_bench.py --json "$out/ep_share.json"
 
-step fp8_check 240 python3 -P tools/lab/fp8_check.py --check-rows 16 --out "$out/fp8_check.json"
+step fp8_check 240 python3 -P tools/gpu/fp8_check.py --check-rows 16 --out "$out/fp8_check.json"
 
 step prepass 120 python3 -P tools/lab/prepass_bench.py --out "$out/prepass.json"
 

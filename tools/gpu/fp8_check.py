@@ -4,8 +4,8 @@ in numpy (ml_dtypes casts), the call's output is compared with a float64 oracle 
 arithmetic (and with the CPU handler), and on a GPU the kernel is timed beside the exact W4A16
 kernels. Prints one line per case and writes JSON with --out.
 
-    python tools/lab/fp8_check.py --cases 192,1536,6144,24576 --out /tmp/fp8.json
-    python tools/lab/fp8_check.py --cpu-smoke
+    python tools/gpu/fp8_check.py --cases 192,1536,6144,24576 --out /tmp/fp8.json
+    python tools/gpu/fp8_check.py --cpu-smoke
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 numpy oracle on sampled rows, and timed beside the plain call followed by the SwiGLU in XLA (what the
 unfused layer runs), on the gate/up GEMM's shapes (48 experts, N = 2I = 6144, K = 7168).
 
-    python tools/lab/glu_check.py [--small]
+    python tools/gpu/glu_check.py [--small]
 
 Random weight bytes (every e2m1 code; block scales in [2^-3, 2^1]) in the checkpoint and sm90 layouts;
 bf16 activations; the kernel family is the heuristic's for each row count.
