@@ -111,7 +111,9 @@ def unpack_nibbles(data: jax.Array) -> jax.Array:
     data = jnp.asarray(data)
     # A broadcast and a per-position shift (0, 4), not a stack of two halves: elementwise, so a
     # fused decode reads as a plain loop (a concatenate made XLA's CPU loop 4x slower).
-    codes = (data[..., None] >> jnp.array([0, 4], data.dtype)) & 0xF
+    # (the shifts spelled at full rank: jax_numpy_rank_promotion="raise" refuses a rank-1 operand)
+    shifts = jnp.array([0, 4], data.dtype).reshape((1,) * data.ndim + (2,))
+    codes = (data[..., None] >> shifts) & 0xF
     return codes.reshape(data.shape[:-1] + (data.shape[-1] * 2,))
 
 

@@ -296,3 +296,15 @@ def test_validate_default_name():
         _t((4, 32), ddt=jnp.int8).validate()
     with pytest.raises(ValueError, match=r"^tensor\.data: the last \(K\) axis"):
         _t((4, 8)).validate()
+
+
+def test_rank_promotion_raise_is_respected(rng):
+    """With jax_numpy_rank_promotion="raise" (a setting many model codebases turn on) the
+    library's own operations broadcast explicitly: decode and dequantize run."""
+    t = tensor(rng, (2, 32, 64))
+    want = jn.dequantize(t)
+    with jax.numpy_rank_promotion("raise"):
+        np.testing.assert_array_equal(np.asarray(jn.dequantize(t)), np.asarray(want))
+        np.testing.assert_array_equal(np.asarray(jax.jit(jn.dequantize)(t)), np.asarray(want))
+        codes = jn.formats.unpack_nibbles(t.data)
+    np.testing.assert_array_equal(np.asarray(jn.formats.pack_nibbles(codes)), np.asarray(t.data))

@@ -1191,3 +1191,33 @@ def test_layer_swiglu_limit_bites_on_both_sides(rng, paired):
     loose, _ = np_moe(x, w, dataclasses.replace(c, swiglu_limit=None))
     assert rel_err(out, ref) <= W4A16_TOL
     assert rel_err(loose, ref) > 100 * W4A16_TOL
+
+
+@pytest.mark.parametrize("backend,what", [
+    ("reference", "static"), pytest.param("reference", "grad", marks=pytest.mark.slow),
+    ("ffi", "static"), pytest.param("ffi", "grad", marks=pytest.mark.slow)])
+def test_rank_promotion_raise_is_respected(rng, backend, what):
+    """With jax_numpy_rank_promotion="raise" the grouped GEMM (the same numbers as without it),
+    the static W4A4 layer under jit and jax.grad of the W4A16 layer run (finite, non-zero)."""
+    if backend == "ffi" and not jn._extension.available():
+        pytest.skip("the extension is not built")
+    e, h, i = 4, 64, 32
+    f = float_layer(rng, e=e, h=h, i=i)
+    w = quantized(f, w13_input_scale=np.full(e, 2.0 / 2688, np.float32),
+                  w2_input_scale=np.full(e, 0.1 / 2688, np.float32),
+                  shared_w13_input_scale=np.float32(2.0 / 2688),
+                  shared_w2_input_scale=np.float32(0.1 / 2688))
+    x = jnp.asarray(rng.standard_normal((5, h)), jnp.float32)
+    gs = jnp.array([2, 0, 3, 0], jnp.int32)
+    xb = x[:, :i].astype(jnp.bfloat16)
+    want = np.asarray(jn.grouped_gemm(xb, w.w2, gs, backend=backend))
+    c = dict(num_experts=e, hidden_size=h, intermediate_size=i, top_k=2, n_group=1, topk_group=1)
+    with jax.numpy_rank_promotion("raise"):
+        np.testing.assert_array_equal(np.asarray(jn.grouped_gemm(xb, w.w2, gs, backend=backend)),
+                                      want)
+        if what == "static":
+            static = cfg(activation="w4a4", activation_scale="static", **c)
+            v = jax.jit(lambda x: jn.moe(x, w, static, backend=backend))(x)
+        else:
+            v = jax.jit(jax.grad(lambda x: jnp.sum(jn.moe(x, w, cfg(**c), backend=backend))))(x)
+    assert v.shape == x.shape and np.isfinite(np.asarray(v)).all() and np.any(np.asarray(v))
