@@ -193,6 +193,11 @@ class NVFP4Tensor:
     def validate(self, name: str = "tensor") -> "NVFP4Tensor":
         """Check dtypes and shapes; raise ValueError naming ``name`` and what was expected."""
         d, s, g = self.data, self.scales, self.global_scale
+        for field, v, want in (("data", d, "uint8"), ("scales", s, "float8_e4m3fn"),
+                               ("global_scale", g, "float32")):
+            if not (hasattr(v, "dtype") and hasattr(v, "shape")):   # e.g. a Python float
+                raise ValueError(f"{name}.{field}: expected a {want} array, got "
+                                 f"{type(v).__name__} (e.g. jnp.{want}(value))")
         if d.dtype != jnp.uint8:
             raise ValueError(f"{name}.data: expected uint8 packed E2M1 codes, got {d.dtype}")
         if s.dtype != jnp.float8_e4m3fn:

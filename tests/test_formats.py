@@ -298,6 +298,26 @@ def test_validate_default_name():
         _t((4, 8)).validate()
 
 
+def test_python_float_global_scale_is_a_value_error_eagerly(rng):
+    """An NVFP4Tensor whose global scale is a Python float (under jit it becomes a float32
+    tracer and works) is refused eagerly with the documented ValueError naming the field, not an
+    AttributeError, by every entry point that reads it."""
+    t = tensor(rng, (2, 128, 64))
+    bad = jn.NVFP4Tensor(t.data, t.scales, 0.5)
+    x = jnp.ones((3, 64), jnp.bfloat16)
+    gs = jnp.array([1, 2], jnp.int32)
+    calls = {"dequantize": lambda: jn.dequantize(bad),
+             "grouped_gemm": lambda: jn.grouped_gemm(x, bad, gs, backend="reference"),
+             "prepare_weights": lambda: jn.prepare_weights(bad),
+             "validate": lambda: bad.validate("w")}
+    for what, call in calls.items():
+        with pytest.raises(ValueError, match=r"global_scale: expected a float32 array.*float"):
+            call()
+    for field in ("data", "scales"):
+        with pytest.raises(ValueError, match=rf"w\.{field}: expected .* array.*list"):
+            jn.NVFP4Tensor(**{**t.__dict__, field: [1, 2]}).validate("w")
+
+
 def test_rank_promotion_raise_is_respected(rng):
     """With jax_numpy_rank_promotion="raise" (a setting many model codebases turn on) the
     library's own operations broadcast explicitly: decode and dequantize run."""
