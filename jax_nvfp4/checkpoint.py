@@ -206,14 +206,14 @@ def _block_scales(src: Mapping, name: str, rows: int, k: int, what: str) -> np.n
     return a
 
 
-def _scalar(src: Mapping, name: str) -> np.float32:
-    """A float scalar stored as [] or [1] (f32/bf16/f16/f64) -> np.float32."""
+def _scalar(src: Mapping, name: str) -> float:
+    """A float scalar stored as [] or [1] (f32/bf16/f16/f64) -> its value as stored (float64)."""
     a = _get(src, name)
     if a.size != 1 or a.ndim > 1:
         raise ValueError(f"{name}: expected a scalar (shape [] or [1]), found shape {tuple(a.shape)}")
     if not (np.issubdtype(a.dtype, np.floating) or a.dtype == np.dtype(ml_dtypes.bfloat16)):
         raise ValueError(f"{name}: expected a float scalar (F32/BF16), got dtype {a.dtype}")
-    return np.float32(a.reshape(()).astype(np.float32))
+    return float(a.reshape(()).astype(np.float64))
 
 
 MIN_SCALE = MIN_GLOBAL_SCALE
@@ -230,12 +230,16 @@ def _in_file(src: Mapping, name: str) -> str:
 
 
 def _global_scale(src: Mapping, name: str) -> np.float32:
-    """A weight_scale_2 or input scale: a float scalar, finite and >= :data:`MIN_SCALE`."""
-    v = _scalar(src, name)
-    if not (np.isfinite(v) and v >= MIN_SCALE):
+    """A weight_scale_2 or input scale: a float scalar, finite and >= :data:`MIN_SCALE` as
+    stored (an F64 one is checked before its float32 cast, which would make 1e39 inf and 1e-300
+    0.0), finite in float32."""
+    stored = _scalar(src, name)
+    with np.errstate(over="ignore"):
+        v = np.float32(stored)
+    if not (np.isfinite(stored) and stored >= MIN_SCALE and np.isfinite(v)):
         raise ValueError(f"{name}{_in_file(src, name)}: expected a finite scale >= 2^-126 (the "
-                         "smallest normal float32; the dequantization multiplier amax / 2688), "
-                         f"found {float(v)!r}")
+                         "smallest normal float32; the dequantization multiplier amax / 2688) "
+                         f"that float32 holds, found {stored!r}")
     return v
 
 
