@@ -76,6 +76,7 @@ F8_E4M3 block scales as stored, validates every header entry and writes atomical
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 import sys
@@ -391,7 +392,8 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
       format: ``"modelopt"`` (input scales ``*.input_scale``), ``"quark"`` (``*.input_scale_2``)
         or ``"auto"`` (from the names; a weight-only checkpoint has neither and loads with input
         scales None).
-      experts: optional expert ids to load (e.g. this rank's slice under expert parallelism);
+      experts: optional integer expert ids to load (e.g. this rank's slice under expert
+        parallelism);
         the expert-stacked fields then have ``len(experts)`` rows in that order and
         ``MoEWeights.expert_ids`` records the ids (so :func:`save_moe` writes them back under
         the same names), while the router weight, bias and hash table stay global (``[E, ...]``,
@@ -418,7 +420,8 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
     Raises:
       KeyError naming the full tensor name (and the files or index looked in) when a tensor is
       missing; ValueError naming the tensor, the expected and the found shape (or dtype) on a
-      mismatch, or a weight_scale_2 / input scale that is not finite and >= 2^-126;
+      mismatch, or a weight_scale_2 / input scale that is not finite and >= 2^-126 (as stored:
+      an F64 one before its float32 cast); TypeError for ``experts`` that are not integers;
       FileNotFoundError for a path that is neither a file nor a folder.
     """
     if layout not in WEIGHT_LAYOUTS:   # before reading gigabytes
@@ -447,7 +450,14 @@ def _check_dims(config: MoEConfig) -> None:
 
 def _expert_ids(experts: Optional[Sequence[int]], E: int) -> list[int]:
     """Return the expert ids to load: ``experts`` checked (distinct, in [0, E)), or all E."""
-    ids = list(range(E)) if experts is None else [int(e) for e in experts]
+    if experts is None:
+        ids = list(range(E))
+    else:
+        try:    # integers only (as MoEWeights.expert_ids): int() would truncate 1.5 to expert 1
+            ids = [operator.index(e) for e in experts]
+        except TypeError:
+            raise TypeError(f"experts: expected integer expert ids, got "
+                            f"{list(experts)[:8]!r:.200}") from None
     if not ids or any(not 0 <= e < E for e in ids) or len(set(ids)) != len(ids):
         raise ValueError(f"experts: expected a non-empty list of distinct ids in [0, {E}), got "
                          f"{ids[:8]}...")

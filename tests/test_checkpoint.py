@@ -608,3 +608,15 @@ def test_f64_scale_is_checked_as_stored(value):
     w = load_quiet(dict(tensors, **{name: np.asarray([ok], np.float64)}), PREFIX, cfg())
     assert np.asarray(w.w2.global_scale)[2] == np.float32(ok)
 
+
+def test_expert_ids_to_load_must_be_integers():
+    """load_moe(experts=...) takes integer ids (numpy integers included), like
+    MoEWeights(expert_ids=...): a float id (1.5, or 2.0 from float arithmetic) is a TypeError
+    naming experts, never truncated to another expert."""
+    lin, extra = reference(seed=35)
+    tensors = tensors_from(lin, extra)
+    for bad in ([1.5, 2.9], [np.float32(1.0)], [2.0], ["1"]):
+        with pytest.raises(TypeError, match=r"experts: expected integer expert ids"):
+            ckpt.load_moe(tensors, PREFIX, cfg(), experts=bad)
+    w = load_quiet(tensors, PREFIX, cfg(), experts=np.array([3, 1], np.int64))
+    assert w.expert_ids == (3, 1)
