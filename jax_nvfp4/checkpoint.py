@@ -730,7 +730,9 @@ def save_moe(weights: MoEWeights, config: MoEConfig, prefix: str, format: str = 
     Args:
       weights: the layer (w13 global_scale ``[E]`` or ``[E, 2]``; shared ``[]`` or ``[2]``), in
         any layout: weights prepared by :func:`jax_nvfp4.prepare_weights` are written back in the
-        checkpoint layout (the bytes a ModelOpt/Quark reader expects).
+        checkpoint layout (the bytes a ModelOpt/Quark reader expects); fields that are qwix
+        NVFP4 ``QArray`` s are written as their conversions (:func:`jax_nvfp4.prepare_weights`
+        converts them).
       config: its :class:`MoEConfig`.
       prefix: name prefix, e.g. ``"model.layers.3.mlp"``.
       format: ``"modelopt"`` (input scales as ``*.input_scale``) or ``"quark"``

@@ -200,3 +200,95 @@ def test_moe_takes_qwix_weights_eager_and_every_backend(rng, backend):
     x = jnp.asarray(rng.standard_normal((5, h)), jnp.bfloat16)
     want = jax.jit(lambda x, w: jn.moe(x, w, config, backend=backend))(x, converted)
     np.testing.assert_array_equal(_bits(jn.moe(x, qw, config, backend=backend)), _bits(want))
+
+
+# ------------------------------------------------------------------ issue 68: qwix weights in every consumer
+
+
+def _moe_case_sm90(rng):
+    """As :func:`_moe_case` with sizes every prepared layout takes (N % 128, K % 128)."""
+    e, h, i = 2, 128, 128
+    f = lambda *s: _weights(rng, s, spread=False) * 0.1  # noqa: E731
+    qw = jn.MoEWeights(
+        router_weight=jnp.asarray(rng.standard_normal((e, h)), jnp.float32),
+        w13=_qwix_nvfp4(f(e, h, 2 * i), 1), w2=_qwix_nvfp4(f(e, i, h), 1),
+        shared_w13=_qwix_nvfp4(f(h, 2 * i), 0), shared_w2=_qwix_nvfp4(f(i, h), 0))
+    config = jn.MoEConfig.deepseek_v4_pro(num_experts=e, hidden_size=h, intermediate_size=i,
+                                          n_shared_experts=1, top_k=1, n_group=1, topk_group=1)
+    return qw, qi.weights_from_qwix(qw), config, h
+
+
+def _assert_same_tree(got, want):
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a).reshape(-1).view(np.uint8),
+                                      np.asarray(b).reshape(-1).view(np.uint8))
+
+
+def test_prepare_weights_converts_qwix_fields(rng):
+    """prepare_weights on MoEWeights holding qwix QArrays (as jn.moe accepts them) prepares their
+    conversions: w13 paired for "sm90" (not marked paired with its rows in the stored order),
+    Fp8Weights for "fp8": the same pytree (layouts, pairing, every bit) as prepare_weights of the
+    converted weights, so the same layer."""
+    qw, converted, config, h = _moe_case_sm90(rng)
+    prepare = jax.jit(jn.prepare_weights, static_argnums=1)
+    for layout in ("sm90", "fp8"):
+        got = jn.prepare_weights(qw, layout) if layout == "sm90" else prepare(qw, layout)
+        want = prepare(converted, layout)
+        assert got.w13_paired == (layout == "sm90")
+        for f in qi.WEIGHT_FIELDS:
+            assert getattr(got, f).layout == layout, f
+        _assert_same_tree(got, want)
+    # a bare qwix weight [G, K, N] converts to the grouped GEMM's [G, N, K] first
+    _assert_same_tree(jn.prepare_weights(qw.w2, "checkpoint"), converted.w2)
+
+
+@pytest.mark.slow
+def test_prepare_weights_of_qwix_fields_runs_the_same_layer(rng):
+    """The layer on prepare_weights(qwix weights) (sm90: paired, fused SwiGLU) equals the layer
+    on the unprepared qwix weights."""
+    qw, converted, config, h = _moe_case_sm90(rng)
+    x = jnp.asarray(rng.standard_normal((6, h)), jnp.bfloat16)
+    layer = jax.jit(lambda x, w: jn.moe(x, w, config, backend="reference"))
+    np.testing.assert_array_equal(_bits(layer(x, jn.prepare_weights(qw))),
+                                  _bits(layer(x, jn.prepare_weights(converted))))
+    want = layer(x, qw)
+    np.testing.assert_allclose(np.asarray(layer(x, jn.prepare_weights(qw)), np.float32),
+                               np.asarray(want, np.float32), rtol=2e-2, atol=2e-2)
+
+
+def test_framework_modules_and_save_moe_take_qwix_fields(rng):
+    """nn.eqx.MoE, nn.nnx.MoE, nn.linen.freeze and checkpoint.save_moe take what jn.moe takes:
+    MoEWeights whose expert weights (shared_w2 included) are qwix NVFP4 QArrays; they hold (and
+    write) the conversions, every bit."""
+    qw, converted, config, h = _moe_case(rng)
+    from jax_nvfp4 import checkpoint  # noqa: PLC0415
+    from jax_nvfp4.nn.frozen import FrozenMoEWeights  # noqa: PLC0415
+    frozen = FrozenMoEWeights.freeze(qw)       # what eqx.MoE, nnx.MoE and linen.freeze store
+    _assert_same_tree(frozen.weights(), converted)
+    eqx = pytest.importorskip("jax_nvfp4.nn.eqx")
+    _assert_same_tree(eqx.MoE(frozen, config).moe_weights, converted)
+    nnx = pytest.importorskip("jax_nvfp4.nn.nnx")
+    _assert_same_tree(nnx.MoE(qw, config).moe_weights, converted)
+    mcfg = jn.MoEConfig(num_experts=config.num_experts, top_k=config.top_k, hidden_size=h,
+                        intermediate_size=config.intermediate_size, n_shared_experts=1)
+    got = checkpoint.save_moe(qw, mcfg, "m")
+    ref = checkpoint.save_moe(converted, mcfg, "m")
+    assert sorted(got) == sorted(ref)
+    for k in ref:
+        np.testing.assert_array_equal(np.asarray(got[k]).reshape(-1).view(np.uint8),
+                                      np.asarray(ref[k]).reshape(-1).view(np.uint8), err_msg=k)
+
+
+@pytest.mark.slow
+def test_framework_modules_run_qwix_weights(rng):
+    """The eqx and nnx layers built from qwix weights equal jn.moe on their conversions."""
+    qw, converted, config, h = _moe_case(rng)
+    x = jnp.asarray(rng.standard_normal((5, h)), jnp.bfloat16)
+    want = jax.jit(lambda x, w: jn.moe(x, w, config, backend="reference"))(x, converted)
+    for mod in ("eqx", "nnx"):
+        m = pytest.importorskip(f"jax_nvfp4.nn.{mod}")
+        layer = m.MoE(qw, config, backend="reference")
+        np.testing.assert_array_equal(_bits(jax.jit(lambda x: layer(x))(x)), _bits(want))
+
