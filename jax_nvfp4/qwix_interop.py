@@ -140,8 +140,8 @@ def to_qwix(t: NVFP4Tensor, *, axis: int = -1, dtype=jnp.float32):
 
     Args:
       t: NVFP4Tensor ``[..., K]`` (either layout; read in checkpoint order).
-      axis: where K goes in the QArray (e.g. ``1`` turns a grouped GEMM weight ``[G, N, K]`` into
-        ragged_dot's ``[G, K, N]``); the other axes keep their order.
+      axis: where K goes in the QArray, in ``[-ndim, ndim)`` (e.g. ``1`` turns a grouped GEMM
+        weight ``[G, N, K]`` into ragged_dot's ``[G, K, N]``); the other axes keep their order.
       dtype: the scale dtype (qwix dequantizes to it): float32 (default) or bfloat16.
 
     Returns:
@@ -151,14 +151,18 @@ def to_qwix(t: NVFP4Tensor, *, axis: int = -1, dtype=jnp.float32):
 
     Raises:
       ImportError: qwix is not installed.
-      ValueError: (concrete scales) a product ``block scale * global scale`` that ``dtype`` does
-        not hold exactly (traced: that block's scale is NaN).
+      ValueError: ``axis`` out of range; (concrete scales) a product ``block scale * global
+        scale`` that ``dtype`` does not hold exactly (traced: that block's scale is NaN).
     """
     import qwix  # noqa: PLC0415 - optional dependency, needed only to build a QArray
 
     if not isinstance(t, NVFP4Tensor):
         raise ValueError(f"t: expected an NVFP4Tensor, got {type(t).__name__}")
     t.validate("t")
+    nd = t.data.ndim
+    if not -nd <= axis < nd:
+        raise ValueError(f"axis: expected an axis in [-{nd}, {nd}) (where K goes among the "
+                         f"QArray's {nd} axes), got {axis}")
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
         raise ValueError(f"dtype: expected float32 or bfloat16, got {dtype}")
     data, sf = checkpoint_data(t), checkpoint_scales(t).astype(jnp.float32)

@@ -292,3 +292,15 @@ def test_framework_modules_run_qwix_weights(rng):
         layer = m.MoE(qw, config, backend="reference")
         np.testing.assert_array_equal(_bits(jax.jit(lambda x: layer(x))(x)), _bits(want))
 
+
+def test_to_qwix_refuses_an_axis_out_of_range():
+    """axis names where K goes among the QArray's ndim axes: -ndim..ndim-1; anything else is a
+    ValueError naming axis (never wrapped around: axis=3 on a 3-D tensor is not axis 0)."""
+    t = jax.jit(jax.vmap(lambda v: jn.quantize(v, jnp.float32(2.0 ** -7))))(
+        jnp.linspace(-1, 1, 2 * 8 * 32, dtype=jnp.float32).reshape(2, 8, 32))
+    for axis, where in ((2, 2), (-3, 0)):
+        assert qi.to_qwix(t, axis=axis).qvalue.shape[where] == 32
+    for axis in (3, -4, 7):
+        with pytest.raises(ValueError, match=r"axis: expected an axis in \[-3, 3\)"):
+            qi.to_qwix(t, axis=axis)
+
