@@ -36,8 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .formats import (BLOCK_SIZE, NVFP4Tensor, check_k, expand_global_scale, pack_codes,
-                      unpack_codes)
+from .formats import (BLOCK_SIZE, NVFP4Tensor, check_k, expand_global_scale, keep_rounded,
+                      pack_codes, unpack_codes)
 from .layout import checkpoint_data, checkpoint_scales
 from .moe_params import MoEWeights
 
@@ -122,7 +122,7 @@ def from_qwix(q, *, name: str = "q") -> NVFP4Tensor:
     g = _pow2_global_scale(s)
     b = s / g[..., None, None]                   # a power of two: exact
     b8 = b.astype(jnp.float8_e4m3fn)
-    exact = b8.astype(jnp.float32) == b
+    exact = _is_e4m3(b)
     if _is_traced(s):
         b8 = jnp.where(exact, b8, jnp.float8_e4m3fn(jnp.nan))
     elif not bool(jnp.all(exact)):
@@ -132,7 +132,8 @@ def from_qwix(q, *, name: str = "q") -> NVFP4Tensor:
             f"an e4m3 value times its expert's power-of-two global scale {float(g[bad[:-2]])}; a "
             f"qwix NVFP4 scale is an e4m3 value (qwix rounds it so): this one cannot be stored as "
             f"NVFP4 exactly")
-    return NVFP4Tensor(pack_codes(qv), b8, g).validate(name)
+    # behind a barrier, a consumer in the same program (dequantize) widens the rounded e4m3
+    return NVFP4Tensor(pack_codes(qv), jax.lax.optimization_barrier(b8), g).validate(name)
 
 
 def to_qwix(t: NVFP4Tensor, *, axis: int = -1, dtype=jnp.float32):
@@ -183,6 +184,22 @@ def to_qwix(t: NVFP4Tensor, *, axis: int = -1, dtype=jnp.float32):
     return qwix.QArray(jnp.moveaxis(codes, -1, ax), jnp.moveaxis(s, -1, ax), None, QTYPE)
 
 
+def _is_e4m3(b: jax.Array) -> jax.Array:
+    """bool: whether float32 ``b`` is an e4m3 (float8_e4m3fn) value, by integer tests on its bits.
+
+    Not ``float32(e4m3(b)) == b``: XLA:GPU removes a convert pair that narrows and widens back
+    (SimplifyFPConversions, under its default excess precision), which makes that test true for
+    every finite b there. e4m3 normals ``2^(E-7) (1 + j/8)`` have float32 exponent fields 121..135
+    and 3 significand bits; its subnormals ``j 2^-9`` (j = 1..7) have exponent fields 118..120
+    and 0..2 bits; the largest is 448; NaN and Inf are not e4m3 values here."""
+    u = jax.lax.bitcast_convert_type(b.astype(jnp.float32), jnp.uint32) & jnp.uint32(0x7FFFFFFF)
+    e = (u >> 23).astype(jnp.int32)
+    bits = jnp.clip(e - 118, 0, 3).astype(jnp.uint32)          # significand bits e4m3 holds there
+    low = (jnp.uint32(1) << (jnp.uint32(23) - bits)) - jnp.uint32(1)
+    in_range = (e >= 118) & (u <= jnp.uint32(0x43E00000))       # 2^-9 <= |b| <= 448
+    return (u == 0) | (in_range & ((u & low) == 0))
+
+
 def _odd_part(m: jax.Array) -> jax.Array:
     """uint32 ``m`` with its trailing zero bits removed (0 stays 0)."""
     low = m & (~m + jnp.uint32(1))                              # the lowest set bit
@@ -204,7 +221,7 @@ def _product_exact(b: jax.Array, g: jax.Array, s: jax.Array) -> jax.Array:
     odd = _odd_part(_odd_part(_significand(b)) * _odd_part(_significand(g)))
     bits = 32 - jax.lax.clz(odd).astype(jnp.int32)
     fits = bits <= jnp.finfo(s.dtype).nmant + 1
-    s32 = s.astype(jnp.float32)
+    s32 = keep_rounded(s).astype(jnp.float32)       # s as rounded, not the float32 product
     normal = jnp.abs(s32) >= jnp.finfo(s.dtype).smallest_normal
     return jnp.where(b == 0, s32 == 0, fits & jnp.isfinite(s32) & normal & jnp.isfinite(g))
 

@@ -304,3 +304,25 @@ def test_to_qwix_refuses_an_axis_out_of_range():
         with pytest.raises(ValueError, match=r"axis: expected an axis in \[-3, 3\)"):
             qi.to_qwix(t, axis=axis)
 
+
+def test_e4m3_membership_is_ml_dtypes():
+    """from_qwix's exactness test (integer tests on the float32 bits: XLA:GPU drops the convert
+    pair of a float round trip ``float32(e4m3(b)) == b`` under excess precision, so that test
+    passes every b there) against ml_dtypes' round trip: every e4m3 value, its float32
+    neighbours, halves and doubles, values past 448 and below the smallest subnormal 2^-9,
+    non-finite ones and random floats; eager and jitted."""
+    import ml_dtypes  # noqa: PLC0415
+    e4 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    e4 = e4[np.isfinite(e4)]
+    rng = np.random.default_rng(68)
+    cand = np.concatenate([
+        e4, np.nextafter(e4, np.float32(np.inf)), np.nextafter(e4, np.float32(-np.inf)),
+        e4 * 2, e4 / 2, e4 * 3, np.float32([0.3, 464, 480, 512, 2.0**-10, 3 * 2.0**-10,
+                                            np.inf, -np.inf, np.nan, 1e-40, -0.0]),
+        rng.standard_normal(2000).astype(np.float32) * np.exp2(rng.integers(-12, 10, 2000))])
+    cand = cand.astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = cand.astype(ml_dtypes.float8_e4m3fn).astype(np.float32) == cand
+    assert want.sum() > 400 and (~want).sum() > 400
+    np.testing.assert_array_equal(np.asarray(qi._is_e4m3(jnp.asarray(cand))), want)
+    np.testing.assert_array_equal(np.asarray(jax.jit(qi._is_e4m3)(jnp.asarray(cand))), want)
