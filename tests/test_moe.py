@@ -1221,3 +1221,25 @@ def test_rank_promotion_raise_is_respected(rng, backend, what):
         else:
             v = jax.jit(jax.grad(lambda x: jnp.sum(jn.moe(x, w, cfg(**c), backend=backend))))(x)
     assert v.shape == x.shape and np.isfinite(np.asarray(v)).all() and np.any(np.asarray(v))
+
+
+def test_combine_adds_zero_for_rows_not_computed(rng):
+    """routed_experts with a capacity: slots whose row was not computed (other devices' experts)
+    add exactly 0, even when the last computed row is NaN (a token holding Inf): the combine
+    gathers a fill of 0 for them, not a clipped index (0 * NaN would be NaN)."""
+    from jax_nvfp4.moe import routed_experts  # noqa: PLC0415
+    e_local, h, i = 2, 64, 32
+    w = quantized(float_layer(rng, e=e_local, h=h, i=i, shared=False))
+    config = cfg(num_experts=4, hidden_size=h, intermediate_size=i, top_k=2, n_group=1,
+                 topk_group=1, n_shared_experts=0, activation="w4a16")
+    # local experts 0 and 1; each token's slot 0 is local, slot 1 is not: sorted local rows
+    # t0, t2 (expert 0), t1, t3 (expert 1): token 3's row is the last of the 4 computed rows
+    ids = jnp.array([[0, 2], [1, 3], [0, 3], [1, 2]], jnp.int32)
+    rw = jnp.full((4, 2), 0.5, jnp.float32)
+    x = jnp.asarray(rng.standard_normal((4, h)), jnp.float32)
+    f = jax.jit(lambda x: routed_experts(x, ids, rw, w, config, backend="reference", capacity=1))
+    clean = np.asarray(f(x))
+    out = np.asarray(f(x.at[3, 5].set(jnp.inf)))
+    assert not np.isfinite(out[3]).all()
+    np.testing.assert_array_equal(out[:3], clean[:3])
+    assert np.isfinite(clean).all()
