@@ -435,3 +435,19 @@ def test_integer_x_is_refused_in_every_mode(dtype):
                 with pytest.raises(ValueError, match=rf"x: expected a float \[T, K\], got "
                                                      rf"{jnp.dtype(dtype).name}"):
                     run(x, backend)
+
+
+def test_fp8_output_k_edges(rng):
+    """fp8=True needs K a positive multiple of 128 (the fp8 chunk), not of 64 or 16: K = 0 and
+    K = 192 are refused naming K on both backends, K = 128 and 384 run."""
+    for k in (0, 64, 192):
+        x = jnp.zeros((3, k), jnp.bfloat16)
+        for fn in (dispatch_rows, dispatch_rows_dynamic):
+            for backend in ("ffi", "reference"):
+                with pytest.raises(ValueError, match=rf"x: K={k}: fp8=True needs K to be a "
+                                                     r"positive multiple of 128"):
+                    fn(x, fp8=True, backend=backend)
+    for k in (128, 384):
+        got = dispatch_rows(bf16_rows(rng, 3, k), jnp.array([2, 0], jnp.int32), fp8=True,
+                            backend="reference")
+        assert got.codes.shape == (2, k) and got.scales.shape == (2, k // 128)

@@ -391,3 +391,20 @@ def test_take_rows_with_symbolic_shapes(rng):
                  (jax.ShapeDtypeStruct((9, 64), jnp.uint8), jax.ShapeDtypeStruct((m,), jnp.int32))):
         back = jax.export.deserialize(jax.export.export(f)(*spec).serialize())
         np.testing.assert_array_equal(np.asarray(back.call(a, rows)), np.asarray(a)[np.asarray(rows)])
+
+
+def test_serialized_pytree_names_are_pinned(rng):
+    """An artifact names each library pytree type by its registered serialized name, with its
+    auxdata bytes: a rename silently breaks every stored artifact, so the names and auxdata
+    encodings are pinned here (read from the serialized bytes, and deserialized back)."""
+    w = _moe_weights(rng, e=2, h=128, i=128, shared=False)
+    w = jn.MoEWeights(w.router_weight, w.w13, w.w2, expert_ids=(3, 1), w13_paired=False)
+    rows = jax.jit(jn.fp8.quantize_rows)(jnp.ones((2, 128), jnp.float32))
+    tree = (w, rows, jax.jit(lambda t: jn.prepare_weights(t, "fp8"))(w.w2), jn.ragged_rhs(w.w2))
+    exp = jax.export.export(jax.jit(lambda t: jax.tree.leaves(t)[0]))(tree)
+    blob = bytes(exp.serialize())
+    for name in ("NVFP4Tensor", "Fp8Rows", "Fp8Weights", "MoEWeights", "RaggedRhs"):
+        assert f"jax_nvfp4.{name}".encode() in blob, name
+    assert b"[[3, 1], false]" in blob and b"checkpoint" in blob and b"logical" in blob
+    back = jax.export.deserialize(bytearray(blob))
+    assert back.in_tree == jax.tree.structure(((tree,), {}))

@@ -328,3 +328,14 @@ def test_rank_promotion_raise_is_respected(rng):
         np.testing.assert_array_equal(np.asarray(jax.jit(jn.dequantize)(t)), np.asarray(want))
         codes = jn.formats.unpack_nibbles(t.data)
     np.testing.assert_array_equal(np.asarray(jn.formats.pack_nibbles(codes)), np.asarray(t.data))
+
+
+def test_fp8_weights_validate_k_multiple_of_128():
+    """Fp8Weights needs K a positive multiple of 128 (the fp8 chunk): 0, 64, 192 and 200 are
+    refused naming codes, 128 and 256 accepted."""
+    for k in (0, 64, 192, 200):
+        with pytest.raises(ValueError, match=r"w\.codes: expected float8_e4m3fn \[\.\.\., N, K\] "
+                                             r"with K a positive multiple of 128"):
+            jn.Fp8Weights(jnp.zeros((2, 8, k), jnp.float8_e4m3fn), jnp.ones((2,))).validate("w")
+    for k in (128, 256):
+        jn.Fp8Weights(jnp.zeros((2, 8, k), jnp.float8_e4m3fn), jnp.ones((2,))).validate("w")
