@@ -326,3 +326,52 @@ def test_e4m3_membership_is_ml_dtypes():
     assert want.sum() > 400 and (~want).sum() > 400
     np.testing.assert_array_equal(np.asarray(qi._is_e4m3(jnp.asarray(cand))), want)
     np.testing.assert_array_equal(np.asarray(jax.jit(qi._is_e4m3)(jnp.asarray(cand))), want)
+
+
+def _qarray(scale, k=32):
+    """A qwix NVFP4 QArray [E, K, 1] of all-ones codes with the given scales [E, K/16, 1]."""
+    scale = jnp.asarray(scale, jnp.float32)
+    qv = jnp.ones(scale.shape[:-2] + (k, 1), jnp.float4_e2m1fn)
+    return qwix.QArray(qv, scale, None, "nvfp4")
+
+
+def test_from_qwix_global_scale_edges():
+    """The expert's power of two brings its largest scale into (224, 448]: exactly 448 x 2^j
+    gives 2^j and a block scale of 448; one float32 step above it gives 2^(j+1); exactly
+    224 x 2^j gives 2^(j-1) (448 again)."""
+    j = -5
+    top = np.float32(448 * 2.0 ** j)
+    above = np.nextafter(top, np.float32(np.inf))
+    cases = [(top, 2.0 ** j, 448.0), (np.float32(224 * 2.0 ** j), 2.0 ** (j - 1), 448.0)]
+    for amax, g, b in cases:
+        t = qi.from_qwix(_qarray([[[amax], [np.float32(2.0 ** j)]]]))
+        assert float(t.global_scale[0]) == g
+        assert float(jnp.max(t.scales.astype(jnp.float32))) == b
+    # above 448 x 2^j the next power of two; the scale is then no e4m3 value times it: refused
+    with pytest.raises(ValueError, match="not an e4m3 value"):
+        qi.from_qwix(_qarray([[[above], [np.float32(2.0 ** j)]]]))
+    t = qi.from_qwix(_qarray([[[np.float32(480 * 2.0 ** j)], [np.float32(2.0 ** j)]]]))
+    assert float(t.global_scale[0]) == 2.0 ** (j + 1)
+    assert float(jnp.max(t.scales.astype(jnp.float32))) == 240.0
+
+
+def test_to_qwix_exactness_edges():
+    """block scale x global scale is written when float32 (or bfloat16) holds it exactly: a
+    product using every significand bit converts, one more bit is refused; a product below the
+    smallest normal of the scale dtype is refused, the smallest normal itself converts."""
+    def tensor(b, g):
+        return jn.NVFP4Tensor(jnp.full((1, 16), 0x22, jnp.uint8),
+                              jnp.full((1, 2), b, jnp.float8_e4m3fn), jnp.float32(g))
+    b = 1.875                                            # 1.111b: 4 significand bits
+    for dtype, bits in ((jnp.float32, 24), (jnp.bfloat16, 8)):
+        g_fits = 1 + 2.0 ** -(bits - 4)                  # 1.0..01b: bits - 3 significand bits
+        g_over = 1 + 2.0 ** -(bits - 3)
+        q = qi.to_qwix(tensor(b, g_fits), dtype=dtype)
+        assert float(q.scale[0, 0]) == b * g_fits
+        with pytest.raises(ValueError, match=rf"not exact in {jnp.dtype(dtype).name}"):
+            qi.to_qwix(tensor(b, g_over), dtype=dtype)
+        # the smallest e4m3 subnormal 2^-9 times 2^-117 is 2^-126: the smallest normal float32
+        assert float(qi.to_qwix(tensor(2.0 ** -9, 2.0 ** -117), dtype=dtype).scale[0, 0]) \
+            == 2.0 ** -126
+        with pytest.raises(ValueError, match="not exact"):
+            qi.to_qwix(tensor(2.0 ** -9, 2.0 ** -118), dtype=dtype)
