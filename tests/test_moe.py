@@ -1243,3 +1243,44 @@ def test_combine_adds_zero_for_rows_not_computed(rng):
     assert not np.isfinite(out[3]).all()
     np.testing.assert_array_equal(out[:3], clean[:3])
     assert np.isfinite(clean).all()
+
+
+def test_gate_up_dtype_contract():
+    """The gate/up GEMM's own output: bf16 (the row dtype) in the fp8 mode, float32 in the exact
+    mode and with row_dtype="float32" (docstring of moe.gate_up_dtype)."""
+    from jax_nvfp4.moe import gate_up_dtype  # noqa: PLC0415
+    assert gate_up_dtype(cfg(precision="fp8", intermediate_size=128)) == jnp.bfloat16
+    assert gate_up_dtype(cfg(precision="fp8", intermediate_size=128,
+                             row_dtype="float32")) == jnp.float32
+    assert gate_up_dtype(cfg()) == jnp.float32
+    assert gate_up_dtype(cfg(row_dtype="float32")) == jnp.float32
+
+
+@pytest.mark.parametrize("backend", ["reference", "ffi"])
+def test_float32_rows_are_quantized_from_float32(rng, backend):
+    """row_dtype="float32", W4A4: the down GEMM's input rows are quantized from their float32
+    values, not from a bf16 copy: rows with values just past e2m1 midpoints (1.25, 0.25, 3.5
+    times 1 + 2^-9.5, which bf16 rounds onto the midpoints) against the float64 product of the
+    float32 rows' NVFP4 quantization (tests/oracles.py), which a bf16 copy's does not match."""
+    from jax_nvfp4.moe import _expert_gemm  # noqa: PLC0415
+    from oracles import quantize64  # noqa: PLC0415
+    k, n = 64, 32
+    x = (rng.standard_normal((3, k)) * 0.5).astype(np.float32)
+    x[:, 0] = 6.0                                             # the row's amax: block scale 448
+    up = np.float32(1 + 2.0 ** -9.5)
+    x[:, 1:4] = np.float32([1.25, 0.25, 3.5]) * up
+    w = QUANTIZE_STACK(jnp.asarray(rng.standard_normal((1, n, k)), jnp.float32))
+    w64 = np.asarray(dequant64(w.data, w.scales), np.float64)[0] * float(w.global_scale[0])
+
+    def oracle(rows):
+        vals = [quantize64(r) for r in rows]
+        return np.stack([v * g for v, g in vals]) @ w64.T
+    c = cfg(num_experts=1, top_k=1, n_group=1, topk_group=1, activation="w4a4",
+            row_dtype="float32")
+    got = jax.jit(lambda x: _expert_gemm(x, jnp.zeros((3,), jnp.int32), w, None,
+                                         jnp.array([3], jnp.int32), c, backend))(jnp.asarray(x))
+    want = oracle(x)
+    scale = np.abs(x).astype(np.float64) @ np.abs(w64).T
+    assert np.all(np.abs(np.asarray(got, np.float64) - want) <= 1e-5 * scale)
+    bf16_copy = oracle(np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32))
+    assert np.any(np.abs(bf16_copy - want) > 1e-3 * scale)
