@@ -76,6 +76,7 @@ F8_E4M3 block scales as stored, validates every header entry and writes atomical
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 import sys
@@ -206,14 +207,14 @@ def _block_scales(src: Mapping, name: str, rows: int, k: int, what: str) -> np.n
     return a
 
 
-def _scalar(src: Mapping, name: str) -> np.float32:
-    """A float scalar stored as [] or [1] (f32/bf16/f16/f64) -> np.float32."""
+def _scalar(src: Mapping, name: str) -> float:
+    """A float scalar stored as [] or [1] (f32/bf16/f16/f64) -> its value as stored (float64)."""
     a = _get(src, name)
     if a.size != 1 or a.ndim > 1:
         raise ValueError(f"{name}: expected a scalar (shape [] or [1]), found shape {tuple(a.shape)}")
     if not (np.issubdtype(a.dtype, np.floating) or a.dtype == np.dtype(ml_dtypes.bfloat16)):
         raise ValueError(f"{name}: expected a float scalar (F32/BF16), got dtype {a.dtype}")
-    return np.float32(a.reshape(()).astype(np.float32))
+    return float(a.reshape(()).astype(np.float64))
 
 
 MIN_SCALE = MIN_GLOBAL_SCALE
@@ -230,12 +231,16 @@ def _in_file(src: Mapping, name: str) -> str:
 
 
 def _global_scale(src: Mapping, name: str) -> np.float32:
-    """A weight_scale_2 or input scale: a float scalar, finite and >= :data:`MIN_SCALE`."""
-    v = _scalar(src, name)
-    if not (np.isfinite(v) and v >= MIN_SCALE):
+    """A weight_scale_2 or input scale: a float scalar, finite and >= :data:`MIN_SCALE` as
+    stored (an F64 one is checked before its float32 cast, which would make 1e39 inf and 1e-300
+    0.0), finite in float32."""
+    stored = _scalar(src, name)
+    with np.errstate(over="ignore"):
+        v = np.float32(stored)
+    if not (np.isfinite(stored) and stored >= MIN_SCALE and np.isfinite(v)):
         raise ValueError(f"{name}{_in_file(src, name)}: expected a finite scale >= 2^-126 (the "
-                         "smallest normal float32; the dequantization multiplier amax / 2688), "
-                         f"found {float(v)!r}")
+                         "smallest normal float32; the dequantization multiplier amax / 2688) "
+                         f"that float32 holds, found {stored!r}")
     return v
 
 
@@ -387,7 +392,8 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
       format: ``"modelopt"`` (input scales ``*.input_scale``), ``"quark"`` (``*.input_scale_2``)
         or ``"auto"`` (from the names; a weight-only checkpoint has neither and loads with input
         scales None).
-      experts: optional expert ids to load (e.g. this rank's slice under expert parallelism);
+      experts: optional integer expert ids to load (e.g. this rank's slice under expert
+        parallelism);
         the expert-stacked fields then have ``len(experts)`` rows in that order and
         ``MoEWeights.expert_ids`` records the ids (so :func:`save_moe` writes them back under
         the same names), while the router weight, bias and hash table stay global (``[E, ...]``,
@@ -414,7 +420,8 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
     Raises:
       KeyError naming the full tensor name (and the files or index looked in) when a tensor is
       missing; ValueError naming the tensor, the expected and the found shape (or dtype) on a
-      mismatch, or a weight_scale_2 / input scale that is not finite and >= 2^-126;
+      mismatch, or a weight_scale_2 / input scale that is not finite and >= 2^-126 (as stored:
+      an F64 one before its float32 cast); TypeError for ``experts`` that are not integers;
       FileNotFoundError for a path that is neither a file nor a folder.
     """
     if layout not in WEIGHT_LAYOUTS:   # before reading gigabytes
@@ -443,7 +450,14 @@ def _check_dims(config: MoEConfig) -> None:
 
 def _expert_ids(experts: Optional[Sequence[int]], E: int) -> list[int]:
     """Return the expert ids to load: ``experts`` checked (distinct, in [0, E)), or all E."""
-    ids = list(range(E)) if experts is None else [int(e) for e in experts]
+    if experts is None:
+        ids = list(range(E))
+    else:
+        try:    # integers only (as MoEWeights.expert_ids): int() would truncate 1.5 to expert 1
+            ids = [operator.index(e) for e in experts]
+        except TypeError:
+            raise TypeError(f"experts: expected integer expert ids, got "
+                            f"{list(experts)[:8]!r:.200}") from None
     if not ids or any(not 0 <= e < E for e in ids) or len(set(ids)) != len(ids):
         raise ValueError(f"experts: expected a non-empty list of distinct ids in [0, {E}), got "
                          f"{ids[:8]}...")
@@ -716,7 +730,9 @@ def save_moe(weights: MoEWeights, config: MoEConfig, prefix: str, format: str = 
     Args:
       weights: the layer (w13 global_scale ``[E]`` or ``[E, 2]``; shared ``[]`` or ``[2]``), in
         any layout: weights prepared by :func:`jax_nvfp4.prepare_weights` are written back in the
-        checkpoint layout (the bytes a ModelOpt/Quark reader expects).
+        checkpoint layout (the bytes a ModelOpt/Quark reader expects); fields that are qwix
+        NVFP4 ``QArray`` s are written as their conversions (:func:`jax_nvfp4.prepare_weights`
+        converts them).
       config: its :class:`MoEConfig`.
       prefix: name prefix, e.g. ``"model.layers.3.mlp"``.
       format: ``"modelopt"`` (input scales as ``*.input_scale``) or ``"quark"``

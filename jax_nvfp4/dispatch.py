@@ -76,6 +76,8 @@ def _check_args(x, gather, scatter):
     x = jnp.asarray(x)
     if x.ndim != 2:
         raise ValueError(f"x: expected [T, K], got shape {x.shape}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):       # not cast silently in any mode
+        raise ValueError(f"x: expected a float [T, K], got {x.dtype}")
     if gather is not None and jnp.asarray(gather).ndim != 1:
         raise ValueError(f"gather: expected [R], got shape {jnp.asarray(gather).shape}")
     if scatter is not None and (jnp.asarray(scatter).ndim != 2 or scatter.shape[0] != x.shape[0]):

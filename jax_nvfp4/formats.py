@@ -119,7 +119,9 @@ def unpack_nibbles(data: jax.Array) -> jax.Array:
     data = jnp.asarray(data)
     # A broadcast and a per-position shift (0, 4), not a stack of two halves: elementwise, so a
     # fused decode reads as a plain loop (a concatenate made XLA's CPU loop 4x slower).
-    codes = (data[..., None] >> jnp.array([0, 4], data.dtype)) & 0xF
+    # (the shifts spelled at full rank: jax_numpy_rank_promotion="raise" refuses a rank-1 operand)
+    shifts = jnp.array([0, 4], data.dtype).reshape((1,) * data.ndim + (2,))
+    codes = (data[..., None] >> shifts) & 0xF
     return codes.reshape(data.shape[:-1] + (data.shape[-1] * 2,))
 
 
@@ -199,6 +201,11 @@ class NVFP4Tensor:
     def validate(self, name: str = "tensor") -> "NVFP4Tensor":
         """Check dtypes and shapes; raise ValueError naming ``name`` and what was expected."""
         d, s, g = self.data, self.scales, self.global_scale
+        for field, v, want in (("data", d, "uint8"), ("scales", s, "float8_e4m3fn"),
+                               ("global_scale", g, "float32")):
+            if not (hasattr(v, "dtype") and hasattr(v, "shape")):   # e.g. a Python float
+                raise ValueError(f"{name}.{field}: expected a {want} array, got "
+                                 f"{type(v).__name__} (e.g. jnp.{want}(value))")
         if d.dtype != jnp.uint8:
             raise ValueError(f"{name}.data: expected uint8 packed E2M1 codes, got {d.dtype}")
         if s.dtype != jnp.float8_e4m3fn:

@@ -12,6 +12,7 @@ from .fp8 import prepare_fp8
 from .layout import pair_gate_up, relayout, unpair_gate_up
 from .moe_params import MoEWeights
 from .options import FP8_LAYOUT, WEIGHT_LAYOUTS, check_choice
+from .qwix_interop import as_nvfp4, weights_from_qwix
 
 __all__ = ["prepare_weights"]
 
@@ -24,6 +25,10 @@ def prepare_weights(x, layout: str = "sm90"):
         float8_e4m3fn ``[..., N, K/16]``, global_scale float32), or a
         :class:`~jax_nvfp4.MoEWeights` (each NVFP4Tensor field is converted: w13 ``[E, 2I, H]``,
         w2 ``[E, H, I]``, shared_w13 ``[2Is, H]``, shared_w2 ``[H, Is]``; other fields kept).
+        A qwix NVFP4 ``QArray`` (alone or as a MoEWeights field, as :func:`jax_nvfp4.moe` takes
+        it) is converted by :func:`jax_nvfp4.qwix_interop.from_qwix` first (a MoEWeights field
+        by :func:`~jax_nvfp4.qwix_interop.weights_from_qwix`: w13 ``[E, H, 2I]`` tiled along H
+        becomes ``[E, 2I, H]``), and the result is an NVFP4Tensor or Fp8Weights.
       layout: ``"sm90"`` (default; the Hopper kernels' layout, needs N % 128 == 0 and
         K % 64 == 0 on each tensor's last two axes), ``"checkpoint"`` (back to the stored order),
         or ``"fp8"``: the weights of the FP8 compute mode (``precision="fp8"``) made once, as
@@ -66,6 +71,9 @@ def prepare_weights(x, layout: str = "sm90"):
     A split along N or K is a ValueError.
     """
     check_choice(layout, WEIGHT_LAYOUTS, "layout")
+    # qwix NVFP4 QArrays (which jax_nvfp4.moe takes) are converted first, so that they are
+    # prepared (and w13 paired) like the NVFP4Tensor they stand for, not skipped
+    x = weights_from_qwix(as_nvfp4(x, "x"))
     if isinstance(x, (NVFP4Tensor, Fp8Weights)):
         return _prepare_tensor(x, layout, "x")
     if isinstance(x, MoEWeights) and layout == FP8_LAYOUT:

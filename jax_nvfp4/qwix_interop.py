@@ -36,8 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .formats import (BLOCK_SIZE, NVFP4Tensor, check_k, expand_global_scale, pack_codes,
-                      unpack_codes)
+from .formats import (BLOCK_SIZE, NVFP4Tensor, check_k, expand_global_scale, keep_rounded,
+                      pack_codes, unpack_codes)
 from .layout import checkpoint_data, checkpoint_scales
 
 QTYPE = "nvfp4"
@@ -121,7 +121,7 @@ def from_qwix(q, *, name: str = "q") -> NVFP4Tensor:
     g = _pow2_global_scale(s)
     b = s / g[..., None, None]                   # a power of two: exact
     b8 = b.astype(jnp.float8_e4m3fn)
-    exact = b8.astype(jnp.float32) == b
+    exact = _is_e4m3(b)
     if _is_traced(s):
         b8 = jnp.where(exact, b8, jnp.float8_e4m3fn(jnp.nan))
     elif not bool(jnp.all(exact)):
@@ -131,7 +131,8 @@ def from_qwix(q, *, name: str = "q") -> NVFP4Tensor:
             f"an e4m3 value times its expert's power-of-two global scale {float(g[bad[:-2]])}; a "
             f"qwix NVFP4 scale is an e4m3 value (qwix rounds it so): this one cannot be stored as "
             f"NVFP4 exactly")
-    return NVFP4Tensor(pack_codes(qv), b8, g).validate(name)
+    # behind a barrier, a consumer in the same program (dequantize) widens the rounded e4m3
+    return NVFP4Tensor(pack_codes(qv), jax.lax.optimization_barrier(b8), g).validate(name)
 
 
 def to_qwix(t: NVFP4Tensor, *, axis: int = -1, dtype=jnp.float32):
@@ -139,8 +140,8 @@ def to_qwix(t: NVFP4Tensor, *, axis: int = -1, dtype=jnp.float32):
 
     Args:
       t: NVFP4Tensor ``[..., K]`` (either layout; read in checkpoint order).
-      axis: where K goes in the QArray (e.g. ``1`` turns a grouped GEMM weight ``[G, N, K]`` into
-        ragged_dot's ``[G, K, N]``); the other axes keep their order.
+      axis: where K goes in the QArray, in ``[-ndim, ndim)`` (e.g. ``1`` turns a grouped GEMM
+        weight ``[G, N, K]`` into ragged_dot's ``[G, K, N]``); the other axes keep their order.
       dtype: the scale dtype (qwix dequantizes to it): float32 (default) or bfloat16.
 
     Returns:
@@ -150,14 +151,18 @@ def to_qwix(t: NVFP4Tensor, *, axis: int = -1, dtype=jnp.float32):
 
     Raises:
       ImportError: qwix is not installed.
-      ValueError: (concrete scales) a product ``block scale * global scale`` that ``dtype`` does
-        not hold exactly (traced: that block's scale is NaN).
+      ValueError: ``axis`` out of range; (concrete scales) a product ``block scale * global
+        scale`` that ``dtype`` does not hold exactly (traced: that block's scale is NaN).
     """
     import qwix  # noqa: PLC0415 - optional dependency, needed only to build a QArray
 
     if not isinstance(t, NVFP4Tensor):
         raise ValueError(f"t: expected an NVFP4Tensor, got {type(t).__name__}")
     t.validate("t")
+    nd = t.data.ndim
+    if not -nd <= axis < nd:
+        raise ValueError(f"axis: expected an axis in [-{nd}, {nd}) (where K goes among the "
+                         f"QArray's {nd} axes), got {axis}")
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
         raise ValueError(f"dtype: expected float32 or bfloat16, got {dtype}")
     data, sf = checkpoint_data(t), checkpoint_scales(t).astype(jnp.float32)
@@ -176,6 +181,22 @@ def to_qwix(t: NVFP4Tensor, *, axis: int = -1, dtype=jnp.float32):
     codes = unpack_codes(data)
     ax = axis % codes.ndim
     return qwix.QArray(jnp.moveaxis(codes, -1, ax), jnp.moveaxis(s, -1, ax), None, QTYPE)
+
+
+def _is_e4m3(b: jax.Array) -> jax.Array:
+    """bool: whether float32 ``b`` is an e4m3 (float8_e4m3fn) value, by integer tests on its bits.
+
+    Not ``float32(e4m3(b)) == b``: XLA:GPU removes a convert pair that narrows and widens back
+    (SimplifyFPConversions, under its default excess precision), which makes that test true for
+    every finite b there. e4m3 normals ``2^(E-7) (1 + j/8)`` have float32 exponent fields 121..135
+    and 3 significand bits; its subnormals ``j 2^-9`` (j = 1..7) have exponent fields 118..120
+    and 0..2 bits; the largest is 448; NaN and Inf are not e4m3 values here."""
+    u = jax.lax.bitcast_convert_type(b.astype(jnp.float32), jnp.uint32) & jnp.uint32(0x7FFFFFFF)
+    e = (u >> 23).astype(jnp.int32)
+    bits = jnp.clip(e - 118, 0, 3).astype(jnp.uint32)          # significand bits e4m3 holds there
+    low = (jnp.uint32(1) << (jnp.uint32(23) - bits)) - jnp.uint32(1)
+    in_range = (e >= 118) & (u <= jnp.uint32(0x43E00000))       # 2^-9 <= |b| <= 448
+    return (u == 0) | (in_range & ((u & low) == 0))
 
 
 def _odd_part(m: jax.Array) -> jax.Array:
@@ -199,7 +220,7 @@ def _product_exact(b: jax.Array, g: jax.Array, s: jax.Array) -> jax.Array:
     odd = _odd_part(_odd_part(_significand(b)) * _odd_part(_significand(g)))
     bits = 32 - jax.lax.clz(odd).astype(jnp.int32)
     fits = bits <= jnp.finfo(s.dtype).nmant + 1
-    s32 = s.astype(jnp.float32)
+    s32 = keep_rounded(s).astype(jnp.float32)       # s as rounded, not the float32 product
     normal = jnp.abs(s32) >= jnp.finfo(s.dtype).smallest_normal
     return jnp.where(b == 0, s32 == 0, fits & jnp.isfinite(s32) & normal & jnp.isfinite(g))
 

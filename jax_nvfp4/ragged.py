@@ -79,11 +79,23 @@ def ragged_rhs(w) -> RaggedRhs:
     """
     if isinstance(w, RaggedRhs):
         return w
-    w = qwix_interop.as_nvfp4(w, "w")
+    if qwix_interop.is_qwix_array(w):
+        w = _from_qwix(w, 1, "[G, K, N]")
     if not isinstance(w, NVFP4Tensor) or w.ndim != 3:
         raise ValueError(f"w: expected an NVFP4Tensor [G, N, K] or a qwix NVFP4 QArray "
                          f"[G, K, N], got {type(w).__name__} {getattr(w, 'shape', '')}")
     return RaggedRhs(w.validate("w"))
+
+
+def _from_qwix(q, k_axis: int, want: str) -> NVFP4Tensor:
+    """A 3-D qwix NVFP4 QArray tiled along ``k_axis`` (K's place in ``want``), converted; the
+    tiled axis is checked itself, not the converted shape (equal either way when N == K)."""
+    t = qwix_interop.from_qwix(q, name="rhs")          # its own checks first
+    qs, ss = tuple(q.qvalue.shape), tuple(q.scale.shape)
+    if len(qs) != 3 or qwix_interop._tiled_axis(qs, ss, "rhs") != k_axis:
+        raise Unsupported(f"rhs: expected a qwix NVFP4 QArray {want} tiled along K (axis "
+                          f"{k_axis}), got qvalue {qs} with scale {ss}")
+    return t
 
 
 def _rhs_tensor(rhs, dims) -> NVFP4Tensor:
@@ -95,21 +107,13 @@ def _rhs_tensor(rhs, dims) -> NVFP4Tensor:
             raise Unsupported("rhs: an NVFP4Tensor is [G, N, K] (K last), ragged_dot's rhs "
                               "[G, K, N]: pass jax_nvfp4.ragged_rhs(rhs) (a view, no copy), or "
                               "ragged_dot_dimension_numbers=TRANSPOSED_RHS_DIMENSION_NUMBERS")
-        if qwix_interop.is_qwix_array(rhs):             # [G, K, N] tiled along K (axis 1)
-            t = qwix_interop.from_qwix(rhs, name="rhs")
-            if t.ndim != 3 or t.shape != (rhs.shape[0], rhs.shape[2], rhs.shape[1]):
-                raise Unsupported(f"rhs: expected a qwix NVFP4 QArray [G, K, N] tiled along K "
-                                  f"(axis 1), got shape {tuple(rhs.shape)} tiled otherwise")
-            return t
+        if qwix_interop.is_qwix_array(rhs):
+            return _from_qwix(rhs, 1, "[G, K, N]")
     elif dims == TRANSPOSED_RHS_DIMENSION_NUMBERS:
         if isinstance(rhs, NVFP4Tensor):
             return rhs
-        if qwix_interop.is_qwix_array(rhs):             # [G, N, K] tiled along K (axis 2)
-            t = qwix_interop.from_qwix(rhs, name="rhs")
-            if t.shape != tuple(rhs.shape):
-                raise Unsupported(f"rhs: expected a qwix NVFP4 QArray [G, N, K] tiled along K "
-                                  f"(axis 2), got shape {tuple(rhs.shape)} tiled otherwise")
-            return t
+        if qwix_interop.is_qwix_array(rhs):
+            return _from_qwix(rhs, 2, "[G, N, K]")
     else:
         raise Unsupported(f"ragged_dot_dimension_numbers: expected [M, K] x [G, K, N] (or the "
                           f"rhs transposed, [G, N, K]) with groups along M, got {dims}")

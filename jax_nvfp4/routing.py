@@ -194,7 +194,7 @@ def route(x: jax.Array, weights: MoEWeights, config: MoEConfig, token_ids=None):
     else:
         choice = scores
         if weights.router_bias is not None:
-            choice = choice + weights.router_bias.astype(jnp.float32)
+            choice = choice + weights.router_bias.astype(jnp.float32)[None, :]
         if config.n_group > 1:
             choice = jnp.where(_grouped_mask(choice, config.n_group, config.topk_group), choice,
                                -jnp.inf)

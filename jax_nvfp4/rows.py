@@ -12,10 +12,13 @@ import jax
 import jax.numpy as jnp
 
 
-def _as_words_ok(a) -> bool:
-    """Whether the rows of ``a`` ``[M, C]`` are whole uint32 words of a 1- or 2-byte dtype."""
+def _as_words_ok(a, rows) -> bool:
+    """Whether the rows of ``a`` ``[M, C]`` are whole uint32 words of a 1- or 2-byte dtype, and
+    every size is static: a bitcast that changes the shape has no shape refinement, so a
+    ``jax.export`` artifact with a symbolic size would not run."""
     size = jnp.dtype(a.dtype).itemsize
-    return a.ndim == 2 and size in (1, 2) and (a.shape[1] * size) % 4 == 0
+    static = all(isinstance(d, int) for d in tuple(a.shape) + tuple(rows.shape))
+    return static and a.ndim == 2 and size in (1, 2) and (a.shape[1] * size) % 4 == 0
 
 
 def _take_words(a, rows):
@@ -43,12 +46,13 @@ def take_rows(a: jax.Array, rows: jax.Array) -> jax.Array:
     """``a[rows]`` for ``a`` ``[M, C]`` and int ``rows`` ``[R]`` (each in ``[0, M)``): ``[R, C]``
     of a's dtype, bit for bit ``a[rows]``.
 
-    1- and 2-byte dtypes whose rows are whole 32-bit words are gathered as uint32 words;
-    anything else is ``a[rows]``. Differentiable in ``a`` like ``a[rows]`` (reverse mode: a
+    1- and 2-byte dtypes whose rows are whole 32-bit words are gathered as uint32 words when
+    the shapes are static; anything else (a symbolic size of ``jax.export`` included) is
+    ``a[rows]``. Differentiable in ``a`` like ``a[rows]`` (reverse mode: a
     scatter-add of the cotangent rows).
     """
     rows = jnp.asarray(rows)
-    if rows.ndim != 1 or not _as_words_ok(a):
+    if rows.ndim != 1 or not _as_words_ok(a, rows):
         return a[rows]
     if jnp.issubdtype(a.dtype, jnp.inexact):
         return _take_float_rows(a, rows)

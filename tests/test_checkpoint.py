@@ -6,6 +6,7 @@ Small shapes (E=4, H=64, I=32, one shared expert), random non-zero data, CPU onl
 from __future__ import annotations
 
 import dataclasses
+import re
 import warnings
 
 import jax
@@ -587,3 +588,35 @@ def test_scale_bound_is_the_layers_and_names_the_file(tmp_path):
             with pytest.raises(ValueError, match=rf"{name} \(in {path}\): expected a finite "
                                                  r"scale >= 2\^-126 .* found 1.17549"):
                 ckpt.load_moe(path, PREFIX, cfg())
+
+
+@pytest.mark.parametrize("value", [1e39, -1e39, 1e-300, 1e-45])
+def test_f64_scale_is_checked_as_stored(value):
+    """A weight_scale_2 or input scale stored as F64 is checked before the float32 cast: one past
+    float32's range is reported as stored (not "inf"), one below 2^-126 as stored (not "0.0");
+    an F64 scale within range loads as its float32 rounding."""
+    lin, extra = reference(seed=34)
+    tensors = tensors_from(lin, extra)
+    for name in (f"{PREFIX}.experts.2.down_proj.weight_scale_2",
+                 f"{PREFIX}.shared_experts.gate_proj.input_scale"):
+        t = dict(tensors, **{name: np.asarray(value, np.float64)})
+        with pytest.raises(ValueError, match=rf"{re.escape(name)}: expected a finite scale "
+                                             rf">= 2\^-126.*found {re.escape(repr(value))}$"):
+            ckpt.load_moe(t, PREFIX, cfg())
+    name = f"{PREFIX}.experts.2.down_proj.weight_scale_2"
+    ok = np.float64(lin[("expert", 2, "down")]["ws2"]) * (1 + 2.0 ** -30)
+    w = load_quiet(dict(tensors, **{name: np.asarray([ok], np.float64)}), PREFIX, cfg())
+    assert np.asarray(w.w2.global_scale)[2] == np.float32(ok)
+
+
+def test_expert_ids_to_load_must_be_integers():
+    """load_moe(experts=...) takes integer ids (numpy integers included), like
+    MoEWeights(expert_ids=...): a float id (1.5, or 2.0 from float arithmetic) is a TypeError
+    naming experts, never truncated to another expert."""
+    lin, extra = reference(seed=35)
+    tensors = tensors_from(lin, extra)
+    for bad in ([1.5, 2.9], [np.float32(1.0)], [2.0], ["1"]):
+        with pytest.raises(TypeError, match=r"experts: expected integer expert ids"):
+            ckpt.load_moe(tensors, PREFIX, cfg(), experts=bad)
+    w = load_quiet(tensors, PREFIX, cfg(), experts=np.array([3, 1], np.int64))
+    assert w.expert_ids == (3, 1)

@@ -415,3 +415,39 @@ def test_default_backend_is_auto():
         want = dispatch_rows_reference(x, gather, fp8=fp8)
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
             np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint8, jnp.bool_])
+def test_integer_x_is_refused_in_every_mode(dtype):
+    """x is float (its documented type) in every mode: an integer or bool x is one ValueError
+    naming x and its dtype (not cast silently in the copy mode, nor numpy's "not inexact" in the
+    dynamic one), on both backends, eagerly and under jit."""
+    x = jnp.ones((4, 128), dtype)
+    gather = jnp.array([3, 0, 1], jnp.int32)
+    calls = {"copy": lambda x, b: dispatch_rows(x, gather, backend=b),
+             "copy-fp8": lambda x, b: dispatch_rows(x, gather, backend=b, fp8=True),
+             "row_scale": lambda x, b: dispatch_rows(x, gather, row_scale=jnp.ones((4,)),
+                                                     backend=b),
+             "dynamic": lambda x, b: dispatch_rows_dynamic(x, gather, backend=b)}
+    for what, call in calls.items():
+        for backend in ("ffi", "reference"):
+            for run in (call, jax.jit(call, static_argnums=1)):
+                with pytest.raises(ValueError, match=rf"x: expected a float \[T, K\], got "
+                                                     rf"{jnp.dtype(dtype).name}"):
+                    run(x, backend)
+
+
+def test_fp8_output_k_edges(rng):
+    """fp8=True needs K a positive multiple of 128 (the fp8 chunk), not of 64 or 16: K = 0 and
+    K = 192 are refused naming K on both backends, K = 128 and 384 run."""
+    for k in (0, 64, 192):
+        x = jnp.zeros((3, k), jnp.bfloat16)
+        for fn in (dispatch_rows, dispatch_rows_dynamic):
+            for backend in ("ffi", "reference"):
+                with pytest.raises(ValueError, match=rf"x: K={k}: fp8=True needs K to be a "
+                                                     r"positive multiple of 128"):
+                    fn(x, fp8=True, backend=backend)
+    for k in (128, 384):
+        got = dispatch_rows(bf16_rows(rng, 3, k), jnp.array([2, 0], jnp.int32), fp8=True,
+                            backend="reference")
+        assert got.codes.shape == (2, k) and got.scales.shape == (2, k // 128)

@@ -269,3 +269,17 @@ def test_float16_through_every_entry_point_keeps_its_roundings(backend):
                                                             precision="fp8"), gx, gw, gs) == []
     assert elided_roundings(lambda x, w, s: jn.reference.grouped_gemm_swiglu(
         x, jn.layout.pair_gate_up(w), s, limit=1.0), gx, gw, gs) == []
+
+
+def test_qwix_conversions_keep_their_roundings():
+    """from_qwix (traced: its e4m3 exactness test and the block scales a consumer widens) and
+    to_qwix to bfloat16 scales (its exactness test reads the rounded scale)."""
+    qwix = pytest.importorskip("qwix")
+    from jax_nvfp4 import qwix_interop as qi  # noqa: PLC0415
+    rng = np.random.default_rng(68)
+    w = jnp.asarray(rng.standard_normal((2, 64, 32)), jnp.float32)
+    q = qwix.quantize(w, "nvfp4", channelwise_axes=(0, 2), tiled_axes={1: 16})
+    assert elided_roundings(qi.from_qwix, q) == []
+    assert elided_roundings(lambda q: jn.dequantize(qi.from_qwix(q)), q) == []
+    t = jax.vmap(lambda v: jn.quantize(v, jnp.float32(2.0 ** -7)))(jnp.swapaxes(w, 1, 2))
+    assert elided_roundings(lambda t: qi.to_qwix(t, dtype=jnp.bfloat16).scale, t) == []

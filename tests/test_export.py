@@ -346,3 +346,65 @@ def test_moe_exports_for_cpu_and_cuda(rng):
     assert_bitwise(np.asarray(got), f(x, w))
     cuda = jax.export.export(f, disabled_checks=jn.export_checks(), platforms=("cuda",))(spec, w)
     assert "jax_nvfp4_grouped_gemm_v3" in cuda.mlir_module()
+
+
+# ------------------------------------------------------------------ issue 68
+
+
+@pytest.mark.parametrize("backend,activation,scale", [
+    ("reference", "w4a16", "dynamic"), ("reference", "w4a4", "static"), ("ffi", "w4a4", "static")])
+def test_moe_artifact_with_a_symbolic_token_count_runs(rng, backend, activation, scale):
+    """An artifact of jn.moe with T symbolic is called (deserialized, here) at 1 and 6 tokens and
+    equals the jitted layer bit for bit: W4A4 with static input scales (what
+    MoEConfig.from_hf_config gives a ModelOpt NVFP4 checkpoint) and the reference backend, whose
+    row gathers move uint32 words where the shapes are static."""
+    if backend == "ffi" and not _extension.available():
+        pytest.skip("the extension is not built")
+    e = 4
+    w = _moe_weights(rng, e=e, h=64, i=32)
+    if scale == "static":
+        w = jn.MoEWeights(**{**w.__dict__, "w13_input_scale": jnp.full((e,), 2 / 2688, jnp.float32),
+                             "w2_input_scale": jnp.full((e,), 0.1 / 2688, jnp.float32),
+                             "shared_w13_input_scale": jnp.float32(2 / 2688),
+                             "shared_w2_input_scale": jnp.float32(0.1 / 2688)})
+    config = _config(e=e, h=64, i=32, activation=activation, activation_scale=scale)
+    f = jax.jit(lambda x, w: jn.moe(x, w, config, backend=backend))
+    t, = jax.export.symbolic_shape("t")
+    exp = _export(f)(jax.ShapeDtypeStruct((t, 64), jnp.bfloat16), w)
+    back = jax.export.deserialize(exp.serialize())
+    for n in (1, 6):
+        x = jnp.asarray(rng.standard_normal((n, 64)), jnp.bfloat16)
+        want = f(x, w)
+        assert_bitwise(np.asarray(back.call(x, w)), want)
+        assert np.abs(np.asarray(want, np.float32)).max() > 0
+
+
+def test_take_rows_with_symbolic_shapes(rng):
+    """rows.take_rows exported with a symbolic row count (of the table and of the indices) runs,
+    equal to ``a[rows]``."""
+    from jax_nvfp4.rows import take_rows  # noqa: PLC0415
+    m, = jax.export.symbolic_shape("m")
+    a = jnp.asarray(rng.integers(0, 256, (9, 64)), jnp.uint8)
+    rows = jnp.array([8, 0, 3, 3, 1], jnp.int32)
+    f = jax.jit(take_rows)
+    for spec in ((jax.ShapeDtypeStruct((m, 64), jnp.uint8), jax.ShapeDtypeStruct((5,), jnp.int32)),
+                 (jax.ShapeDtypeStruct((9, 64), jnp.uint8), jax.ShapeDtypeStruct((m,), jnp.int32))):
+        back = jax.export.deserialize(jax.export.export(f)(*spec).serialize())
+        np.testing.assert_array_equal(np.asarray(back.call(a, rows)), np.asarray(a)[np.asarray(rows)])
+
+
+def test_serialized_pytree_names_are_pinned(rng):
+    """An artifact names each library pytree type by its registered serialized name, with its
+    auxdata bytes: a rename silently breaks every stored artifact, so the names and auxdata
+    encodings are pinned here (read from the serialized bytes, and deserialized back)."""
+    w = _moe_weights(rng, e=2, h=128, i=128, shared=False)
+    w = jn.MoEWeights(w.router_weight, w.w13, w.w2, expert_ids=(3, 1), w13_paired=False)
+    rows = jax.jit(jn.fp8.quantize_rows)(jnp.ones((2, 128), jnp.float32))
+    tree = (w, rows, jax.jit(lambda t: jn.prepare_weights(t, "fp8"))(w.w2), jn.ragged_rhs(w.w2))
+    exp = jax.export.export(jax.jit(lambda t: jax.tree.leaves(t)[0]))(tree)
+    blob = bytes(exp.serialize())
+    for name in ("NVFP4Tensor", "Fp8Rows", "Fp8Weights", "MoEWeights", "RaggedRhs"):
+        assert f"jax_nvfp4.{name}".encode() in blob, name
+    assert b"[[3, 1], false]" in blob and b"checkpoint" in blob and b"logical" in blob
+    back = jax.export.deserialize(bytearray(blob))
+    assert back.in_tree == jax.tree.structure(((tree,), {}))

@@ -296,3 +296,46 @@ def test_validate_default_name():
         _t((4, 32), ddt=jnp.int8).validate()
     with pytest.raises(ValueError, match=r"^tensor\.data: the last \(K\) axis"):
         _t((4, 8)).validate()
+
+
+def test_python_float_global_scale_is_a_value_error_eagerly(rng):
+    """An NVFP4Tensor whose global scale is a Python float (under jit it becomes a float32
+    tracer and works) is refused eagerly with the documented ValueError naming the field, not an
+    AttributeError, by every entry point that reads it."""
+    t = tensor(rng, (2, 128, 64))
+    bad = jn.NVFP4Tensor(t.data, t.scales, 0.5)
+    x = jnp.ones((3, 64), jnp.bfloat16)
+    gs = jnp.array([1, 2], jnp.int32)
+    calls = {"dequantize": lambda: jn.dequantize(bad),
+             "grouped_gemm": lambda: jn.grouped_gemm(x, bad, gs, backend="reference"),
+             "prepare_weights": lambda: jn.prepare_weights(bad),
+             "validate": lambda: bad.validate("w")}
+    for what, call in calls.items():
+        with pytest.raises(ValueError, match=r"global_scale: expected a float32 array.*float"):
+            call()
+    for field in ("data", "scales"):
+        with pytest.raises(ValueError, match=rf"w\.{field}: expected .* array.*list"):
+            jn.NVFP4Tensor(**{**t.__dict__, field: [1, 2]}).validate("w")
+
+
+def test_rank_promotion_raise_is_respected(rng):
+    """With jax_numpy_rank_promotion="raise" (a setting many model codebases turn on) the
+    library's own operations broadcast explicitly: decode and dequantize run."""
+    t = tensor(rng, (2, 32, 64))
+    want = jn.dequantize(t)
+    with jax.numpy_rank_promotion("raise"):
+        np.testing.assert_array_equal(np.asarray(jn.dequantize(t)), np.asarray(want))
+        np.testing.assert_array_equal(np.asarray(jax.jit(jn.dequantize)(t)), np.asarray(want))
+        codes = jn.formats.unpack_nibbles(t.data)
+    np.testing.assert_array_equal(np.asarray(jn.formats.pack_nibbles(codes)), np.asarray(t.data))
+
+
+def test_fp8_weights_validate_k_multiple_of_128():
+    """Fp8Weights needs K a positive multiple of 128 (the fp8 chunk): 0, 64, 192 and 200 are
+    refused naming codes, 128 and 256 accepted."""
+    for k in (0, 64, 192, 200):
+        with pytest.raises(ValueError, match=r"w\.codes: expected float8_e4m3fn \[\.\.\., N, K\] "
+                                             r"with K a positive multiple of 128"):
+            jn.Fp8Weights(jnp.zeros((2, 8, k), jnp.float8_e4m3fn), jnp.ones((2,))).validate("w")
+    for k in (128, 256):
+        jn.Fp8Weights(jnp.zeros((2, 8, k), jnp.float8_e4m3fn), jnp.ones((2,))).validate("w")

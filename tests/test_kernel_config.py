@@ -491,3 +491,14 @@ def test_the_type_stub_names_the_compiled_modules_functions():
         signature = (getattr(ext, name).__doc__ or "").splitlines()[0]     # nanobind's first line
         assert signature.startswith(f"{name}("), signature
         assert re.findall(r"[(,]\s*(\w+)\s*:", signature.split(") ->")[0]) == params, (name, signature)
+
+
+def test_cutlass_fp8_n_edge():
+    """cutlass_fp8 handles N % 8 == 0 (its epilogue's vector width), not only N % 16: N = 8, 24
+    and 40 take it, N = 4, 12 and 20 do not (None: the heuristic falls back)."""
+    from jax_nvfp4 import kernel_config as kc  # noqa: PLC0415
+    kw = dict(rhs_layout="fp8", precision="fp8")
+    for n in (8, 24, 40):
+        assert kc.for_family("cutlass_fp8", 256, n, 256, 2, **kw).family == "cutlass_fp8", n
+    for n in (4, 12, 20):
+        assert kc.for_family("cutlass_fp8", 256, n, 256, 2, **kw) is None, n

@@ -1191,3 +1191,96 @@ def test_layer_swiglu_limit_bites_on_both_sides(rng, paired):
     loose, _ = np_moe(x, w, dataclasses.replace(c, swiglu_limit=None))
     assert rel_err(out, ref) <= W4A16_TOL
     assert rel_err(loose, ref) > 100 * W4A16_TOL
+
+
+@pytest.mark.parametrize("backend,what", [
+    ("reference", "static"), pytest.param("reference", "grad", marks=pytest.mark.slow),
+    ("ffi", "static"), pytest.param("ffi", "grad", marks=pytest.mark.slow)])
+def test_rank_promotion_raise_is_respected(rng, backend, what):
+    """With jax_numpy_rank_promotion="raise" the grouped GEMM (the same numbers as without it),
+    the static W4A4 layer under jit and jax.grad of the W4A16 layer run (finite, non-zero)."""
+    if backend == "ffi" and not jn._extension.available():
+        pytest.skip("the extension is not built")
+    e, h, i = 4, 64, 32
+    f = float_layer(rng, e=e, h=h, i=i)
+    w = quantized(f, w13_input_scale=np.full(e, 2.0 / 2688, np.float32),
+                  w2_input_scale=np.full(e, 0.1 / 2688, np.float32),
+                  shared_w13_input_scale=np.float32(2.0 / 2688),
+                  shared_w2_input_scale=np.float32(0.1 / 2688))
+    x = jnp.asarray(rng.standard_normal((5, h)), jnp.float32)
+    gs = jnp.array([2, 0, 3, 0], jnp.int32)
+    xb = x[:, :i].astype(jnp.bfloat16)
+    want = np.asarray(jn.grouped_gemm(xb, w.w2, gs, backend=backend))
+    c = dict(num_experts=e, hidden_size=h, intermediate_size=i, top_k=2, n_group=1, topk_group=1)
+    with jax.numpy_rank_promotion("raise"):
+        np.testing.assert_array_equal(np.asarray(jn.grouped_gemm(xb, w.w2, gs, backend=backend)),
+                                      want)
+        if what == "static":
+            static = cfg(activation="w4a4", activation_scale="static", **c)
+            v = jax.jit(lambda x: jn.moe(x, w, static, backend=backend))(x)
+        else:
+            v = jax.jit(jax.grad(lambda x: jnp.sum(jn.moe(x, w, cfg(**c), backend=backend))))(x)
+    assert v.shape == x.shape and np.isfinite(np.asarray(v)).all() and np.any(np.asarray(v))
+
+
+def test_combine_adds_zero_for_rows_not_computed(rng):
+    """routed_experts with a capacity: slots whose row was not computed (other devices' experts)
+    add exactly 0, even when the last computed row is NaN (a token holding Inf): the combine
+    gathers a fill of 0 for them, not a clipped index (0 * NaN would be NaN)."""
+    from jax_nvfp4.moe import routed_experts  # noqa: PLC0415
+    e_local, h, i = 2, 64, 32
+    w = quantized(float_layer(rng, e=e_local, h=h, i=i, shared=False))
+    config = cfg(num_experts=4, hidden_size=h, intermediate_size=i, top_k=2, n_group=1,
+                 topk_group=1, n_shared_experts=0, activation="w4a16")
+    # local experts 0 and 1; each token's slot 0 is local, slot 1 is not: sorted local rows
+    # t0, t2 (expert 0), t1, t3 (expert 1): token 3's row is the last of the 4 computed rows
+    ids = jnp.array([[0, 2], [1, 3], [0, 3], [1, 2]], jnp.int32)
+    rw = jnp.full((4, 2), 0.5, jnp.float32)
+    x = jnp.asarray(rng.standard_normal((4, h)), jnp.float32)
+    f = jax.jit(lambda x: routed_experts(x, ids, rw, w, config, backend="reference", capacity=1))
+    clean = np.asarray(f(x))
+    out = np.asarray(f(x.at[3, 5].set(jnp.inf)))
+    assert not np.isfinite(out[3]).all()
+    np.testing.assert_array_equal(out[:3], clean[:3])
+    assert np.isfinite(clean).all()
+
+
+def test_gate_up_dtype_contract():
+    """The gate/up GEMM's own output: bf16 (the row dtype) in the fp8 mode, float32 in the exact
+    mode and with row_dtype="float32" (docstring of moe.gate_up_dtype)."""
+    from jax_nvfp4.moe import gate_up_dtype  # noqa: PLC0415
+    assert gate_up_dtype(cfg(precision="fp8", intermediate_size=128)) == jnp.bfloat16
+    assert gate_up_dtype(cfg(precision="fp8", intermediate_size=128,
+                             row_dtype="float32")) == jnp.float32
+    assert gate_up_dtype(cfg()) == jnp.float32
+    assert gate_up_dtype(cfg(row_dtype="float32")) == jnp.float32
+
+
+@pytest.mark.parametrize("backend", ["reference", "ffi"])
+def test_float32_rows_are_quantized_from_float32(rng, backend):
+    """row_dtype="float32", W4A4: the down GEMM's input rows are quantized from their float32
+    values, not from a bf16 copy: rows with values just past e2m1 midpoints (1.25, 0.25, 3.5
+    times 1 + 2^-9.5, which bf16 rounds onto the midpoints) against the float64 product of the
+    float32 rows' NVFP4 quantization (tests/oracles.py), which a bf16 copy's does not match."""
+    from jax_nvfp4.moe import _expert_gemm  # noqa: PLC0415
+    from oracles import quantize64  # noqa: PLC0415
+    k, n = 64, 32
+    x = (rng.standard_normal((3, k)) * 0.5).astype(np.float32)
+    x[:, 0] = 6.0                                             # the row's amax: block scale 448
+    up = np.float32(1 + 2.0 ** -9.5)
+    x[:, 1:4] = np.float32([1.25, 0.25, 3.5]) * up
+    w = QUANTIZE_STACK(jnp.asarray(rng.standard_normal((1, n, k)), jnp.float32))
+    w64 = np.asarray(dequant64(w.data, w.scales), np.float64)[0] * float(w.global_scale[0])
+
+    def oracle(rows):
+        vals = [quantize64(r) for r in rows]
+        return np.stack([v * g for v, g in vals]) @ w64.T
+    c = cfg(num_experts=1, top_k=1, n_group=1, topk_group=1, activation="w4a4",
+            row_dtype="float32")
+    got = jax.jit(lambda x: _expert_gemm(x, jnp.zeros((3,), jnp.int32), w, None,
+                                         jnp.array([3], jnp.int32), c, backend))(jnp.asarray(x))
+    want = oracle(x)
+    scale = np.abs(x).astype(np.float64) @ np.abs(w64).T
+    assert np.all(np.abs(np.asarray(got, np.float64) - want) <= 1e-5 * scale)
+    bf16_copy = oracle(np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32))
+    assert np.any(np.abs(bf16_copy - want) > 1e-3 * scale)

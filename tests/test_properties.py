@@ -176,3 +176,140 @@ def test_grouped_gemm_property(problem):
         a, b = outs["reference"], outs["ffi"]
         np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
         np.testing.assert_allclose(a[~np.isnan(a)], b[~np.isnan(b)], rtol=1e-5, atol=1e-30)
+
+
+# ------------------------------------------------------------------ issue 68: the newest modules
+
+
+@functools.partial(jax.jit, static_argnames=("transposed", "out", "quant"))
+def _ragged(x, w, gs, transposed, out, quant):
+    from jax_nvfp4.ragged import TRANSPOSED_RHS_DIMENSION_NUMBERS  # noqa: PLC0415
+    lhs = jn.quantize(x) if quant else x
+    rhs = w if transposed else jn.ragged_rhs(w)
+    return jn.ragged_dot(lhs, rhs, gs, preferred_element_type=out,
+                         ragged_dot_dimension_numbers=(TRANSPOSED_RHS_DIMENSION_NUMBERS
+                                                       if transposed else None))
+
+
+@st.composite
+def ragged_problems(draw):
+    g = draw(st.sampled_from([1, 3]))
+    k = draw(st.sampled_from([32, 64]))
+    n = draw(st.sampled_from([16, 48]))
+    m = draw(st.sampled_from([0, 1, 9]))
+    sizes = [draw(st.integers(0, m)) for _ in range(g)]
+    while sum(sizes) > m:                      # rows past the groups allowed, not missing ones
+        sizes[sizes.index(max(sizes))] -= 1
+    seed = draw(st.integers(0, 2**32 - 1))
+    return (g, k, n, m, sizes, seed, draw(st.booleans()), draw(st.sampled_from([None, "f32", "bf16"])),
+            draw(st.booleans()))
+
+
+@settings(max_examples=10, **SETTINGS)
+@given(ragged_problems())
+def test_ragged_dot_is_lax_ragged_dot_on_dequantized_weights(problem):
+    """jn.ragged_dot (either dimension numbers, bf16 or NVFP4 lhs, each output dtype, group sizes
+    0 and rows past the groups) against jax.lax.ragged_dot in float32 (HIGHEST) of the
+    dequantized operands; the output dtype is lhs's (bf16) unless preferred."""
+    g, k, n, m, sizes, seed, transposed, out, quant = problem
+    r = np.random.default_rng(seed)
+    w = _quantize_stack(jnp.asarray(r.standard_normal((g, n, k)), jnp.float32))        # [G, N, K]
+    x = jnp.asarray(r.standard_normal((m, k)), jnp.bfloat16)
+    gs = jnp.asarray(sizes, jnp.int32)
+    out_t = {None: None, "f32": jnp.float32, "bf16": jnp.bfloat16}[out]
+    got = _ragged(x, w, gs, transposed, out_t, quant)
+    assert got.shape == (m, n) and got.dtype == (out_t or jnp.bfloat16)
+    xd = _dequantize(_quantize(x)) if quant and m else x.astype(jnp.float32)
+    wd = jnp.swapaxes(_dequantize(w), 1, 2)                                           # [G, K, N]
+    want = jax.lax.ragged_dot(xd, wd, gs, precision=jax.lax.Precision.HIGHEST,
+                              preferred_element_type=jnp.float32)
+    bound = jax.lax.ragged_dot(jnp.abs(xd), jnp.abs(wd), gs, precision=jax.lax.Precision.HIGHEST,
+                               preferred_element_type=jnp.float32)
+    tol = 2e-6 if got.dtype == jnp.float32 else 2.0 ** -8
+    err = np.abs(np.asarray(got, np.float64) - np.asarray(want, np.float64))
+    assert np.all(err <= tol * np.asarray(bound, np.float64) + 1e-30)
+    assert np.all(np.asarray(got, np.float32)[sum(sizes):] == 0)
+
+
+@st.composite
+def qwix_problems(draw):
+    shape, axis = draw(st.sampled_from([((2, 64, 16), 1), ((2, 16, 32), 2), ((32, 8), 0),
+                                        ((8, 64), 1)]))
+    return (shape, axis, draw(st.sampled_from(["float32", "bfloat16"])),
+            draw(st.integers(-30, 30)), draw(st.integers(0, 2**32 - 1)), draw(st.booleans()))
+
+
+@pytest.mark.slow
+@settings(max_examples=12, **SETTINGS)
+@given(qwix_problems())
+def test_qwix_round_trip_is_qwix_dequantization(problem):
+    """from_qwix of qwix.quantize (per-channel or shared scales, any tiled axis, float32 and
+    bfloat16, magnitudes 2^-30..2^30) dequantizes to qwix.dequantize bit for bit, and to_qwix
+    back gives a QArray that qwix dequantizes to the same bits."""
+    qwix = pytest.importorskip("qwix")
+    from jax_nvfp4 import qwix_interop as qi  # noqa: PLC0415
+    shape, axis, dtype, exp, seed, channelwise = problem
+    r = np.random.default_rng(seed)
+    w = (r.standard_normal(shape) * np.exp2(exp + r.integers(-6, 6, shape))).astype(np.float32)
+    others = tuple(a for a in range(len(shape)) if a != axis) if channelwise else ()
+    q = qwix.quantize(jnp.asarray(w, dtype), "nvfp4", channelwise_axes=others,
+                      tiled_axes={axis: 16})
+    oracle = np.asarray(qwix.dequantize(q))
+    t = jax.jit(qi.from_qwix)(q)
+    got = np.asarray(jn.dequantize(t, jnp.dtype(dtype)))
+    np.testing.assert_array_equal(got.view(np.uint8),
+                                  np.ascontiguousarray(np.moveaxis(oracle, axis, -1)).view(np.uint8))
+    back = jax.jit(functools.partial(qi.to_qwix, axis=axis, dtype=jnp.dtype(dtype)))(t)
+    assert back.qvalue.shape == q.qvalue.shape
+    np.testing.assert_array_equal(np.asarray(qwix.dequantize(back)).view(np.uint8),
+                                  oracle.view(np.uint8))
+
+
+@st.composite
+def dispatch_problems(draw):
+    return (draw(st.sampled_from([0, 1, 5])), draw(st.sampled_from([128, 256])),
+            draw(st.sampled_from(["copy", "given", "dynamic"])),
+            draw(st.sampled_from(["bfloat16", "float32"])), draw(st.integers(-40, 40)),
+            draw(st.integers(0, 2**32 - 1)), draw(st.sampled_from(["ffi", "reference"])))
+
+
+@functools.partial(jax.jit, static_argnames=("mode", "backend"))
+def _dispatch_fp8(x, gather, gs, mode, backend):
+    from jax_nvfp4.dispatch import dispatch_rows, dispatch_rows_dynamic  # noqa: PLC0415
+    if mode == "dynamic":
+        return dispatch_rows_dynamic(x, gather, fp8=True, backend=backend)
+    return dispatch_rows(x, gather, row_scale=gs if mode == "given" else None, fp8=True,
+                         backend=backend), None
+
+
+@settings(max_examples=20, **SETTINGS)
+@given(dispatch_problems())
+def test_fp8_dispatch_is_the_ml_dtypes_oracle(problem):
+    """dispatch_rows / dispatch_rows_dynamic with fp8=True (each mode, bf16 and float32 rows of
+    magnitudes 2^-40..2^40 with Inf/NaN entries, gathers with repeats and none, 0 rows) against
+    the ml_dtypes oracle of tests/test_dispatch.py and tests/test_fp8.py, byte for byte."""
+    from jax_nvfp4.formats import from_kernel_k_order  # noqa: PLC0415
+    from test_dispatch import oracle_scales, oracle_values  # noqa: PLC0415
+    from test_fp8 import oracle_quantize as oracle_fp8  # noqa: PLC0415
+    t, k, mode, dtype, exp, seed, backend = problem
+    if backend == "ffi" and not _extension.available():
+        backend = "reference"
+    r = np.random.default_rng(seed)
+    x = (r.standard_normal((t, k)) * np.exp2(exp + r.integers(-4, 4, (t, 1)))).astype(np.float32)
+    if t and r.integers(2):
+        x[r.integers(t), r.integers(k)] = [np.inf, -np.inf, np.nan][r.integers(3)]
+    x = jnp.asarray(x, dtype)
+    gather = jnp.asarray(r.integers(0, max(t, 1), 2 * t), jnp.int32)
+    gs = jnp.asarray(np.abs(r.standard_normal(t)) + 0.05, jnp.float32)
+    got, row_scale = _dispatch_fp8(x, gather, gs, mode, backend)
+    if mode == "copy":
+        rows = np.asarray(x.astype(jnp.bfloat16), np.float32)
+    else:
+        scales = oracle_scales(x) if mode == "dynamic" else np.asarray(gs)
+        rows = oracle_values(x, scales) if t else np.zeros((0, k), np.float32)
+        if mode == "dynamic":
+            np.testing.assert_array_equal(np.asarray(row_scale), scales[np.asarray(gather)])
+    want_c, want_s = oracle_fp8(rows[np.asarray(gather)])
+    np.testing.assert_array_equal(np.asarray(from_kernel_k_order(got.codes)).view(np.uint8),
+                                  want_c.view(np.uint8))
+    np.testing.assert_array_equal(np.asarray(got.scales), want_s.astype(np.float32))

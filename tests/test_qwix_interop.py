@@ -200,3 +200,178 @@ def test_moe_takes_qwix_weights_eager_and_every_backend(rng, backend):
     x = jnp.asarray(rng.standard_normal((5, h)), jnp.bfloat16)
     want = jax.jit(lambda x, w: jn.moe(x, w, config, backend=backend))(x, converted)
     np.testing.assert_array_equal(_bits(jn.moe(x, qw, config, backend=backend)), _bits(want))
+
+
+# ------------------------------------------------------------------ issue 68: qwix weights in every consumer
+
+
+def _moe_case_sm90(rng):
+    """As :func:`_moe_case` with sizes every prepared layout takes (N % 128, K % 128)."""
+    e, h, i = 2, 128, 128
+    f = lambda *s: _weights(rng, s, spread=False) * 0.1  # noqa: E731
+    qw = jn.MoEWeights(
+        router_weight=jnp.asarray(rng.standard_normal((e, h)), jnp.float32),
+        w13=_qwix_nvfp4(f(e, h, 2 * i), 1), w2=_qwix_nvfp4(f(e, i, h), 1),
+        shared_w13=_qwix_nvfp4(f(h, 2 * i), 0), shared_w2=_qwix_nvfp4(f(i, h), 0))
+    config = jn.MoEConfig.deepseek_v4_pro(num_experts=e, hidden_size=h, intermediate_size=i,
+                                          n_shared_experts=1, top_k=1, n_group=1, topk_group=1)
+    return qw, qi.weights_from_qwix(qw), config, h
+
+
+def _assert_same_tree(got, want):
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a).reshape(-1).view(np.uint8),
+                                      np.asarray(b).reshape(-1).view(np.uint8))
+
+
+def test_prepare_weights_converts_qwix_fields(rng):
+    """prepare_weights on MoEWeights holding qwix QArrays (as jn.moe accepts them) prepares their
+    conversions: w13 paired for "sm90" (not marked paired with its rows in the stored order),
+    Fp8Weights for "fp8": the same pytree (layouts, pairing, every bit) as prepare_weights of the
+    converted weights, so the same layer."""
+    qw, converted, config, h = _moe_case_sm90(rng)
+    prepare = jax.jit(jn.prepare_weights, static_argnums=1)
+    for layout in ("sm90", "fp8"):
+        got = jn.prepare_weights(qw, layout) if layout == "sm90" else prepare(qw, layout)
+        want = prepare(converted, layout)
+        assert got.w13_paired == (layout == "sm90")
+        for f in qi.WEIGHT_FIELDS:
+            assert getattr(got, f).layout == layout, f
+        _assert_same_tree(got, want)
+    # a bare qwix weight [G, K, N] converts to the grouped GEMM's [G, N, K] first
+    _assert_same_tree(jn.prepare_weights(qw.w2, "checkpoint"), converted.w2)
+
+
+@pytest.mark.slow
+def test_prepare_weights_of_qwix_fields_runs_the_same_layer(rng):
+    """The layer on prepare_weights(qwix weights) (sm90: paired, fused SwiGLU) equals the layer
+    on the unprepared qwix weights."""
+    qw, converted, config, h = _moe_case_sm90(rng)
+    x = jnp.asarray(rng.standard_normal((6, h)), jnp.bfloat16)
+    layer = jax.jit(lambda x, w: jn.moe(x, w, config, backend="reference"))
+    np.testing.assert_array_equal(_bits(layer(x, jn.prepare_weights(qw))),
+                                  _bits(layer(x, jn.prepare_weights(converted))))
+    want = layer(x, qw)
+    np.testing.assert_allclose(np.asarray(layer(x, jn.prepare_weights(qw)), np.float32),
+                               np.asarray(want, np.float32), rtol=2e-2, atol=2e-2)
+
+
+def test_framework_modules_and_save_moe_take_qwix_fields(rng):
+    """nn.eqx.MoE, nn.nnx.MoE, nn.linen.freeze and checkpoint.save_moe take what jn.moe takes:
+    MoEWeights whose expert weights (shared_w2 included) are qwix NVFP4 QArrays; they hold (and
+    write) the conversions, every bit."""
+    qw, converted, config, h = _moe_case(rng)
+    from jax_nvfp4 import checkpoint  # noqa: PLC0415
+    from jax_nvfp4.nn.frozen import FrozenMoEWeights  # noqa: PLC0415
+    frozen = FrozenMoEWeights.freeze(qw)       # what eqx.MoE, nnx.MoE and linen.freeze store
+    _assert_same_tree(frozen.weights(), converted)
+    eqx = pytest.importorskip("jax_nvfp4.nn.eqx")
+    _assert_same_tree(eqx.MoE(frozen, config).moe_weights, converted)
+    nnx = pytest.importorskip("jax_nvfp4.nn.nnx")
+    _assert_same_tree(nnx.MoE(qw, config).moe_weights, converted)
+    mcfg = jn.MoEConfig(num_experts=config.num_experts, top_k=config.top_k, hidden_size=h,
+                        intermediate_size=config.intermediate_size, n_shared_experts=1)
+    got = checkpoint.save_moe(qw, mcfg, "m")
+    ref = checkpoint.save_moe(converted, mcfg, "m")
+    assert sorted(got) == sorted(ref)
+    for k in ref:
+        np.testing.assert_array_equal(np.asarray(got[k]).reshape(-1).view(np.uint8),
+                                      np.asarray(ref[k]).reshape(-1).view(np.uint8), err_msg=k)
+
+
+@pytest.mark.slow
+def test_framework_modules_run_qwix_weights(rng):
+    """The eqx and nnx layers built from qwix weights equal jn.moe on their conversions."""
+    qw, converted, config, h = _moe_case(rng)
+    x = jnp.asarray(rng.standard_normal((5, h)), jnp.bfloat16)
+    want = jax.jit(lambda x, w: jn.moe(x, w, config, backend="reference"))(x, converted)
+    for mod in ("eqx", "nnx"):
+        m = pytest.importorskip(f"jax_nvfp4.nn.{mod}")
+        layer = m.MoE(qw, config, backend="reference")
+        np.testing.assert_array_equal(_bits(jax.jit(lambda x: layer(x))(x)), _bits(want))
+
+
+def test_to_qwix_refuses_an_axis_out_of_range():
+    """axis names where K goes among the QArray's ndim axes: -ndim..ndim-1; anything else is a
+    ValueError naming axis (never wrapped around: axis=3 on a 3-D tensor is not axis 0)."""
+    t = jax.jit(jax.vmap(lambda v: jn.quantize(v, jnp.float32(2.0 ** -7))))(
+        jnp.linspace(-1, 1, 2 * 8 * 32, dtype=jnp.float32).reshape(2, 8, 32))
+    for axis, where in ((2, 2), (-3, 0)):
+        assert qi.to_qwix(t, axis=axis).qvalue.shape[where] == 32
+    for axis in (3, -4, 7):
+        with pytest.raises(ValueError, match=r"axis: expected an axis in \[-3, 3\)"):
+            qi.to_qwix(t, axis=axis)
+
+
+def test_e4m3_membership_is_ml_dtypes():
+    """from_qwix's exactness test (integer tests on the float32 bits: XLA:GPU drops the convert
+    pair of a float round trip ``float32(e4m3(b)) == b`` under excess precision, so that test
+    passes every b there) against ml_dtypes' round trip: every e4m3 value, its float32
+    neighbours, halves and doubles, values past 448 and below the smallest subnormal 2^-9,
+    non-finite ones and random floats; eager and jitted."""
+    import ml_dtypes  # noqa: PLC0415
+    e4 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    e4 = e4[np.isfinite(e4)]
+    rng = np.random.default_rng(68)
+    cand = np.concatenate([
+        e4, np.nextafter(e4, np.float32(np.inf)), np.nextafter(e4, np.float32(-np.inf)),
+        e4 * 2, e4 / 2, e4 * 3, np.float32([0.3, 464, 480, 512, 2.0**-10, 3 * 2.0**-10,
+                                            np.inf, -np.inf, np.nan, 1e-40, -0.0]),
+        rng.standard_normal(2000).astype(np.float32) * np.exp2(rng.integers(-12, 10, 2000))])
+    cand = cand.astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = cand.astype(ml_dtypes.float8_e4m3fn).astype(np.float32) == cand
+    assert want.sum() > 400 and (~want).sum() > 400
+    np.testing.assert_array_equal(np.asarray(qi._is_e4m3(jnp.asarray(cand))), want)
+    np.testing.assert_array_equal(np.asarray(jax.jit(qi._is_e4m3)(jnp.asarray(cand))), want)
+
+
+def _qarray(scale, k=32):
+    """A qwix NVFP4 QArray [E, K, 1] of all-ones codes with the given scales [E, K/16, 1]."""
+    scale = jnp.asarray(scale, jnp.float32)
+    qv = jnp.ones(scale.shape[:-2] + (k, 1), jnp.float4_e2m1fn)
+    return qwix.QArray(qv, scale, None, "nvfp4")
+
+
+def test_from_qwix_global_scale_edges():
+    """The expert's power of two brings its largest scale into (224, 448]: exactly 448 x 2^j
+    gives 2^j and a block scale of 448; one float32 step above it gives 2^(j+1); exactly
+    224 x 2^j gives 2^(j-1) (448 again)."""
+    j = -5
+    top = np.float32(448 * 2.0 ** j)
+    above = np.nextafter(top, np.float32(np.inf))
+    cases = [(top, 2.0 ** j, 448.0), (np.float32(224 * 2.0 ** j), 2.0 ** (j - 1), 448.0)]
+    for amax, g, b in cases:
+        t = qi.from_qwix(_qarray([[[amax], [np.float32(2.0 ** j)]]]))
+        assert float(t.global_scale[0]) == g
+        assert float(jnp.max(t.scales.astype(jnp.float32))) == b
+    # above 448 x 2^j the next power of two; the scale is then no e4m3 value times it: refused
+    with pytest.raises(ValueError, match="not an e4m3 value"):
+        qi.from_qwix(_qarray([[[above], [np.float32(2.0 ** j)]]]))
+    t = qi.from_qwix(_qarray([[[np.float32(480 * 2.0 ** j)], [np.float32(2.0 ** j)]]]))
+    assert float(t.global_scale[0]) == 2.0 ** (j + 1)
+    assert float(jnp.max(t.scales.astype(jnp.float32))) == 240.0
+
+
+def test_to_qwix_exactness_edges():
+    """block scale x global scale is written when float32 (or bfloat16) holds it exactly: a
+    product using every significand bit converts, one more bit is refused; a product below the
+    smallest normal of the scale dtype is refused, the smallest normal itself converts."""
+    def tensor(b, g):
+        return jn.NVFP4Tensor(jnp.full((1, 16), 0x22, jnp.uint8),
+                              jnp.full((1, 2), b, jnp.float8_e4m3fn), jnp.float32(g))
+    b = 1.875                                            # 1.111b: 4 significand bits
+    for dtype, bits in ((jnp.float32, 24), (jnp.bfloat16, 8)):
+        g_fits = 1 + 2.0 ** -(bits - 4)                  # 1.0..01b: bits - 3 significand bits
+        g_over = 1 + 2.0 ** -(bits - 3)
+        q = qi.to_qwix(tensor(b, g_fits), dtype=dtype)
+        assert float(q.scale[0, 0]) == b * g_fits
+        with pytest.raises(ValueError, match=rf"not exact in {jnp.dtype(dtype).name}"):
+            qi.to_qwix(tensor(b, g_over), dtype=dtype)
+        # the smallest e4m3 subnormal 2^-9 times 2^-117 is 2^-126: the smallest normal float32
+        assert float(qi.to_qwix(tensor(2.0 ** -9, 2.0 ** -117), dtype=dtype).scale[0, 0]) \
+            == 2.0 ** -126
+        with pytest.raises(ValueError, match="not exact"):
+            qi.to_qwix(tensor(2.0 ** -9, 2.0 ** -118), dtype=dtype)

@@ -233,3 +233,60 @@ def test_bad_qwix_rhs_is_named(rng):
     q = qwix.quantize(w, "int8", channelwise_axes=(0, 2), tiled_axes={1: 16})
     with pytest.raises(ValueError, match=r"^rhs: expected a qwix QArray with qtype 'nvfp4'"):
         jn.ragged_dot(x, q, gs)
+
+
+# ------------------------------------------------------------------ issue 68: edges and dtypes
+
+
+@needs_qwix
+def test_qwix_rhs_tiled_on_the_wrong_axis_when_n_equals_k(rng):
+    """N == K: a qwix rhs tiled along N converts to a tensor of the expected shape, so only the
+    tiled axis tells; it is refused naming rhs (default and transposed dimension numbers, and
+    ragged_rhs), never computed with transposed weights. Tiled along K it equals
+    jax.lax.ragged_dot on qwix's dequantization, with either dimension numbers."""
+    import qwix  # noqa: PLC0415
+    w = jnp.asarray(rng.standard_normal((2, 64, 64)), jnp.float32)
+    x = jnp.asarray(rng.standard_normal((7, 64)), jnp.bfloat16)
+    gs = jnp.array([3, 4], jnp.int32)
+    along = {a: qwix.quantize(w, "nvfp4", channelwise_axes=(0, 3 - a), tiled_axes={a: 16})
+             for a in (1, 2)}
+    dims = {1: None, 2: TRANSPOSED_RHS_DIMENSION_NUMBERS}
+    for k_axis, wrong in ((1, 2), (2, 1)):
+        with pytest.raises(Unsupported, match=rf"rhs: expected a qwix NVFP4 QArray .* tiled along "
+                                              rf"K \(axis {k_axis}\)"):
+            jn.ragged_dot(x, along[wrong], gs, ragged_dot_dimension_numbers=dims[k_axis])
+        q = along[k_axis]
+        got = jn.ragged_dot(x, q, gs, preferred_element_type=jnp.float32,
+                            ragged_dot_dimension_numbers=dims[k_axis])
+        wq = np.asarray(qwix.dequantize(q), np.float32)
+        w_gkn = wq if k_axis == 1 else np.swapaxes(wq, 1, 2)
+        want = jax.lax.ragged_dot(x.astype(jnp.float32), jnp.asarray(w_gkn), gs,
+                                  precision=jax.lax.Precision.HIGHEST)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"rhs: expected a qwix NVFP4 QArray \[G, K, N\]"):
+        jn.ragged_rhs(along[2])
+
+
+def test_ragged_rhs_needs_a_3d_tensor(rng):
+    t = QUANTIZE(jnp.asarray(rng.standard_normal((64, 64)), jnp.float32))
+    for bad in (t, jn.NVFP4Tensor(t.data[None, None], t.scales[None, None], t.global_scale)):
+        with pytest.raises(ValueError, match=r"w: expected an NVFP4Tensor \[G, N, K\]"):
+            jn.ragged_rhs(bad)
+
+
+def test_activation_on_the_float32_product_and_default_dtypes(rng):
+    """activation sees the float32 product (before the cast to the output type); the default
+    output is lhs's dtype: bfloat16 for a bf16 lhs and for an NVFP4 lhs."""
+    x, t, gs = _case(rng, m=6, k=64, n=128, g=2, sizes=(2, 4))
+    w = jn.ragged_rhs(t)
+    y32 = jn.ragged_dot(x, w, gs, preferred_element_type=jnp.float32, backend="reference")
+    seen = []
+
+    def act(v):
+        seen.append(v.dtype)
+        return v * 3.0 + 2.0 ** -20        # lost if applied after a bf16 cast, kept before it
+    got = jn.ragged_dot(x, w, gs, activation=act, backend="reference")
+    assert seen == [jnp.float32] and got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(_bits(got), _bits((y32 * 3.0 + 2.0 ** -20).astype(jnp.bfloat16)))
+    assert jn.ragged_dot(x, w, gs, backend="reference").dtype == jnp.bfloat16
+    assert jn.ragged_dot(QUANTIZE(x), w, gs, backend="reference").dtype == jnp.bfloat16

@@ -173,3 +173,16 @@ def test_swiglu_bad_input_names_the_argument(rng):
     # an infinite limit is no limit
     np.testing.assert_array_equal(np.asarray(f(lhs, rhs, gs, limit=float("inf"))),
                                   np.asarray(f(lhs, rhs, gs)))
+
+
+def test_swiglu_clamps_the_gate_from_above_only(rng):
+    """silu(min(gate, L)): a gate below -L is not clamped (only up is clipped on both sides).
+    With L at the 20% quantile of |h| most gates lie beyond +-L, so a clip of the gate from below
+    (silu(-L) for silu(gate)) would move most outputs of negative gates; element for element
+    against the float64 oracle."""
+    lhs, rhs, gs, rs, limit, ref = make_glu_problem(rng, 24, 16, 64, [10, 14], w4a4=False,
+                                                    per_half=False, limit_quantile=0.2)
+    out = np.asarray(jax.jit(lambda a, b, c: jn.reference.grouped_gemm_swiglu(
+        a, b, c, limit=limit))(lhs, rhs, gs), np.float64)
+    assert np.sum(ref < 0) > 50                     # negative gates (times positive up) abound
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-6 * np.abs(ref).max())

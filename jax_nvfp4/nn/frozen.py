@@ -29,6 +29,7 @@ import numpy as np
 
 from ..formats import Fp8Weights, NVFP4Tensor
 from ..moe_params import MoEWeights
+from ..qwix_interop import weights_from_qwix
 
 _ARRAY_FIELDS = tuple(f.name for f in dataclasses.fields(MoEWeights)
                       if not f.metadata.get("static"))
@@ -83,12 +84,15 @@ class FrozenMoEWeights:
 
     @classmethod
     def freeze(cls, weights: MoEWeights) -> "FrozenMoEWeights":
-        """Store ``weights`` (a :class:`jax_nvfp4.MoEWeights`; raises TypeError otherwise)."""
+        """Store ``weights`` (a :class:`jax_nvfp4.MoEWeights`; raises TypeError otherwise). Fields
+        that are qwix NVFP4 ``QArray`` s (as :func:`jax_nvfp4.moe` takes them) are stored as
+        their conversions (:func:`jax_nvfp4.qwix_interop.weights_from_qwix`)."""
         if isinstance(weights, FrozenMoEWeights):
             return weights
         if not isinstance(weights, MoEWeights):
             raise TypeError(f"weights: expected a jax_nvfp4.MoEWeights, got "
                             f"{type(weights).__name__}")
+        weights = weights_from_qwix(weights)
         bits, dtypes, layouts = {}, [], []
         for field in _ARRAY_FIELDS:
             value = getattr(weights, field)
