@@ -4,6 +4,7 @@ the MoE layer run through the custom calls (backend="ffi", on the CPU) against t
 oracles of tests/oracles.py (this file's folder is first on sys.path; the package is the
 installed one). Prints one JSON line: the versions and the errors."""
 
+import hashlib
 import json
 import sys
 
@@ -50,4 +51,5 @@ print(json.dumps({
     "python": sys.version.split()[0], "jax": jax.__version__,
     "jaxlib_ffi_api": list(_jax_range.framework_ffi_api_version()),
     "handlers_ffi_api": list(info.xla_ffi_api), "built_against_jaxlib": info.built_against_jaxlib,
+    "extension_sha256": hashlib.sha256(open(info.path, "rb").read()).hexdigest(),
     "gemm_rel_err": gemm_err, "moe_rel_err": moe_err}))

@@ -3,6 +3,7 @@ refusal of a jax older than the range and of handlers built against newer XLA FF
 the running jaxlib (both before anything is registered, leaving JAX usable), and one wheel
 running a GEMM and the layer under the oldest and the newest supported jax."""
 
+import hashlib
 import json
 import os
 import pathlib
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import tomllib
+import zipfile
 
 import pytest
 
@@ -161,7 +163,9 @@ def test_one_wheel_runs_on_the_oldest_and_newest_jax(tmp_path):
     the way pip builds it) in fresh Python 3.12 environments: with jax 0.10.0 and with the newest
     jax pip picks in the range, its handlers register and a GEMM and the layer match the float64
     oracles through the custom calls; with jax 0.9.2 the import is refused and JAX still works.
-    Needs PyPI (or a pip cache)."""
+    JAX_NVFP4_NEWEST_PYTHON: an environment that already holds that wheel with the newest jax
+    (.ci/run's Python 3.12 one), used instead of a new one for the newest. Needs PyPI (or a pip
+    cache)."""
     py = _python312()
     if py is None:
         pytest.skip("no Python 3.12 interpreter (set JAX_NVFP4_PY312)")
@@ -171,16 +175,21 @@ def test_one_wheel_runs_on_the_oldest_and_newest_jax(tmp_path):
                         "-Ccmake.define.JAX_NVFP4_CUDA=OFF", f"-Cbuild-dir={tmp_path / 'build'}",
                         str(ROOT)], check=True, timeout=1800)
         [wheel] = (tmp_path / "dist").glob("jax_nvfp4-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        [so] = [n for n in z.namelist() if n.startswith("jax_nvfp4/_jax_nvfp4")]
+        so_sha256 = hashlib.sha256(z.read(so)).hexdigest()
     oldest = ".".join(map(str, _jax_range.JAX_MIN))
     seen = {}
     for name, pins in (("oldest", [f"jax=={oldest}"]), ("newest", [])):
-        python = _venv(py, tmp_path / name, str(wheel), *pins)
+        python = os.environ.get("JAX_NVFP4_NEWEST_PYTHON") if name == "newest" else None
+        python = python or _venv(py, tmp_path / name, str(wheel), *pins)
         out = subprocess.run([str(python), str(ROOT / "tests" / "jax_range_check.py")],
                              capture_output=True, text=True, timeout=600, cwd=tmp_path)
         assert out.returncode == 0, out.stderr[-3000:]
         seen[name] = got = json.loads(out.stdout.strip().splitlines()[-1])
         print(name, got)
         assert got["handlers_ffi_api"][1] <= got["jaxlib_ffi_api"][1]
+        assert got["extension_sha256"] == so_sha256, f"{name}: not the wheel's extension"
     assert seen["oldest"]["jax"] == oldest
     newest = _jax_range.version_tuple(seen["newest"]["jax"])
     assert _jax_range.JAX_MIN < newest < _jax_range.JAX_BELOW, seen["newest"]
@@ -188,7 +197,7 @@ def test_one_wheel_runs_on_the_oldest_and_newest_jax(tmp_path):
     # a jax older than the range, forced in (pip would refuse): a clear refusal, JAX usable
     python = tmp_path / "oldest" / "bin" / "python"
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                    "jax==0.9.2", "jaxlib==0.9.2"], check=True, timeout=900)
+                    "--no-deps", "jax==0.9.2", "jaxlib==0.9.2"], check=True, timeout=900)
     out = subprocess.run([str(python), "-c", _REFUSAL.format(patch="")], capture_output=True,
                          text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
