@@ -6,7 +6,8 @@ weighted combine) is the shape of MaxText's sparse-matmul MoE. Its weights are `
 jax.lax.ragged_dot`` on bf16 weights is the baseline; ``ragged_dot = jax_nvfp4.ragged_dot`` on
 NVFP4 weights (quantized here by qwix when it is installed, else by jax_nvfp4, then viewed as
 ``[G, K, N]`` by ``jn.ragged_rhs``) runs the grouped NVFP4 GEMM. With tokamax installed the same
-block also runs through ``tokamax.ragged_dot(..., implementation=jax_nvfp4.ragged_dot)``.
+block also runs through ``tokamax.ragged_dot(..., implementation=(jax_nvfp4.ragged_dot,))`` (a
+sequence of implementations: the form every tokamax takes).
 
     python examples/ragged_dot_moe.py [--tokens 64] [--experts 8] [--hidden 512] [--inter 256]
 """
@@ -84,10 +85,10 @@ def main():
           f"cosine {cos:.5f}")
     if importlib.util.find_spec("tokamax") is not None:
         import tokamax  # noqa: PLC0415 - optional
-        via = functools.partial(tokamax.ragged_dot, implementation=jn.ragged_dot)
+        via = functools.partial(tokamax.ragged_dot, implementation=(jn.ragged_dot,))
         out2 = jax.jit(functools.partial(block, ragged_dot=via))(x, router, q0, q1, q2)
         same = np.array_equal(np.asarray(out2), np.asarray(out))
-        print(f"through tokamax.ragged_dot(..., implementation=jax_nvfp4.ragged_dot): "
+        print(f"through tokamax.ragged_dot(..., implementation=(jax_nvfp4.ragged_dot,)): "
               f"{'the same bits' if same else 'DIFFERENT'}")
         if not same:
             raise SystemExit(1)

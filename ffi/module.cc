@@ -152,6 +152,17 @@ NB_MODULE(_jax_nvfp4, m) {
   m.def("interface_version", []() { return jax_nvfp4::kInterfaceVersion; },
         "The custom calls' interface version, the _v<N> suffix of every target name.");
   m.def("built_with_cuda", []() { return jax_nvfp4::kBuiltCuda; });
+  // The XLA FFI API version of the headers the handlers were compiled against: an XLA accepts
+  // handlers of its own version and older ones (same major), never newer ones.
+  m.def("cuda_off_reason", []() { return std::string(jax_nvfp4::kCudaOffReason); },
+        "Why the CUDA handler was left out of this build (empty when it was built).");
+  m.def("source_dir", []() { return std::string(jax_nvfp4::kSourceDir); }, "The source folder that was built.");
+  m.def("cuda_compiler_source", []() { return std::string(jax_nvfp4::kCudaCompilerSource); },
+        "Where the build's nvcc came from: 'path', 'wheels' (NVIDIA's wheels), '' without CUDA.");
+  m.def("built_against_jaxlib", []() { return std::string(jax_nvfp4::kJaxlibVersion); },
+        "The jaxlib whose XLA FFI headers the handlers were compiled against.");
+  m.def("xla_ffi_api_version", []() { return std::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR); },
+        "(major, minor) of the XLA FFI API the handlers declare.");
   m.def("cuda_targets", []() { return std::string(jax_nvfp4::kBuiltCudaTargets); },
         "The CUDA images in this build, e.g. 'sm_80 sm_90a compute_80' (empty without CUDA).");
   m.def("workspace_bytes", [](int64_t g, int64_t cpu_row_bytes) {

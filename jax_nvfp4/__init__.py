@@ -5,6 +5,8 @@ See :mod:`jax_nvfp4.formats` for the storage convention.
 
 from importlib import metadata as _metadata
 
+# first: its import refuses a jax older than the supported range before any module uses its API
+from . import _jax_range as _jax_range
 from . import autodiff, checkpoint, fp8, kernel_config, layout, options, qwix_interop, reference
 from ._extension import ExtensionInfo, extension_info
 from .formats import LAYOUTS, Fp8Weights, NVFP4Tensor, scales_from_bytes
@@ -21,7 +23,8 @@ from .export import export_checks
 from . import _extension as _ext
 
 # The custom calls are registered at import (not at the first call): a deserialized jax.export
-# artifact calls them by name, with no call into this package before it compiles.
+# artifact calls them by name, with no call into this package before it compiles. An extension
+# whose handlers this jaxlib's XLA would refuse is an ImportError here, before any registration.
 _ext.load()
 
 try:

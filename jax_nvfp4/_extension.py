@@ -10,6 +10,8 @@ from typing import Optional
 
 import jax
 
+from . import _jax_range
+
 ABI_VERSION = 3
 """The version of the custom calls' interface (operands, attributes, what they compute), the
 suffix ``_v3`` of every target name: ``kInterfaceVersion`` of csrc/gemm_attributes.h, from which
@@ -50,10 +52,15 @@ def compiled_module():
 
 @functools.lru_cache(maxsize=None)
 def load():
-    """Import ``jax_nvfp4._jax_nvfp4`` and register its handlers; None if it was not built."""
+    """Import ``jax_nvfp4._jax_nvfp4`` and register its handlers; None if it was not built.
+
+    ImportError, before anything is registered, if the installed jaxlib's XLA would refuse the
+    handlers (built against a newer jaxlib's FFI headers: :func:`_jax_range.check_ffi_api`)."""
     ext, _ = _import()
     if ext is None:
         return None
+    _jax_range.check_ffi_api(ext.xla_ffi_api_version(), ext.built_against_jaxlib(),
+                             reinstall_source(ext))
     for name, capsule in ext.cpu_registrations().items():
         jax.ffi.register_ffi_target(name, capsule, platform="cpu")
     for name, capsule in ext.cuda_registrations().items():
@@ -66,12 +73,49 @@ def _check_abi(ext) -> None:
     build of another ABI version would otherwise surface as a missing target at the first call);
     the extension then counts as not built, with this as the reason."""
     missing = sorted(set(TARGETS) - set(ext.cpu_registrations()))
+    if not missing and not all(hasattr(ext, f) for f in _BUILD_QUERIES):
+        raise ImportError(
+            f"jax_nvfp4: the compiled extension {ext.__file__} predates this jax_nvfp4 (it lacks "
+            f"{[f for f in _BUILD_QUERIES if not hasattr(ext, f)]}): reinstall (pip install .) or "
+            "rebuild it in place")
     if missing:
         raise ImportError(
             f"jax_nvfp4: the compiled extension {ext.__file__} does not register the custom calls "
             f"{missing} that this jax_nvfp4 (ABI version {ABI_VERSION}) calls; it registers "
             f"{sorted(ext.cpu_registrations())}. It is a build of another version: reinstall "
             "(pip install .) or rebuild it in place")
+
+
+_BUILD_QUERIES = ("xla_ffi_api_version", "built_against_jaxlib", "cuda_off_reason", "source_dir",
+                  "cuda_compiler_source")
+"""What the compiled module reports about its build (ffi/module.cc), beside the registrations."""
+
+
+def reinstall_source(ext) -> str:
+    """The source folder to reinstall from: the one the extension was built from if it is still
+    there (pip builds a local folder in place), else a placeholder."""
+    src = ext.source_dir()
+    if src and (Path(src) / "pyproject.toml").is_file():
+        return src
+    return "<jax_nvfp4 source folder>"
+
+
+def no_cuda_message(ext=None) -> Optional[str]:
+    """Why the extension has no CUDA handler and the command that builds it (None if it has one,
+    or if the extension is not built: :func:`not_built_message` says why)."""
+    ext = compiled_module() if ext is None else ext
+    if ext is None or ext.built_with_cuda():
+        return None
+    reason = ext.cuda_off_reason() or "it was built without it"
+    src = reinstall_source(ext)
+    if "JAX_NVFP4_CUDA=OFF" in reason:
+        fix = f"pip install --force-reinstall --no-deps {src}"
+    else:
+        # nvidia-cuda-nvcc brings nvcc, cicc, the runtime and crt headers (jax[cuda13] installs
+        # it too); the build finds it in the environment's site-packages (CMakeLists.txt)
+        fix = (f"pip install nvidia-cuda-nvcc && pip install --force-reinstall --no-deps {src} "
+               "(or put a CUDA toolkit's nvcc on the PATH first)")
+    return f"jax_nvfp4 was built without the CUDA handler: {reason}. To build it: {fix}"
 
 
 def available() -> bool:
@@ -138,6 +182,12 @@ class ExtensionInfo:
       source_tree: that folder is a source checkout (pyproject.toml and CMakeLists.txt above it).
       reason: why it is not built (the import error, or the source tree shadowing the installed
         package, with what to do), or None when built.
+      cuda_reason: why it has no CUDA handler, with the command that builds it, or None (built
+        with it, or not built at all: ``reason`` says why).
+      cuda_compiler: where the build's nvcc came from: ``"path"`` (a CUDA toolkit: the PATH,
+        CUDACXX), ``"wheels"`` (NVIDIA's wheels in site-packages), or None without the handler.
+      xla_ffi_api: ``(major, minor)`` of the XLA FFI API the handlers declare, or None.
+      built_against_jaxlib: the jaxlib whose FFI headers they were compiled against, or None.
     """
 
     built: bool
@@ -147,6 +197,10 @@ class ExtensionInfo:
     package_dir: str
     source_tree: bool
     reason: Optional[str]
+    cuda_reason: Optional[str] = None
+    cuda_compiler: Optional[str] = None
+    xla_ffi_api: Optional[tuple] = None
+    built_against_jaxlib: Optional[str] = None
 
 
 def extension_info() -> ExtensionInfo:
@@ -164,4 +218,6 @@ def extension_info() -> ExtensionInfo:
     cuda = bool(ext.built_with_cuda())
     archs = ext.cuda_targets() if cuda else ""
     return ExtensionInfo(True, cuda, tuple(archs.split()), ext.__file__,
-                         str(PACKAGE_DIR), source, None)
+                         str(PACKAGE_DIR), source, None, no_cuda_message(ext),
+                         ext.cuda_compiler_source() or None, tuple(ext.xla_ffi_api_version()),
+                         ext.built_against_jaxlib())

@@ -165,8 +165,8 @@ def resolve_backend(backend) -> Backend:
         return FFI
     if not _warned_fallback:
         _warned_fallback = True
-        why = ("the extension was built without the CUDA handler (no nvcc at build time)"
-               if _extension.available() else _extension.not_built_message())
+        why = (_extension.no_cuda_message() if _extension.available()
+               else _extension.not_built_message())
         warnings.warn(f"jax_nvfp4: grouped_gemm falls back to the pure-jnp reference (slow): {why}",
                       RuntimeWarning, stacklevel=caller_stacklevel())
     return REFERENCE

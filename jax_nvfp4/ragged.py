@@ -129,7 +129,7 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
 
     The same signature as ``jax.lax.ragged_dot`` (and ``tokamax.ragged_dot``'s implementation
     callables: ``ragged_dot_dimension_numbers``, ``activation``), so
-    ``tokamax.ragged_dot(x, w, gs, implementation=jax_nvfp4.ragged_dot)`` runs it; calls it does
+    ``tokamax.ragged_dot(x, w, gs, implementation=(jax_nvfp4.ragged_dot,))`` runs it; calls it does
     not compute raise :class:`Unsupported` (a NotImplementedError: tokamax then tries the next
     implementation of a sequence).
 

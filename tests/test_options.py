@@ -133,6 +133,8 @@ def test_auto_backend_falls_back_once_with_a_warning(monkeypatch, built, cuda, o
     pointing at the user's call); "reference" never warns."""
     monkeypatch.setattr(_extension, "available", lambda: built)
     monkeypatch.setattr(_extension, "has_cuda", lambda: built and cuda)
+    no_cuda = "jax_nvfp4 was built without the CUDA handler: <why>. To build it: <command>"
+    monkeypatch.setattr(_extension, "no_cuda_message", lambda: no_cuda if built and not cuda else None)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu" if on_a_gpu else "cpu")
     monkeypatch.setattr(options, "_warned_fallback", False)
     if want == "ffi":
@@ -141,7 +143,7 @@ def test_auto_backend_falls_back_once_with_a_warning(monkeypatch, built, cuda, o
             assert options.resolve_backend("auto") == "ffi"
         assert options._warned_fallback is False
         return
-    why = "built without the CUDA handler" if built else _extension.not_built_message()
+    why = no_cuda if built else _extension.not_built_message()
     rhs = QUANTIZE_STACK(jax.random.normal(jax.random.key(0), (2, 32, 32), jnp.float32))
     x, sizes = jnp.ones((4, 32), jnp.bfloat16), jnp.array([1, 3], jnp.int32)
     with pytest.warns(RuntimeWarning) as record:

@@ -162,28 +162,30 @@ def test_qwix_rhs(rng):
 
 @needs_qwix
 def test_as_tokamax_implementation(rng):
-    """tokamax.ragged_dot(..., implementation=jn.ragged_dot) runs it (RaggedRhs and qwix rhs,
-    the fused activation, GroupSizes); a sequence falls back past it for float weights."""
+    """tokamax.ragged_dot(..., implementation=(jn.ragged_dot,)) runs it (RaggedRhs and qwix rhs,
+    the fused activation, GroupSizes); a sequence falls back past it for float weights. The
+    one-element tuple is the form every supported tokamax takes: 0.0.12 also takes the bare
+    function, 0.0.17 iterates over any non-string implementation."""
     tokamax = _tokamax()
     import qwix  # noqa: PLC0415
     x, t, gs = _case(rng)
     w = jn.ragged_rhs(t)
     want = jn.ragged_dot(x, w, gs)
-    got = jax.jit(lambda x, w, gs: tokamax.ragged_dot(x, w, gs, implementation=jn.ragged_dot))(
+    got = jax.jit(lambda x, w, gs: tokamax.ragged_dot(x, w, gs, implementation=(jn.ragged_dot,)))(
         x, w, gs)
     np.testing.assert_array_equal(_bits(got), _bits(want))
     q = qwix.quantize(jnp.asarray(rng.standard_normal((3, 64, 128)), jnp.float32), "nvfp4",
                       channelwise_axes=(0, 2), tiled_axes={1: 16})
     np.testing.assert_array_equal(
-        _bits(tokamax.ragged_dot(x, q, gs, implementation=jn.ragged_dot)),
+        _bits(tokamax.ragged_dot(x, q, gs, implementation=(jn.ragged_dot,))),
         _bits(jn.ragged_dot(x, q, gs)))
     act = tokamax.ragged_dot(x, w, gs, preferred_element_type=jnp.float32,
-                             activation=jax.nn.silu, implementation=jn.ragged_dot)
+                             activation=jax.nn.silu, implementation=(jn.ragged_dot,))
     np.testing.assert_array_equal(
         _bits(act), _bits(jax.nn.silu(jn.ragged_dot(x, w, gs, preferred_element_type=jnp.float32))))
     np.testing.assert_array_equal(
         _bits(tokamax.ragged_dot(x, w, tokamax.RaggedDotGroupSizes(gs, (9, 0, 11)),
-                                 implementation=jn.ragged_dot)), _bits(want))
+                                 implementation=(jn.ragged_dot,))), _bits(want))
     dense = jnp.asarray(rng.standard_normal((3, 64, 128)), jnp.bfloat16)
     from absl import flags  # noqa: PLC0415 - tokamax's own ops read absl flags (defaults here)
     if not flags.FLAGS.is_parsed():
