@@ -375,3 +375,29 @@ def test_to_qwix_exactness_edges():
             == 2.0 ** -126
         with pytest.raises(ValueError, match="not exact"):
             qi.to_qwix(tensor(2.0 ** -9, 2.0 ** -118), dtype=dtype)
+
+
+def test_expert_parallel_takes_qwix_fields(rng):
+    """shard_moe_weights and moe_expert_parallel take what jn.moe takes: qwix NVFP4 fields, with
+    per-channel scales and with scales shared by every expert (which have no expert axis to
+    split: placed as their conversions); the layer equals jn.moe on the conversions."""
+    from conftest import cpu_devices  # noqa: PLC0415
+    mesh = jax.sharding.Mesh(np.array(cpu_devices(2)), ("ep",))
+    e, h, i = 2, 64, 32
+    config = jn.MoEConfig(num_experts=e, top_k=1, hidden_size=h, intermediate_size=i)
+    x = jnp.asarray(rng.standard_normal((4, h)), jnp.bfloat16)
+    for shared in (False, True):
+        def q(w, shared=shared):
+            return qwix.quantize(w, "nvfp4", tiled_axes={1: 16},
+                                 channelwise_axes=() if shared else (0, 2))
+        qw = jn.MoEWeights(router_weight=jnp.asarray(rng.standard_normal((e, h)), jnp.float32),
+                           w13=q(_weights(rng, (e, h, 2 * i), spread=False) * 0.1),
+                           w2=q(_weights(rng, (e, i, h), spread=False) * 0.1))
+        converted = qi.weights_from_qwix(qw)
+        placed = jn.shard_moe_weights(qw, mesh)
+        _assert_same_tree(placed, converted)
+        assert placed.w13.data.sharding.spec == jax.sharding.PartitionSpec("ep")
+        want = jn.moe(x, converted, config, backend="reference")
+        got = jn.moe_expert_parallel(x, qw, config, mesh, backend="reference")
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                                   rtol=1e-2, atol=1e-2)
