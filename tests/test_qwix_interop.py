@@ -226,6 +226,7 @@ def _assert_same_tree(got, want):
                                       np.asarray(b).reshape(-1).view(np.uint8))
 
 
+@pytest.mark.slow
 def test_prepare_weights_converts_qwix_fields(rng):
     """prepare_weights on MoEWeights holding qwix QArrays (as jn.moe accepts them) prepares their
     conversions: w13 paired for "sm90" (not marked paired with its rows in the stored order),
@@ -258,6 +259,7 @@ def test_prepare_weights_of_qwix_fields_runs_the_same_layer(rng):
                                np.asarray(want, np.float32), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.slow
 def test_framework_modules_and_save_moe_take_qwix_fields(rng):
     """nn.eqx.MoE, nn.nnx.MoE, nn.linen.freeze and checkpoint.save_moe take what jn.moe takes:
     MoEWeights whose expert weights (shared_w2 included) are qwix NVFP4 QArrays; they hold (and
