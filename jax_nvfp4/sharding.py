@@ -32,6 +32,7 @@ from jax.sharding import PartitionSpec as P
 from .moe import routed_experts, shared_expert, validate_moe
 from .moe_params import MoEConfig, MoEWeights
 from .options import COMBINES
+from .qwix_interop import weights_from_qwix
 from .routing import check_token_ids, route
 from .varying import varying_axes
 
@@ -66,7 +67,11 @@ def shard_moe_weights(weights: MoEWeights, mesh: jax.sharding.Mesh, axis_name: s
 
     Only the expert axis is split, never N or K, so weights prepared in the sm90 layout
     (:func:`jax_nvfp4.prepare_weights`, whose blocks are 128 rows x 64 k of one expert) keep it.
+    Fields that are qwix NVFP4 ``QArray`` s are placed as their conversions
+    (:func:`jax_nvfp4.qwix_interop.weights_from_qwix`: a qwix scale shared by every expert has no
+    expert axis to split).
     """
+    weights = weights_from_qwix(weights)
     ep = _ep_size(mesh, axis_name)
     e = weights.w13.shape[0]
     if e % ep:
@@ -218,7 +223,9 @@ def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sha
 
     Args:
       x: ``[T, H]`` tokens (replicated: every device sees all tokens).
-      weights: :class:`MoEWeights` for all E experts (ideally from :func:`shard_moe_weights`).
+      weights: :class:`MoEWeights` for all E experts (ideally from :func:`shard_moe_weights`);
+        fields may be qwix NVFP4 ``QArray`` s as for :func:`jax_nvfp4.moe` (converted here:
+        shard the converted weights to convert once).
       config: :class:`MoEConfig`; ``num_experts`` must be divisible by the axis size.
       mesh: the device mesh; other axes are left alone (the layer is replicated over them).
       combine: "psum" -> replicated ``[T, H]``; "psum_scatter" -> ``[T, H]`` sharded on tokens
@@ -243,6 +250,7 @@ def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sha
     the backward sums x's cotangent over the axis (one all-reduce of ``[T, H]``) and
     reduce-scatters the routing weights' (``[T, top_k]`` float32).
     """
+    weights = weights_from_qwix(weights)               # qwix NVFP4 fields, as jn.moe takes them
     x = validate_moe(x, weights, config)
     ep = _check_expert_parallel_args(x, weights, config, mesh, axis_name, combine, token_ids,
                                      capacity_factor)

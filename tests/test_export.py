@@ -352,7 +352,9 @@ def test_moe_exports_for_cpu_and_cuda(rng):
 
 
 @pytest.mark.parametrize("backend,activation,scale", [
-    ("reference", "w4a16", "dynamic"), ("reference", "w4a4", "static"), ("ffi", "w4a4", "static")])
+    ("reference", "w4a16", "dynamic"),
+    pytest.param("reference", "w4a4", "static", marks=pytest.mark.slow),
+    pytest.param("ffi", "w4a4", "static", marks=pytest.mark.slow)])
 def test_moe_artifact_with_a_symbolic_token_count_runs(rng, backend, activation, scale):
     """An artifact of jn.moe with T symbolic is called (deserialized, here) at 1 and 6 tokens and
     equals the jitted layer bit for bit: W4A4 with static input scales (what

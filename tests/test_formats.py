@@ -320,10 +320,16 @@ def test_python_float_global_scale_is_a_value_error_eagerly(rng):
 
 def test_rank_promotion_raise_is_respected(rng):
     """With jax_numpy_rank_promotion="raise" (a setting many model codebases turn on) the
-    library's own operations broadcast explicitly: decode and dequantize run."""
+    library's own operations broadcast explicitly: decode, dequantize and the reference grouped
+    GEMM run (the same numbers as without it)."""
     t = tensor(rng, (2, 32, 64))
     want = jn.dequantize(t)
+    x = jnp.asarray(rng.standard_normal((5, 64)), jnp.bfloat16)
+    gs = jnp.array([2, 3], jnp.int32)
+    gemm = jax.jit(lambda x, t: jn.grouped_gemm(x, t, gs, backend="reference"))
+    y = np.asarray(gemm(x, t), np.float32)
     with jax.numpy_rank_promotion("raise"):
+        np.testing.assert_array_equal(np.asarray(gemm(x, t), np.float32), y)
         np.testing.assert_array_equal(np.asarray(jn.dequantize(t)), np.asarray(want))
         np.testing.assert_array_equal(np.asarray(jax.jit(jn.dequantize)(t)), np.asarray(want))
         codes = jn.formats.unpack_nibbles(t.data)

@@ -1194,7 +1194,8 @@ def test_layer_swiglu_limit_bites_on_both_sides(rng, paired):
 
 
 @pytest.mark.parametrize("backend,what", [
-    ("reference", "static"), pytest.param("reference", "grad", marks=pytest.mark.slow),
+    pytest.param("reference", "static", marks=pytest.mark.slow),
+    pytest.param("reference", "grad", marks=pytest.mark.slow),
     ("ffi", "static"), pytest.param("ffi", "grad", marks=pytest.mark.slow)])
 def test_rank_promotion_raise_is_respected(rng, backend, what):
     """With jax_numpy_rank_promotion="raise" the grouped GEMM (the same numbers as without it),

@@ -226,6 +226,7 @@ def _assert_same_tree(got, want):
                                       np.asarray(b).reshape(-1).view(np.uint8))
 
 
+@pytest.mark.slow
 def test_prepare_weights_converts_qwix_fields(rng):
     """prepare_weights on MoEWeights holding qwix QArrays (as jn.moe accepts them) prepares their
     conversions: w13 paired for "sm90" (not marked paired with its rows in the stored order),
@@ -258,6 +259,7 @@ def test_prepare_weights_of_qwix_fields_runs_the_same_layer(rng):
                                np.asarray(want, np.float32), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.slow
 def test_framework_modules_and_save_moe_take_qwix_fields(rng):
     """nn.eqx.MoE, nn.nnx.MoE, nn.linen.freeze and checkpoint.save_moe take what jn.moe takes:
     MoEWeights whose expert weights (shared_w2 included) are qwix NVFP4 QArrays; they hold (and
@@ -375,3 +377,29 @@ def test_to_qwix_exactness_edges():
             == 2.0 ** -126
         with pytest.raises(ValueError, match="not exact"):
             qi.to_qwix(tensor(2.0 ** -9, 2.0 ** -118), dtype=dtype)
+
+
+def test_expert_parallel_takes_qwix_fields(rng):
+    """shard_moe_weights and moe_expert_parallel take what jn.moe takes: qwix NVFP4 fields, with
+    per-channel scales and with scales shared by every expert (which have no expert axis to
+    split: placed as their conversions); the layer equals jn.moe on the conversions."""
+    from conftest import cpu_devices  # noqa: PLC0415
+    mesh = jax.sharding.Mesh(np.array(cpu_devices(2)), ("ep",))
+    e, h, i = 2, 64, 32
+    config = jn.MoEConfig(num_experts=e, top_k=1, hidden_size=h, intermediate_size=i)
+    x = jnp.asarray(rng.standard_normal((4, h)), jnp.bfloat16)
+    for shared in (False, True):
+        def q(w, shared=shared):
+            return qwix.quantize(w, "nvfp4", tiled_axes={1: 16},
+                                 channelwise_axes=() if shared else (0, 2))
+        qw = jn.MoEWeights(router_weight=jnp.asarray(rng.standard_normal((e, h)), jnp.float32),
+                           w13=q(_weights(rng, (e, h, 2 * i), spread=False) * 0.1),
+                           w2=q(_weights(rng, (e, i, h), spread=False) * 0.1))
+        converted = qi.weights_from_qwix(qw)
+        placed = jn.shard_moe_weights(qw, mesh)
+        _assert_same_tree(placed, converted)
+        assert placed.w13.data.sharding.spec == jax.sharding.PartitionSpec("ep")
+        want = jn.moe(x, converted, config, backend="reference")
+        got = jn.moe_expert_parallel(x, qw, config, mesh, backend="reference")
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                                   rtol=1e-2, atol=1e-2)
