@@ -156,7 +156,12 @@ def test_grouped_gemm_takes_qwix_weights(rng, backend):
             jax.jit(lambda x: jn.grouped_gemm(x, q, gs, backend=backend,
                                               out_dtype=jnp.float32))(x)]
     for got in runs:
-        np.testing.assert_array_equal(_bits(got), _bits(want))
+        if backend == "reference" and jax.default_backend() == "gpu":
+            # the reference's float32 dot on XLA:GPU sums in an order that depends on the program
+            # around it (seen: 4 of 2,560 outputs 1 ulp apart on an H100): the same values, not bits
+            np.testing.assert_array_less(np.abs(_bits(got).astype(np.int64) - _bits(want)), 3)
+        else:
+            np.testing.assert_array_equal(_bits(got), _bits(want))
     oracle = _ragged_oracle(x, qwix.dequantize(q), gs)
     scale = np.abs(np.asarray(x, np.float64)) @ np.abs(np.asarray(qwix.dequantize(q), np.float64)
                                                        ).max(0)
