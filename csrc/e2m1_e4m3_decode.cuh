@@ -9,13 +9,14 @@
 
 #include "csrc/e2m1_sm90_layout.cuh"  // prmt
 #include "csrc/float_bits.h"          // E4m3Value
+#include "csrc/gemm_attributes.h"      // kFp8WeightPrescale
 
 namespace jax_nvfp4 {
 
 // The 8-byte product table of scale byte b: byte m = e4m3_rn(e2m1(m) * s * 2^-3), m = 0..7 (a NaN
 // scale gives NaN bytes, as e2m1 * NaN does in the exact kernels).
 __device__ __forceinline__ uint2 product_table(uint32_t b) {
-  const float s = E4m3Value(b) * 0.125f;  // exact
+  const float s = E4m3Value(b) * kFp8WeightPrescale;  // exact
   const float mags[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
   uint32_t h[4];
 #pragma unroll

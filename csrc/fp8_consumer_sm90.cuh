@@ -168,7 +168,7 @@ __device__ __forceinline__ void fp8_consumer_tiles(const KParams& p, uint8_t* sm
     for (int i = 0; i < BTMAX / 2; ++i) acc[i] = 0.0f;
     with_tile_n<BTMAX>(t.rows, ConsumerMainloop<STAGES, Operands>{}, &acc, smem, bar_base, KT, r0, wg, &s, &ph);
     const bool have_next = ring.next(nxt, lane);
-    with_tile_n<BTMAX>(t.rows, StoreTile{}, &acc, &p, &t, r0, 8.0f);
+    with_tile_n<BTMAX>(t.rows, StoreTile{}, &acc, &p, &t, r0, kFp8WeightUndo);
     t = nxt;
     have = have_next;
   }

@@ -23,6 +23,24 @@ inline constexpr int kInterfaceVersion = 3;
 inline constexpr int kExactWeightShift = 7;
 inline constexpr int kFp8WeightShift = 3;
 
+// 2^e as a float (exact for the exponents of normal floats); constexpr, so that the kernels'
+// power-of-two factors below are compile-time constants.
+constexpr float Pow2f(int e) {
+  float r = 1.0f;
+  for (; e > 0; --e) r *= 2.0f;
+  for (; e < 0; ++e) r *= 0.5f;
+  return r;
+}
+// The exact kernels read an e2m1 code as the bf16 e2m1 * 2^-126 and multiply it by the bf16 block
+// scale * 2^kExactScaleExponent (448 * 2^119 < the bf16 maximum): e2m1 * scale * 2^-kExactWeightShift.
+inline constexpr int kExactScaleExponent = 126 - kExactWeightShift;
+// That factor as bf16x2 bits (both halves), and the epilogue's undoing of the shift per fp4 operand.
+inline constexpr uint32_t kExactScaleUpBf16x2 = static_cast<uint32_t>((kExactScaleExponent + 127) << 7) * 0x10001u;
+inline constexpr float kExactWeightUndo = Pow2f(kExactWeightShift);
+// The FP8 mode's weight prescale 2^-kFp8WeightShift and its undoing in the epilogue.
+inline constexpr float kFp8WeightPrescale = Pow2f(-kFp8WeightShift);
+inline constexpr float kFp8WeightUndo = Pow2f(kFp8WeightShift);
+
 // ---------------------------------------------------------------------------------------------
 // Attributes of the custom call (enum values are the attribute's int32 value).
 

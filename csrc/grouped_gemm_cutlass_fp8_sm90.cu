@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(1024) cutlass_fp8_setup_kernel(SetupArgs s, Ar
     reinterpret_cast<typename Cfg::LayoutSFB*>(w.layout_sfb)[i] =
         Cfg::ScaleConfig::tile_atom_to_shape_SFB(make_shape(m, n, k, 1));
     w.starts[i] = static_cast<int>(st);
-    w.alpha[i] = s.alpha_in[i] * 8.0f;
+    w.alpha[i] = s.alpha_in[i] * kFp8WeightUndo;
     w.alpha_ptr[i] = w.alpha + i;
   });
   for (int c = threadIdx.x; c < nb * kb; c += 1024) w.ones[c] = 1.0f;

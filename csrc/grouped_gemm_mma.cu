@@ -117,7 +117,7 @@ __device__ __forceinline__ uint32_t e2m1_pair(uint32_t q) {
 // e4m3 byte -> bf16x2 (duplicated) of scale * 2^119 (exact; 448 * 2^119 < bf16 max).
 __device__ __forceinline__ uint32_t scale_pair(uint8_t b) {
   __half_raw hr = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3);
-  const float f = __half2float(__half(hr)) * 0x1p119f;
+  const float f = __half2float(__half(hr)) * Pow2f(kExactScaleExponent);
   const __nv_bfloat16 bf = __float2bfloat16_rn(f);
   const uint32_t bits = static_cast<uint32_t>(__bfloat16_as_ushort(bf));
   return bits | (bits << 16);
@@ -536,7 +536,7 @@ __device__ __forceinline__ void run_multistage(const KParams& p, uint8_t* smem) 
   const int KT = d.KT;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBW;
   const Schedule sch = wait_for_schedule(p);
-  const float fp4_fix = A_FP4 ? 16384.0f : 128.0f;
+  const float fp4_fix = A_FP4 ? kExactWeightUndo * kExactWeightUndo : kExactWeightUndo;
 
   for (int tile = blockIdx.y; tile < sch.total_tiles; tile += gridDim.y) {
     const int g = tile_group_block<C::kThreads>(sch.prefix, p.G, tile, ln.tid);
@@ -671,7 +671,7 @@ __device__ __forceinline__ void run_warp_specialized(const KParams& p, uint8_t* 
     // the second n8 token tile holds rows only when the tile has more than 8
     if (C::kNT == 2 && tr.rend - tr.row0 <= 8) ws_consume_tile<BT, STAGES, 1>(acc, smem, ring, d.KT, ln);
     else ws_consume_tile<BT, STAGES, C::kNT>(acc, smem, ring, d.KT, ln);
-    store_tile<C::kNT, C::kWT>(p, acc, g, n0, tr, ln, 128.0f);
+    store_tile<C::kNT, C::kWT>(p, acc, g, n0, tr, ln, kExactWeightUndo);
   }
 }
 

@@ -181,7 +181,7 @@ __device__ __forceinline__ void scale_pairs(uint32_t x, uint32_t& lo, uint32_t& 
   const uint32_t h = prmt(x, 0u, 0x4140u);  // [b0, 0, b1, 0]
   uint32_t v = ((h << 8) & 0x80008000u) | ((h << 4) & 0x07F007F0u);  // bf16(scale * 2^-120)
   v = bf16x2_mul(v, 0x7B807B80u);  // * 2^120 (exact)
-  v = bf16x2_mul(v, 0x7B007B00u);  // * 2^119 (exact: 448 * 2^119 < bf16 max)
+  v = bf16x2_mul(v, kExactScaleUpBf16x2);  // * 2^119 (exact: 448 * 2^119 < bf16 max)
   // e4m3 has no infinities; 0x7f/0xff are NaN. The bit recipe above makes them finite, so set
   // NaN explicitly (as the mma kernels and the reference give). Runs in the scale warps, off the
   // hot loop.
@@ -615,7 +615,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       L += tile_step<CL>(walk);
       const bool have_next = next_tile<CL, BTMAX>(walk, L, gcur, nxt);
       // undo the 2^-7 of the fp4 weights
-      with_tile_n<BTMAX>(t.rows, StoreTile{}, &acc, &p, &t, r0, 128.0f);
+      with_tile_n<BTMAX>(t.rows, StoreTile{}, &acc, &p, &t, r0, kExactWeightUndo);
       t = nxt;
       have = have_next;
     }

@@ -33,8 +33,9 @@ using jax_nvfp4::S32Buffer1;
 using jax_nvfp4::U8Buffer1;
 using jax_nvfp4::U8Buffer3;
 
-constexpr float kWeightPrescale = 1.0f / (1 << jax_nvfp4::kExactWeightShift);   // 2^-7
-constexpr float kFp8WeightPrescale = 1.0f / (1 << jax_nvfp4::kFp8WeightShift);   // 2^-3
+constexpr float kWeightPrescale = jax_nvfp4::Pow2f(-jax_nvfp4::kExactWeightShift);   // 2^-7
+using jax_nvfp4::kFp8WeightPrescale;   // 2^-3
+using jax_nvfp4::kFp8WeightUndo;
 
 constexpr float kE2m1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
                              -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
@@ -289,7 +290,7 @@ void Fp8GemmCpu(const jax_nvfp4::GroupedGemmParams& p, uint8_t* wrow) {
           wrow[k] = FloatToE4m3(kE2m1[wrow[k]] * scale * kFp8WeightPrescale);
         }
       }
-      const float mul = al[g] * (1 << jax_nvfp4::kFp8WeightShift);
+      const float mul = al[g] * kFp8WeightUndo;
       for (int64_t r = start; r < end; ++r) {
         float acc = 0.f;
         for (int64_t c = 0; c < KC; ++c) {
