@@ -176,7 +176,7 @@ def test_one_wheel_runs_on_the_oldest_and_newest_jax(tmp_path):
                         str(ROOT)], check=True, timeout=1800)
         [wheel] = (tmp_path / "dist").glob("jax_nvfp4-*.whl")
     with zipfile.ZipFile(wheel) as z:
-        [so] = [n for n in z.namelist() if n.startswith("jax_nvfp4/_jax_nvfp4")]
+        [so] = [n for n in z.namelist() if n.startswith("jax_nvfp4/_jax_nvfp4") and n.endswith(".so")]
         so_sha256 = hashlib.sha256(z.read(so)).hexdigest()
     oldest = ".".join(map(str, _jax_range.JAX_MIN))
     seen = {}
