@@ -11,7 +11,7 @@
 //
 // The per-block arithmetic is plain C++ shared by the CPU handler (ffi/dispatch_rows_cpu.cc) and
 // the CUDA kernel (csrc/dispatch_rows.cu): it reproduces jax_nvfp4.quantize followed by
-// jax_nvfp4.quantization.e2m1_scaled bit for bit (IEEE divisions, e4m3 and e2m1 round to nearest
+// jax_nvfp4.maths.quantization.e2m1_scaled bit for bit (IEEE divisions, e4m3 and e2m1 round to nearest
 // even, NaN blocks, saturated infinities, subnormal inputs kept).
 #pragma once
 
@@ -64,7 +64,7 @@ JAX_NVFP4_HD float FiniteAbsMax(float amax, float v) {
   return a <= 3.40282347e+38f && a > amax ? a : amax;  // NaN compares false
 }
 
-// The dynamic global scale of a row (jax_nvfp4.quantization.dynamic_global_scale) from its amax
+// The dynamic global scale of a row (jax_nvfp4.maths.quantization.dynamic_global_scale) from its amax
 // over finite values: amax / (6 * 448) rounded to nearest even, at least 2^-126; 1 for amax 0.
 JAX_NVFP4_HD float DynamicGlobalScale(float amax) {
   if (!(amax > 0.0f)) return 1.0f;

@@ -1,5 +1,5 @@
 // e2m1 decoding shared by the mma.sync and wgmma kernels: fragment extraction from the sm90
-// load-time weight layout (jax_nvfp4/layout.py, constants in csrc/gemm_contract.h; both kernels use
+// load-time weight layout (jax_nvfp4/maths/layout.py, constants in csrc/gemm_contract.h; both kernels use
 // the same m16k16 A-fragment register mapping), the bf16x2 multiply and the byte permute.
 #pragma once
 

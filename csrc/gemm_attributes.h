@@ -18,8 +18,8 @@ inline constexpr int kInterfaceVersion = 3;
 // kernels read a weight as e2m1 * scale * 2^-kExactWeightShift (a normal bf16 in [2^-17, 21]) and
 // their epilogue multiplies by alpha * 2^kExactWeightShift; the FP8 mode's weights are
 // e4m3(e2m1 * scale * 2^-kFp8WeightShift) (|w| <= 336 < 448) and its epilogue multiplies by
-// alpha * 2^kFp8WeightShift. Python: jax_nvfp4.reference.WEIGHT_PRESCALE,
-// jax_nvfp4.formats.FP8_WEIGHT_SHIFT (the extension's weight_shifts(), checked by a test).
+// alpha * 2^kFp8WeightShift. Python: jax_nvfp4.ops.reference.WEIGHT_PRESCALE,
+// jax_nvfp4.maths.formats.FP8_WEIGHT_SHIFT (the extension's weight_shifts(), checked by a test).
 inline constexpr int kExactWeightShift = 7;
 inline constexpr int kFp8WeightShift = 3;
 
@@ -47,7 +47,7 @@ inline constexpr float kFp8WeightUndo = Pow2f(kFp8WeightShift);
 // Byte layout of rhs_data and rhs_scales.
 enum class RhsLayout : int32_t {
   kCheckpoint = 0,  // [G, N, K/2] rows, element 2j in the low nibble of byte j; scales [G, N, K/16]
-  kSm90 = 1,        // the load-time layout of jax_nvfp4/layout.py (N % 128 == 0, K % 64 == 0)
+  kSm90 = 1,        // the load-time layout of jax_nvfp4/maths/layout.py (N % 128 == 0, K % 64 == 0)
   kFp8 = 2,         // FP8 mode only: e4m3 [G, N, K], e4m3(e2m1 * scale * 2^-3) in the kernel k order of each
                     // 128-chunk (jax_nvfp4.prepare_weights(w, "fp8")); no scales (rhs_scales [0])
 };
@@ -56,7 +56,7 @@ inline constexpr bool IsKnownLayout(RhsLayout l) {
   return l == RhsLayout::kCheckpoint || l == RhsLayout::kSm90 || l == RhsLayout::kFp8;
 }
 
-// The layout's name in the Python API (jax_nvfp4.options.WEIGHT_LAYOUTS; the extension hands Python the
+// The layout's name in the Python API (jax_nvfp4.config.options.WEIGHT_LAYOUTS; the extension hands Python the
 // name -> code map, ffi/module.cc).
 inline const char* LayoutName(RhsLayout l) {
   switch (l) {

@@ -27,7 +27,7 @@
 // Out of bounds: every TMA box starts inside its tensor; parts past M (tokens) or past G*N (weight rows)
 // are zero-filled by TMA. Token columns past the group's end and weight rows past N (the next
 // group's) are computed and dropped by the epilogue.
-// Design, counts and measurements: docs/design.md; the configurations tried: docs/archive/fp8-prepared-lab.md.
+// Design: docs/design.md; counts and measurements: docs/archive/design-measurements.md; the configurations tried: docs/archive/fp8-prepared-lab.md.
 
 #include "csrc/fp8_consumer_sm90.cuh"
 #include "csrc/grouped_gemm.h"

@@ -22,7 +22,7 @@
 // undone in the epilogue (x 2^7 per fp4 operand, exact power of two).
 // bf16 activations (W4A16) pick the same physical k with one prmt per pair.
 //
-// Weights in the sm90 load-time layout (jax_nvfp4/layout.py; W4A16 only, template SM90L) keep the
+// Weights in the sm90 load-time layout (jax_nvfp4/maths/layout.py; W4A16 only, template SM90L) keep the
 // natural k order instead: each thread reads its m16 tile's four fragment words with one 16-byte
 // shared load, extracts them with e2m1_sm90_word (csrc/e2m1_sm90_layout.cuh), gets the other
 // three k-blocks' scales from its quad by shuffles, and reads the activation pairs directly. The
@@ -440,7 +440,7 @@ __device__ __forceinline__ void ktile_checkpoint(float (&acc)[kMT][NT][4], const
   }
 }
 
-// sm90-layout weights (jax_nvfp4/layout.py) in the natural k order, k-block kb = physical k
+// sm90-layout weights (jax_nvfp4/maths/layout.py) in the natural k order, k-block kb = physical k
 // 16kb..16kb+15. The stage holds the 4096-byte layout block in its global byte order; m16 tile
 // (2 wi + mt) of the block is 512 bytes, this lane's 4 words (k-blocks 0..3) 16 of them. Thread t4
 // converted the scale of k-block t4 (weight_scale_pairs); the quad shares them by shuffles. NTL: the

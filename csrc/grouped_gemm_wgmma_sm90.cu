@@ -1,7 +1,7 @@
 // Grouped NVFP4 GEMM for Hopper (sm_90a): WGMMA with the weights as register operand.
 //
 // Contract: csrc/gemm_contract.h. Handles W4A16 with K % 64 == 0 (WgmmaShapeOk there; the
-// heuristic sends everything else to the mma kernels). Where it runs and how fast: docs/design.md.
+// heuristic sends everything else to the mma kernels). Where it runs: docs/design.md; how fast: docs/archive/design-measurements.md.
 //
 // D^T = W X^T: a CTA tile is 128 weight rows (output columns n) x up to BTMAX tokens (rows of one
 // group). The weights are the WGMMA A operand, from registers (wgmma ... RS); the tokens are the
@@ -254,7 +254,7 @@ __device__ __forceinline__ void consumer_mainloop(float (&acc)[BTMAX / 2], uint8
     const uint4 scb = lds128(st + C::kS2Off + (r0 + 8) * 16);  // row r0 + 8
     if constexpr (SM90L) {
       // sm90 layout: this thread's 4 words (k-blocks 0..3) of m16 tile r0 / 16 are 16 contiguous
-      // bytes of the 4096-byte block the loader copied in order (jax_nvfp4/layout.py).
+      // bytes of the 4096-byte block the loader copied in order (jax_nvfp4/maths/layout.py).
       const uint4 wq = lds128(st + C::kWOff + (r0 >> 4) * 512 + lane * 16);
       const uint32_t wv[4] = {wq.x, wq.y, wq.z, wq.w};
       const uint32_t sa[4] = {sca.x, sca.y, sca.z, sca.w};

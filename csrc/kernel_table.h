@@ -83,7 +83,7 @@ constexpr bool operator==(const KernelConfig& a, const KernelConfig& b) {
 // Every configuration the kernels are compiled for; the launchers instantiate exactly these.
 // Stages: the mma tiles keep ~3 k-tiles in flight per SM at their CTAs per SM; the warp-specialized
 // decode tile and the wgmma tiles are as deep as shared memory allows for their token tile (small
-// tiles exist for depth: decode streams weights). Measurements: docs/design.md.
+// tiles exist for depth: decode streams weights). Measurements: docs/archive/design-measurements.md.
 inline constexpr KernelConfig kKernelConfigs[] = {
     {KernelFamily::kMma, 16, 4, 1},   {KernelFamily::kMma, 32, 5, 1},    {KernelFamily::kMma, 64, 4, 1},
     {KernelFamily::kMma, 128, 4, 1},  {KernelFamily::kMmaWs, 16, 8, 1},  {KernelFamily::kWgmma, 32, 20, 1},
@@ -231,7 +231,7 @@ inline constexpr bool FamilyHandles(KernelFamily f, const ProblemDesc& d) {
 }
 
 // The token tile (and so the configuration) of `family` for this problem. Measured on the H200
-// (docs/design.md): wgmma with 64-token tiles up to 24 rows per group on average (deeper weight
+// (docs/archive/design-measurements.md): wgmma with 64-token tiles up to 24 rows per group on average (deeper weight
 // pipelines), 128 above, 256 (a 2-CTA cluster, its groups' short last tiles on the 128-token
 // kernel) from 128 rows; mma with 16-token tiles up to 12 rows, 32 up to 40, 64 above; mma_ws has
 // the 16-token tile only.
@@ -244,7 +244,7 @@ inline constexpr KernelConfig ConfigForFamily(KernelFamily f, const ProblemDesc&
   // 32: docs/archive/fp8-prepared-lab.md)
   if (f == KernelFamily::kWgmmaFp8Prepared) return DefaultConfigFor(f, 128);
   // cutlass_fp8: its first entry, 128-token cooperative tiles, one CTA per cluster, walked along M (the
-  // token tiles of one weight tile in turn), the fastest of the sweep from 1536 to 24576 rows (docs/design.md)
+  // token tiles of one weight tile in turn), the fastest of the sweep from 1536 to 24576 rows (docs/archive/design-measurements.md)
   if (f == KernelFamily::kCutlassFp8) return DefaultConfigFor(f, 128);
   if (f == KernelFamily::kMmaWs) return DefaultConfigFor(f, 16);
   return DefaultConfigFor(f, avg <= 12 ? 16 : avg <= 40 ? 32 : 64);

@@ -1,11 +1,11 @@
 // The FP8 mode's activation quantizer ("jax_nvfp4_quantize_fp8"): rows of x to e4m3 codes with
 // one power-of-two float32 scale per row and 128-wide k chunk, the codes written in the order the
-// FP8 kernel reads them (jax_nvfp4.fp8.to_kernel_k_order), in one pass over x. x is float (bf16,
+// FP8 kernel reads them (jax_nvfp4.ops.fp8.to_kernel_k_order), in one pass over x. x is float (bf16,
 // float16, float32) or NVFP4 (packed e2m1 codes and e4m3 block scales, checkpoint layout: the
 // values e2m1 * block scale are quantized, the global scale is the caller's).
 //
 // The per-chunk arithmetic is plain C++ shared by the CPU handler (ffi/quantize_fp8_cpu.cc) and the
-// CUDA kernel (csrc/quantize_fp8.cu). It is jax_nvfp4.fp8.quantize_activations_fp8 in integer
+// CUDA kernel (csrc/quantize_fp8.cu). It is jax_nvfp4.ops.fp8.quantize_activations_fp8 in integer
 // operations: the scale exponent from the chunk amax's float32 bits, and each code as the single
 // round-to-nearest-even of the exact x * 2^-p (no float arithmetic touches a subnormal, so the
 // bytes do not depend on a flush-to-zero mode).
@@ -61,7 +61,7 @@ JAX_NVFP4_HD uint32_t BitsFromF16(uint16_t h) {
   return sign | ((e + 112u) << 23) | (f << 13);
 }
 
-// float32 value of an e2m1 code (low nibble; code 8 is -0): as jax_nvfp4.formats.decode_e2m1, the
+// float32 value of an e2m1 code (low nibble; code 8 is -0): as jax_nvfp4.maths.formats.decode_e2m1, the
 // magnitude bits at float32 bits 24..22 plus an exponent bias of 126 (codes 0 and 1: mag * 0.5).
 JAX_NVFP4_HD float E2m1Value(uint32_t code) {
   const uint32_t mag = code & 7u;

@@ -3,7 +3,7 @@
 
 namespace jax_nvfp4 {
 
-// The sm90 load-time weight layout (jax_nvfp4/layout.py holds the Python side): per 128-row
+// The sm90 load-time weight layout (jax_nvfp4/maths/layout.py holds the Python side): per 128-row
 // stripe of one expert, the K/64 blocks of 128 rows x 64 k (4096 bytes) follow each other; in a
 // block, m16 tile mt's 512 bytes hold, for lane (g8, t) = (lane / 4, lane % 4), 16 bytes: one
 // 32-bit word per k16 block kb whose bits are the four mma A-fragment registers' e2m1 codes

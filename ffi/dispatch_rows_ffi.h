@@ -5,7 +5,7 @@
 // its kernel k order), row_scale_out (float32 [R]: quantize with the dynamic scale made from each
 // row and store it per output row, or [0]) and chunk_scales (float32 [R, K/128] with e4m3 out,
 // each 128-wide chunk's scale; else [0, 0]). Neither row scale: bf16 rows are copied.
-// No attributes. jax_nvfp4/dispatch.py builds the call.
+// No attributes. jax_nvfp4/ops/dispatch.py builds the call.
 #pragma once
 
 #include <cstdint>

@@ -9,7 +9,7 @@
 // GroupedGemmParams::fp8. The decoders run GroupedGemmCheckParams once; what the handlers and
 // launchers do after that takes it as given.
 //
-// Attributes (jax_nvfp4/gemm.py sets them; the lowered program shows them):
+// Attributes (jax_nvfp4/ops/gemm.py sets them; the lowered program shows them):
 //   rhs_layout  i32 enum RhsLayout      0 checkpoint, 1 sm90, 2 fp8 (e4m3-prepared; FP8 kernels only)
 //   kernel      i32 enum KernelFamily   0 mma, 1 mma_ws, 2 wgmma (exact mode); 3 wgmma_fp8,
 //                                       4 wgmma_fp8_prepared, 5 cutlass_fp8 (FP8 mode)

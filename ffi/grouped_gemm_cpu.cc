@@ -1,10 +1,10 @@
 // CPU handler of the grouped NVFP4 GEMM (same contract as the CUDA handler; see
-// jax_nvfp4/reference.py for the semantics). Straight loops. Like the CUDA kernels, each weight
+// jax_nvfp4/ops/reference.py for the semantics). Straight loops. Like the CUDA kernels, each weight
 // enters the dot as e2m1 * scale * 2^-7 (exact in float32) and the epilogue multiplies by
 // alpha * 2^7, so the float32 accumulator overflows exactly where theirs can (past 2^7 *
 // FLT_MAX of the exact dot), not where a product with an unscaled weight would. Not fast; it
 // makes the custom-call path testable and usable without a GPU.
-// The sm90 load-time layout (jax_nvfp4/layout.py, csrc/gemm_contract.h) is read natively: each weight
+// The sm90 load-time layout (jax_nvfp4/maths/layout.py, csrc/gemm_contract.h) is read natively: each weight
 // row's codes are gathered through the layout's index mapping, then the same loops run, so the
 // result is bitwise the one of the checkpoint layout.
 // The SwiGLU handler ("jax_nvfp4_grouped_gemm_glu") runs the same loops over each gate row and its
@@ -67,7 +67,7 @@ void RowCodesCheckpoint(const uint8_t* data, int64_t K, int64_t n, uint8_t* code
   }
 }
 
-// Layout 1 (sm90; N % 128 == 0, K % 64 == 0), per jax_nvfp4/layout.py: with n = 128 NB + 16 mt +
+// Layout 1 (sm90; N % 128 == 0, K % 64 == 0), per jax_nvfp4/maths/layout.py: with n = 128 NB + 16 mt +
 // 8 hi + g8 and k = 64 KB + 16 kb + 8 half + 2 t + parity, the code sits in the little-endian
 // 32-bit word at byte 512 mt + 16 (4 g8 + t) + 4 kb of 4096-byte block KB of row stripe NB (the
 // stripe's 128 rows x K/2 bytes hold its K/64 blocks one after another: block byte o is byte

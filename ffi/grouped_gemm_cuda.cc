@@ -57,7 +57,7 @@ ffi::Error CheckAndLaunch(const jax_nvfp4::GroupedGemmParams& p, const jax_nvfp4
                        ", N = " + std::to_string(p.N) + ", K = " + std::to_string(p.K) + ", G = " +
                        std::to_string(p.G) + (p.a_fp4 ? ", packed e2m1 lhs" : "") +
                        (p.rhs_layout == jax_nvfp4::RhsLayout::kSm90 ? ", sm90 weights" : "") +
-                       "); jax_nvfp4.kernel_config.choose picks one that does");
+                       "); jax_nvfp4.config.kernel_config.choose picks one that does");
   if (p.M == 0 || p.N == 0) return ffi::Error::Success();
   // XLA's buffers meet every kernel's alignment (csrc/gemm_contract.h, kXlaBufferAlignBytes)
   if (const char* why = jax_nvfp4::BufferAlignmentError(p, cfg)) return BadArgument(why);

@@ -98,7 +98,7 @@ NB_MODULE(_jax_nvfp4, m) {
 #endif
     return d;
   });
-  // The custom call's enum codes (csrc/gemm_contract.h), which jax_nvfp4.options takes from here.
+  // The custom call's enum codes (csrc/gemm_contract.h), which jax_nvfp4.config.options takes from here.
   m.def("family_codes", []() {
     nb::dict d;
     for (auto f : kFamilies) d[jax_nvfp4::FamilyName(f)] = static_cast<int>(f);

@@ -2,7 +2,7 @@
 // CPU and the CUDA handler: operands x (bf16, float16 or float32 [M, K]; or uint8 [M, K/2], NVFP4
 // packed codes) and block_scales (float8_e4m3fn [M, K/16] for an NVFP4 x, else [0]); results codes
 // (float8_e4m3fn [M, K], kernel k order) and scales (float32 [M, K/128], or [K/128, M] with the
-// attribute scales_transposed). jax_nvfp4/fp8.py builds the call.
+// attribute scales_transposed). jax_nvfp4/ops/fp8.py builds the call.
 #pragma once
 
 #include <cstdint>

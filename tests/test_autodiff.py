@@ -8,7 +8,7 @@ import pytest
 from jax.test_util import check_grads
 
 import jax_nvfp4 as jn
-from jax_nvfp4 import autodiff
+from jax_nvfp4.ops import autodiff
 from oracles import dequant64, rel_err
 from conftest import QUANTIZE_STACK
 from test_gemm import platform_device

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from jax_nvfp4 import checkpoint as ckpt
-from jax_nvfp4 import quantization
-from jax_nvfp4.formats import NVFP4Tensor
-from jax_nvfp4.moe_params import MoEConfig, MoEWeights
+from jax_nvfp4.maths import quantization
+from jax_nvfp4.maths.formats import NVFP4Tensor
+from jax_nvfp4.config.moe_params import MoEConfig, MoEWeights
 
 E, H, I, TOPK, VOCAB = 4, 64, 32, 2, 50
 PREFIX = "model.layers.1.mlp"
@@ -286,9 +286,9 @@ def test_save_moe_roundtrip(tmp_path, fmt, names, scalar_shape):
 
 
 def test_quantized_weights_roundtrip():
-    """Real quantized weights (jax_nvfp4.quantization.quantize) load without warnings and
+    """Real quantized weights (jax_nvfp4.maths.quantization.quantize) load without warnings and
     dequantize to the same values."""
-    q = pytest.importorskip("jax_nvfp4.quantization")
+    q = pytest.importorskip("jax_nvfp4.maths.quantization")
     rng = np.random.default_rng(9)
     tensors = {f"{PREFIX}.gate.weight": rng.standard_normal((E, H)).astype(np.float32)}
     dense = {}

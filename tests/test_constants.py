@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import jax_nvfp4 as jn
-from jax_nvfp4 import _extension, formats, quantization
+from jax_nvfp4 import _extension
+from jax_nvfp4.maths import formats, quantization
 from conftest import cpu_devices, gpu_devices, skip_or_fail
 from oracles import decode_e2m1_bytes, dequant64, grouped_gemm64, rel_err
 

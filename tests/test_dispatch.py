@@ -1,4 +1,4 @@
-"""The one-pass dispatch custom call (jax_nvfp4.dispatch): bit for bit against an NVFP4 oracle
+"""The one-pass dispatch custom call (jax_nvfp4.ops.dispatch): bit for bit against an NVFP4 oracle
 built from ml_dtypes casts and float32 numpy (true divisions, RNE), and against the gather it
 fuses; on the CPU handler and (GPU machines) the CUDA kernel."""
 
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from jax_nvfp4 import _extension
-from jax_nvfp4.dispatch import DISPATCH_TARGET, dispatch_rows, dispatch_rows_dynamic, dispatch_rows_reference
-from jax_nvfp4.formats import Fp8Rows, from_kernel_k_order
-from jax_nvfp4.quantization import dynamic_global_scale
-from jax_nvfp4.moe import _row_global_scale, sort_rows
+from jax_nvfp4.ops.dispatch import DISPATCH_TARGET, dispatch_rows, dispatch_rows_dynamic, dispatch_rows_reference
+from jax_nvfp4.maths.formats import Fp8Rows, from_kernel_k_order
+from jax_nvfp4.maths.quantization import dynamic_global_scale
+from jax_nvfp4.layer.moe import _row_global_scale, sort_rows
 from conftest import gpu_devices, skip_or_fail
 from test_fp8 import oracle_quantize as oracle_quantize_fp8
 
@@ -272,7 +272,7 @@ def test_dynamic_scales_of_every_bf16_pattern(device):
 
 
 def test_custom_call_rejects_bad_operands(device):
-    """The custom call's own checks (what jax_nvfp4.dispatch never builds): each error names the
+    """The custom call's own checks (what jax_nvfp4.ops.dispatch never builds): each error names the
     operand or result and what was expected."""
     x = jnp.ones((4, 32), jnp.bfloat16)
     none_s, none_i = jnp.zeros((0,), jnp.float32), jnp.zeros((0,), jnp.int32)

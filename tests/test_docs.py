@@ -5,13 +5,14 @@ layout codes against the C++ enums and tables of csrc/kernel_table.h and gemm_at
 header (a family added there with its rows and sections passes); section references into
 design.md; design.md's module layers against the package's import graph. (The benchmarks page is generated: test_benchmarks_md.py.)"""
 
+import ast
 import json
 import pathlib
 import re
 
 import pytest
 
-from jax_nvfp4 import kernel_config, options
+from jax_nvfp4.config import kernel_config, options
 
 from conftest import COLLECTED, QUICK, QUICK_BUDGET_S
 
@@ -264,6 +265,36 @@ def test_family_lists_name_every_family():
     assert {n: int(c) for c, n in re.findall(r"(?<!\w)(\d+) (\w+)", attrs)} == cpp_families()
 
 
+def _benchmarked_gpus():
+    """{model: [json files]} of the GPUs the committed benchmark JSONs under docs/ ran on ("gpu"
+    or "device", e.g. "NVIDIA H100 80GB HBM3" -> "H100")."""
+    seen = {}
+    for path in sorted((ROOT / "docs").glob("*.json")):
+        d = json.loads(path.read_text())
+        name = d.get("gpu") or d.get("device") or ""
+        m = re.match(r"NVIDIA (\w+)", name)
+        if m:
+            seen.setdefault(m.group(1), []).append(path.name)
+    return seen
+
+
+def test_support_matrix_status_is_the_committed_runs():
+    """The README support matrix's status column says on which GPUs the kernels ran: the row that
+    says "benchmarked on" names exactly the GPU models of the committed benchmark JSONs, and no
+    GPU of a row that says "not run on such a GPU" appears in any of them."""
+    runs = _benchmarked_gpus()
+    assert {"H100", "H200"} <= set(runs), runs
+    rows = {r[0]: r[2] for r in _table(README, "GPU")}
+    [(gpus, status)] = [(g, s) for g, s in rows.items() if "benchmarked on" in s]
+    claimed = set(re.findall(r"\b([A-Z]+\d+)\b", status))
+    assert claimed == set(runs), f"status {status!r}; the committed JSONs ran on {sorted(runs)}"
+    assert claimed <= set(re.findall(r"\b([A-Z]+\d+)\b", gpus))
+    for gpus, status in rows.items():
+        if "not run on such a GPU" in status:
+            named = set(re.findall(r"\b([A-Z]+\d+)\b", gpus))
+            assert named and not named & set(runs), (gpus, {g: runs[g] for g in named & set(runs)})
+
+
 def test_family_facts_in_the_docs_are_the_table():
     """Where the docs state a family's file, architectures or mode, kFamilyTable says the same:
     design.md's section headings (file; "sm_90" for the sm_90a families; "the FP8 mode" for the
@@ -353,7 +384,7 @@ def _package_imports() -> dict:
     the ``jax_nvfp4.`` prefix; the package's ``__init__`` is ``__init__``), from the source's
     import statements, those inside functions too. ``from pkg import name`` of a name that is not
     a module is an import of ``pkg``'s ``__init__``; the compiled module ``_jax_nvfp4`` is none."""
-    import ast  # noqa: PLC0415
+
     pkg_dir = ROOT / "jax_nvfp4"
 
     def dotted(path):               # jax_nvfp4/nn/frozen.py: nn.frozen; jax_nvfp4/nn/__init__.py: nn
@@ -414,7 +445,8 @@ def test_design_md_layers_are_the_import_graph():
     ones too) points to the importer's layer or one below it."""
     graph = _package_imports()
     layers = _design_layers()
-    assert len(graph) > 30 and {"formats", "options", "gemm", "moe", "checkpoint"} <= set(graph)
+    assert len(graph) > 30 and {"maths.formats", "config.options", "ops.gemm", "layer.moe",
+                                "checkpoint"} <= set(graph)
     missing = sorted(set(graph) - set(layers))
     assert not missing, f"docs/design.md's layer list does not name: {missing}"
     up = sorted(f"{m} (layer {layers[m]}) imports {d} (layer {layers[d]})"
@@ -426,13 +458,38 @@ def test_the_import_graph_reader_sees_every_form_of_import():
     """The reader of the test above: relative, absolute, deferred, ``from . import module`` and
     ``from . import name`` (the package's ``__init__``) forms, against modules known to use them."""
     graph = _package_imports()
-    assert {"_extension", "autodiff", "formats", "gemm"} <= graph["__init__"]
-    assert "formats" in graph["options"] and "_extension" in graph["options"]
-    assert {"nn", "nn.frozen", "moe", "moe_params"} <= graph["nn.eqx"]
+    assert {"_extension", "ops.autodiff", "maths.formats", "ops.gemm"} <= graph["__init__"]
+    options = graph["config.options"]
+    assert "maths.formats" in options and "_extension" in options
+    assert {"nn", "nn.frozen", "layer.moe", "config.moe_params"} <= graph["nn.eqx"]
     assert {"__init__", "bench.common"} <= graph["bench.ep"]
     # `from . import _jax_nvfp4` (the compiled module) is not an edge; `from . import _jax_range` is
     assert graph["_extension"] == {"_jax_range"}
-    assert "safetensors_io" in graph["hf_folder"]
+    assert "checkpoint.safetensors_io" in graph["checkpoint.hf_folder"]
+    assert {"ops.autodiff", "ops.fp8", "config.kernel_config", "maths.qwix_interop"} <= graph["ops.gemm"]
+
+
+FOLDER_LAYERS = {"maths": 1, "config": 2, "ops": 3, "layer": 4, "checkpoint": 5, "nn": 5, "bench": 5}
+
+
+def test_the_folders_are_the_layers():
+    """Every module sits in the folder of its layer: the package's top level holds only the
+    compiled module's two layer-0 modules and ``__init__``; each subpackage's modules (and its
+    ``__init__``) have the subpackage's layer in design.md's list, and the subpackages are the
+    layers design.md names, each ``__init__`` opening with a docstring of one paragraph."""
+    layers = _design_layers()
+    top = sorted(m for m in _package_imports() if "." not in m and m not in FOLDER_LAYERS)
+    assert top == ["__init__", "_extension", "_jax_range"], top
+    assert {layers[m] for m in top if m != "__init__"} == {0}
+    folders = {p.name for p in (ROOT / "jax_nvfp4").iterdir() if (p / "__init__.py").exists()}
+    assert folders == set(FOLDER_LAYERS), folders
+    for module, layer in layers.items():
+        folder = module.split(".")[0]
+        if folder in FOLDER_LAYERS:
+            assert layer == FOLDER_LAYERS[folder], f"{module}: layer {layer}, folder {folder}"
+    for folder in FOLDER_LAYERS:
+        doc = ast.get_docstring(ast.parse((ROOT / "jax_nvfp4" / folder / "__init__.py").read_text()))
+        assert doc and "\n\n" not in doc.strip() or folder in ("nn", "bench"), folder
 
 
 def test_usage_md_names_the_kernel_of_fp8_prepared_weights():

@@ -36,7 +36,7 @@ and the backward widens it, a rounding whose loss only makes the gradient more p
 IGNORED = ("varying_type",)
 """Widening converts are reported where the library makes them (a source frame in jax_nvfp4/),
 not in the caller's code, except in these functions, where it has no numeric effect: varying_type sums one element
-of each custom-call operand only to type the call's result (jax_nvfp4/varying.py)."""
+of each custom-call operand only to type the call's result (jax_nvfp4/maths/varying.py)."""
 MOVES = {"reshape", "transpose", "slice", "squeeze", "expand_dims", "broadcast_in_dim", "copy",
          "copy_p", "rev", "dynamic_slice", "concatenate", "pad", "gather", "select_n"}
 """Ops that move a narrowed value without computing on it (an algebraic simplifier may move a
@@ -275,7 +275,7 @@ def test_qwix_conversions_keep_their_roundings():
     """from_qwix (traced: its e4m3 exactness test and the block scales a consumer widens) and
     to_qwix to bfloat16 scales (its exactness test reads the rounded scale)."""
     qwix = pytest.importorskip("qwix")
-    from jax_nvfp4 import qwix_interop as qi  # noqa: PLC0415
+    from jax_nvfp4.maths import qwix_interop as qi  # noqa: PLC0415
     rng = np.random.default_rng(68)
     w = jnp.asarray(rng.standard_normal((2, 64, 32)), jnp.float32)
     q = qwix.quantize(w, "nvfp4", channelwise_axes=(0, 2), tiled_axes={1: 16})

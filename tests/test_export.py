@@ -1,4 +1,4 @@
-"""jax.export of the library (jax_nvfp4/export.py): jitted grouped_gemm, moe and
+"""jax.export of the library (jax_nvfp4/layer/export.py): jitted grouped_gemm, moe and
 moe_expert_parallel export with ``disabled_checks=jn.export_checks()`` and nothing else written by
 hand; the artifact, deserialized and run in a fresh process, equals the jitted call bit for bit;
 a symbolic token count exports; the custom-call targets carry the interface version."""
@@ -384,7 +384,7 @@ def test_moe_artifact_with_a_symbolic_token_count_runs(rng, backend, activation,
 def test_take_rows_with_symbolic_shapes(rng):
     """rows.take_rows exported with a symbolic row count (of the table and of the indices) runs,
     equal to ``a[rows]``."""
-    from jax_nvfp4.rows import take_rows  # noqa: PLC0415
+    from jax_nvfp4.maths.rows import take_rows  # noqa: PLC0415
     m, = jax.export.symbolic_shape("m")
     a = jnp.asarray(rng.integers(0, 256, (9, 64)), jnp.uint8)
     rows = jnp.array([8, 0, 3, 3, 1], jnp.int32)

@@ -1,4 +1,4 @@
-"""NVFP4Tensor's static ``layout`` field (jax_nvfp4/formats.py): pytree aux data that survives
+"""NVFP4Tensor's static ``layout`` field (jax_nvfp4/maths/formats.py): pytree aux data that survives
 jit, vmap, shard_map and tree_map, default "checkpoint", checked by validate()."""
 
 import jax

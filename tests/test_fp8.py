@@ -1,4 +1,4 @@
-"""The fp8 compute mode (jax_nvfp4.fp8, grouped_gemm(precision="fp8"), MoEConfig.precision)
+"""The fp8 compute mode (jax_nvfp4.ops.fp8, grouped_gemm(precision="fp8"), MoEConfig.precision)
 against oracles written here: float64 numpy with ml_dtypes' e4m3 casts and numpy's frexp."""
 
 import re
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import jax_nvfp4 as jn
-from jax_nvfp4 import _extension, fp8
+from jax_nvfp4 import _extension
+from jax_nvfp4.ops import fp8
 from oracles import decode_e2m1_bytes, decode_e4m3, dequant64, float_layer64, rel_err
 from conftest import QUANTIZE_STACK, cpu_devices, gpu_devices, skip_or_fail
 
@@ -828,7 +829,7 @@ def test_quantize_rows_then_gather_equals_gather_then_quantize(rng, on_cpu, back
 def test_moe_fp8_dispatches_quantized_rows(rng, on_cpu, activation):
     """The fp8 layer quantizes each token once and gathers the e4m3 rows: the routed experts'
     output equals the one from quantizing the dispatched copies, bit for bit."""
-    from jax_nvfp4.moe import _expert_gemm                                  # noqa: PLC0415
+    from jax_nvfp4.layer.moe import _expert_gemm                                  # noqa: PLC0415
     c, w, x, _ = moe_layer(rng, activation)
     c8 = jn.MoEConfig(**{**c.__dict__, "precision": "fp8"})
     backend = "ffi" if HAS_FFI else "reference"
@@ -839,7 +840,7 @@ def test_moe_fp8_dispatches_quantized_rows(rng, on_cpu, activation):
     f = jax.jit(lambda xs, g: _expert_gemm(xs, row_expert, w.w13, None, sizes, c8, backend,
                                            gather=g))
     got = f(x, gather)
-    # the dispatch gathers e4m3 codes (as 32-bit words: jax_nvfp4.rows), their chunk scales and
+    # the dispatch gathers e4m3 codes (as 32-bit words: jax_nvfp4.maths.rows), their chunk scales and
     # (W4A4) the per-row global scales, not float rows
     gathers = [ln.split("->")[-1] for ln in f.lower(x, gather).as_text().splitlines()
                if "stablehlo.gather" in ln]

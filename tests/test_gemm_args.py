@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import jax_nvfp4 as jn
-from jax_nvfp4.formats import check_k
-from jax_nvfp4.gemm_args import check_group_sizes, group_bounds
-from jax_nvfp4.options import check_precision
+from jax_nvfp4.maths.formats import check_k
+from jax_nvfp4.ops.gemm_args import check_group_sizes, group_bounds
+from jax_nvfp4.config.options import check_precision
 from conftest import QUANTIZE_STACK
 from oracles import dequant64
 from test_quantization import x64

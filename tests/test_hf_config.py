@@ -1,4 +1,4 @@
-"""Tests of jax_nvfp4.hf_config: MoEConfig.from_hf_config for the DeepSeek-V3/V4, Kimi-K2, GLM-4.5
+"""Tests of jax_nvfp4.config.hf_config: MoEConfig.from_hf_config for the DeepSeek-V3/V4, Kimi-K2, GLM-4.5
 and Qwen3-MoE families, the quantization configs (ModelOpt, Quark), and the errors for what the
 layer cannot express."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jax_nvfp4 as jn
-from jax_nvfp4.moe_params import MoEConfig, MoEWeights
+from jax_nvfp4.config.moe_params import MoEConfig, MoEWeights
 
 # The MoE keys of the published config.json files (values as shipped).
 DEEPSEEK_V3 = {"model_type": "deepseek_v3", "hidden_size": 7168, "moe_intermediate_size": 2048,

@@ -1,4 +1,4 @@
-"""Tests of jax_nvfp4.hf_folder and the folder/index paths of load_moe / load_model_moe:
+"""Tests of jax_nvfp4.checkpoint.hf_folder and the folder/index paths of load_moe / load_model_moe:
 Hugging Face checkpoints as they ship (``model-0000k-of-0000n.safetensors`` + index + config.json),
 built here as a 3-shard folder, and the real AMD Quark export in tests/fixtures/."""
 
@@ -18,7 +18,7 @@ import pytest
 
 import jax_nvfp4 as jn
 from jax_nvfp4 import checkpoint as ckpt
-from jax_nvfp4 import hf_folder
+from jax_nvfp4.checkpoint import hf_folder
 from oracles import rel_err
 from test_checkpoint import E, H, I, TOPK, cfg, check_loaded, load_quiet, raw, reference, tensors_from
 

@@ -9,7 +9,7 @@ import pytest
 
 import jax_nvfp4 as jn
 from jax_nvfp4 import _extension
-from jax_nvfp4.kernel_config import FAMILIES, KernelConfig
+from jax_nvfp4.config.kernel_config import FAMILIES, KernelConfig
 from conftest import gpu_devices, skip_or_fail
 from oracles import rel_err
 from test_gemm import check_output, make_problem, platform_device, poison
@@ -440,7 +440,7 @@ def test_family_table_is_the_python_vocabulary():
     """kernel_config.family_table() (the C++ kFamilyTable through the extension) against the Python
     constants taken from the same extension, the compiled configurations and the heuristic's
     for_family: each family computes its mode only and reads its layouts only."""
-    from jax_nvfp4 import kernel_config, options  # noqa: PLC0415
+    from jax_nvfp4.config import kernel_config, options  # noqa: PLC0415
     table = kernel_config.family_table()
     assert tuple(f.name for f in table) == FAMILIES
     assert [f.code for f in table] == list(range(len(table)))
@@ -465,7 +465,8 @@ def test_weight_shifts_and_interface_version_are_the_extensions():
     """The scale shifts (2^7 of the exact mode's weights, 2^3 of the FP8 mode's) and the custom
     calls' interface version are stated once, in C++ (csrc/gemm_attributes.h); Python's copies,
     which a package without the extension needs, equal them."""
-    from jax_nvfp4 import formats, fp8, reference  # noqa: PLC0415
+    from jax_nvfp4.maths import formats  # noqa: PLC0415
+    from jax_nvfp4.ops import fp8, reference  # noqa: PLC0415
     ext = _extension.load()
     shifts = ext.weight_shifts()
     assert shifts == {"exact": 7, "fp8": 3}
@@ -496,7 +497,7 @@ def test_the_type_stub_names_the_compiled_modules_functions():
 def test_cutlass_fp8_n_edge():
     """cutlass_fp8 handles N % 8 == 0 (its epilogue's vector width), not only N % 16: N = 8, 24
     and 40 take it, N = 4, 12 and 20 do not (None: the heuristic falls back)."""
-    from jax_nvfp4 import kernel_config as kc  # noqa: PLC0415
+    from jax_nvfp4.config import kernel_config as kc  # noqa: PLC0415
     kw = dict(rhs_layout="fp8", precision="fp8")
     for n in (8, 24, 40):
         assert kc.for_family("cutlass_fp8", 256, n, 256, 2, **kw).family == "cutlass_fp8", n

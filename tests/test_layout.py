@@ -1,4 +1,4 @@
-"""The sm90 load-time layout of weight codes (jax_nvfp4/layout.py).
+"""The sm90 load-time layout of weight codes (jax_nvfp4/maths/layout.py).
 
 Oracle: ml_dtypes' float4_e2m1fn and bfloat16 decodes, and an index mapping written out here
 from the layout's definition (loops over thread, tile and register), not the module's reshapes.
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from jax_nvfp4 import layout
+from jax_nvfp4.maths import layout
 
 
 def random_packed(rng, shape):

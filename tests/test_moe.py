@@ -12,7 +12,7 @@ import pytest
 
 import jax_nvfp4 as jn
 from jax_nvfp4 import checkpoint
-from jax_nvfp4.moe import RANK_SORT_MAX_ROWS, _expert_gemm, rank_sort_rows, sort_rows
+from jax_nvfp4.layer.moe import RANK_SORT_MAX_ROWS, _expert_gemm, rank_sort_rows, sort_rows
 from oracles import dequant64, float_layer64, rel_err, route64, swiglu64
 from conftest import QUANTIZE, QUANTIZE_STACK, cpu_devices
 
@@ -1228,7 +1228,7 @@ def test_combine_adds_zero_for_rows_not_computed(rng):
     """routed_experts with a capacity: slots whose row was not computed (other devices' experts)
     add exactly 0, even when the last computed row is NaN (a token holding Inf): the combine
     gathers a fill of 0 for them, not a clipped index (0 * NaN would be NaN)."""
-    from jax_nvfp4.moe import routed_experts  # noqa: PLC0415
+    from jax_nvfp4.layer.moe import routed_experts  # noqa: PLC0415
     e_local, h, i = 2, 64, 32
     w = quantized(float_layer(rng, e=e_local, h=h, i=i, shared=False))
     config = cfg(num_experts=4, hidden_size=h, intermediate_size=i, top_k=2, n_group=1,
@@ -1249,7 +1249,7 @@ def test_combine_adds_zero_for_rows_not_computed(rng):
 def test_gate_up_dtype_contract():
     """The gate/up GEMM's own output: bf16 (the row dtype) in the fp8 mode, float32 in the exact
     mode and with row_dtype="float32" (docstring of moe.gate_up_dtype)."""
-    from jax_nvfp4.moe import gate_up_dtype  # noqa: PLC0415
+    from jax_nvfp4.layer.moe import gate_up_dtype  # noqa: PLC0415
     assert gate_up_dtype(cfg(precision="fp8", intermediate_size=128)) == jnp.bfloat16
     assert gate_up_dtype(cfg(precision="fp8", intermediate_size=128,
                              row_dtype="float32")) == jnp.float32
@@ -1263,7 +1263,7 @@ def test_float32_rows_are_quantized_from_float32(rng, backend):
     values, not from a bf16 copy: rows with values just past e2m1 midpoints (1.25, 0.25, 3.5
     times 1 + 2^-9.5, which bf16 rounds onto the midpoints) against the float64 product of the
     float32 rows' NVFP4 quantization (tests/oracles.py), which a bf16 copy's does not match."""
-    from jax_nvfp4.moe import _expert_gemm  # noqa: PLC0415
+    from jax_nvfp4.layer.moe import _expert_gemm  # noqa: PLC0415
     from oracles import quantize64  # noqa: PLC0415
     k, n = 64, 32
     x = (rng.standard_normal((3, k)) * 0.5).astype(np.float32)

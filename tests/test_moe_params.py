@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_nvfp4.moe_params import MoEConfig, known_range
+from jax_nvfp4.config.moe_params import MoEConfig, known_range
 
 BASE = dict(num_experts=8, top_k=2, hidden_size=64, intermediate_size=32)
 F32_MAX = float(np.finfo(np.float32).max)

@@ -1,6 +1,6 @@
-"""jax_nvfp4.options: every option vocabulary has its one home there (the modules that use one take
+"""jax_nvfp4.config.options: every option vocabulary has its one home there (the modules that use one take
 that very object), and ``precision`` is checked once where it enters the public API and passed
-down as a checked :class:`~jax_nvfp4.options.Precision`."""
+down as a checked :class:`~jax_nvfp4.config.options.Precision`."""
 
 import pickle
 import subprocess
@@ -14,7 +14,11 @@ import numpy as np
 import pytest
 
 import jax_nvfp4 as jn
-from jax_nvfp4 import _extension, checkpoint, fp8, formats, gemm, kernel_config, options, sharding
+from jax_nvfp4 import _extension, checkpoint
+from jax_nvfp4.ops import fp8, gemm
+from jax_nvfp4.maths import formats
+from jax_nvfp4.config import kernel_config, options
+from jax_nvfp4.layer import sharding
 from conftest import QUANTIZE_STACK
 
 
@@ -53,7 +57,7 @@ def test_package_imports_without_the_extension():
     # option vocabularies are the copies, and the reference backend runs.
     code = ("import sys; sys.modules['jax_nvfp4._jax_nvfp4'] = None\n"
             "import jax_nvfp4 as jn, jax.numpy as jnp\n"
-            "from jax_nvfp4 import _extension, options\n"
+            "from jax_nvfp4 import _extension\nfrom jax_nvfp4.config import options\n"
             "assert _extension.compiled_module() is None and not _extension.available()\n"
             "assert options.FAMILY_CODES == options._FAMILY_CODES_UNBUILT\n"
             "assert options.LAYOUT_CODES == options._LAYOUT_CODES_UNBUILT\n"

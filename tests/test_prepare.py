@@ -1,4 +1,4 @@
-"""prepare_weights (jax_nvfp4/prepare.py) on a whole MoEWeights: every NVFP4 field converted the
+"""prepare_weights (jax_nvfp4/ops/prepare.py) on a whole MoEWeights: every NVFP4 field converted the
 way the single-tensor conversion does it (that one is checked against independent oracles in
 tests/test_layout.py and tests/test_fp8.py), the other fields and the row order as documented,
 and errors naming the field. The single-tensor cases are in tests/test_layout.py and
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import jax_nvfp4 as jn
-from jax_nvfp4 import layout
-from jax_nvfp4.formats import Fp8Weights
+from jax_nvfp4.maths import layout
+from jax_nvfp4.maths.formats import Fp8Weights
 
 WEIGHTS = ("w13", "w2", "shared_w13", "shared_w2")
 

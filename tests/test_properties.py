@@ -183,7 +183,7 @@ def test_grouped_gemm_property(problem):
 
 @functools.partial(jax.jit, static_argnames=("transposed", "out", "quant"))
 def _ragged(x, w, gs, transposed, out, quant):
-    from jax_nvfp4.ragged import TRANSPOSED_RHS_DIMENSION_NUMBERS  # noqa: PLC0415
+    from jax_nvfp4.ops.ragged import TRANSPOSED_RHS_DIMENSION_NUMBERS  # noqa: PLC0415
     lhs = jn.quantize(x) if quant else x
     rhs = w if transposed else jn.ragged_rhs(w)
     return jn.ragged_dot(lhs, rhs, gs, preferred_element_type=out,
@@ -247,7 +247,7 @@ def test_qwix_round_trip_is_qwix_dequantization(problem):
     bfloat16, magnitudes 2^-30..2^30) dequantizes to qwix.dequantize bit for bit, and to_qwix
     back gives a QArray that qwix dequantizes to the same bits."""
     qwix = pytest.importorskip("qwix")
-    from jax_nvfp4 import qwix_interop as qi  # noqa: PLC0415
+    from jax_nvfp4.maths import qwix_interop as qi  # noqa: PLC0415
     shape, axis, dtype, exp, seed, channelwise = problem
     r = np.random.default_rng(seed)
     w = (r.standard_normal(shape) * np.exp2(exp + r.integers(-6, 6, shape))).astype(np.float32)
@@ -275,7 +275,7 @@ def dispatch_problems(draw):
 
 @functools.partial(jax.jit, static_argnames=("mode", "backend"))
 def _dispatch_fp8(x, gather, gs, mode, backend):
-    from jax_nvfp4.dispatch import dispatch_rows, dispatch_rows_dynamic  # noqa: PLC0415
+    from jax_nvfp4.ops.dispatch import dispatch_rows, dispatch_rows_dynamic  # noqa: PLC0415
     if mode == "dynamic":
         return dispatch_rows_dynamic(x, gather, fp8=True, backend=backend)
     return dispatch_rows(x, gather, row_scale=gs if mode == "given" else None, fp8=True,
@@ -288,7 +288,7 @@ def test_fp8_dispatch_is_the_ml_dtypes_oracle(problem):
     """dispatch_rows / dispatch_rows_dynamic with fp8=True (each mode, bf16 and float32 rows of
     magnitudes 2^-40..2^40 with Inf/NaN entries, gathers with repeats and none, 0 rows) against
     the ml_dtypes oracle of tests/test_dispatch.py and tests/test_fp8.py, byte for byte."""
-    from jax_nvfp4.formats import from_kernel_k_order  # noqa: PLC0415
+    from jax_nvfp4.maths.formats import from_kernel_k_order  # noqa: PLC0415
     from test_dispatch import oracle_scales, oracle_values  # noqa: PLC0415
     from test_fp8 import oracle_quantize as oracle_fp8  # noqa: PLC0415
     t, k, mode, dtype, exp, seed, backend = problem

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import jax_nvfp4 as jn
-from jax_nvfp4.formats import pack_codes, unpack_codes
-from jax_nvfp4.quantization import dynamic_global_scale, e2m1_scaled
+from jax_nvfp4.maths.formats import pack_codes, unpack_codes
+from jax_nvfp4.maths.quantization import dynamic_global_scale, e2m1_scaled
 from oracles import decode_e2m1_bytes, decode_e4m3, dequant64, quantize64
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]

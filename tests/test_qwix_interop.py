@@ -1,4 +1,4 @@
-"""qwix interop (jax_nvfp4/qwix_interop.py) against the real qwix: NVFP4 QArray <-> NVFP4Tensor
+"""qwix interop (jax_nvfp4/maths/qwix_interop.py) against the real qwix: NVFP4 QArray <-> NVFP4Tensor
 with identical dequantized values (qwix.dequantize is the oracle), refusals where not exact, and
 grouped_gemm / moe taking qwix NVFP4 weights directly."""
 
@@ -12,7 +12,7 @@ from conftest import QUANTIZE, QUANTIZE_STACK
 
 import jax_nvfp4 as jn
 from jax_nvfp4 import _extension
-from jax_nvfp4 import qwix_interop as qi
+from jax_nvfp4.maths import qwix_interop as qi
 
 qwix = pytest.importorskip("qwix", reason="qwix is not installed (pip install '.[interop]')")
 BACKENDS = ["ffi", "reference"] if _extension.available() else ["reference"]

@@ -1,4 +1,4 @@
-"""jax_nvfp4.ragged_dot (jax_nvfp4/ragged.py): jax.lax.ragged_dot's signature and [G, K, N] rhs on
+"""jax_nvfp4.ragged_dot (jax_nvfp4/ops/ragged.py): jax.lax.ragged_dot's signature and [G, K, N] rhs on
 NVFP4 weights, checked against jax.lax.ragged_dot / float64 on the dequantized weights, and used
 as tokamax's implementation callable (real tokamax and qwix when installed; skips otherwise)."""
 
@@ -12,7 +12,7 @@ from conftest import QUANTIZE, QUANTIZE_STACK
 
 import jax_nvfp4 as jn
 from jax_nvfp4 import _extension
-from jax_nvfp4.ragged import TRANSPOSED_RHS_DIMENSION_NUMBERS, Unsupported
+from jax_nvfp4.ops.ragged import TRANSPOSED_RHS_DIMENSION_NUMBERS, Unsupported
 
 BACKENDS = ["ffi", "reference"] if _extension.available() else ["reference"]
 needs_qwix = pytest.mark.skipif(importlib.util.find_spec("qwix") is None,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jax_nvfp4 as jn
-from jax_nvfp4 import routing
+from jax_nvfp4.layer import routing
 from oracles import route64
 
 

@@ -1,11 +1,11 @@
-"""jax_nvfp4.rows: the dispatch's row gathers as 32-bit words, bit for bit ``a[rows]``."""
+"""jax_nvfp4.maths.rows: the dispatch's row gathers as 32-bit words, bit for bit ``a[rows]``."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_nvfp4.rows import take_rows
+from jax_nvfp4.maths.rows import take_rows
 
 
 def _bits(a):

@@ -1,4 +1,4 @@
-"""Tests of jax_nvfp4.safetensors_io: the safetensors reader/writer (dtypes kept as stored, corrupt
+"""Tests of jax_nvfp4.checkpoint.safetensors_io: the safetensors reader/writer (dtypes kept as stored, corrupt
 headers rejected, atomic writes), cross-checked against the ``safetensors`` package."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jax_nvfp4 import hf_folder
-from jax_nvfp4 import safetensors_io as st
+from jax_nvfp4.checkpoint import hf_folder
+from jax_nvfp4.checkpoint import safetensors_io as st
 
 F8 = np.dtype(ml_dtypes.float8_e4m3fn)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,4 +1,4 @@
-"""Expert parallelism (jax_nvfp4.sharding) on 8 CPU devices: equal to the single-device layer,
+"""Expert parallelism (jax_nvfp4.layer.sharding) on 8 CPU devices: equal to the single-device layer,
 and both within the float64 MoE oracle of tests/oracles.py (``assert_oracle``).
 
 ``moe_expert_parallel`` must give :func:`jax_nvfp4.moe`'s answer up to the float32 order of the
@@ -28,8 +28,8 @@ from jax.sharding import PartitionSpec as P
 
 import jax_nvfp4 as jn
 from jax_nvfp4 import _extension
-from jax_nvfp4 import sharding
-from jax_nvfp4.moe import routed_experts, row_ladder, shared_expert
+from jax_nvfp4.layer import sharding
+from jax_nvfp4.layer.moe import routed_experts, row_ladder, shared_expert
 from conftest import cpu_devices, QUANTIZE, QUANTIZE_STACK
 from oracles import moe64, rel_err
 

@@ -48,6 +48,7 @@ MIRRORS = {
     "gemm_args": ["test_gemm_args.py", "test_gemm.py"],
     "varying": ["test_sharding.py", "test_gemm.py"],
     "nn": ["test_nn.py"],
+    "moe_files": ["test_checkpoint.py"],
 }
 PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-m", "not slow and not multidevice and not gpu",
                "--deselect", "tests/test_checkpoint.py::test_inverted_weight_scale_2_warns",
@@ -55,7 +56,8 @@ PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-m", "not slow and not multidevi
 
 
 def mirror_files(module):
-    key = module.split(".")[0]
+    parts = module.split(".")  # maths.formats: formats; nn.eqx: nn
+    key = parts[0] if parts[0] == "nn" else parts[-1]
     files = MIRRORS.get(key, [f"test_{key}.py"])
     return [f"tests/{f}" for f in files if (ROOT / "tests" / f).exists()]
 

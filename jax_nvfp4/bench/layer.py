@@ -26,7 +26,7 @@ group sizes). For each token count and activation (W4A4 dynamic, W4A16) it times
   (``jnp.argsort``, ``jnp.bincount``), :func:`jax_nvfp4.grouped_gemm` on an lhs of the kind the
   layer's kernels read: bf16 rows for W4A16, for W4A4 the bf16 values of each row's NVFP4
   quantization (its dynamic global scale applied to the output); in the FP8 mode gemm1's rows
-  quantized by :func:`jax_nvfp4.fp8.quantize_rows` beforehand (the layer does it in its
+  quantized by :func:`jax_nvfp4.ops.fp8.quantize_rows` beforehand (the layer does it in its
   dispatch) and gemm2's bf16 rows quantized in the call (as in the layer). gemm1 is the
   gate/up GEMM with float32 output (also where the layer fuses the SwiGLU into it: the same
   weight bytes and products);
@@ -54,7 +54,7 @@ import numpy as np
 
 import jax_nvfp4 as jn
 from jax_nvfp4.bench.common import random_layer, run_info, time_ms, write_json
-from jax_nvfp4.moe import gate_up_dtype
+from jax_nvfp4.layer.moe import gate_up_dtype
 
 ACTIVATIONS = ("w4a4", "w4a16")
 LAYOUTS = (*jn.LAYOUTS, jn.Fp8Weights.layout)
@@ -91,7 +91,7 @@ def gemm_lhs(rows, config, backend="auto"):
     W4A16: the rows in bf16. W4A4: each row quantized to NVFP4 with its own dynamic global scale
     (:func:`jax_nvfp4.quantize` per row), the bf16 values ``e2m1 * block scale`` (exact in bf16),
     and the global scales. FP8 mode: those bf16 rows quantized by
-    :func:`jax_nvfp4.fp8.quantize_rows` in the kernel's k order, as the layer's dispatch call
+    :func:`jax_nvfp4.ops.fp8.quantize_rows` in the kernel's k order, as the layer's dispatch call
     writes both GEMMs' inputs.
     """
     if config.activation == "w4a4":
@@ -117,7 +117,7 @@ def swiglu_rows(lhs1, s1, weights, sizes, config, backend="auto"):
     holding row-dtype (bf16) values. Paired gate/up weights (``weights.w13_paired``) in exact
     precision take :func:`jax_nvfp4.grouped_gemm_swiglu` (the fused call); else
     :func:`jax_nvfp4.grouped_gemm` then :func:`jax_nvfp4.swiglu` (on the paired columns put back
-    in gate | up order by :func:`jax_nvfp4.reference.split_paired`)."""
+    in gate | up order by :func:`jax_nvfp4.ops.reference.split_paired`)."""
     row_dtype = jnp.dtype(config.row_dtype)
     if weights.w13_paired and config.precision == "exact":
         act = jn.grouped_gemm_swiglu(lhs1, weights.w13, sizes, row_scale=s1,
@@ -147,7 +147,7 @@ def gemm_inputs(x, token_of, sizes, weights, config, backend="auto"):
 def gemm_cases(x, token_of, sizes, weights, config, backend="auto"):
     """The two grouped GEMMs alone on the same rows: ``(gemm1, args1), (gemm2, args2)``, jitted.
     gemm1: gate/up, ``[R, 2I]`` out in the layer's dtype for it
-    (:func:`jax_nvfp4.moe.gate_up_dtype`: float32, bf16 in the fp8 mode); gemm2: down, ``[R, H]``
+    (:func:`jax_nvfp4.layer.moe.gate_up_dtype`: float32, bf16 in the fp8 mode); gemm2: down, ``[R, H]``
     in the row dtype (bf16).
     Their output rows are before the W4A4 row scales (:func:`gemm_inputs`' s1, s2)."""
     lhs1, _, lhs2, _ = gemm_inputs(x, token_of, sizes, weights, config, backend)

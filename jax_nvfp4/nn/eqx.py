@@ -10,8 +10,8 @@ from .frozen import FrozenMoEWeights
 
 equinox = require("equinox", "equinox")
 
-from ..moe import moe  # noqa: E402
-from ..moe_params import MoEConfig, MoEWeights  # noqa: E402
+from ..layer.moe import moe  # noqa: E402
+from ..config.moe_params import MoEConfig, MoEWeights  # noqa: E402
 
 
 class MoE(equinox.Module):

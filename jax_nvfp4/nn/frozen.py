@@ -27,9 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..formats import Fp8Weights, NVFP4Tensor
-from ..moe_params import MoEWeights
-from ..qwix_interop import weights_from_qwix
+from ..maths.formats import Fp8Weights, NVFP4Tensor
+from ..config.moe_params import MoEWeights
+from ..maths.qwix_interop import weights_from_qwix
 
 _ARRAY_FIELDS = tuple(f.name for f in dataclasses.fields(MoEWeights)
                       if not f.metadata.get("static"))
@@ -86,7 +86,7 @@ class FrozenMoEWeights:
     def freeze(cls, weights: MoEWeights) -> "FrozenMoEWeights":
         """Store ``weights`` (a :class:`jax_nvfp4.MoEWeights`; raises TypeError otherwise). Fields
         that are qwix NVFP4 ``QArray`` s (as :func:`jax_nvfp4.moe` takes them) are stored as
-        their conversions (:func:`jax_nvfp4.qwix_interop.weights_from_qwix`)."""
+        their conversions (:func:`jax_nvfp4.maths.qwix_interop.weights_from_qwix`)."""
         if isinstance(weights, FrozenMoEWeights):
             return weights
         if not isinstance(weights, MoEWeights):
@@ -158,7 +158,7 @@ def _meta_from_bytes(b: bytes):
 
 
 # jax.export serializes the pytree structure of an exported function's arguments
-# (jax_nvfp4.export registers the core types)
+# (jax_nvfp4.layer.export registers the core types)
 jax.export.register_pytree_node_serialization(
     FrozenMoEWeights, serialized_name="jax_nvfp4.nn.FrozenMoEWeights",
     serialize_auxdata=_meta_to_bytes, deserialize_auxdata=_meta_from_bytes)

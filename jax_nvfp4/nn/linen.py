@@ -10,8 +10,8 @@ from .frozen import FrozenMoEWeights
 
 nn = require("flax.linen", "flax")
 
-from ..moe import moe  # noqa: E402
-from ..moe_params import MoEConfig, MoEWeights  # noqa: E402
+from ..layer.moe import moe  # noqa: E402
+from ..config.moe_params import MoEConfig, MoEWeights  # noqa: E402
 
 COLLECTION = "nvfp4"
 """The variable collection holding the weights (not ``"params"``: optimizers over params skip it)."""

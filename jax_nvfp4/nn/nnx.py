@@ -11,8 +11,8 @@ from .frozen import FrozenMoEWeights
 
 nnx = require("flax.nnx", "flax")
 
-from ..moe import moe  # noqa: E402
-from ..moe_params import MoEConfig, MoEWeights  # noqa: E402
+from ..layer.moe import moe  # noqa: E402
+from ..config.moe_params import MoEConfig, MoEWeights  # noqa: E402
 
 
 class FrozenWeights(nnx.Variable):

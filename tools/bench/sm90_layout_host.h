@@ -1,4 +1,4 @@
-// Host-side copies of jax_nvfp4/layout.py's prepare_sm90 and prepare_scales_sm90 (the sm90
+// Host-side copies of jax_nvfp4/maths/layout.py's prepare_sm90 and prepare_scales_sm90 (the sm90
 // load-time layout of packed e2m1 codes and of their block scales), for the self-test
 // (tools/bench/gemm_selftest.cu --layout sm90): rhs uint8 [G, N, K/2] and scales [G, N, K/16] in the
 // checkpoint layout -> the same bytes re-laid out (N % 128 == 0, K % 64 == 0).

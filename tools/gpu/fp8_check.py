@@ -20,7 +20,10 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from jax_nvfp4 import _extension, gemm, kernel_config, prepare, quantization
+from jax_nvfp4 import _extension
+from jax_nvfp4.ops import gemm, prepare
+from jax_nvfp4.config import kernel_config
+from jax_nvfp4.maths import quantization
 
 E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float64)
 

@@ -19,8 +19,9 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from jax_nvfp4 import gemm, kernel_config, options, prepare
-from jax_nvfp4.formats import NVFP4Tensor
+from jax_nvfp4.ops import gemm, prepare
+from jax_nvfp4.config import kernel_config, options
+from jax_nvfp4.maths.formats import NVFP4Tensor
 
 E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float64)
 

@@ -78,7 +78,7 @@ step builds 300 bash -c builds
 images() {
   local cuobjdump; cuobjdump=$(command -v cuobjdump || echo "$(dirname "$(command -v nvcc)")/cuobjdump")
   for site in "" "$port_site"; do
-    PYTHONPATH="$site" python3 -P -c "import jax_nvfp4._jax_nvfp4 as e, jax_nvfp4.kernel_config as k
+    PYTHONPATH="$site" python3 -P -c "import jax_nvfp4._jax_nvfp4 as e, jax_nvfp4.config.kernel_config as k
 print(e.__file__); print('  cuda targets:', e.cuda_targets()); print('  families on 9.0:', k.runnable_families(90))"
     "$cuobjdump" --list-elf --list-ptx "$(PYTHONPATH="$site" python3 -P -c "import jax_nvfp4._jax_nvfp4 as e; print(e.__file__)")"
   done

@@ -12,7 +12,7 @@ all-gather that would bring the other devices' routing decisions is replaced by 
 them (computed once, untimed; the real all-gather moves ``T * top_k * 8`` bytes); then
 ``sharding.local_routed_experts`` on those decisions; the combine is not timed. ``route_ms`` is
 the router over all T tokens (what every device ran before the token slice), ``route_slice_ms``
-over device 0's slice. Lab code: it calls internals of jax_nvfp4.sharding and jax_nvfp4.moe.
+over device 0's slice. Lab code: it calls internals of jax_nvfp4.layer.sharding and jax_nvfp4.moe.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_nvfp4 as jn
-from jax_nvfp4 import sharding
+from jax_nvfp4.layer import sharding
 from jax_nvfp4.bench.common import random_layer, run_info, time_ms, write_json
 from jax_nvfp4.bench.layer import layer_config
-from jax_nvfp4.moe import row_ladder
+from jax_nvfp4.layer.moe import row_ladder
 
 SMALL = dict(experts=8, hidden=128, inter=64, ep=4, tokens=64, target_s=0.02, repeats=3)
 

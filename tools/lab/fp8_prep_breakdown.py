@@ -21,7 +21,7 @@ import jax_nvfp4 as jn
 from jax_nvfp4.bench.common import run_info, time_ms
 from jax_nvfp4.bench.gemm import LAYERS, case_seed, make_case
 from jax_nvfp4.bench.torch_peers import torch_peers
-from jax_nvfp4 import fp8
+from jax_nvfp4.ops import fp8
 
 
 def main(argv=None):

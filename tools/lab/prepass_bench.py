@@ -3,7 +3,7 @@
     python tools/lab/prepass_bench.py --out /tmp/prepass.json          # on the GPU
     python tools/lab/prepass_bench.py --cpu-smoke --out /tmp/p.json    # tiny sizes, on the CPU
 
-This is what ``jax_nvfp4/gemm.py`` runs before the W4A16 kernel for an NVFP4 lhs on the GPU
+This is what ``jax_nvfp4/ops/gemm.py`` runs before the W4A16 kernel for an NVFP4 lhs on the GPU
 (``quantization.e2m1_scaled(..., jnp.bfloat16)``). Decodes compared, each jitted alone (``unpack``: how bytes become one code per element):
 
 * ``select``: what the pre-pass ran before: the nibbles unpacked by a stack (a concatenate) and
@@ -71,8 +71,8 @@ def main(argv=None):
     import jax.numpy as jnp  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
 
-    from jax_nvfp4 import quantization  # noqa: PLC0415
-    from jax_nvfp4.formats import (BLOCK_SIZE, E2M1_VALUES, NVFP4Tensor,  # noqa: PLC0415
+    from jax_nvfp4.maths import quantization  # noqa: PLC0415
+    from jax_nvfp4.maths.formats import (BLOCK_SIZE, E2M1_VALUES, NVFP4Tensor,  # noqa: PLC0415
                                    decode_e2m1, unpack_nibbles)
 
     def unpack_stack(data):

@@ -6,13 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .gemm_args import round_to
-from .moe_params import MoEConfig, MoEWeights, known_range
+from ..ops.gemm_args import round_to
+from ..config.moe_params import MoEConfig, MoEWeights, known_range
 
 
 def _bf16_terms(w: jax.Array) -> jax.Array:
     """float32 ``[E, H]`` -> bfloat16 ``[3E, H]``: three terms per row whose float32 sum is w
-    exactly (8 + 8 + 8 significand bits; :func:`jax_nvfp4.gemm_args.round_to`, so that no excess
+    exactly (8 + 8 + 8 significand bits; :func:`jax_nvfp4.ops.gemm_args.round_to`, so that no excess
     precision can skip a rounding inside jit)."""
     w1 = round_to(w, jnp.bfloat16)
     r = w - w1                                          # exact: w's low 16 bits

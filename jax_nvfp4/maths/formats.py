@@ -18,7 +18,7 @@ Convention (the one every module, kernel and test in this package uses):
   ``jit`` read different values than the same tensor passed as an argument).
 * ``NVFP4Tensor.layout`` names the byte order of ``data`` and ``scales``: ``"checkpoint"`` (the
   order above) or ``"sm90"``, a load-time permutation of the same bytes for the Hopper kernels
-  (:mod:`jax_nvfp4.layout`, :func:`jax_nvfp4.prepare_weights`): codes re-laid-out within 128 x 64
+  (:mod:`jax_nvfp4.maths.layout`, :func:`jax_nvfp4.prepare_weights`): codes re-laid-out within 128 x 64
   blocks, scales reordered into one 512-byte record per 128 rows x 64 k. Shapes are unchanged.
 """
 
@@ -169,7 +169,7 @@ class NVFP4Tensor:
         for one tensor, ``[G]`` for a stack of G experts ``[G, N, K]``.
       layout: static str, the byte order of ``data`` and ``scales``: ``"checkpoint"`` (default;
         element ``2j`` in the low nibble of byte ``j``, scale ``b`` for elements ``16 b ..``) or
-        ``"sm90"`` (the Hopper load-time layout of :mod:`jax_nvfp4.layout`; needs N % 128 == 0
+        ``"sm90"`` (the Hopper load-time layout of :mod:`jax_nvfp4.maths.layout`; needs N % 128 == 0
         and K % 64 == 0 on the last two axes). It is
         pytree aux data, not a leaf, so it survives jit, vmap, shard_map and tree_map.
 
@@ -240,7 +240,7 @@ class NVFP4Tensor:
 @jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True)
 class Fp8Rows:
-    """Activation rows quantized for the FP8 compute mode (:func:`jax_nvfp4.fp8.quantize_rows`),
+    """Activation rows quantized for the FP8 compute mode (:func:`jax_nvfp4.ops.fp8.quantize_rows`),
     a grouped GEMM lhs with ``precision="fp8"``.
 
     Attributes:
@@ -249,7 +249,7 @@ class Fp8Rows:
       global_scale: float32 ``[]``: a factor applied in the GEMM epilogue (an NVFP4 lhs's global
         scale, else 1).
       k_order: "logical" (codes[r, k] is element k) or "kernel": within each 128-wide chunk the
-        order the CUDA kernel reads (:func:`jax_nvfp4.fp8.to_kernel_k_order`), so that gathered
+        order the CUDA kernel reads (:func:`jax_nvfp4.ops.fp8.to_kernel_k_order`), so that gathered
         rows (:meth:`take`) reach the custom call without a permutation of their own.
 
     Row r's value is ``codes[r, k] * scales[r, k // 128] * global_scale`` (k logical). Quantizing

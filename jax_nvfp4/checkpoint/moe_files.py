@@ -28,7 +28,7 @@ otherwise: a negative or NaN scale would be hidden by the max of gate and up, a 
 by zero, a subnormal one flushes to zero in XLA).
 
 So ``W ~= e2m1(weight) * float32(weight_scale) * weight_scale_2``: exactly this package's
-:class:`~jax_nvfp4.formats.NVFP4Tensor` convention (``global_scale = weight_scale_2``). Scalars
+:class:`~jax_nvfp4.maths.formats.NVFP4Tensor` convention (``global_scale = weight_scale_2``). Scalars
 may be stored with shape ``[]`` or ``[1]``. Weight-only (W4A16) checkpoints have no input scale.
 
 The *static activation scale* is the checkpoint's input scale: a calibration constant, the
@@ -61,15 +61,15 @@ Hugging Face folders
 ====================
 
 :func:`load_moe` also takes a model folder or its ``model.safetensors.index.json``
-(:mod:`jax_nvfp4.hf_folder`: only the shards holding the requested tensors are opened);
+(:mod:`jax_nvfp4.checkpoint.hf_folder`: only the shards holding the requested tensors are opened);
 :func:`load_model_moe` / :func:`iter_model_moe` load every MoE layer of a model (found by
 :func:`moe_layer_prefixes`) with a progress bar; :meth:`MoEConfig.from_hf_config`
-(:mod:`jax_nvfp4.hf_config`) builds the layer's config from ``config.json``.
+(:mod:`jax_nvfp4.config.hf_config`) builds the layer's config from ``config.json``.
 
 Safetensors
 ===========
 
-Files are read and written by :mod:`jax_nvfp4.safetensors_io` (re-exported here:
+Files are read and written by :mod:`jax_nvfp4.checkpoint.safetensors_io` (re-exported by :mod:`jax_nvfp4.checkpoint`:
 :func:`read_safetensors`, :func:`save_safetensors`, :class:`SafetensorsReader`), which keeps
 F8_E4M3 block scales as stored, validates every header entry and writes atomically.
 """
@@ -89,23 +89,15 @@ import ml_dtypes
 import numpy as np
 
 from .hf_folder import open_checkpoint, where_looked
-from .formats import BLOCK_SIZE, E2M1_VALUES, E4M3_MAX, E2M1_MAX, K_MULTIPLE, NVFP4Tensor
-from .options import CHECKPOINT_FORMATS, WEIGHT_LAYOUTS, caller_stacklevel
-from .prepare import prepare_weights
-from .quantization import MIN_GLOBAL_SCALE
-from .moe_params import MoEConfig, MoEWeights
-from .safetensors_io import (SafetensorsReader, read_safetensors, read_safetensors_metadata,
-                             save_safetensors)
-
-__all__ = [
-    "load_moe", "save_moe", "read_safetensors", "save_safetensors", "read_safetensors_metadata",
-    "SafetensorsReader", "detect_format", "FORMATS", "load_model_moe", "iter_model_moe",
-    "moe_layer_prefixes", "open_checkpoint",
-]
+from ..maths.formats import BLOCK_SIZE, E2M1_VALUES, E4M3_MAX, E2M1_MAX, K_MULTIPLE, NVFP4Tensor
+from ..config.options import CHECKPOINT_FORMATS, WEIGHT_LAYOUTS, caller_stacklevel
+from ..ops.prepare import prepare_weights
+from ..maths.quantization import MIN_GLOBAL_SCALE
+from ..config.moe_params import MoEConfig, MoEWeights
 
 FORMATS = CHECKPOINT_FORMATS
 """Checkpoint formats :func:`load_moe` understands (``"auto"`` picks one from the names;
-:data:`jax_nvfp4.options.CHECKPOINT_FORMATS`)."""
+:data:`jax_nvfp4.config.options.CHECKPOINT_FORMATS`)."""
 
 # ------------------------------------------------------------------------------------------------
 # names and format detection
@@ -386,7 +378,7 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
         shards holding this layer's tensors are opened; else its ``model.safetensors`` or every
         ``*.safetensors`` in it), its index file, one safetensors file, a list of files, or a
         mapping name -> array (numpy or jax; block scales as float8_e4m3fn or their uint8
-        bytes). See :func:`jax_nvfp4.hf_folder.open_checkpoint`.
+        bytes). See :func:`jax_nvfp4.checkpoint.hf_folder.open_checkpoint`.
       prefix: the layer's name prefix, e.g. ``"model.layers.3.mlp"`` (no trailing dot).
       config: the layer's :class:`MoEConfig` (E, H, I, top_k and n_shared_experts are checked).
       format: ``"modelopt"`` (input scales ``*.input_scale``), ``"quark"`` (``*.input_scale_2``)
@@ -403,7 +395,7 @@ def load_moe(source, prefix: str, config: MoEConfig, *, format: str = "auto",
       layout: ``"checkpoint"`` (the stored byte order) or ``"sm90"``: the NVFP4 weights come back
         through :func:`jax_nvfp4.prepare_weights` (the Hopper kernels' load-time layout, gate/up
         rows paired: ``w13_paired``); ``"fp8"``: through ``prepare_weights(w, "fp8")``, each
-        NVFP4 weight an :class:`~jax_nvfp4.formats.Fp8Weights` (``precision="fp8"`` only; 8 bits
+        NVFP4 weight an :class:`~jax_nvfp4.maths.formats.Fp8Weights` (``precision="fp8"`` only; 8 bits
         per weight; stored row order).
 
     Returns:

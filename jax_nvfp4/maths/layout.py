@@ -19,7 +19,7 @@ The layout, per expert and per block of 128 weight rows x 64 k (4096 bytes). Eac
 ``data[g, 128 i : 128 i + 128, :]`` (128 * K/2 contiguous bytes) holds its K/64 blocks one after
 another: block ``j`` (the codes of ``k`` in ``64 j .. 64 j + 63``) is bytes ``4096 j .. 4096 j +
 4095`` of the stripe, so a kernel streams a weight tile as contiguous 4 KB runs instead of 128
-runs of 32 bytes (on the H200: decode 8% faster, prefill 1-8%; docs/design.md).
+runs of 32 bytes (on the H200: decode 8% faster, prefill 1-8%; docs/archive/design-measurements.md).
 Within a block:
 
 - byte offset ``512 * mt + 16 * lane + 4 * kb + byte`` holds the codes that thread ``lane`` (``g8 =
@@ -44,7 +44,7 @@ records of 512 bytes, record ``j`` being the scales of k-tile ``j`` (``k`` in ``
 byte ``512 (b // 4) + 4 r + b % 4`` of the stripe. A kernel then fetches a k-tile's scales as
 one contiguous 512-byte run instead of 128 separate 4-byte pieces, one per row: on the H200 a
 persistent weight stream of the decode case ran 23% faster that way (4.3 vs 3.5 TB/s,
-tools/lab/stream_bulk_microbench.cu; docs/design.md).
+tools/lab/stream_bulk_microbench.cu; docs/archive/design-measurements.md).
 """
 
 from __future__ import annotations

@@ -10,12 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import (_extension, autodiff, fp8, gemm_args, kernel_config, quantization, qwix_interop,
-               reference)
-from .formats import Fp8Weights, NVFP4Tensor
-from .kernel_config import KernelConfig
-from .options import EXACT, LAYOUT_CODES, Backend, Precision, check_fp8_k, check_precision, resolve_backend
-from .varying import varying_type
+from .. import _extension
+from . import autodiff, fp8, gemm_args, reference
+from ..config import kernel_config
+from ..maths import quantization, qwix_interop
+from ..maths.formats import Fp8Weights, NVFP4Tensor
+from ..config.kernel_config import KernelConfig
+from ..config.options import EXACT, LAYOUT_CODES, Backend, Precision, check_fp8_k, check_precision, resolve_backend
+from ..maths.varying import varying_type
 
 
 def workspace_bytes(num_groups: int, k: int = 0) -> int:
@@ -77,7 +79,7 @@ def _grouped_gemm_jvp(out_dtype, config, rhs_layout, primals, tangents):
     raise NotImplementedError(
         "jax_nvfp4.grouped_gemm (backend 'ffi'): the custom call has no derivative with respect to "
         "an NVFP4 lhs or the NVFP4 weights (inference weights). A float lhs is differentiable "
-        "(reverse mode, jax.grad/jax.vjp; see jax_nvfp4.autodiff), and jax_nvfp4.moe quantizes "
+        "(reverse mode, jax.grad/jax.vjp; see jax_nvfp4.ops.autodiff), and jax_nvfp4.moe quantizes "
         "its W4A4 activations with a straight-through estimator.")
 
 
@@ -193,7 +195,7 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
                  kernel: str | KernelConfig | None = None, precision: str = "exact") -> jax.Array:
     """Grouped NVFP4 GEMM: one GEMM per group (expert), group sizes on the device.
 
-    Same semantics as :func:`jax_nvfp4.reference.grouped_gemm`.
+    Same semantics as :func:`jax_nvfp4.ops.reference.grouped_gemm`.
 
     Args:
       lhs: bfloat16 ``[M, K]`` (weights-only NVFP4, "W4A16") or an NVFP4Tensor ``[M, K]`` with a
@@ -206,7 +208,7 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         instructions; with ``kernel="mma"`` a W4A4 lhs is a ValueError, since that choice keeps
         W4A4 native and no kernel reads packed activations with sm90 weights) Or a qwix NVFP4
         ``QArray`` ``[G, K, N]`` tiled along K (converted on each call by
-        :func:`jax_nvfp4.qwix_interop.from_qwix`; convert once to keep that out of the step).
+        :func:`jax_nvfp4.maths.qwix_interop.from_qwix`; convert once to keep that out of the step).
       group_sizes: int32 ``[G]`` (or a list, tuple or array of other integers whose values fit
         int32; a concrete value that does not is a ValueError); rows are grouped consecutively in
         group order. Negative sizes count as 0 and the running sum is clamped to M.
@@ -219,20 +221,20 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         only the local experts' rows are grouped). It only steers the CUDA kernel and tile choice;
         results do not depend on it (values at or above M mean M).
       kernel: which CUDA kernel configuration runs (backend "ffi"; see
-        :mod:`jax_nvfp4.kernel_config`): None for the heuristic's choice for this device and
+        :mod:`jax_nvfp4.config.kernel_config`): None for the heuristic's choice for this device and
         problem (or the ``JAX_NVFP4_KERNEL`` environment variable's family, an override), a
-        family name (:data:`jax_nvfp4.kernel_config.FAMILIES`: an exact family, or with
+        family name (:data:`jax_nvfp4.config.kernel_config.FAMILIES`: an exact family, or with
         precision="fp8" one of the FP8 families) at that family's token-tile rule, or a
-        :class:`~jax_nvfp4.kernel_config.KernelConfig` from ``kernel_configs()``. The choice is
+        :class:`~jax_nvfp4.config.kernel_config.KernelConfig` from ``kernel_configs()``. The choice is
         lowered into the custom call's attributes; the CPU handler checks it and ignores it.
         Results do not depend on it beyond float32 summation order.
       precision: "exact" (default: the products of the NVFP4 values, float32 accumulation) or
         "fp8" (K % 128 == 0): activations rounded to e4m3 with a power-of-two float32 scale per
         row and 128-wide k chunk, weights to e4m3 (``e2m1 * scale / 8``), FP8 tensor-core
-        products promoted to float32 every 128 k (:mod:`jax_nvfp4.fp8`; docs/usage.md, "The FP8
+        products promoted to float32 every 128 k (:mod:`jax_nvfp4.ops.fp8`; docs/usage.md, "The FP8
         compute mode"). A W4A4 lhs is dequantized exactly (without its global scale) and rounded the
-        same way; a :class:`jax_nvfp4.formats.Fp8Rows` lhs (:func:`jax_nvfp4.fp8.quantize_rows`)
-        is used as it is. The rhs may then also be :class:`jax_nvfp4.formats.Fp8Weights`
+        same way; a :class:`jax_nvfp4.maths.formats.Fp8Rows` lhs (:func:`jax_nvfp4.ops.fp8.quantize_rows`)
+        is used as it is. The rhs may then also be :class:`jax_nvfp4.maths.formats.Fp8Weights`
         (``prepare_weights(w, "fp8")``: the e4m3 weights made once; the same numbers as ``w``,
         bit for bit on the CPU handler and the reference; on the GPU their own kernel,
         ``wgmma_fp8_prepared``, whose chunk sums run in the tensor cores as ``wgmma_fp8``'s
@@ -240,14 +242,14 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
         Fp8Weights (sm90 ones are a ValueError); the CPU handler and the reference use the same
         operand bytes and differ only in the order of each chunk's float32 sum: within
         ``2 * (K/128 + 130) * 2^-24`` times the sum of the products' magnitudes
-        (:mod:`jax_nvfp4.fp8`).
+        (:mod:`jax_nvfp4.ops.fp8`).
 
     On the GPU, W4A4 runs as a fused exact dequantization of the activations to bf16 followed by
     the W4A16 kernel (transient bf16 copy of lhs, ``2 * M * K`` bytes); on the CPU, and with
     ``kernel="mma"`` (or a KernelConfig of that family), the custom call takes W4A4 natively.
 
     Gradients: reverse mode (``jax.grad``, ``jax.vjp``) with respect to a float lhs, on every
-    backend: row r of group g gets ``alpha_g * dy[r] @ W_g`` (:func:`jax_nvfp4.autodiff.lhs_cotangent`,
+    backend: row r of group g gets ``alpha_g * dy[r] @ W_g`` (:func:`jax_nvfp4.ops.autodiff.lhs_cotangent`,
     pure jnp on the dequantized weights: the custom call has no transposed-weight kernel). The
     weights get zero cotangents (frozen); an NVFP4 lhs has no derivative (with backend "ffi",
     differentiating through it raises).
@@ -270,8 +272,8 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
 def checked_grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype,
                          backend: Backend, rows_hint: int, kernel, precision: Precision) -> jax.Array:
     """:func:`grouped_gemm` with its options checked by the caller and not checked again:
-    ``backend`` resolved (:func:`jax_nvfp4.options.resolve_backend`), ``precision`` a
-    :class:`~jax_nvfp4.options.Precision` that ``lhs`` and ``rhs`` were checked against
+    ``backend`` resolved (:func:`jax_nvfp4.config.options.resolve_backend`), ``precision`` a
+    :class:`~jax_nvfp4.config.options.Precision` that ``lhs`` and ``rhs`` were checked against
     (``gemm_args.check_lhs_precision``/``check_rhs_precision``), ``rows_hint`` an int >= 0, ``rhs``
     an NVFP4Tensor or Fp8Weights. The layer calls this; the operands' shapes are checked here."""
     if backend == "reference":
@@ -353,13 +355,13 @@ def grouped_gemm_swiglu(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, row_sc
                         kernel: str | KernelConfig | None = None) -> jax.Array:
     """The gate/up grouped GEMM with the (clamped) SwiGLU in its epilogue: ``[M, K] -> [M, I]``.
 
-    Same semantics as :func:`jax_nvfp4.reference.grouped_gemm_swiglu`; exact precision only.
+    Same semantics as :func:`jax_nvfp4.ops.reference.grouped_gemm_swiglu`; exact precision only.
 
     Args:
       lhs: bfloat16 ``[M, K]`` (W4A16) or an NVFP4Tensor ``[M, K]`` with a scalar global scale
         (W4A4); the reference backend also takes float16/float32.
       rhs: NVFP4Tensor ``[G, N, K]``, ``N = 2I`` a multiple of 16, rows in the paired gate/up
-        order (:func:`jax_nvfp4.layout.pair_gate_up`; ``prepare_weights`` of a MoEWeights gives
+        order (:func:`jax_nvfp4.maths.layout.pair_gate_up`; ``prepare_weights`` of a MoEWeights gives
         it), "checkpoint" or "sm90" layout; global_scale float32 ``[G]`` or ``[G, 2]`` (gate, up).
       group_sizes: int32 ``[G]``, as for :func:`grouped_gemm`.
       row_scale: None, or float32 ``[M]``: multiplies row r's GEMM output before the SwiGLU

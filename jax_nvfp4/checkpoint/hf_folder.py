@@ -90,7 +90,7 @@ class ShardedCheckpoint(Mapping):
     shard files relative to the index's folder). Names, membership and :meth:`shard_of` come from
     the index alone; the first lookup of a tensor opens its shard (header read and validated,
     file memory-mapped). ``opened`` lists the shards opened so far. Tensors keep their stored
-    dtype, as with :class:`~jax_nvfp4.safetensors_io.SafetensorsReader`.
+    dtype, as with :class:`~jax_nvfp4.checkpoint.safetensors_io.SafetensorsReader`.
     """
 
     def __init__(self, index_path: PathLike):

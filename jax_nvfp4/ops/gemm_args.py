@@ -1,7 +1,7 @@
 """The grouped GEMM's argument checks and group arithmetic, shared by every backend.
 
-:mod:`jax_nvfp4.reference` (the pure-jnp definition), :mod:`jax_nvfp4.gemm` (the custom call),
-:mod:`jax_nvfp4.fp8` and :mod:`jax_nvfp4.autodiff` validate their arguments and find each row's
+:mod:`jax_nvfp4.ops.reference` (the pure-jnp definition), :mod:`jax_nvfp4.gemm` (the custom call),
+:mod:`jax_nvfp4.ops.fp8` and :mod:`jax_nvfp4.ops.autodiff` validate their arguments and find each row's
 group with these functions, so that every backend accepts, refuses and groups the same way.
 """
 
@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .formats import Fp8Rows, Fp8Weights, NVFP4Tensor
+from ..maths.formats import Fp8Rows, Fp8Weights, NVFP4Tensor
 
 OUT_DTYPES = (jnp.bfloat16, jnp.float32)
 INT32_MAX = 2**31 - 1
@@ -126,14 +126,14 @@ def validate_gemm_args(lhs, rhs, group_sizes, out_dtype, *, float_lhs_dtypes=Non
 
 
 def check_lhs_precision(lhs, precision: str):
-    """Pre-quantized fp8 rows (:class:`jax_nvfp4.formats.Fp8Rows`) are an lhs of the fp8 mode only."""
+    """Pre-quantized fp8 rows (:class:`jax_nvfp4.maths.formats.Fp8Rows`) are an lhs of the fp8 mode only."""
     if isinstance(lhs, Fp8Rows) and precision != "fp8":
         raise ValueError(f"lhs: Fp8Rows (activations quantized for the fp8 mode) need "
                          f"precision='fp8', got precision={precision!r}")
 
 
 def check_rhs_precision(rhs, precision: str, name: str = "rhs", what: str = "precision"):
-    """Weights prepared as e4m3 (:class:`jax_nvfp4.formats.Fp8Weights`) are weights of the fp8
+    """Weights prepared as e4m3 (:class:`jax_nvfp4.maths.formats.Fp8Weights`) are weights of the fp8
     mode only: the exact mode needs the NVFP4 values, which the e4m3 rounding does not keep."""
     if isinstance(rhs, Fp8Weights) and precision != "fp8":
         raise ValueError(f"{name}: Fp8Weights (weights prepared by jax_nvfp4.prepare_weights(w, "
@@ -158,7 +158,7 @@ def to_out_dtype(out: jax.Array, out_dtype) -> jax.Array:
 
 
 GLU_ROW_BLOCK = 16
-"""Rows per paired gate/up block: 8 gate rows then 8 up rows (:func:`jax_nvfp4.layout.pair_gate_up`)."""
+"""Rows per paired gate/up block: 8 gate rows then 8 up rows (:func:`jax_nvfp4.maths.layout.pair_gate_up`)."""
 
 
 def check_glu_limit(limit) -> float:

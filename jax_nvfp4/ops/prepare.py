@@ -1,18 +1,18 @@
 """Preparing weights for the kernels, once, at load time: :func:`prepare_weights`.
 
-The byte layouts themselves (and why the sm90 one exists) are in :mod:`jax_nvfp4.layout`.
+The byte layouts themselves (and why the sm90 one exists) are in :mod:`jax_nvfp4.maths.layout`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from .formats import Fp8Weights, NVFP4Tensor
+from ..maths.formats import Fp8Weights, NVFP4Tensor
 from .fp8 import prepare_fp8
-from .layout import pair_gate_up, relayout, unpair_gate_up
-from .moe_params import MoEWeights
-from .options import FP8_LAYOUT, WEIGHT_LAYOUTS, check_choice
-from .qwix_interop import as_nvfp4, weights_from_qwix
+from ..maths.layout import pair_gate_up, relayout, unpair_gate_up
+from ..config.moe_params import MoEWeights
+from ..config.options import FP8_LAYOUT, WEIGHT_LAYOUTS, check_choice
+from ..maths.qwix_interop import as_nvfp4, weights_from_qwix
 
 __all__ = ["prepare_weights"]
 
@@ -26,20 +26,20 @@ def prepare_weights(x, layout: str = "sm90"):
         :class:`~jax_nvfp4.MoEWeights` (each NVFP4Tensor field is converted: w13 ``[E, 2I, H]``,
         w2 ``[E, H, I]``, shared_w13 ``[2Is, H]``, shared_w2 ``[H, Is]``; other fields kept).
         A qwix NVFP4 ``QArray`` (alone or as a MoEWeights field, as :func:`jax_nvfp4.moe` takes
-        it) is converted by :func:`jax_nvfp4.qwix_interop.from_qwix` first (a MoEWeights field
-        by :func:`~jax_nvfp4.qwix_interop.weights_from_qwix`: w13 ``[E, H, 2I]`` tiled along H
+        it) is converted by :func:`jax_nvfp4.maths.qwix_interop.from_qwix` first (a MoEWeights field
+        by :func:`~jax_nvfp4.maths.qwix_interop.weights_from_qwix`: w13 ``[E, H, 2I]`` tiled along H
         becomes ``[E, 2I, H]``), and the result is an NVFP4Tensor or Fp8Weights.
       layout: ``"sm90"`` (default; the Hopper kernels' layout, needs N % 128 == 0 and
         K % 64 == 0 on each tensor's last two axes), ``"checkpoint"`` (back to the stored order),
         or ``"fp8"``: the weights of the FP8 compute mode (``precision="fp8"``) made once, as
-        e4m3 (:class:`~jax_nvfp4.formats.Fp8Weights`; needs K % 128 == 0).
+        e4m3 (:class:`~jax_nvfp4.maths.formats.Fp8Weights`; needs K % 128 == 0).
 
     Returns:
       For ``"sm90"`` and ``"checkpoint"``: the same type with ``data`` and ``scales`` permuted
       (same shapes and dtypes) and ``layout`` set; global scales are untouched. A tensor already
       in ``layout`` is returned as is.
 
-      For ``"fp8"``: each NVFP4 tensor becomes an :class:`~jax_nvfp4.formats.Fp8Weights`: codes
+      For ``"fp8"``: each NVFP4 tensor becomes an :class:`~jax_nvfp4.maths.formats.Fp8Weights`: codes
       float8_e4m3fn ``[..., N, K]``, ``e4m3(e2m1 * block scale / 8)`` with k in the kernel order
       inside each 128-wide chunk, and the same global scale (the epilogue multiplies by it times
       8). A grouped GEMM or MoE layer in the FP8 mode gives the same numbers on them as on the
@@ -51,7 +51,7 @@ def prepare_weights(x, layout: str = "sm90"):
       for that. A MoEWeights keeps its row order (``w13_paired`` unchanged). Tensors already
       prepared are returned as they are.
       For a MoEWeights, ``"sm90"`` also puts the rows of w13 and shared_w13 in the paired
-      gate/up order (:func:`jax_nvfp4.layout.pair_gate_up`, ``w13_paired=True``), so that the layer runs the
+      gate/up order (:func:`jax_nvfp4.maths.layout.pair_gate_up`, ``w13_paired=True``), so that the layer runs the
       SwiGLU in the gate/up GEMM's epilogue; ``"checkpoint"`` restores the stored row order
       (``w13_paired=False``).
 

@@ -30,11 +30,11 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .moe import routed_experts, shared_expert, validate_moe
-from .moe_params import MoEConfig, MoEWeights
-from .options import COMBINES
-from .qwix_interop import weights_from_qwix
+from ..config.moe_params import MoEConfig, MoEWeights
+from ..config.options import COMBINES
+from ..maths.qwix_interop import weights_from_qwix
 from .routing import check_token_ids, route
-from .varying import varying_axes
+from ..maths.varying import varying_axes
 
 DEFAULT_CAPACITY_FACTOR = 1.25
 """``moe_expert_parallel``'s default: the first row count a device runs is 1.25x its even share."""
@@ -68,7 +68,7 @@ def shard_moe_weights(weights: MoEWeights, mesh: jax.sharding.Mesh, axis_name: s
     Only the expert axis is split, never N or K, so weights prepared in the sm90 layout
     (:func:`jax_nvfp4.prepare_weights`, whose blocks are 128 rows x 64 k of one expert) keep it.
     Fields that are qwix NVFP4 ``QArray`` s are placed as their conversions
-    (:func:`jax_nvfp4.qwix_interop.weights_from_qwix`: a qwix scale shared by every expert has no
+    (:func:`jax_nvfp4.maths.qwix_interop.weights_from_qwix`: a qwix scale shared by every expert has no
     expert axis to split).
     """
     weights = weights_from_qwix(weights)

@@ -1,6 +1,6 @@
 """NVFP4 quantization and dequantization (pure jnp; jittable and vmappable).
 
-The format is described in :mod:`jax_nvfp4.formats`. Quantization, per tensor:
+The format is described in :mod:`jax_nvfp4.maths.formats`. Quantization, per tensor:
 
 1. ``global_scale = amax / (6 * 448)`` (dynamic; clipped to ``[2^-126, FLT_MAX]``, 1.0 for an
    input with no finite non-zero value: never 0, Inf or NaN) or the given static value (finite,
@@ -23,7 +23,7 @@ codes (uint8: an integer has no tangent) and block and global scales, which cann
 per-element derivative of ``x``, so a straight-through estimator cannot pass through an
 NVFP4Tensor; differentiating them with respect to ``x`` (or a traced static global scale) raises
 TypeError instead of returning zeros. Straight-through gradients are available where the float
-input is still at hand: :func:`jax_nvfp4.autodiff.frozen_weights` around a GEMM that quantizes
+input is still at hand: :func:`jax_nvfp4.ops.autodiff.frozen_weights` around a GEMM that quantizes
 its input, and ``xs = jax.lax.stop_gradient(x); x + (dequantize(quantize(xs)) - xs)`` for a
 fake-quantized value (the error comes from the tangent reaching quantize's input, even when its
 result is discarded or stopped later: quantize a stopped value). :func:`dequantize` itself is
@@ -72,7 +72,7 @@ QUANTIZE_NO_DERIVATIVE = (
     "jax_nvfp4.quantize / stage_activation: no derivative with respect to x or a static "
     "global_scale (the result is integer E2M1 codes and block scales, which cannot carry a "
     "per-element derivative; it would be silently zero). For a straight-through gradient keep the "
-    "float input: wrap a GEMM that quantizes its input in jax_nvfp4.autodiff.frozen_weights, or "
+    "float input: wrap a GEMM that quantizes its input in jax_nvfp4.ops.autodiff.frozen_weights, or "
     "use xs = jax.lax.stop_gradient(x); x + (dequantize(quantize(xs)) - xs); quantize "
     "jax.lax.stop_gradient(x) whenever no gradient should flow through it.")
 """The TypeError message of differentiating :func:`quantize` (:func:`refuse_derivative`)."""

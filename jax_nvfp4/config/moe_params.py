@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import hf_config
-from .formats import NVFP4Tensor
+from ..maths.formats import NVFP4Tensor
 from .options import (ACTIVATION_SCALES, ACTIVATIONS, FP8_CHUNK, ROW_DTYPES, SCORING_FUNCS,
                       check_choice, check_precision)
 
@@ -212,7 +212,7 @@ class MoEConfig:
         ``hf_quant_config.json`` / ``quantization_config``, Quark) sets ``activation`` and
         ``activation_scale``. ``overrides`` replace mapped fields. What the layer cannot
         express is a ValueError naming the config key and its value. The key mapping is in
-        :mod:`jax_nvfp4.hf_config`.
+        :mod:`jax_nvfp4.config.hf_config`.
         """
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
@@ -254,7 +254,7 @@ class MoEWeights:
         :func:`jax_nvfp4.prepare_weights` sets it with the sm90 layout, and the layer then computes
         gate/up GEMM and SwiGLU as one custom call (:func:`jax_nvfp4.grouped_gemm_swiglu`);
         ``prepare_weights(w, "checkpoint")`` restores the stored order and clears it
-        (:func:`jax_nvfp4.layout.pair_gate_up`).
+        (:func:`jax_nvfp4.maths.layout.pair_gate_up`).
     """
 
     router_weight: jax.Array

@@ -33,10 +33,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from .formats import FP8_WEIGHT_SHIFT, Fp8Rows, Fp8Weights, NVFP4Tensor
-from .quantization import e2m1_scaled, refuse_derivative
+from ..maths.formats import FP8_WEIGHT_SHIFT, Fp8Rows, Fp8Weights, NVFP4Tensor
+from ..maths.quantization import e2m1_scaled, refuse_derivative
 from .gemm_args import check_group_sizes, group_bounds, row_groups
-from .varying import varying_axes
+from ..maths.varying import varying_axes
 
 
 @jax.custom_batching.custom_vmap
@@ -63,7 +63,7 @@ def lhs_cotangent(dy: jax.Array, rhs: NVFP4Tensor, group_sizes: jax.Array) -> ja
     Args:
       dy: float ``[M, N]``, the output cotangent.
       rhs: NVFP4Tensor ``[G, N, K]`` (either layout), global_scale ``[G]`` or ``[]``; or
-        :class:`~jax_nvfp4.formats.Fp8Weights` (then ``W`` is its e4m3 values times 8, the
+        :class:`~jax_nvfp4.maths.formats.Fp8Weights` (then ``W`` is its e4m3 values times 8, the
         weights the fp8 forward computes with).
       group_sizes: int32 ``[G]`` (negative sizes count as 0, the running sum is clamped to M).
 
@@ -105,7 +105,7 @@ FORWARD_MODE = (
 SECOND_ORDER = (
     "jax_nvfp4: second-order derivatives (grad of grad, jax.hessian, jacfwd of grad) through a "
     "grouped GEMM with frozen NVFP4 weights are not supported with respect to its float lhs: its "
-    "backward is a straight-through first-order rule (jax_nvfp4.autodiff), not a differentiable "
+    "backward is a straight-through first-order rule (jax_nvfp4.ops.autodiff), not a differentiable "
     "function. First-order reverse mode (jax.grad, jax.vjp, jax.jacrev) works.")
 """The TypeError message of differentiating :func:`frozen_weights`' own derivative."""
 

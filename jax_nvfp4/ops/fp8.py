@@ -40,14 +40,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _extension
-from .formats import (FP8_WEIGHT_SHIFT, Fp8Rows, Fp8Weights, NVFP4Tensor,
+from .. import _extension
+from ..maths.formats import (FP8_WEIGHT_SHIFT, Fp8Rows, Fp8Weights, NVFP4Tensor,
                       from_kernel_k_order, keep_rounded, to_kernel_k_order)
-from .layout import _on_each_shard
-from .quantization import e2m1_scaled, refuse_derivative
+from ..maths.layout import _on_each_shard
+from ..maths.quantization import e2m1_scaled, refuse_derivative
 from .gemm_args import check_group_sizes, group_bounds, row_groups, to_out_dtype, validate_gemm_args
-from .options import FP8_CHUNK, FP8_K_ORDERS, check_fp8_k, resolve_backend
-from .varying import varying_type
+from ..config.options import FP8_CHUNK, FP8_K_ORDERS, check_fp8_k, resolve_backend
+from ..maths.varying import varying_type
 
 CHUNK = FP8_CHUNK
 """k values per activation scale (and per float32 promotion of the kernel's accumulator)."""
@@ -56,11 +56,11 @@ WEIGHT_SHIFT = FP8_WEIGHT_SHIFT
 QUANTIZE_TARGET = _extension.target_name("jax_nvfp4_quantize_fp8")
 """The custom call of the activation quantizer in the kernel k order (csrc/quantize_fp8.h)."""
 FP8_NO_DERIVATIVE = (
-    "jax_nvfp4.fp8: quantizing activations to e4m3 (quantize_rows, quantize_activations_fp8) has "
+    "jax_nvfp4.ops.fp8: quantizing activations to e4m3 (quantize_rows, quantize_activations_fp8) has "
     "no derivative (the codes come from bit operations; it would be silently zero). For a "
     "straight-through gradient pass the float activations to jax_nvfp4.grouped_gemm(..., "
     "precision='fp8'), which quantizes inside its straight-through backward "
-    "(jax_nvfp4.autodiff); or quantize jax.lax.stop_gradient(x) when no gradient should flow.")
+    "(jax_nvfp4.ops.autodiff); or quantize jax.lax.stop_gradient(x) when no gradient should flow.")
 """The TypeError message of differentiating the fp8 activation quantizer."""
 _F32_SIGN = np.uint32(0x80000000)
 _F32_ABS = np.uint32(0x7FFFFFFF)
@@ -213,7 +213,7 @@ def weights_fp8(rhs) -> jax.Array:
 
     Args:
       rhs: NVFP4Tensor ``[..., N, K]`` in either layout (read through
-        :func:`jax_nvfp4.quantization.e2m1_scaled`); the global scale is not applied. Or
+        :func:`jax_nvfp4.maths.quantization.e2m1_scaled`); the global scale is not applied. Or
         :class:`Fp8Weights` (weights already prepared so): its codes, put back in logical order.
 
     Returns:
@@ -237,7 +237,7 @@ def prepare_fp8(t: NVFP4Tensor, name: str = "x") -> Fp8Weights:
     A stack is converted one matrix at a time (``lax.map``: transient memory about 4 bytes per
     weight of one matrix, the float32 products, next to the 1-byte result); a stack split over
     devices along its leading axes is converted where it lies (``shard_map``, as
-    :func:`jax_nvfp4.layout.relayout`)."""
+    :func:`jax_nvfp4.maths.layout.relayout`)."""
     if not isinstance(t, NVFP4Tensor):
         raise ValueError(f"{name}: expected an NVFP4Tensor [..., N, K], got {type(t).__name__}")
     t.validate(name)
@@ -383,7 +383,7 @@ def quantize_rows(lhs, k_order: str = "logical", *, backend: str = "reference") 
 def grouped_gemm_fp8_reference(lhs, rhs: NVFP4Tensor, group_sizes, *, out_dtype=jnp.bfloat16):
     """The fp8 mode's grouped GEMM, pure jnp (what every backend computes with ``precision="fp8"``).
 
-    Args and group semantics as :func:`jax_nvfp4.reference.grouped_gemm`; K % 128 == 0.
+    Args and group semantics as :func:`jax_nvfp4.ops.reference.grouped_gemm`; K % 128 == 0.
 
     Returns:
       ``[M, N]`` out_dtype: row r of group g, column n is ``acc * (alpha_g * 8)`` where ``acc``

@@ -1,4 +1,4 @@
-"""Conversions between qwix's NVFP4 ``QArray`` and :class:`~jax_nvfp4.formats.NVFP4Tensor`.
+"""Conversions between qwix's NVFP4 ``QArray`` and :class:`~jax_nvfp4.maths.formats.NVFP4Tensor`.
 
 qwix (the JAX quantization library MaxText uses) stores ``qtype="nvfp4"`` arrays as:
 
@@ -232,7 +232,7 @@ def as_nvfp4(x, name: str):
 
 
 WEIGHT_FIELDS = ("w13", "w2", "shared_w13", "shared_w2")
-"""The :class:`~jax_nvfp4.moe_params.MoEWeights` fields that may hold a qwix NVFP4 ``QArray``."""
+"""The :class:`~jax_nvfp4.config.moe_params.MoEWeights` fields that may hold a qwix NVFP4 ``QArray``."""
 
 
 def weights_from_qwix(weights):

@@ -21,10 +21,10 @@ import json
 
 import jax
 
-from . import _extension
-from .formats import Fp8Rows, Fp8Weights, NVFP4Tensor
-from .moe_params import MoEWeights
-from .ragged import RaggedRhs
+from .. import _extension
+from ..maths.formats import Fp8Rows, Fp8Weights, NVFP4Tensor
+from ..config.moe_params import MoEWeights
+from ..ops.ragged import RaggedRhs
 
 _PREFIX = "jax_nvfp4."
 

@@ -6,12 +6,12 @@ import jax
 import jax.numpy as jnp
 
 from . import fp8
-from .formats import NVFP4Tensor, keep_rounded
+from ..maths.formats import NVFP4Tensor, keep_rounded
 from .gemm_args import (GLU_ROW_BLOCK, check_group_sizes, check_lhs_precision,
                         check_rhs_precision, group_bounds, row_groups, to_out_dtype,
                         validate_gemm_args, validate_swiglu_args)
-from .options import EXACT, Precision, check_precision
-from .quantization import e2m1_scaled
+from ..config.options import EXACT, Precision, check_precision
+from ..maths.quantization import e2m1_scaled
 
 WEIGHT_PRESCALE = 2.0**-7
 """Every backend multiplies the weights by this before the dot and alpha by its inverse after
@@ -25,15 +25,15 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
 
     Args:
       lhs: float ``[M, K]`` or an NVFP4Tensor ``[M, K]`` with a scalar global scale; with
-        ``precision="fp8"`` also :class:`jax_nvfp4.formats.Fp8Rows` (rows already quantized).
+        ``precision="fp8"`` also :class:`jax_nvfp4.maths.formats.Fp8Rows` (rows already quantized).
       rhs: NVFP4Tensor ``[G, N, K]`` (data ``[G, N, K/2]``, scales ``[G, N, K/16]``, global_scale
         ``[G]``), in either layout (``rhs.layout``, see :func:`jax_nvfp4.prepare_weights`); with
-        ``precision="fp8"`` also :class:`jax_nvfp4.formats.Fp8Weights` (``prepare_weights(w,
+        ``precision="fp8"`` also :class:`jax_nvfp4.maths.formats.Fp8Weights` (``prepare_weights(w,
         "fp8")``: the same numbers as the NVFP4 weights it was prepared from).
       group_sizes: int32 ``[G]``; see :func:`group_bounds` for negative sizes and sums past M.
       out_dtype: bfloat16 or float32.
       precision: "exact" (the product below) or "fp8" (K % 128 == 0: activations and weights
-        rounded to e4m3 first, :func:`jax_nvfp4.fp8.grouped_gemm_fp8_reference`).
+        rounded to e4m3 first, :func:`jax_nvfp4.ops.fp8.grouped_gemm_fp8_reference`).
 
     Returns:
       ``[M, N]`` in out_dtype: row r of group g is ``alpha_g * dequant(lhs)[r] @
@@ -47,7 +47,7 @@ def grouped_gemm(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, out_dtype=jnp
 
 
 def checked_grouped_gemm(lhs, rhs, group_sizes, *, out_dtype, precision: Precision):
-    """:func:`grouped_gemm` with ``precision`` a :class:`~jax_nvfp4.options.Precision` that
+    """:func:`grouped_gemm` with ``precision`` a :class:`~jax_nvfp4.config.options.Precision` that
     ``lhs`` and ``rhs`` were checked against by the caller (not checked again)."""
     m, k, g, n = validate_gemm_args(lhs, rhs, group_sizes, out_dtype)
     if precision == "fp8":
@@ -106,7 +106,7 @@ def grouped_gemm_swiglu(lhs, rhs: NVFP4Tensor, group_sizes: jax.Array, *, row_sc
     Args:
       lhs: float ``[M, K]`` or an NVFP4Tensor ``[M, K]`` with a scalar global scale.
       rhs: NVFP4Tensor ``[G, N, K]``, N = 2I, N % 16 == 0, rows in the paired order
-        (:func:`jax_nvfp4.layout.pair_gate_up`), either layout; global_scale float32 ``[G]``
+        (:func:`jax_nvfp4.maths.layout.pair_gate_up`), either layout; global_scale float32 ``[G]``
         (or ``[]``) or ``[G, 2]`` (gate, up).
       group_sizes: int32 ``[G]`` (as for :func:`grouped_gemm`).
       row_scale: None, or float32 ``[M]``: row r's GEMM output is multiplied by it before the SwiGLU.

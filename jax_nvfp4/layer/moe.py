@@ -46,17 +46,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import autodiff, qwix_interop
-from .dispatch import dispatch_rows, dispatch_rows_dynamic
-from .formats import Fp8Weights, NVFP4Tensor, keep_rounded
-from .gemm import checked_grouped_gemm, checked_grouped_gemm_swiglu, check_rows_hint
-from .gemm_args import GLU_ROW_BLOCK, check_rhs_precision, round_to
-from .moe_params import MoEConfig, MoEWeights, known_range
-from .options import resolve_backend
-from .quantization import MAX_GLOBAL_SCALE, MIN_GLOBAL_SCALE, dynamic_global_scale, quantize
-from .reference import split_paired
+from ..ops import autodiff
+from ..maths import qwix_interop
+from ..ops.dispatch import dispatch_rows, dispatch_rows_dynamic
+from ..maths.formats import Fp8Weights, NVFP4Tensor, keep_rounded
+from ..ops.gemm import checked_grouped_gemm, checked_grouped_gemm_swiglu, check_rows_hint
+from ..ops.gemm_args import GLU_ROW_BLOCK, check_rhs_precision, round_to
+from ..config.moe_params import MoEConfig, MoEWeights, known_range
+from ..config.options import resolve_backend
+from ..maths.quantization import MAX_GLOBAL_SCALE, MIN_GLOBAL_SCALE, dynamic_global_scale, quantize
+from ..ops.reference import split_paired
 from .routing import check_hash_table, route
-from .rows import take_rows
+from ..maths.rows import take_rows
 
 
 def row_dtype(config: MoEConfig):
@@ -69,7 +70,7 @@ def row_dtype(config: MoEConfig):
 
 @jax.custom_jvp
 def _round_bf16(a: jax.Array) -> jax.Array:
-    """float ``a`` rounded to bf16 values, as float32 (:func:`jax_nvfp4.reference.round_to`);
+    """float ``a`` rounded to bf16 values, as float32 (:func:`jax_nvfp4.ops.reference.round_to`);
     straight-through (identity) in the derivative, like the GEMM inputs' roundings."""
     return round_to(a.astype(jnp.float32), jnp.bfloat16)
 
@@ -103,7 +104,7 @@ def gate_up_dtype(config: MoEConfig):
 
 
 def _swiglu_paired(h: jax.Array, limit=None) -> jax.Array:
-    """:func:`swiglu` of ``[R, 2I]`` columns in the paired order (:func:`jax_nvfp4.layout.pair_gate_up`)."""
+    """:func:`swiglu` of ``[R, 2I]`` columns in the paired order (:func:`jax_nvfp4.maths.layout.pair_gate_up`)."""
     return swiglu(jnp.concatenate(split_paired(h), axis=-1), limit)
 
 
@@ -130,7 +131,7 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
 
     ``scatter``: None, or int32 ``[T, top_k]``, ``gather`` inverted (the sorted row of each
     token's copy; a row at or past R for none): the exact mode then writes the GEMM's bf16 input
-    in one pass over x_rows (:func:`jax_nvfp4.dispatch.dispatch_rows`). ``bf16_rows``: x_rows
+    in one pass over x_rows (:func:`jax_nvfp4.ops.dispatch.dispatch_rows`). ``bf16_rows``: x_rows
     holds bf16 values (the layer's bf16 activation rows), read as bf16.
 
     ``paired``: w's rows (a gate/up weight) are in the paired order, so a ``[G, 2]`` global
@@ -138,7 +139,7 @@ def _expert_gemm(x_rows, row_expert, w: NVFP4Tensor, in_scale, group_sizes, conf
 
     Differentiable with respect to ``x_rows`` (reverse mode): the input rounding (bf16) or
     quantization (W4A4) is a straight-through estimator and the weights are frozen
-    (:mod:`jax_nvfp4.autodiff`).
+    (:mod:`jax_nvfp4.ops.autodiff`).
     """
     if gather is not None and not _dispatch_in_forward(x_rows, gather, scatter, in_scale, config):
         x_rows, gather, scatter = take_rows(x_rows, gather), None, None
@@ -201,9 +202,9 @@ def _gemm_lhs(x_rows, row_expert, in_scale, gather, scatter, config: MoEConfig, 
 
     The exact mode's input is bf16: the rows, or the values ``e2m1 * block scale`` of their
     per-row NVFP4 quantization (exact in bf16; what the kernels read for W4A4 anyway), written by
-    :func:`jax_nvfp4.dispatch.dispatch_rows` in one pass. A static W4A4 scale (per expert) keeps
+    :func:`jax_nvfp4.ops.dispatch.dispatch_rows` in one pass. A static W4A4 scale (per expert) keeps
     the NVFP4 codes. The fp8 mode's input is those bf16 rows quantized to e4m3 per 128-wide k
-    chunk (:class:`jax_nvfp4.formats.Fp8Rows`), written by the same dispatch pass: each token
+    chunk (:class:`jax_nvfp4.maths.formats.Fp8Rows`), written by the same dispatch pass: each token
     quantized once, its codes stored to each of its rows."""
     # the GEMMs' backend, resolved once by the layer's entry: the dispatch takes the same route
     dispatch_backend = backend
@@ -554,13 +555,13 @@ def moe(x, weights: MoEWeights, config: MoEConfig, *, token_ids=None, backend="a
         The leading axes are flattened into T tokens and restored on the output.
       weights: :class:`MoEWeights` (w13 ``[E, 2I, H]``, w2 ``[E, H, I]`` NVFP4), in the
         checkpoint layout or prepared by :func:`jax_nvfp4.prepare_weights`. The NVFP4 fields may
-        also be qwix NVFP4 ``QArray`` s (:func:`jax_nvfp4.qwix_interop.weights_from_qwix`:
+        also be qwix NVFP4 ``QArray`` s (:func:`jax_nvfp4.maths.qwix_interop.weights_from_qwix`:
         converted on each call; convert once to keep the conversion out of the step). Prepared weights
         have their gate/up rows paired (``w13_paired``) and, in exact precision, run the
         gate/up GEMM and the SwiGLU as one fused call (module docstring): the same result up to
         float32 ulps of the SwiGLU and its epilogue factors (a bf16 rounding or a requantized
         W4A4 code can move by one step). With ``config.precision="fp8"`` the weights may also be
-        prepared as e4m3 (``prepare_weights(w, "fp8")``, :class:`~jax_nvfp4.formats.Fp8Weights`):
+        prepared as e4m3 (``prepare_weights(w, "fp8")``, :class:`~jax_nvfp4.maths.formats.Fp8Weights`):
         the same numbers as the NVFP4 weights they come from, on each backend; with
         ``precision="exact"`` such weights are a ValueError.
       config: :class:`MoEConfig` (static).
@@ -577,7 +578,7 @@ def moe(x, weights: MoEWeights, config: MoEConfig, *, token_ids=None, backend="a
     NVFP4 expert weights are frozen (zero cotangents); the GEMMs' backward is pure jnp on the
     dequantized weights, and the bf16 rounding (W4A16) or NVFP4 quantization (W4A4) of the GEMM
     inputs is a straight-through estimator (identity in the backward); see
-    :mod:`jax_nvfp4.autodiff`. The router is plain float32 jnp, so ``router_weight`` does get its
+    :mod:`jax_nvfp4.ops.autodiff`. The router is plain float32 jnp, so ``router_weight`` does get its
     true gradient if differentiated (the modules in :mod:`jax_nvfp4.nn` hold all weights frozen).
     """
     if not isinstance(config, MoEConfig):

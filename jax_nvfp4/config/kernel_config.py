@@ -16,7 +16,7 @@ Families (docs/design.md describes each kernel):
 * ``"wgmma_fp8"``: the FP8 mode (``precision="fp8"``): e4m3 wgmma with the weights rounded to e4m3
   in registers; compute capability 9.0 only; K a multiple of 128, checkpoint-layout weights.
 * ``"wgmma_fp8_prepared"``: the FP8 mode on weights prepared once as e4m3 (layout ``"fp8"``,
-  :class:`~jax_nvfp4.formats.Fp8Weights`): both operands loaded by TMA, e4m3 wgmma; compute
+  :class:`~jax_nvfp4.maths.formats.Fp8Weights`): both operands loaded by TMA, e4m3 wgmma; compute
   capability 9.0 only; K a multiple of 128.
 * ``"cutlass_fp8"``: the FP8 mode on fp8-prepared weights on CUTLASS's SM90 grouped GEMM with
   blockwise scaling (its collective builders; 128-token cooperative or 64-token ping-pong tiles);
@@ -39,7 +39,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import _extension
+from .. import _extension
 from .options import FAMILIES, FAMILY_CODES, FP8_FAMILIES, LAYOUT_CODES, check_precision
 
 
@@ -189,7 +189,7 @@ def requested_family(kernel) -> str | KernelConfig | None:
         return env
     if isinstance(kernel, KernelConfig):
         if kernel not in kernel_configs():
-            raise ValueError(f"kernel: {kernel} is not a compiled configuration; jax_nvfp4.kernel_config."
+            raise ValueError(f"kernel: {kernel} is not a compiled configuration; jax_nvfp4.config.kernel_config."
                              f"kernel_configs() lists them")
         return kernel
     if isinstance(kernel, str) and kernel in FAMILIES:

@@ -14,8 +14,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from . import qwix_interop
-from .formats import NVFP4Tensor
+from ..maths import qwix_interop
+from ..maths.formats import NVFP4Tensor
 from .gemm import grouped_gemm
 
 DEFAULT_DIMENSION_NUMBERS = jax.lax.RaggedDotDimensionNumbers(
@@ -72,7 +72,7 @@ def ragged_rhs(w) -> RaggedRhs:
     Args:
       w: :class:`NVFP4Tensor` ``[G, N, K]`` (the grouped GEMM's rhs, K last), a qwix NVFP4
         ``QArray`` ``[G, K, N]`` tiled along K (converted by
-        :func:`jax_nvfp4.qwix_interop.from_qwix`), or a :class:`RaggedRhs` (returned as is).
+        :func:`jax_nvfp4.maths.qwix_interop.from_qwix`), or a :class:`RaggedRhs` (returned as is).
 
     Returns:
       :class:`RaggedRhs` of shape ``[G, K, N]``.

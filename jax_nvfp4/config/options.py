@@ -1,7 +1,7 @@
 """The library's options and their validation: one place for every choice a caller makes.
 
 This module sits above the formats' maths (it imports :mod:`jax_nvfp4._extension` and the
-formats' own vocabularies from :mod:`jax_nvfp4.formats`): every module above it takes its option
+formats' own vocabularies from :mod:`jax_nvfp4.maths.formats`): every module above it takes its option
 names and checks from here, and each option is checked once, where it enters the public API.
 
 * ``backend``: how a grouped GEMM (and the dispatch and FP8 quantizer calls) runs. ``"ffi"`` is
@@ -12,10 +12,10 @@ names and checks from here, and each option is checked once, where it enters the
   product) or ``"fp8"`` (e4m3 operands, K a multiple of :data:`FP8_CHUNK`).
 * ``layout``: the byte order of NVFP4 weight codes and block scales, ``"checkpoint"`` (as stored)
   or ``"sm90"`` (:func:`jax_nvfp4.prepare_weights`); ``"fp8"``, weights prepared once as e4m3 for
-  ``precision="fp8"`` (one byte per weight, :class:`jax_nvfp4.formats.Fp8Weights`).
+  ``precision="fp8"`` (one byte per weight, :class:`jax_nvfp4.maths.formats.Fp8Weights`).
 * The MoE layer's: ``activation``, ``activation_scale``, ``scoring_func``, ``row_dtype``
   (:class:`jax_nvfp4.MoEConfig`); the expert-parallel ``combine``.
-* ``kernel``: a CUDA kernel family (:data:`FAMILIES`; :mod:`jax_nvfp4.kernel_config`), and the
+* ``kernel``: a CUDA kernel family (:data:`FAMILIES`; :mod:`jax_nvfp4.config.kernel_config`), and the
   custom call's codes for families and weight layouts (:data:`LAYOUT_CODES`): the C++ enums of
   ``csrc/kernel_table.h`` and ``csrc/gemm_attributes.h``, taken from the compiled extension (a copy where it is not built).
 * The FP8 activation rows' k order (:data:`FP8_K_ORDERS`), the checkpoint formats
@@ -35,10 +35,10 @@ import warnings
 
 import jax
 
-from . import _extension
+from .. import _extension
 # The formats' own vocabularies (byte layouts, the FP8 chunk and k orders) are facts of the
 # formats: defined there, below this module, and named here beside the options that take them.
-from .formats import FP8_CHUNK, FP8_K_ORDERS, FP8_LAYOUT, LAYOUTS  # noqa: F401 (named here too)
+from ..maths.formats import FP8_CHUNK, FP8_K_ORDERS, FP8_LAYOUT, LAYOUTS  # noqa: F401 (named here too)
 
 BACKENDS = ("auto", "ffi", "reference")
 PRECISIONS = ("exact", "fp8")
@@ -120,7 +120,7 @@ def check_fp8_k(k: int, name: str = "precision") -> None:
 
 _warned_fallback = False
 _PACKAGE_DIRS = tuple(os.path.dirname(os.path.abspath(str(m.__file__))) + os.sep
-                      for m in (sys.modules[__package__], jax))
+                      for m in (sys.modules[__name__.split(".")[0]], jax))
 
 
 def caller_stacklevel() -> int:

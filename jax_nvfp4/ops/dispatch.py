@@ -13,13 +13,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from . import _extension
-from .formats import Fp8Rows
+from .. import _extension
+from ..maths.formats import Fp8Rows
 from .fp8 import quantize_rows
-from .options import FP8_CHUNK, REFERENCE, resolve_backend
-from .quantization import dynamic_global_scale, e2m1_scaled, quantize
-from .rows import take_rows
-from .varying import varying_type
+from ..config.options import FP8_CHUNK, REFERENCE, resolve_backend
+from ..maths.quantization import dynamic_global_scale, e2m1_scaled, quantize
+from ..maths.rows import take_rows
+from ..maths.varying import varying_type
 
 
 DISPATCH_TARGET = _extension.target_name("jax_nvfp4_dispatch_rows")
@@ -27,7 +27,7 @@ DISPATCH_TARGET = _extension.target_name("jax_nvfp4_dispatch_rows")
 
 def dispatch_rows_reference(x: jax.Array, gather=None, row_scale=None, *, fp8: bool = False):
     """:func:`dispatch_rows` in pure jnp: the rows (bf16, or the values of their per-row NVFP4
-    quantization), with ``fp8`` quantized by :func:`jax_nvfp4.fp8.quantize_rows` (kernel k
+    quantization), with ``fp8`` quantized by :func:`jax_nvfp4.ops.fp8.quantize_rows` (kernel k
     order), then taken by ``gather``."""
     if row_scale is None:
         # a real bf16 rounding in every backend (XLA on GPU may otherwise keep excess precision)
@@ -109,13 +109,13 @@ def dispatch_rows(x: jax.Array, gather=None, scatter=None, *, row_scale=None,
       row_scale: None or float32 ``[T]``: each row's NVFP4 global scale.
       backend: "ffi" (the custom call: its CPU handler or CUDA kernel), "reference" (jnp) or
         "auto" (ffi when the extension is loaded for this platform).
-      fp8: return :class:`jax_nvfp4.formats.Fp8Rows` in the kernel k order (global scale 1):
+      fp8: return :class:`jax_nvfp4.maths.formats.Fp8Rows` in the kernel k order (global scale 1):
         the bf16 rows above quantized per 128-wide k chunk, the bytes
-        ``jax_nvfp4.fp8.quantize_rows(rows, "kernel")`` gives, written by the same pass
+        ``jax_nvfp4.ops.fp8.quantize_rows(rows, "kernel")`` gives, written by the same pass
         (K a positive multiple of 128).
 
     Not differentiable: the layer calls it inside its straight-through forward
-    (:func:`jax_nvfp4.autodiff.frozen_weights`).
+    (:func:`jax_nvfp4.ops.autodiff.frozen_weights`).
     """
     x = _check_args(x, gather, scatter)
     _check_fp8(x, fp8)
@@ -142,7 +142,7 @@ def dispatch_rows_dynamic(x: jax.Array, gather=None, scatter=None, *,
                           backend: str = "auto", fp8: bool = False):
     """:func:`dispatch_rows` with each row's dynamic global scale made on the way.
 
-    The scale of token t's row is :func:`jax_nvfp4.quantization.dynamic_global_scale` of it
+    The scale of token t's row is :func:`jax_nvfp4.maths.quantization.dynamic_global_scale` of it
     (``amax / 2688`` over its finite values, rounded to nearest even, at least 2^-126; 1.0 for a
     row without a finite non-zero value); the custom call takes it from the row it is reading, so
     x is not read by a separate reduction first.
@@ -152,7 +152,7 @@ def dispatch_rows_dynamic(x: jax.Array, gather=None, scatter=None, *,
       gather, scatter, backend, fp8: as in :func:`dispatch_rows`.
 
     Returns:
-      ``(rows, row_scale)``: bf16 ``[R, K]`` (or :class:`jax_nvfp4.formats.Fp8Rows` with
+      ``(rows, row_scale)``: bf16 ``[R, K]`` (or :class:`jax_nvfp4.maths.formats.Fp8Rows` with
       ``fp8``) as ``dispatch_rows(x, gather, scatter, row_scale=s, fp8=fp8)`` for the rows'
       scales s, and float32 ``[R]``, the scale of each output row (``s[gather]``), which the
       caller applies to the GEMM's output rows.
