@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -37,6 +38,7 @@
 #include "csrc/e2m1_e4m3_decode.cuh"
 #include "csrc/wgmma_sm90_common.cuh"
 #include "csrc/fp8_consumer_sm90.cuh"
+#include "csrc/fp8_e2m1_operands_sm90.cuh"
 #include "tools/bench/cuda_check.h"
 
 
@@ -45,126 +47,33 @@ namespace gmma = cute::SM90::GMMA;
 
 namespace {
 
-constexpr int kBK = 128;  // k per stage (one promotion chunk)
+constexpr int kBK = jx::kFp8BK;  // k per stage (one promotion chunk)
 
-template <int BT, int STAGES>
-struct Cfg {  // the FP8 kernel's stage layout (csrc/grouped_gemm_fp8_sm90.cu, F8Cfg)
-  static constexpr int kActOff = 0;
-  static constexpr int kWOff = BT * kBK;
-  static constexpr int kSOff = kWOff + 128 * kBK / 2;
-  static constexpr int kXsOff = kSOff + 128 * 8;
-  static constexpr int kStage = (kXsOff + BT * 4 + 1023) / 1024 * 1024;
-  static constexpr int kTableOff = STAGES * kStage;
-  static constexpr int kBarOff = kTableOff + 256 * 8;
-  static constexpr int kSmem = kBarOff + 2 * STAGES * 8 + 1024;
-  static_assert(kSmem <= 232448, "shared memory");
-};
-
+// The decoders besides the kernel's own (jx::CheckpointDecode, "ckpt"), for E2m1RegisterA's Decode.
 struct RawDecode {
   static constexpr bool kTable = false;
-  static constexpr const char* kName = "raw";
   static __device__ __forceinline__ void word(uint32_t w, uint2, uint32_t& lo, uint32_t& hi) {
     lo = w;
     hi = w;
   }
 };
-struct CkptDecode {
-  static constexpr bool kTable = true;
-  static constexpr const char* kName = "ckpt";
-  static __device__ __forceinline__ void word(uint32_t w, uint2 t, uint32_t& lo, uint32_t& hi) {
-    jx::e2m1x8_to_e4m3(w, t, lo, hi);
-  }
-};
 struct SplitDecode {
   static constexpr bool kTable = true;
-  static constexpr const char* kName = "split";
   static __device__ __forceinline__ void word(uint32_t w, uint2 t, uint32_t& lo, uint32_t& hi) {
     const uint32_t m = w & 0x77777777u;
     lo = jx::prmt(t.x, t.y, m) | (w & 0x80808080u);
     hi = jx::prmt(t.x, t.y, m >> 16) | ((w << 4) & 0x80808080u);
   }
 };
+using CkptDecode = jx::CheckpointDecode;
+template <typename Dec>
+constexpr const char* kDecoderName = std::is_same_v<Dec, RawDecode> ? "raw" : std::is_same_v<Dec, SplitDecode> ? "split" : "ckpt";
 
-template <int NN>
-struct F8Ops;
-template <>
-struct F8Ops<32> {
-  using RS = gmma::MMA_64x32x32_F32E4M3E4M3_RS_TN<>;
-};
-template <>
-struct F8Ops<64> {
-  using RS = gmma::MMA_64x64x32_F32E4M3E4M3_RS_TN<>;
-};
-template <>
-struct F8Ops<128> {
-  using RS = gmma::MMA_64x128x32_F32E4M3E4M3_RS_TN<>;
-};
-template <int NN, typename Acc, size_t... I>
-__device__ __forceinline__ void wgmma_fp8(const uint32_t (&a)[4], uint64_t desc, Acc& acc, gmma::ScaleOut sc,
-                                          std::index_sequence<I...>) {
-  F8Ops<NN>::RS::fma(a[0], a[1], a[2], a[3], desc, acc[I]..., sc);
-}
-
-// consumer_mainloop's Operands: the production E2m1RegisterA with the decoder as a parameter.
+// The production kernel's stage layout and operands, with the decoder as a parameter.
+template <int BT, int STAGES>
+using Cfg = jx::F8Cfg<BT, STAGES>;
 template <int BT, int STAGES, typename Dec>
-struct Operands {
-  using C = Cfg<BT, STAGES>;
-  static constexpr bool kRegisterA = true;
-  struct Frag {
-    uint32_t r[4][4];
-  };
-  struct Desc {
-    uint64_t b[4];
-  };
-  int r0, t4;
-  uint32_t base, table, desc_lo0;
-  __device__ __forceinline__ Operands(uint8_t* smem, int r0_, int)
-      : r0(r0_),
-        t4(threadIdx.x & 3),
-        base(jx::smem_u32(smem)),
-        table(base + C::kTableOff),
-        desc_lo0(static_cast<uint32_t>(jx::smem_desc_sw128(base + C::kActOff))) {}
-  __device__ __forceinline__ void load(int st, Frag& f) const {
-    const uint32_t sb = base + st * C::kStage;
-    const uint4 wa = jx::lds128(sb + C::kWOff + r0 * 64 + t4 * 16);
-    const uint4 wb = jx::lds128(sb + C::kWOff + (r0 + 8) * 64 + t4 * 16);
-    uint2 ta[2] = {}, tb[2] = {};
-    if constexpr (Dec::kTable) {
-      const uint32_t sa = jx::lds_u16(sb + C::kSOff + r0 * 8 + 2 * t4);
-      const uint32_t sc = jx::lds_u16(sb + C::kSOff + (r0 + 8) * 8 + 2 * t4);
-      ta[0] = jx::lds64(table + (sa & 0xFFu) * 8);
-      ta[1] = jx::lds64(table + (sa >> 8) * 8);
-      tb[0] = jx::lds64(table + (sc & 0xFFu) * 8);
-      tb[1] = jx::lds64(table + (sc >> 8) * 8);
-    }
-    const uint32_t wva[4] = {wa.x, wa.y, wa.z, wa.w};
-    const uint32_t wvb[4] = {wb.x, wb.y, wb.z, wb.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      Dec::word(wva[j], ta[j >> 1], f.r[j][0], f.r[j][2]);
-      Dec::word(wvb[j], tb[j >> 1], f.r[j][1], f.r[j][3]);
-    }
-  }
-  __device__ __forceinline__ Desc descriptors(int s, Frag& f) const {
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) cute::warpgroup_fence_operand(f.r[j][i]);
-    Desc d;
-    const uint32_t dlo = desc_lo0 + static_cast<uint32_t>(s) * (C::kStage >> 4);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      d.b[j] = (jx::smem_desc_sw128(0) & 0xFFFFFFFF00000000ull) | (dlo + j * 2);
-      jx::fence_operand(d.b[j]);
-    }
-    return d;
-  }
-  template <int NN, typename Acc>
-  __device__ __forceinline__ void mma(const Frag& f, const Desc& d, int j, Acc& part, gmma::ScaleOut sc) const {
-    wgmma_fp8<NN>(f.r[j], d.b[j], part, sc, std::make_index_sequence<NN / 2>{});
-  }
-  __device__ __forceinline__ uint32_t scales(int s) const { return base + s * C::kStage + C::kXsOff + 8 * t4; }
-};
+using Operands = jx::E2m1RegisterA<BT, STAGES, Dec>;
 
 // consumer_mainloop's RS path with the stage's four k32 wgmmas in two independent accumulator chains
 // (k32 steps 0, 2 into part0; 1, 3 into part1), summed at the promotion: if the per-stage time is the
@@ -364,7 +273,7 @@ Row run(int sms, int KT, int tiles, float* sink, long long* clk) {
   };
   const double t_ms = median(ms);
   const double elems = static_cast<double>(sms) * CPS * tiles * KT * 128.0 * kBK;
-  return Row{Dec::kName, NN, CPS, STAGES, CHAINS, median(cps), elems / (t_ms * 1e-3), predict(Dec::kName, NN) / CPS,
+  return Row{kDecoderName<Dec>, NN, CPS, STAGES, CHAINS, median(cps), elems / (t_ms * 1e-3), predict(kDecoderName<Dec>, NN) / CPS,
              median(ghz)};
 }
 
