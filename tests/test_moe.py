@@ -1285,3 +1285,66 @@ def test_float32_rows_are_quantized_from_float32(rng, backend):
     assert np.all(np.abs(np.asarray(got, np.float64) - want) <= 1e-5 * scale)
     bf16_copy = oracle(np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32))
     assert np.any(np.abs(bf16_copy - want) > 1e-3 * scale)
+
+
+# ------------------------------------------------------------------ precision="auto"
+def _auto_layer(rng):
+    """A layer where both modes run (I = 128): E 8, top-2, so that T >= 64 tokens is the FP8 mode
+    (AUTO_FP8_MIN_ROWS 16 rows per expert)."""
+    from jax_nvfp4.config.moe_params import AUTO_FP8_MIN_ROWS  # noqa: PLC0415
+    c = cfg(intermediate_size=128, top_k=2, n_group=1, topk_group=1, precision="auto")
+    assert AUTO_FP8_MIN_ROWS * c.num_experts // c.top_k == 64
+    return c, quantized(float_layer(rng, i=128))
+
+
+@pytest.mark.parametrize("backend", [pytest.param("reference", marks=pytest.mark.slow), "ffi"])
+@pytest.mark.parametrize("activation", ["w4a16", "w4a4"])
+def test_auto_precision_is_the_pinned_mode(rng, backend, activation):
+    """precision="auto" gives, bit for bit, the layer pinned to the mode the token count picks,
+    called the same way: exact below 64 tokens, fp8 from 64 (0, 1, the last exact and the first
+    fp8 count), [T, H] and [B, S, H], eagerly, under jit with the weights as arguments and closed
+    over. (The same way: the FP8 mode's float32 sums are in no fixed order, so two compiled
+    programs of one mode may differ by a rounding, e.g. eager and closed-over weights.)"""
+    c, w = _auto_layer(rng)
+    c = dataclasses.replace(c, activation=activation)
+    routes = {"eager": lambda cc: lambda x: jn.moe(x, w, cc, backend=backend),
+              "jit": lambda cc: lambda x: jax.jit(lambda x, w: jn.moe(x, w, cc, backend=backend))(x, w),
+              "closed": lambda cc: jax.jit(lambda x: jn.moe(x, w, cc, backend=backend))}
+    cases = [((0,), "eager"), ((1,), "jit"), ((63,), "eager"), ((64,), "jit"), ((4, 16), "closed"),
+             ((63,), "closed"), ((64,), "eager")]
+    for lead, how in cases:
+        t = int(np.prod(lead))
+        mode, other = ("fp8", "exact") if t >= 64 else ("exact", "fp8")
+        x = jnp.asarray(rng.standard_normal(lead + (H,)), jnp.bfloat16)
+        run = lambda cc: np.asarray(routes[how](cc)(x), np.float32)  # noqa: E731
+        got, want = run(c), run(dataclasses.replace(c, precision=mode))
+        assert got.shape == x.shape
+        np.testing.assert_array_equal(got, want, err_msg=f"{lead} {how}")
+        if t:   # the two modes differ, so the test tells them apart
+            assert not np.array_equal(want, run(dataclasses.replace(c, precision=other)))
+
+
+def test_auto_precision_follows_the_weights(rng):
+    """sm90 weights run exact at any token count; weights prepared as e4m3 run fp8 at any (one
+    token); the gradient with respect to x is the pinned mode's."""
+    c, w = _auto_layer(rng)
+    x1 = jnp.asarray(rng.standard_normal((1, H)), jnp.bfloat16)
+    x64 = jnp.asarray(rng.standard_normal((64, H)), jnp.float32)
+    pin = lambda p: dataclasses.replace(c, precision=p)  # noqa: E731
+    w90 = jn.prepare_weights(w, "sm90")
+    np.testing.assert_array_equal(np.asarray(jn.moe(x64, w90, c)), np.asarray(jn.moe(x64, w90, pin("exact"))))
+    w8 = jn.prepare_weights(w, "fp8")
+    np.testing.assert_array_equal(np.asarray(jn.moe(x1, w8, c), np.float32),
+                                  np.asarray(jn.moe(x1, w8, pin("fp8")), np.float32))
+    grad = lambda cc: jax.grad(lambda x: jn.moe(x, w, cc).sum())(x64)  # noqa: E731
+    np.testing.assert_array_equal(np.asarray(grad(c)), np.asarray(grad(pin("fp8"))))
+
+
+def test_auto_precision_with_a_symbolic_token_count_is_refused_clearly(rng):
+    """Exported with a symbolic token count, "auto" cannot pick: a ValueError naming the field
+    and what to pin."""
+    c, w = _auto_layer(rng)
+    spec = jax.ShapeDtypeStruct(jax.export.symbolic_shape("t, 128"), jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"config\.precision: 'auto' picks the mode from the token "
+                                         r"count.*pin precision='exact' or 'fp8'"):
+        jax.export.export(jax.jit(lambda x: jn.moe(x, w, c)), disabled_checks=jn.export_checks())(spec)

@@ -3,6 +3,7 @@ config is built): for each range the largest (or smallest) valid value builds, a
 invalid one beyond it is a ValueError naming the field. Also known_range, which decides when a
 weight's values can be checked."""
 
+import pathlib
 import warnings
 
 import jax
@@ -10,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_nvfp4.config.moe_params import MoEConfig, known_range
+from jax_nvfp4.config.moe_params import AUTO_FP8_MIN_ROWS, MoEConfig, known_range
 
 BASE = dict(num_experts=8, top_k=2, hidden_size=64, intermediate_size=32)
 F32_MAX = float(np.finfo(np.float32).max)
@@ -184,3 +185,58 @@ def test_presets_are_the_documented_models():
     assert MoEConfig.deepseek_v3(activation="w4a16").activation == "w4a16"
     with pytest.raises(ValueError, match="^top_k: "):
         MoEConfig.deepseek_v3(num_experts=4)
+
+
+# ------------------------------------------------------------------ precision="auto"
+AUTO = dict(num_experts=8, top_k=2, hidden_size=128, intermediate_size=256, precision="auto")
+# the token count from which the FP8 mode pays: T * top_k >= AUTO_FP8_MIN_ROWS * E
+T_FP8 = AUTO_FP8_MIN_ROWS * 8 // 2
+
+
+@pytest.mark.parametrize("tokens,layouts,want", [
+    (0, {"checkpoint"}, "exact"), (1, {"checkpoint"}, "exact"),
+    (T_FP8 - 1, {"checkpoint"}, "exact"), (T_FP8, {"checkpoint"}, "fp8"),
+    (10**6, {"checkpoint"}, "fp8"), (np.int64(T_FP8), {"checkpoint"}, "fp8"),
+    (10**6, {"sm90"}, "exact"), (10**6, {"checkpoint", "sm90"}, "exact"),   # sm90: the exact mode's
+    (0, {"fp8"}, "fp8"), (1, {"fp8", "checkpoint"}, "fp8"),                  # e4m3: only fp8 reads it
+    (10**6, set(), "fp8")])
+def test_auto_precision_for_tokens(tokens, layouts, want):
+    c = build(**AUTO)
+    got = c.for_tokens(tokens, layouts)
+    assert got.precision == want and type(got.precision).__name__ == "Precision"
+    assert got == MoEConfig(**{**AUTO, "precision": want})       # only the precision resolved
+    assert c.precision == "auto"                                   # the config itself unchanged
+
+
+def test_auto_precision_where_fp8_cannot_run_is_exact():
+    """Hidden or intermediate sizes that are not multiples of 128 (the FP8 mode's K): exact at any
+    token count; a pinned precision is returned as it is."""
+    for kw in (dict(hidden_size=96), dict(intermediate_size=160)):
+        c = build(**{**AUTO, **kw})
+        assert c.for_tokens(10**6, {"checkpoint"}).precision == "exact"
+    for p in ("exact", "fp8"):
+        c = build(**{**AUTO, "precision": p})
+        assert c.for_tokens(0, {"checkpoint"}) is c and c.for_tokens(10**6, {"sm90"}) is c
+
+
+def test_auto_precision_needs_a_token_count():
+    c = build(**AUTO)
+    with pytest.raises(ValueError, match=r"config\.precision: 'auto' picks the mode from the token "
+                                         r"count.*pin precision='exact' or 'fp8'"):
+        c.for_tokens(jnp.int32(3), {"checkpoint"})   # an array is no count (a symbolic dim neither)
+
+
+def test_precision_vocabulary_names_auto():
+    with pytest.raises(ValueError, match=r"precision: expected one of \('exact', 'fp8', 'auto'\)"):
+        build(precision="fp16")
+    assert build(precision="auto").precision == "auto"
+    assert hash(build(precision="auto")) == hash(build(precision="auto"))
+
+
+def test_the_docs_state_the_auto_threshold():
+    """docs/usage.md and docs/design.md give AUTO_FP8_MIN_ROWS as it is."""
+    docs = pathlib.Path(__file__).parent.parent / "docs"
+    usage, design = (" ".join((docs / f).read_text().split()) for f in ("usage.md", "design.md"))
+    assert (f"the fp8 mode where `T * top_k >= {AUTO_FP8_MIN_ROWS} * num_experts` "
+            f"({AUTO_FP8_MIN_ROWS} routed rows per expert on average") in usage
+    assert f"(fp8 from `AUTO_FP8_MIN_ROWS` = {AUTO_FP8_MIN_ROWS} routed rows per expert" in design

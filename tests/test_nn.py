@@ -24,7 +24,7 @@ def make_layer(rng, *, activation="w4a16", scale="dynamic", precision="exact", r
     """(weights, config) of a small random layer: H, I as small as the sm90 layout (N multiples
     of 128, K of 64) and fp8 (multiples of 128) allow; one shape for most, so that the
     quantizer's compiled programs are shared."""
-    h, i = (128, 128) if precision == "fp8" else (128, 64)
+    h, i = (128, 128) if precision in ("fp8", "auto") else (128, 64)
     config = jn.MoEConfig(num_experts=E, top_k=2, hidden_size=h, intermediate_size=i,
                           routed_scaling_factor=2.5, swiglu_limit=10.0,
                           n_shared_experts=int(shared), activation=activation,
@@ -550,6 +550,8 @@ CASES = [
     ("eqx", W4A16, [(7,)]),
     ("linen", dict(activation="w4a4", scale="dynamic", precision="fp8", routing="score",
                    shared=True, layout="fp8"), [(3,)]),
+    # precision="auto": 7 tokens run exact, 4 x 8 = 32 fp8 (E 4, top-2: 16 rows per expert)
+    ("eqx", dict(W4A16, precision="auto"), [(7,), (4, 8)]),
 ]
 
 
@@ -562,7 +564,7 @@ def test_framework_matches_moe(rng, framework, layer, leads):
 
 FULL_AXES = dict(framework=("eqx", "nnx", "linen"),
                  activation_scale=(("w4a4", "dynamic"), ("w4a4", "static"), ("w4a16", "dynamic")),
-                 precision=("exact", "fp8"), routing=("score", "hash"), shared=(True, False),
+                 precision=("exact", "fp8", "auto"), routing=("score", "hash"), shared=(True, False),
                  layout=("checkpoint", "sm90"))
 FULL = [pytest.param(f, dict(activation=a, scale=sc, precision=p, routing=r, shared=sh, layout=lay),
                      id=f"{f}-{a}-{sc}-{p}-{r}-{sh}-{lay}")

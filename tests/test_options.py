@@ -192,12 +192,13 @@ def test_moe_config_stores_a_checked_precision():
 
 @pytest.fixture
 def counted(monkeypatch):
-    """The number of times a precision string is checked against PRECISIONS."""
+    """The number of times a precision string is checked against PRECISIONS (or the layer's
+    LAYER_PRECISIONS)."""
     calls = []
     real = options.check_choice
 
     def check_choice(value, choices, name):
-        if choices == options.PRECISIONS:
+        if choices in (options.PRECISIONS, options.LAYER_PRECISIONS):
             calls.append(value)
         return real(value, choices, name)
 
@@ -219,15 +220,18 @@ def test_grouped_gemm_checks_precision_once_per_trace(counted, precision, backen
     assert counted == [precision]                    # the explicit check above, none inside
 
 
-def test_the_layer_checks_precision_when_the_config_is_built(counted):
+@pytest.mark.parametrize("precision", ["fp8", "auto"])
+def test_the_layer_checks_precision_when_the_config_is_built(counted, precision):
+    """Once, when the config is built; "auto" resolved for a call (to fp8 at 64 tokens) is not
+    checked again."""
     rng = np.random.default_rng(0)
     f = lambda *s: rng.standard_normal(s).astype(np.float32) * 0.1  # noqa: E731
     w = jn.quantize_moe(f(4, 128), f(4, 256, 128), f(4, 128, 128))
     c = jn.MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=128,
-                     precision="fp8", activation="w4a16")
-    assert counted == ["fp8"]
+                     precision=precision, activation="w4a16")
+    assert counted == [precision]
     counted.clear()
-    jax.jit(lambda x: jn.moe(x, w, c, backend="ffi")).lower(jnp.ones((4, 128), jnp.bfloat16))
+    jax.jit(lambda x: jn.moe(x, w, c, backend="ffi")).lower(jnp.ones((64, 128), jnp.bfloat16))
     assert counted == []
 
 

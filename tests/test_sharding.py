@@ -1088,3 +1088,24 @@ def test_float16_tokens_are_the_float32_layer_rounded_once(rng):
         assert a.dtype == jnp.float16
         np.testing.assert_array_equal(np.asarray(a).view(np.uint16),
                                       np.asarray(b.astype(jnp.float16)).view(np.uint16))
+
+
+def test_auto_precision_counts_the_global_tokens():
+    """precision="auto" under expert parallelism decides from the global token count (as jn.moe
+    would for the same x), not a device's share: 64 tokens over 8 devices (8 each) run fp8, bit
+    for bit the expert-parallel layer pinned to fp8; 63 run exact."""
+    r = np.random.default_rng(7)
+    e, h, i = 8, 128, 128
+    w = jn.quantize_moe(_normal(r, (e, h), 0.1), _normal(r, (e, 2 * i, h), 0.05),
+                        _normal(r, (e, h, i), 0.05))
+    c = jn.MoEConfig(num_experts=e, top_k=2, hidden_size=h, intermediate_size=i, precision="auto")
+    devs = cpu_devices(8)
+    mesh = jax.make_mesh((8,), ("ep",), axis_types=(AxisType.Explicit,), devices=devs)
+    ws = jn.shard_moe_weights(w, mesh)
+    for t, mode in ((64, "fp8"), (63, "exact")):
+        x = jnp.asarray(_normal(r, (t, h), 1.0), jnp.bfloat16)
+        run = jax.jit(lambda x, w, cc: jn.moe_expert_parallel(x, w, cc, mesh, backend=BACKEND),
+                      static_argnums=2)
+        got = np.asarray(run(x, ws, c), np.float32)
+        want = np.asarray(run(x, ws, dataclasses.replace(c, precision=mode)), np.float32)
+        np.testing.assert_array_equal(got, want, err_msg=str(t))

@@ -13,8 +13,8 @@ import numpy as np
 
 from . import hf_config
 from ..maths.formats import NVFP4Tensor
-from .options import (ACTIVATION_SCALES, ACTIVATIONS, FP8_CHUNK, ROW_DTYPES, SCORING_FUNCS,
-                      check_choice, check_precision)
+from .options import (ACTIVATION_SCALES, ACTIVATIONS, EXACT, FP8, FP8_CHUNK, FP8_LAYOUT, ROW_DTYPES,
+                      SCORING_FUNCS, check_choice, check_layer_precision)
 
 
 def _float_range(v: jax.Array) -> np.ndarray:
@@ -71,6 +71,15 @@ def known_range(v) -> Optional[tuple]:
     return tuple(int(b) for b in both)
 
 
+AUTO_FP8_MIN_ROWS = 16
+"""``precision="auto"``: the routed rows per expert (on average) from which a layer on
+checkpoint-layout weights runs the FP8 mode. On an H100 (2026-12-07, ../shared/h200-baseline.md)
+the exact mode is ahead at 4 rows per expert (48 experts, L1 192 rows: 0.369 against 0.388 ms; the
+V4-Pro layer at 256 tokens: 4.84 against 5.15) and the FP8 mode at 32 (L1 1536 rows: 0.542 against
+0.693 ms; the V4-Pro layer at 2048 tokens: 6.76 against 8.78): 16 lies between, where the
+crossover has not been measured."""
+
+
 @dataclasses.dataclass(frozen=True)
 class MoEConfig:
     """Static description of one routed MoE layer (hashable: usable as a jit static argument).
@@ -90,7 +99,9 @@ class MoEConfig:
       activation_scale: "dynamic" (global scale from the data's amax) or "static" (the
         checkpoint's calibrated input scale, per expert).
       precision: the grouped GEMMs' compute mode, "exact" (default) or "fp8" (e4m3 operands,
-        see :func:`jax_nvfp4.grouped_gemm`; hidden_size and intermediate_size multiples of 128).
+        see :func:`jax_nvfp4.grouped_gemm`; hidden_size and intermediate_size multiples of 128),
+        or "auto": each call picks one from its token count (:meth:`for_tokens`), so that one
+        set of checkpoint-layout weights serves decode (exact) and prefill (fp8).
       row_dtype: "bfloat16" (default) or "float32": the dtype each routed row's SwiGLU
         activation and down-GEMM output are rounded to between the GEMMs and before the combine
         (:mod:`jax_nvfp4.moe`). float32 reproduces a float32 reference forward (e.g. Quark's) to
@@ -118,8 +129,8 @@ class MoEConfig:
         for name, choices in (("scoring_func", SCORING_FUNCS), ("activation", ACTIVATIONS),
                               ("activation_scale", ACTIVATION_SCALES), ("row_dtype", ROW_DTYPES)):
             check_choice(getattr(self, name), choices, name)
-        # stored checked: the layer's GEMMs take it as it is
-        object.__setattr__(self, "precision", check_precision(self.precision))
+        # stored checked: the layer's GEMMs take it as it is ("auto": for_tokens resolves it)
+        object.__setattr__(self, "precision", check_layer_precision(self.precision))
         if self.num_experts < 1:
             raise ValueError(f"num_experts: expected an int >= 1, got {self.num_experts}")
         if not 1 <= self.top_k <= self.num_experts:
@@ -183,6 +194,40 @@ class MoEConfig:
         for name in ("scoring_func", "activation", "activation_scale", "precision", "row_dtype"):
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"{name}: expected a str, got {getattr(self, name)!r:.100}")
+
+    def for_tokens(self, tokens, layouts) -> "MoEConfig":
+        """This config with ``precision="auto"`` resolved for one call (any other precision: this
+        config as it is).
+
+        Args:
+          tokens: the call's token count T (an int; for :func:`jax_nvfp4.moe_expert_parallel` the
+            global count).
+          layouts: the layouts of the weights the layer multiplies (``"checkpoint"``, ``"sm90"``,
+            ``"fp8"`` for :class:`~jax_nvfp4.maths.formats.Fp8Weights`).
+
+        Returns:
+          The config with precision ``"fp8"`` where the FP8 mode can run and pays: weights
+          prepared as e4m3 (only the FP8 mode reads them), or checkpoint-layout weights, hidden and
+          intermediate sizes multiples of 128 and at least :data:`AUTO_FP8_MIN_ROWS` routed rows
+          per expert on average (``T * top_k >= AUTO_FP8_MIN_ROWS * num_experts``); else
+          ``"exact"`` (sm90 weights are the exact mode's layout). The choice depends on shapes,
+          the config and the layouts only, so every backend makes the same one.
+        """
+        if self.precision != "auto":
+            return self
+        if not isinstance(tokens, numbers.Integral):
+            raise ValueError(f"config.precision: 'auto' picks the mode from the token count, which "
+                             f"is not a number here ({tokens!r:.60}, e.g. symbolic under "
+                             f"jax.export); pin precision='exact' or 'fp8'")
+        layouts = set(layouts)
+        sizes_ok = not (self.hidden_size % FP8_CHUNK or self.intermediate_size % FP8_CHUNK)
+        if FP8_LAYOUT in layouts:
+            mode = FP8
+        elif layouts - {"checkpoint"} or not sizes_ok:
+            mode = EXACT
+        else:
+            mode = FP8 if int(tokens) * self.top_k >= AUTO_FP8_MIN_ROWS * self.num_experts else EXACT
+        return dataclasses.replace(self, precision=mode)      # checked already: a Precision
 
     @classmethod
     def deepseek_v4_pro(cls, **overrides) -> "MoEConfig":

@@ -42,6 +42,9 @@ from ..maths.formats import FP8_CHUNK, FP8_K_ORDERS, FP8_LAYOUT, LAYOUTS  # noqa
 
 BACKENDS = ("auto", "ffi", "reference")
 PRECISIONS = ("exact", "fp8")
+LAYER_PRECISIONS = PRECISIONS + ("auto",)
+"""What :class:`jax_nvfp4.MoEConfig` takes as ``precision``: a GEMM precision, or ``"auto"`` (the
+layer picks one per call from its token count, :meth:`jax_nvfp4.MoEConfig.for_tokens`)."""
 WEIGHT_LAYOUTS = LAYOUTS + (FP8_LAYOUT,)
 """What :func:`jax_nvfp4.prepare_weights` prepares: the NVFP4 byte layouts, and ``"fp8"``."""
 ACTIVATIONS = ("w4a4", "w4a16")
@@ -103,6 +106,15 @@ def check_precision(precision, k: int | None = None, name: str = "precision") ->
     if precision == "fp8" and k is not None:
         check_fp8_k(k, name)
     return precision
+
+
+def check_layer_precision(precision, name: str = "precision") -> str:
+    """``precision`` of the layer: ``"auto"`` as it is, else as :func:`check_precision` gives it.
+    ValueError naming the argument and :data:`LAYER_PRECISIONS` otherwise."""
+    if isinstance(precision, Precision):
+        return precision
+    check_choice(precision, LAYER_PRECISIONS, name)
+    return precision if precision == "auto" else Precision(precision)
 
 
 EXACT = Precision("exact")

@@ -53,7 +53,7 @@ from ..maths.formats import Fp8Weights, NVFP4Tensor, keep_rounded
 from ..ops.gemm import checked_grouped_gemm, checked_grouped_gemm_swiglu, check_rows_hint
 from ..ops.gemm_args import GLU_ROW_BLOCK, check_rhs_precision, round_to
 from ..config.moe_params import MoEConfig, MoEWeights, known_range
-from ..config.options import resolve_backend
+from ..config.options import FP8_LAYOUT, resolve_backend
 from ..maths.quantization import MAX_GLOBAL_SCALE, MIN_GLOBAL_SCALE, dynamic_global_scale, quantize
 from ..ops.reference import split_paired
 from .routing import check_hash_table, route
@@ -495,6 +495,18 @@ def _check_shape(v, name, shapes):
     return v
 
 
+def weight_layouts(weights: MoEWeights) -> set:
+    """The layouts of the weights the layer multiplies (:class:`Fp8Weights`: ``"fp8"``), for
+    :meth:`MoEConfig.for_tokens`; fields of other types are left to :func:`validate_moe`."""
+    out = set()
+    for w in (weights.w13, weights.w2, weights.shared_w13, weights.shared_w2):
+        if isinstance(w, Fp8Weights):
+            out.add(FP8_LAYOUT)
+        elif isinstance(w, NVFP4Tensor):
+            out.add(w.layout)
+    return out
+
+
 def validate_moe(x, weights: MoEWeights, config: MoEConfig):
     """Check x and the weights against config; errors name the argument or field."""
     if not isinstance(config, MoEConfig):
@@ -598,7 +610,9 @@ def moe(x, weights: MoEWeights, config: MoEConfig, *, token_ids=None, backend="a
             raise ValueError(f"token_ids: expected shape {list(lead)} (x's leading axes), got "
                              f"{list(token_ids.shape)}")
         token_ids = token_ids.reshape(-1)
-    x = validate_moe(x.reshape(-1, config.hidden_size), weights, config)
+    x = x.reshape(-1, config.hidden_size)
+    config = config.for_tokens(x.shape[0], weight_layouts(weights))   # precision="auto"
+    x = validate_moe(x, weights, config)
     ids, rw = route(x, weights, config, token_ids)
     out = routed_experts(x, ids, rw, weights, config, backend=backend)
     if weights.shared_w13 is not None:

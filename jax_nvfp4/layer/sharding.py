@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .moe import routed_experts, shared_expert, validate_moe
+from .moe import routed_experts, shared_expert, validate_moe, weight_layouts
 from ..config.moe_params import MoEConfig, MoEWeights
 from ..config.options import COMBINES
 from ..maths.qwix_interop import weights_from_qwix
@@ -251,6 +251,8 @@ def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sha
     reduce-scatters the routing weights' (``[T, top_k]`` float32).
     """
     weights = weights_from_qwix(weights)               # qwix NVFP4 fields, as jn.moe takes them
+    if isinstance(config, MoEConfig) and jnp.ndim(x) == 2:
+        config = config.for_tokens(jnp.shape(x)[0], weight_layouts(weights))  # the global count
     x = validate_moe(x, weights, config)
     ep = _check_expert_parallel_args(x, weights, config, mesh, axis_name, combine, token_ids,
                                      capacity_factor)
