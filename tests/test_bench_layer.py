@@ -74,6 +74,17 @@ def test_fp8_precision_runs_on_prepared_weights(tmp_path):
 
 
 @pytest.mark.slow
+def test_auto_precision_rows_say_the_mode_that_ran(tmp_path):
+    """--precision auto: checkpoint weights by default; each token count runs, and its row
+    records, the mode MoEConfig.for_tokens picks (8 experts, top-6: exact at 16 tokens, fp8 at
+    64)."""
+    meta = bench_layer.main(["--small", "--tokens", "16,64", "--activations", "w4a16", "--inter",
+                             "128", "--hlo-tokens", "0", "--reference-max-tokens", "0",
+                             "--precision", "auto", "--out", str(tmp_path)])
+    assert meta["layout"] == "checkpoint" and meta["precision"] == "auto"
+    assert [(r["tokens"], r["precision"]) for r in meta["results"]] == [(16, "exact"), (64, "fp8")]
+
+
 def test_overhead_share_is_computed_from_the_measured_numbers(tmp_path, monkeypatch):
     """With the timer replaced, every derived number follows from what was 'measured'."""
     fake = {"layer": 10.0, "gemm1": 3.0, "gemm2": 2.0, "reference": 99.0}

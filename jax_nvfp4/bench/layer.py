@@ -1,13 +1,15 @@
 """Benchmark of the whole MoE layer against its two grouped GEMMs.
 
     python -m jax_nvfp4.bench.layer [--out bench-layer-out] [--tokens 32,256,1024,4096]
-                                    [--precision exact|fp8] [--unfused]
+                                    [--precision exact|fp8|auto] [--unfused]
 
 ``--precision fp8`` runs the layer's GEMMs in the FP8 mode (``MoEConfig.precision``) on weights
 prepared once as e4m3 (``--layout fp8``, the default there: :func:`jax_nvfp4.prepare_weights`
 with ``"fp8"``, one byte per weight, read by the CUDA kernel as they lie); ``--layout
 checkpoint`` times the mode on the NVFP4 checkpoint-layout weights instead (decoded in the
-kernel). ``--precision exact`` takes the NVFP4 layouts only (default sm90).
+kernel). ``--precision exact`` takes the NVFP4 layouts only (default sm90). ``--precision auto``
+(default layout checkpoint) lets each token count pick its mode (:meth:`jax_nvfp4.MoEConfig.for_tokens`);
+each row's ``precision`` is the mode that ran, and its GEMMs are timed in that mode.
 
 Needs a GPU for meaningful numbers; on a CPU it runs at small sizes (``--small``) as a smoke test.
 
@@ -59,8 +61,9 @@ from jax_nvfp4.layer.moe import gate_up_dtype
 ACTIVATIONS = ("w4a4", "w4a16")
 LAYOUTS = (*jn.LAYOUTS, jn.Fp8Weights.layout)
 """``--layout``: the NVFP4 byte layouts and ``"fp8"`` (weights prepared as e4m3, fp8 mode only)."""
-DEFAULT_LAYOUT = {"exact": "sm90", "fp8": jn.Fp8Weights.layout}
-"""``--layout``'s default per ``--precision``: each mode's fastest weights."""
+DEFAULT_LAYOUT = {"exact": "sm90", "fp8": jn.Fp8Weights.layout, "auto": "checkpoint"}
+"""``--layout``'s default per ``--precision``: each mode's fastest weights (auto: the layout both
+modes read)."""
 SMALL = dict(tokens="16,48", experts=8, hidden=128, inter=64, reference_max_tokens=48,
              hlo_tokens=16, target_s=0.02, repeats=3)
 """``--small``: CPU-sized defaults (options given explicitly still win)."""
@@ -191,6 +194,7 @@ def run_layer_cases(args, dev, log=print):
         rows = int(np.asarray(sizes).sum())
         for activation in args.activations:
             cfg = dataclasses.replace(base, activation=activation)
+            ran = cfg.for_tokens(t, {args.layout})     # precision="auto": the mode this count runs
 
             def layer(x, w, cfg=cfg):
                 return jn.moe(x, w, cfg, backend=backend)
@@ -202,12 +206,12 @@ def run_layer_cases(args, dev, log=print):
                 with open(path, "w") as fh:
                     fh.write(jax.jit(layer).lower(x, weights).compile().as_text())
             fused = FUSED_TARGET in jax.jit(layer).lower(x, weights).as_text()
-            (g1, a1), (g2, a2) = gemm_cases(x, token_of, sizes, weights, cfg, backend)
+            (g1, a1), (g2, a2) = gemm_cases(x, token_of, sizes, weights, ran, backend)
             gemm1_ms = time_ms(g1, *a1, **timing)
             gemm2_ms = time_ms(g2, *a2, **timing)
             del a1, a2
             gemm_ms = gemm1_ms + gemm2_ms
-            r = {"tokens": t, "rows": rows, "activation": activation, "precision": args.precision,
+            r = {"tokens": t, "rows": rows, "activation": activation, "precision": ran.precision,
                  "layer_ms": layer_ms, "fused_swiglu": fused,
                  "layer_unfused_ms": unfused_ms,
                  "gemm_ms": gemm_ms, "gemm1_ms": gemm1_ms, "gemm2_ms": gemm2_ms,
@@ -257,8 +261,8 @@ def _parser():
     p.add_argument("--unfused", action="store_true",
                    help="also time the layer without the fused gate/up + SwiGLU call (the same "
                         "sm90 weights with gate/up rows unpaired): layer_unfused_ms")
-    p.add_argument("--precision", choices=("exact", "fp8"), default="exact",
-                   help="the layer's GEMM compute mode (MoEConfig.precision)")
+    p.add_argument("--precision", choices=jn.options.LAYER_PRECISIONS, default="exact",
+                   help="the layer's GEMM compute mode (MoEConfig.precision; auto: per token count)")
     p.add_argument("--backend", choices=("auto", "ffi", "reference"), default="auto",
                    help="grouped GEMM backend of the timed layer")
     p.add_argument("--reference-max-tokens", type=int, default=256,
