@@ -1348,3 +1348,20 @@ def test_auto_precision_with_a_symbolic_token_count_is_refused_clearly(rng):
     with pytest.raises(ValueError, match=r"config\.precision: 'auto' picks the mode from the token "
                                          r"count.*pin precision='exact' or 'fp8'"):
         jax.export.export(jax.jit(lambda x: jn.moe(x, w, c)), disabled_checks=jn.export_checks())(spec)
+
+
+def test_auto_precision_where_the_gpu_has_no_fp8_kernel_is_exact(rng, monkeypatch):
+    """On a GPU whose build runs no FP8 kernel there (an A100: sm_80, only mma), "auto" runs the
+    exact mode at any token count instead of failing; the reference backend still picks fp8 (it
+    computes both modes everywhere)."""
+    from jax_nvfp4.config import kernel_config  # noqa: PLC0415
+    from jax_nvfp4.layer.moe import fp8_runs  # noqa: PLC0415
+    c, w = _auto_layer(rng)
+    monkeypatch.setattr(kernel_config, "device_arch", lambda device=None: 80)
+    monkeypatch.setattr(kernel_config, "runnable_families", lambda arch: ("mma",))
+    assert not fp8_runs(jn.options.FFI) and fp8_runs(jn.options.REFERENCE)
+    monkeypatch.setattr(kernel_config, "runnable_families", lambda arch: ("mma", "wgmma_fp8"))
+    assert fp8_runs(jn.options.FFI)
+    assert c.for_tokens(64, {"checkpoint"}, fp8_runs=False).precision == "exact"
+    assert c.for_tokens(64, {"checkpoint"}, fp8_runs=True).precision == "fp8"
+    assert c.for_tokens(1, {"fp8"}, fp8_runs=False).precision == "fp8"   # only fp8 reads them

@@ -195,7 +195,7 @@ class MoEConfig:
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"{name}: expected a str, got {getattr(self, name)!r:.100}")
 
-    def for_tokens(self, tokens, layouts) -> "MoEConfig":
+    def for_tokens(self, tokens, layouts, fp8_runs: bool = True) -> "MoEConfig":
         """This config with ``precision="auto"`` resolved for one call (any other precision: this
         config as it is).
 
@@ -204,14 +204,17 @@ class MoEConfig:
             global count).
           layouts: the layouts of the weights the layer multiplies (``"checkpoint"``, ``"sm90"``,
             ``"fp8"`` for :class:`~jax_nvfp4.maths.formats.Fp8Weights`).
+          fp8_runs: whether the call's backend computes the FP8 mode on checkpoint weights (the
+            CPU handler and the reference do; on a GPU, a build whose kernels run it there).
 
         Returns:
           The config with precision ``"fp8"`` where the FP8 mode can run and pays: weights
           prepared as e4m3 (only the FP8 mode reads them), or checkpoint-layout weights, hidden and
           intermediate sizes multiples of 128 and at least :data:`AUTO_FP8_MIN_ROWS` routed rows
           per expert on average (``T * top_k >= AUTO_FP8_MIN_ROWS * num_experts``); else
-          ``"exact"`` (sm90 weights are the exact mode's layout). The choice depends on shapes,
-          the config and the layouts only, so every backend makes the same one.
+          ``"exact"`` (sm90 weights are the exact mode's layout; a device where the FP8 mode does
+          not run). The choice depends on shapes, the config, the layouts and ``fp8_runs`` only,
+          so the CPU, the reference and a Hopper GPU make the same one.
         """
         if self.precision != "auto":
             return self
@@ -223,7 +226,7 @@ class MoEConfig:
         sizes_ok = not (self.hidden_size % FP8_CHUNK or self.intermediate_size % FP8_CHUNK)
         if FP8_LAYOUT in layouts:
             mode = FP8
-        elif layouts - {"checkpoint"} or not sizes_ok:
+        elif layouts - {"checkpoint"} or not sizes_ok or not fp8_runs:
             mode = EXACT
         else:
             mode = FP8 if int(tokens) * self.top_k >= AUTO_FP8_MIN_ROWS * self.num_experts else EXACT

@@ -53,7 +53,8 @@ from ..maths.formats import Fp8Weights, NVFP4Tensor, keep_rounded
 from ..ops.gemm import checked_grouped_gemm, checked_grouped_gemm_swiglu, check_rows_hint
 from ..ops.gemm_args import GLU_ROW_BLOCK, check_rhs_precision, round_to
 from ..config.moe_params import MoEConfig, MoEWeights, known_range
-from ..config.options import FP8_LAYOUT, resolve_backend
+from ..config import kernel_config
+from ..config.options import FP8_LAYOUT, REFERENCE, resolve_backend
 from ..maths.quantization import MAX_GLOBAL_SCALE, MIN_GLOBAL_SCALE, dynamic_global_scale, quantize
 from ..ops.reference import split_paired
 from .routing import check_hash_table, route
@@ -495,6 +496,17 @@ def _check_shape(v, name, shapes):
     return v
 
 
+def fp8_runs(backend) -> bool:
+    """Whether ``backend`` (resolved) computes the FP8 mode on checkpoint weights where this trace
+    runs, for :meth:`MoEConfig.for_tokens`: the reference and the CPU handler do; on a CUDA GPU
+    (the device :func:`jax_nvfp4.config.kernel_config.choose` asks about), a build whose
+    ``wgmma_fp8`` runs there (sm_90)."""
+    if backend == REFERENCE:
+        return True
+    arch = kernel_config.device_arch()
+    return arch == 0 or "wgmma_fp8" in kernel_config.runnable_families(arch)
+
+
 def weight_layouts(weights: MoEWeights) -> set:
     """The layouts of the weights the layer multiplies (:class:`Fp8Weights`: ``"fp8"``), for
     :meth:`MoEConfig.for_tokens`; fields of other types are left to :func:`validate_moe`."""
@@ -611,7 +623,7 @@ def moe(x, weights: MoEWeights, config: MoEConfig, *, token_ids=None, backend="a
                              f"{list(token_ids.shape)}")
         token_ids = token_ids.reshape(-1)
     x = x.reshape(-1, config.hidden_size)
-    config = config.for_tokens(x.shape[0], weight_layouts(weights))   # precision="auto"
+    config = config.for_tokens(x.shape[0], weight_layouts(weights), fp8_runs(backend))  # "auto"
     x = validate_moe(x, weights, config)
     ids, rw = route(x, weights, config, token_ids)
     out = routed_experts(x, ids, rw, weights, config, backend=backend)
