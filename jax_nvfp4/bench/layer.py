@@ -56,7 +56,7 @@ import numpy as np
 
 import jax_nvfp4 as jn
 from jax_nvfp4.bench.common import random_layer, run_info, time_ms, write_json
-from jax_nvfp4.layer.moe import gate_up_dtype
+from jax_nvfp4.layer.moe import call_config, gate_up_dtype
 
 ACTIVATIONS = ("w4a4", "w4a16")
 LAYOUTS = (*jn.LAYOUTS, jn.Fp8Weights.layout)
@@ -194,7 +194,7 @@ def run_layer_cases(args, dev, log=print):
         rows = int(np.asarray(sizes).sum())
         for activation in args.activations:
             cfg = dataclasses.replace(base, activation=activation)
-            ran = cfg.for_tokens(t, {args.layout})     # precision="auto": the mode this count runs
+            ran = call_config(cfg, t, weights, backend)   # precision="auto": the mode this count runs
 
             def layer(x, w, cfg=cfg):
                 return jn.moe(x, w, cfg, backend=backend)

@@ -519,6 +519,13 @@ def weight_layouts(weights: MoEWeights) -> set:
     return out
 
 
+def call_config(config: MoEConfig, tokens, weights: MoEWeights, backend) -> MoEConfig:
+    """``config`` for one call of the layer on ``tokens`` tokens (an int: T, the global count under
+    expert parallelism), ``weights`` and the resolved ``backend``: ``precision="auto"`` resolved by
+    :meth:`MoEConfig.for_tokens` (any other precision: ``config`` as it is)."""
+    return config.for_tokens(tokens, weight_layouts(weights), fp8_runs(backend))
+
+
 def validate_moe(x, weights: MoEWeights, config: MoEConfig):
     """Check x and the weights against config; errors name the argument or field."""
     if not isinstance(config, MoEConfig):
@@ -623,7 +630,7 @@ def moe(x, weights: MoEWeights, config: MoEConfig, *, token_ids=None, backend="a
                              f"{list(token_ids.shape)}")
         token_ids = token_ids.reshape(-1)
     x = x.reshape(-1, config.hidden_size)
-    config = config.for_tokens(x.shape[0], weight_layouts(weights), fp8_runs(backend))  # "auto"
+    config = call_config(config, x.shape[0], weights, backend)      # precision="auto"
     x = validate_moe(x, weights, config)
     ids, rw = route(x, weights, config, token_ids)
     out = routed_experts(x, ids, rw, weights, config, backend=backend)

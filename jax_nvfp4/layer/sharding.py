@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .moe import fp8_runs, routed_experts, shared_expert, validate_moe, weight_layouts
+from .moe import call_config, routed_experts, shared_expert, validate_moe
 from ..config.moe_params import MoEConfig, MoEWeights
 from ..config.options import COMBINES, resolve_backend
 from ..maths.qwix_interop import weights_from_qwix
@@ -253,7 +253,7 @@ def moe_expert_parallel(x, weights: MoEWeights, config: MoEConfig, mesh: jax.sha
     weights = weights_from_qwix(weights)               # qwix NVFP4 fields, as jn.moe takes them
     backend = resolve_backend(backend)                 # once, passed down
     if isinstance(config, MoEConfig) and jnp.ndim(x) == 2:   # precision="auto": the global count
-        config = config.for_tokens(jnp.shape(x)[0], weight_layouts(weights), fp8_runs(backend))
+        config = call_config(config, jnp.shape(x)[0], weights, backend)
     x = validate_moe(x, weights, config)
     ep = _check_expert_parallel_args(x, weights, config, mesh, axis_name, combine, token_ids,
                                      capacity_factor)
