@@ -211,7 +211,8 @@ def test_auto_precision_for_tokens(tokens, layouts, want):
 def test_auto_precision_where_fp8_cannot_run_is_exact():
     """Hidden or intermediate sizes that are not multiples of 128 (the FP8 mode's K): exact at any
     token count; a pinned precision is returned as it is."""
-    for kw in (dict(hidden_size=96), dict(intermediate_size=160)):
+    for kw in (dict(hidden_size=96), dict(intermediate_size=160), dict(hidden_size=192),
+               dict(intermediate_size=192)):   # 192: a multiple of 64, not of 128
         c = build(**{**AUTO, **kw})
         assert c.for_tokens(10**6, {"checkpoint"}).precision == "exact"
     for p in ("exact", "fp8"):
